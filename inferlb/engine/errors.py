@@ -1,0 +1,179 @@
+"""The one exception tree of inferlb.
+
+Foreign errors (aiohttp, SQLAlchemy, SpiffWorkflow, pydantic, YAML) are mapped into this tree at
+exactly one boundary each (``raise ... from exc``); nothing above that boundary catches a foreign
+exception type.
+
+::
+
+    InferlbError
+    ├── ConfigError                 bad settings or fleet file (file, key path, message)
+    ├── ProcessError                a BPMN process does not parse / validate / run
+    │   ├── ProcessValidationError  found at start-up or by ``inferlb validate`` (element ids)
+    │   └── WorkflowRuntimeError    a task raised while a request's instance ran
+    ├── ClientError                 the client's request is wrong; carries the OpenAI envelope
+    │   ├── InvalidRequest          400 invalid_request_error
+    │   ├── ModelNotFound           404 model_not_found
+    │   └── PayloadTooLarge         413
+    ├── UpstreamError               one attempt against a node failed (data for the retry logic)
+    │   ├── UpstreamConnectError    could not connect / connection reset before a response
+    │   ├── UpstreamTimeout         connect / first-token / idle / total timeout (``phase``)
+    │   ├── UpstreamStatusError     the node answered a non-2xx status
+    │   └── UpstreamProtocolError   malformed response / SSE from the node
+    └── StoreError                  the audit database failed (the writer retries / spools)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ClientError",
+    "ConfigError",
+    "InferlbError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "PayloadTooLarge",
+    "ProcessError",
+    "ProcessValidationError",
+    "StoreError",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamProtocolError",
+    "UpstreamStatusError",
+    "UpstreamTimeout",
+    "WorkflowRuntimeError",
+]
+
+
+class InferlbError(Exception):
+    """Base of every error inferlb raises on purpose."""
+
+
+class ConfigError(InferlbError):
+    """Invalid settings or fleet file.
+
+    ``str(err)`` names the file, the key path (``nodes[2].url``) and what is wrong, so an operator
+    can fix the file without reading a traceback.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, path: str | None = None) -> None:
+        self.source = source
+        self.path = path
+        where = ": ".join(p for p in (source, path) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class ProcessError(InferlbError):
+    """A BPMN process cannot be used."""
+
+
+class ProcessValidationError(ProcessError):
+    """Problems found while validating a process; ``problems`` lists ``(element_id, message)``."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "; ".join(f"{eid}: {msg}" for eid, msg in problems)
+        super().__init__(f"{source}: {lines}")
+
+
+class WorkflowRuntimeError(ProcessError):
+    """A task of a running instance raised; ``task_id`` is the BPMN element id."""
+
+    def __init__(self, task_id: str, message: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"task {task_id}: {message}")
+
+
+class ClientError(InferlbError):
+    """The client's request is wrong. Rendered as the OpenAI error envelope with ``status``."""
+
+    status: int = 400
+    type: str = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        self.message = message
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+    def envelope(self) -> dict[str, Any]:
+        """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(ClientError):
+    """400: the body or a field is invalid."""
+
+
+class ModelNotFound(ClientError):
+    """404: the model is not served by this gateway."""
+
+    status = 404
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist", param="model", code="model_not_found")
+
+
+class PayloadTooLarge(ClientError):
+    """413: the body is over the configured size cap."""
+
+    status = 413
+
+
+class UpstreamError(InferlbError):
+    """One attempt against one node failed. ``retryable`` says whether another node may be tried."""
+
+    retryable: bool = True
+    error_class: str = "upstream_error"
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        self.node = node
+        super().__init__(message)
+
+
+class UpstreamConnectError(UpstreamError):
+    """Connection refused, reset or DNS failure before any response."""
+
+    error_class = "connect_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    """A timeout fired; ``phase`` is ``connect``, ``first_token``, ``idle`` or ``total``."""
+
+    error_class = "timeout"
+
+    def __init__(self, message: str, *, phase: str, node: str | None = None) -> None:
+        self.phase = phase
+        super().__init__(message, node=node)
+
+
+class UpstreamStatusError(UpstreamError):
+    """The node answered ``status``; retryable for 429 and 502/503/504 only."""
+
+    error_class = "upstream_status"
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        *,
+        retry_after_s: float | None = None,
+        node: str | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.retry_after_s = retry_after_s
+        self.retryable = status in (429, 502, 503, 504)
+        super().__init__(f"upstream answered HTTP {status}", node=node)
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The node sent something that is not a valid response."""
+
+    error_class = "protocol_error"
+
+
+class StoreError(InferlbError):
+    """The audit database failed; the writer keeps the batch and retries or spools it."""

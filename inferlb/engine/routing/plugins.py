@@ -1,0 +1,253 @@
+"""Built-in routing plugins: filters, scorers and pickers.
+
+Each plugin has a stable ``type_name``, a params model rejecting unknown keys, and a docstring
+saying what it reads. All are pure and synchronous.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .types import Elimination, NodeView, RouteRequest
+
+__all__ = [
+    "HasCapacity",
+    "Healthy",
+    "KVCacheScorer",
+    "LeastRequests",
+    "MaxScore",
+    "NoParams",
+    "OutstandingTokens",
+    "PowerOfTwo",
+    "QueueDepth",
+    "RoundRobin",
+    "ServesModel",
+    "StaticWeight",
+    "WeightedRandom",
+]
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- filters
+
+
+class Healthy:
+    """Drops nodes that are ejected, cooling down (429) or loading. Reads ``healthy``."""
+
+    type_name = "healthy"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+        kept = [n for n in nodes if n.healthy]
+        out = [Elimination(n.name, self.type_name, n.unhealthy_reason or "unhealthy") for n in nodes if not n.healthy]
+        return kept, out
+
+
+class ServesModel:
+    """Drops nodes that do not serve ``req.model``. Reads ``models``."""
+
+    type_name = "serves-model"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+        kept = [n for n in nodes if req.model in n.models]
+        out = [Elimination(n.name, self.type_name, f"does not serve {req.model}")
+               for n in nodes if req.model not in n.models]
+        return kept, out
+
+
+class HasCapacityParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token_headroom: float = Field(1.0, gt=0, le=4)   # allowed share of capacity_tokens
+
+
+class HasCapacity:
+    """Drops nodes whose in-flight tokens + this request's would pass capacity, or that are at
+    ``max_concurrency``. Reads ``inflight_tokens``, ``capacity_tokens``, ``inflight_requests``."""
+
+    type_name = "has-capacity"
+    Params = HasCapacityParams
+
+    def __init__(self, params: HasCapacityParams | None = None) -> None:
+        self.p = params or HasCapacityParams()
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+        kept: list[NodeView] = []
+        out: list[Elimination] = []
+        for n in nodes:
+            if n.inflight_requests >= n.max_concurrency:
+                out.append(Elimination(n.name, self.type_name, f"{n.inflight_requests} requests in flight (max)"))
+            elif n.inflight_tokens > 0 and n.inflight_tokens + req.tokens > n.capacity_tokens * self.p.token_headroom:
+                # An idle node always takes a request, even one larger than its budget.
+                out.append(Elimination(
+                    n.name, self.type_name,
+                    f"{n.inflight_tokens}+{req.tokens} tokens over capacity {n.capacity_tokens}"))
+            else:
+                kept.append(n)
+        return kept, out
+
+
+# ---------------------------------------------------------------- scorers
+
+
+class OutstandingTokens:
+    """1 − (in-flight tokens + this request's) / capacity, floored at 0. Reads
+    ``inflight_tokens``, ``capacity_tokens``. The token-aware heart of the default profile."""
+
+    type_name = "outstanding-tokens"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return max(0.0, 1.0 - (node.inflight_tokens + req.tokens) / node.capacity_tokens)
+
+
+class QueueDepth:
+    """1 / (1 + waiting requests) from the node's metrics (in-flight requests when unknown)."""
+
+    type_name = "queue-depth"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        waiting = node.waiting if node.waiting is not None else max(0, node.inflight_requests - 1)
+        return 1.0 / (1.0 + waiting)
+
+
+class KVCacheScorer:
+    """1 − KV-cache use (0..1) from node metrics; 0.5 when unknown."""
+
+    type_name = "kv-cache"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return 0.5 if node.kv_usage is None else max(0.0, min(1.0, 1.0 - node.kv_usage))
+
+
+class StaticWeightParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_weight: float = Field(10.0, gt=0)
+
+
+class StaticWeight:
+    """``weight`` / ``max_weight`` from the fleet file, capped at 1."""
+
+    type_name = "static-weight"
+    Params = StaticWeightParams
+
+    def __init__(self, params: StaticWeightParams | None = None) -> None:
+        self.p = params or StaticWeightParams()
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return min(1.0, node.weight / self.p.max_weight)
+
+
+class LeastRequests:
+    """1 / (1 + in-flight requests): least-connections as a scorer. Reads ``inflight_requests``."""
+
+    type_name = "least-requests"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return 1.0 / (1.0 + node.inflight_requests)
+
+
+# ---------------------------------------------------------------- pickers
+
+
+class MaxScore:
+    """Highest total first; ties broken at random (so equal nodes share load)."""
+
+    type_name = "max-score"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        keyed = [(-s, rng.random(), n.name) for n, s in scored]
+        keyed.sort()
+        return [name for _, _, name in keyed]
+
+
+class WeightedRandom:
+    """Samples without replacement with probability ∝ score (a small floor keeps 0-score nodes
+    as last-resort fallbacks)."""
+
+    type_name = "weighted-random"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        pool = [(n.name, max(s, 1e-6)) for n, s in scored]
+        out: list[str] = []
+        while pool:
+            total = sum(w for _, w in pool)
+            x = rng.random() * total
+            for i, (name, w) in enumerate(pool):
+                x -= w
+                if x <= 0 or i == len(pool) - 1:
+                    out.append(name)
+                    pool.pop(i)
+                    break
+        return out
+
+
+class PowerOfTwo:
+    """Two random candidates, the better one first, then the rest by score."""
+
+    type_name = "power-of-two"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        if len(scored) <= 2:
+            return MaxScore().rank(scored, rng)
+        a, b = rng.sample(range(len(scored)), 2)
+        first = scored[a] if scored[a][1] >= scored[b][1] else scored[b]
+        rest = sorted((x for x in scored if x is not first), key=lambda x: -x[1])
+        return [first[0].name] + [n.name for n, _ in rest]
+
+
+class RoundRobin:
+    """Ignores scores: rotates through the candidates in name order (a baseline)."""
+
+    type_name = "round-robin"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        self._i = 0
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: Any) -> list[str]:
+        names = sorted(n.name for n, _ in scored)
+        if not names:
+            return []
+        k = self._i % len(names)
+        self._i += 1
+        return names[k:] + names[:k]

@@ -1,0 +1,37 @@
+"""The service-operation vocabulary shared by ``tasks`` (which provides operations) and
+``workflow`` (which calls them). Neither imports the other; ``app.py`` injects the table.
+
+A service operation is a synchronous, I/O-free function ``fn(scope, data, params) -> dict``:
+``scope`` is the per-request context object (opaque to the workflow), ``data`` the instance's
+workflow data (read it, do not mutate it), ``params`` the evaluated task parameters. It returns
+JSON-able data stored under the task's result variable. It never sleeps and never blocks.
+
+An *external* operation has no function: the workflow parks on it and the async layer (the
+gateway) performs it and completes the task with the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ServiceFn", "ServiceSpec", "ServiceTable"]
+
+ServiceFn = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One operation: its function (None when external), default result variable, docs."""
+
+    result: str
+    fn: ServiceFn | None = None
+    external: bool = False
+    reads: tuple[str, ...] = ()
+    writes: str = ""
+    params: Mapping[str, str] = field(default_factory=dict)   # name -> meaning
+    doc: str = ""
+
+
+ServiceTable = Mapping[str, ServiceSpec]

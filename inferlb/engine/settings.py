@@ -1,0 +1,216 @@
+"""Typed settings: ``INFERLB_*`` environment variables plus the fleet config file (YAML).
+
+Contract: :func:`load_settings` returns a fully validated :class:`Settings` or raises
+:class:`~inferlb.engine.errors.ConfigError` whose message names the file, the key path
+(``nodes[1].capacity_tokens``) and what is wrong. Nothing here is created at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigError
+
+__all__ = [
+    "FleetConfig",
+    "ModelConfig",
+    "NodeConfig",
+    "RetryPolicy",
+    "RoutingConfig",
+    "SLOConfig",
+    "Settings",
+    "TimeoutConfig",
+    "load_fleet_file",
+    "load_settings",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """A model name clients ask for."""
+
+    name: str
+    max_context_tokens: int = Field(8192, gt=0)
+    max_output_tokens: int = Field(4096, gt=0)
+    default_max_tokens: int = Field(256, gt=0)   # output budget assumed when the client sends none
+    fallbacks: list[str] = Field(default_factory=list)  # models tried when no node of this one can serve
+    version: str | None = None
+    kind: Literal["llm", "embedding", "generic"] = "llm"
+    upstream_name: str | None = None              # the name nodes know it by, if different
+    tokenizer: str | None = None                  # path to a HF tokenizer.json (needs the tokenizers extra)
+
+
+class NodeConfig(_Strict):
+    """One model server."""
+
+    name: str
+    url: str
+    models: list[str]
+    kind: Literal["vllm", "tgi", "sglang", "triton", "ollama", "llamacpp", "openai", "sim"] = "openai"
+    capacity_tokens: int = Field(32768, gt=0)      # KV-cache / in-flight token budget
+    max_concurrency: int = Field(64, gt=0)
+    weight: float = Field(1.0, gt=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    price_per_hour: float = Field(0.0, ge=0)
+    api_key: str | None = None                     # sent to the node; never the client's key
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class RoutingConfig(_Strict):
+    """Which routing profile runs, and its plugin parameters (see ``engine.routing.profiles``)."""
+
+    profile: str = "token-aware"
+    filters: list[str] | None = None
+    scorers: dict[str, float] | None = None        # scorer type name -> weight
+    picker: str | None = None
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    seed: int | None = None
+
+
+class RetryPolicy(_Strict):
+    """Retry defaults; the BPMN process may override ``max_attempts`` with a task parameter."""
+
+    max_attempts: int = Field(3, ge=1, le=10)
+    base_backoff_s: float = Field(0.025, ge=0)     # Envoy's 25 ms
+    max_backoff_s: float = Field(0.25, ge=0)       # Envoy's 10 × base
+    retry_on_status: list[int] = Field(default_factory=lambda: [429, 502, 503, 504])
+
+
+class TimeoutConfig(_Strict):
+    connect_s: float = Field(5.0, gt=0)
+    first_token_s: float = Field(60.0, gt=0)
+    idle_s: float = Field(30.0, gt=0)
+    total_s: float = Field(600.0, gt=0)
+
+
+class SLOConfig(_Strict):
+    """Per-model (or ``*``) latency objectives used by the SLA report."""
+
+    model: str = "*"
+    e2e_p95_s: float | None = Field(None, gt=0)
+    ttft_p95_s: float | None = Field(None, gt=0)
+    e2e_max_s: float | None = Field(None, gt=0)      # a request counts as "in SLO" when e2e ≤ this
+    ttft_max_s: float | None = Field(None, gt=0)
+
+
+class FleetConfig(_Strict):
+    """The fleet file: models, nodes, routing, retries, timeouts, SLOs."""
+
+    models: list[ModelConfig]
+    nodes: list[NodeConfig]
+    routing: RoutingConfig = RoutingConfig()
+    retry: RetryPolicy = RetryPolicy()
+    timeouts: TimeoutConfig = TimeoutConfig()
+    slos: list[SLOConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cross(self) -> FleetConfig:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("model names must be unique")
+        nodes = [n.name for n in self.nodes]
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("node names must be unique")
+        known = set(names)
+        for i, n in enumerate(self.nodes):
+            for m in n.models:
+                if m not in known:
+                    raise ValueError(f"nodes[{i}].models names unknown model {m!r}")
+        for m in self.models:
+            for f in m.fallbacks:
+                if f not in known:
+                    raise ValueError(f"model {m.name!r} falls back to unknown model {f!r}")
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+
+class Settings(BaseSettings):
+    """Process-wide settings from ``INFERLB_*`` variables (and keyword arguments in tests)."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERLB_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    config: Path | None = None                      # fleet YAML
+    database_url: str = "sqlite:///inferlb.db"
+    engine: Literal["auto", "spiff", "compiled"] = "auto"
+    processes_dir: Path | None = None               # default: the shipped processes/
+    request_process: str = "inference_request.bpmn"
+    journal_dir: Path = Path("inferlb-journal")
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_json_depth: int = 64
+    max_inflight: int = 4096                         # gateway-wide admission cap (issue 5 deepens)
+    store_prompts: bool = False
+    audit_batch_size: int = 256
+    audit_flush_interval_s: float = 0.2
+    log_level: str = "INFO"
+    fleet: FleetConfig | None = None                 # set directly in tests / demo instead of a file
+
+    def resolved_fleet(self) -> FleetConfig:
+        """The fleet: the inline one, or the file named by ``config``."""
+        if self.fleet is not None:
+            return self.fleet
+        if self.config is None:
+            raise ConfigError("no fleet configured: pass --config FILE or set INFERLB_CONFIG")
+        return load_fleet_file(self.config)
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_fleet_file(path: Path | str) -> FleetConfig:
+    """Parse and validate a fleet YAML file, or raise ConfigError naming file and key path."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", source=str(p)) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from exc
+    return fleet_from_mapping(raw, source=str(p))
+
+
+def fleet_from_mapping(raw: Any, *, source: str = "<config>") -> FleetConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("the top level must be a mapping with models: and nodes:", source=source)
+    try:
+        return FleetConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(msg, source=source, path=_key_path(tuple(first["loc"]))) from exc
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with ``overrides`` taking precedence; ConfigError on error."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(first["msg"], source="environment", path="INFERLB_" + _key_path(
+            tuple(first["loc"])).upper()) from exc

@@ -1,0 +1,118 @@
+"""Parse BPMN files with SpiffWorkflow, reading service operations from either
+``spiffworkflow:serviceTaskOperator`` or Camunda's external-task ``camunda:topic``.
+
+The stock parsers drop the Camunda topic, so :class:`OperationTaskParser` reads it and builds an
+:class:`OperationTask` spec that keeps ``operation``, ``params`` (name -> Python expression) and
+``result_variable`` (``None``: the operation's default from the service table).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lxml import etree
+from SpiffWorkflow.bpmn.parser.BpmnParser import full_tag
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+from SpiffWorkflow.bpmn.specs.defaults import ServiceTask
+from SpiffWorkflow.spiff.parser.process import VALIDATOR, SpiffBpmnParser
+from SpiffWorkflow.spiff.parser.task_spec import SpiffTaskParser
+
+__all__ = ["CAMUNDA_NS", "InferlbParser", "OperationTask", "OperationTaskParser", "make_parser"]
+
+CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+
+
+class OperationTask(ServiceTask):  # type: ignore[misc]
+    """A service task naming an inferlb operation.
+
+    Run by the spiff executor through ``workflow.script_engine.run_operation(task)`` which either
+    runs the operation (returns True) or parks the task for the async layer (returns None).
+    """
+
+    def __init__(
+        self,
+        wf_spec: Any,
+        bpmn_id: str,
+        *,
+        operation: str,
+        params: dict[str, str],
+        result_variable: str | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(wf_spec, bpmn_id, **kwargs)
+        self.operation = operation
+        self.params = params
+        self.result_variable = result_variable
+
+    def _run_hook(self, task: Any) -> bool | None:
+        result: bool | None = task.workflow.script_engine.run_operation(task, self)
+        return result
+
+
+class OperationTaskParser(SpiffTaskParser):  # type: ignore[misc]
+    """Reads ``spiffworkflow:serviceTaskOperator`` or ``camunda:topic`` (+ ``camunda:inputParameter``)."""
+
+    def create_task(self) -> OperationTask:
+        ext = self.parse_extensions()
+        operator = ext.get("serviceTaskOperator")
+        node = self.node
+        if operator is not None:
+            op = operator["name"]
+            params = {k: v["value"] for k, v in operator["parameters"].items()}
+            result_var = operator.get("resultVariable") or None
+        else:
+            op = node.get(f"{{{CAMUNDA_NS}}}topic") or ""
+            if not op:
+                raise ValidationException(
+                    "service task names no operation: set camunda:topic (external task) or "
+                    "spiffworkflow:serviceTaskOperator",
+                    node=node,
+                    file_name=self.filename,
+                )
+            params = {}
+            for p in node.iter(f"{{{CAMUNDA_NS}}}inputParameter"):
+                params[p.get("name")] = (p.text or "").strip()
+            result_var = None
+        for name, expr in params.items():
+            try:
+                compile(expr, f"<{self.bpmn_id}.{name}>", "eval")
+            except SyntaxError as exc:
+                raise ValidationException(
+                    f"parameter {name!r} is not a Python expression: {exc.msg}",
+                    node=node,
+                    file_name=self.filename,
+                ) from exc
+        return OperationTask(
+            self.spec,
+            self.bpmn_id,
+            operation=op,
+            params=params,
+            result_variable=result_var,
+            **self.bpmn_attributes,
+        )
+
+
+class InferlbParser(SpiffBpmnParser):  # type: ignore[misc]
+    """SpiffWorkflow's parser with inferlb's service-task handling."""
+
+    OVERRIDE_PARSER_CLASSES = {
+        **SpiffBpmnParser.OVERRIDE_PARSER_CLASSES,
+        full_tag("serviceTask"): (OperationTaskParser, OperationTask),
+    }
+
+
+def make_parser(validate: bool = True) -> InferlbParser:
+    """A parser that validates against the BPMN XSD (with SpiffWorkflow's extension schema)."""
+    return InferlbParser(validator=VALIDATOR if validate else None)
+
+
+def element_tags(path: str) -> list[tuple[str, str]]:
+    """(element id, local tag name) of every flow element of every process in the file."""
+    tree = etree.parse(path)
+    out: list[tuple[str, str]] = []
+    for proc in tree.getroot().iter(full_tag("process")):
+        for el in proc:
+            if not isinstance(el.tag, str):
+                continue
+            out.append((el.get("id") or "?", etree.QName(el).localname))
+    return out

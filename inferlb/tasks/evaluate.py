@@ -1,0 +1,60 @@
+"""``request/evaluate``: model resolution, token estimate, output budget, priority, deadline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from inferlb.engine.scope import RequestScope
+
+__all__ = ["evaluate"]
+
+DEFAULT_PRIORITY = "standard"
+
+
+def _reject(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"ok": False, "status": status, "code": code, "message": message, "param": param}
+
+
+def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """Reads ``request``; writes ``evaluation`` (see processes/README.md)."""
+    req = data["request"]
+    rt = scope.rt
+    model = rt.fleet.models.get(req["model"])
+    if model is None:
+        return _reject(404, "model_not_found", f"The model '{req['model']}' does not exist", "model")
+    endpoint = req["endpoint"]
+    if endpoint in ("chat", "completions") and model.kind != "llm":
+        return _reject(400, "model_not_supported", f"'{model.name}' is not a text-generation model", "model")
+    if endpoint == "embeddings" and model.kind != "embedding":
+        return _reject(400, "model_not_supported", f"'{model.name}' is not an embedding model", "model")
+    max_tokens = req.get("max_tokens")
+    if max_tokens is not None and max_tokens > model.max_output_tokens:
+        return _reject(400, "max_tokens_too_large",
+                       f"max_tokens {max_tokens} is over this model's limit of {model.max_output_tokens}",
+                       "max_tokens")
+    prompt_est = rt.estimator.estimate(model.name, int(req.get("prompt_bytes") or 0), scope.prompt_text)
+    output = 0 if endpoint in ("embeddings", "predict") else int(max_tokens or model.default_max_tokens)
+    if endpoint in ("chat", "completions") and prompt_est + output > model.max_context_tokens:
+        return _reject(400, "context_length_exceeded",
+                       f"about {prompt_est} prompt tokens + {output} output tokens exceed the "
+                       f"model's context of {model.max_context_tokens}", "messages")
+    timeout = rt.fleet_cfg.timeouts.total_s
+    deadline_s = req.get("deadline_s")
+    budget = min(float(deadline_s), timeout) if deadline_s else timeout
+    scope.deadline_at = scope.received_mono + budget
+    scope.model = model.name
+    scope.models_tried = [model.name]
+    rec = scope.record
+    rec.prompt_tokens_est = prompt_est
+    rec.model_version = model.version
+    rec.priority = req.get("priority") or DEFAULT_PRIORITY
+    return {
+        "ok": True,
+        "model": model.name,
+        "version": model.version,
+        "prompt_tokens_est": prompt_est,
+        "output_budget": output,
+        "priority": rec.priority,
+        "deadline_s": round(budget, 3),
+    }

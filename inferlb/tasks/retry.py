@@ -1,0 +1,42 @@
+"""``retry/backoff``: Envoy-style full-jitter exponential backoff within limits.
+
+For retry number N (1-based) the delay is uniform in [0, min(cap, (2^N − 1) · base)); Envoy's
+defaults are base 25 ms and cap 250 ms. No retry when the outcome is not retryable, when
+``max_attempts`` attempts were made, or when the delay would end past the request deadline
+(the deadline includes every attempt and every wait, as Envoy's route timeout does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from inferlb.engine.scope import RequestScope
+
+__all__ = ["backoff", "backoff_delay"]
+
+
+def backoff_delay(retry_number: int, base_s: float, cap_s: float, u: float) -> float:
+    """Delay for retry ``retry_number`` given a uniform draw ``u`` in [0, 1)."""
+    return u * min(cap_s, (2**retry_number - 1) * base_s)
+
+
+def backoff(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """Reads ``outcome``; param ``max_attempts``; writes ``retry``."""
+    rt = scope.rt
+    policy = rt.fleet_cfg.retry
+    max_attempts = int(params.get("max_attempts", policy.max_attempts))
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be ≥ 1")
+    scope.max_attempts = max_attempts
+    attempt = scope.attempts
+    outcome = data.get("outcome") or {}
+    if outcome.get("kind") != "retryable":
+        return {"retry": False, "delay_s": 0.0, "attempt": attempt, "reason": "not retryable"}
+    if attempt >= max_attempts:
+        return {"retry": False, "delay_s": 0.0, "attempt": attempt,
+                "reason": f"{attempt} attempts made (max {max_attempts})"}
+    delay = round(backoff_delay(attempt, policy.base_backoff_s, policy.max_backoff_s, rt.rng.random()), 6)
+    if rt.clock.monotonic() + delay >= scope.deadline_at:
+        return {"retry": False, "delay_s": 0.0, "attempt": attempt, "reason": "deadline would pass"}
+    return {"retry": True, "delay_s": delay, "attempt": attempt, "reason": f"retry {attempt} after {delay}s"}
