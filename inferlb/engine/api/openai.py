@@ -1,0 +1,146 @@
+"""OpenAI-compatible routes: chat, completions, embeddings, models, and the generic predict
+passthrough. Thin: read the body under a size cap, validate, hand to the gateway.
+
+Request headers read here (all optional): ``x-inferlb-tenant`` (a tenant label until API keys
+exist), ``x-inferlb-priority`` (a priority class name), ``x-inferlb-deadline-ms`` (the client's
+deadline; the gateway never works on a request past it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from ..errors import ClientError, InvalidRequest, PayloadTooLarge
+from ..gateway import Gateway, IncomingRequest
+from .deps import GatewayDep
+from .validation import (
+    ValidatedRequest,
+    parse_json_body,
+    validate_chat,
+    validate_completions,
+    validate_embeddings,
+    validate_predict,
+)
+
+__all__ = ["read_body", "router"]
+
+router = APIRouter()
+
+_PRIORITY_MAX = 32
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, read chunk by chunk and refused (413) as soon as it passes ``max_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"request body is over the {max_bytes}-byte limit", code="payload_too_large")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > max_bytes:
+            raise PayloadTooLarge(f"request body is over the {max_bytes}-byte limit", code="payload_too_large")
+    return bytes(chunks)
+
+
+def _headers(request: Request) -> tuple[str | None, str | None, float | None]:
+    h = request.headers
+    tenant = h.get("x-inferlb-tenant")
+    if tenant is not None and (not tenant or len(tenant) > 128):
+        raise InvalidRequest("x-inferlb-tenant must be 1–128 characters", param="x-inferlb-tenant")
+    prio = h.get("x-inferlb-priority")
+    if prio is not None and (not prio.replace("-", "").replace("_", "").isalnum() or len(prio) > _PRIORITY_MAX):
+        raise InvalidRequest("x-inferlb-priority must be a priority class name", param="x-inferlb-priority")
+    deadline: float | None = None
+    raw = h.get("x-inferlb-deadline-ms")
+    if raw is not None:
+        if not raw.isdigit() or not 1 <= int(raw) <= 86_400_000:
+            raise InvalidRequest("x-inferlb-deadline-ms must be an integer number of milliseconds ≥ 1",
+                                 param="x-inferlb-deadline-ms")
+        deadline = int(raw) / 1000.0
+    return tenant, prio, deadline
+
+
+def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
+    async def wait() -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+    return wait
+
+
+async def _run(request: Request, gw: Gateway, endpoint: str,
+               validate: Callable[[dict[str, Any], bool], ValidatedRequest]) -> Response:
+    settings = request.app.state.settings
+    model_hint = "?"
+    try:
+        tenant, prio, deadline = _headers(request)
+        body = parse_json_body(await read_body(request, settings.max_body_bytes),
+                               max_bytes=settings.max_body_bytes, max_depth=settings.max_json_depth)
+        m = body.get("model")
+        model_hint = m if isinstance(m, str) else "?"
+        v = validate(body, gw.rt.estimator.wants_text(model_hint))
+    except ClientError as err:
+        gw.reject(endpoint, model_hint, err.status, err.code)
+        return JSONResponse(err.envelope(), status_code=err.status)
+    inc = IncomingRequest(endpoint=endpoint, model=v.model, body=v.body, stream=v.stream,
+                          include_usage=v.include_usage, max_tokens=v.max_tokens,
+                          prompt_bytes=v.prompt_bytes + 4 * v.prompt_token_ids, prompt_text=v.prompt_text,
+                          tenant=tenant, priority=prio, deadline_s=deadline)
+    return await gw.handle(inc, _disconnect_waiter(request))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, gw: GatewayDep) -> Response:
+    return await _run(request, gw, "chat", lambda b, t: validate_chat(b, want_text=t))
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, gw: GatewayDep) -> Response:
+    return await _run(request, gw, "completions", lambda b, t: validate_completions(b, want_text=t))
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request, gw: GatewayDep) -> Response:
+    return await _run(request, gw, "embeddings", lambda b, t: validate_embeddings(b, want_text=t))
+
+
+@router.post("/v1/predict/{model}")
+async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
+    """Generic JSON inference for non-LLM models, forwarded to the node's KServe-v2 / Triton
+    ``/v2/models/{model}/infer`` endpoint."""
+    settings = request.app.state.settings
+    try:
+        tenant, prio, deadline = _headers(request)
+        raw = await read_body(request, settings.max_body_bytes)
+        body = validate_predict(parse_json_body(raw, max_bytes=settings.max_body_bytes,
+                                                max_depth=settings.max_json_depth))
+    except ClientError as err:
+        gw.reject("predict", model, err.status, err.code)
+        return JSONResponse(err.envelope(), status_code=err.status)
+    inc = IncomingRequest(endpoint="predict", model=model, body=body, prompt_bytes=len(raw), tenant=tenant,
+                          priority=prio, deadline_s=deadline)
+    return await gw.handle(inc, _disconnect_waiter(request))
+
+
+@router.get("/v1/models")
+async def list_models(gw: GatewayDep) -> dict[str, Any]:
+    created = int(time.time())
+    return {"object": "list", "data": [
+        {"id": m.name, "object": "model", "created": created, "owned_by": "inferlb"}
+        for m in gw.rt.fleet_cfg.models]}
+
+
+@router.get("/v1/models/{model}")
+async def get_model(model: str, gw: GatewayDep) -> Response:
+    m = gw.rt.fleet.models.get(model)
+    if m is None:
+        err = {"error": {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
+                         "param": "model", "code": "model_not_found"}}
+        return JSONResponse(err, status_code=404)
+    return JSONResponse({"id": m.name, "object": "model", "created": int(time.time()), "owned_by": "inferlb"})

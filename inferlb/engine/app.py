@@ -1,0 +1,114 @@
+"""``create_app(settings)``: the ONLY composition root.
+
+Nothing is created at import time. The lifespan builds, in order: fleet config → audit database
+(SQLite is upgraded automatically; PostgreSQL expects ``inferlb db upgrade``) → audit writer →
+upstream client → request process (parsed and validated once; executor chosen) → runtime →
+gateway; and closes them in reverse: readiness false → in-flight requests drain → upstream
+closed → audit writer flushed → database disposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from ..tasks import REQUIRED_TASKS, SERVICES
+from .api import admin, audit, health, openai
+from .errors import ClientError
+from .gateway import Gateway
+from .scope import build_runtime
+from .settings import Settings
+from .store import StoreHandle
+from .store.db import is_sqlite, make_engine, upgrade
+from .store.writer import AuditWriter
+from .types import Clock, SystemClock
+from .upstream import Upstream
+from .workflow import load_process
+
+__all__ = ["create_app", "default_processes_dir"]
+
+log = logging.getLogger("inferlb")
+
+
+def default_processes_dir() -> Path:
+    """The repo's ``processes/`` (editable install), else the copy packaged in the wheel."""
+    here = Path(__file__).resolve()
+    repo = here.parents[2] / "processes"
+    if repo.is_dir():
+        return repo
+    return here.parents[1] / "_processes"
+
+
+def _envelope(status: int, message: str, etype: str, code: str | None, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": etype, "param": param, "code": code}},
+                        status_code=status)
+
+
+def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
+    clock = clock or SystemClock()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = app.state
+        state.settings = settings
+        state.ready = False
+        state.draining = False
+        fleet_cfg = settings.resolved_fleet()
+        if is_sqlite(settings.database_url):
+            await asyncio.to_thread(upgrade, settings.database_url)
+        engine = make_engine(settings.database_url)
+        writer = AuditWriter(engine, journal_dir=settings.journal_dir, batch_size=settings.audit_batch_size,
+                             flush_interval_s=settings.audit_flush_interval_s, clock=clock)
+        await writer.start()
+        state.store = StoreHandle(engine=engine, writer=writer, slos=list(fleet_cfg.slos))
+        upstream = Upstream(clock=clock)
+        await upstream.start()
+        pdir = settings.processes_dir or default_processes_dir()
+        process = load_process(pdir / settings.request_process, SERVICES, engine=settings.engine,
+                               required=REQUIRED_TASKS)
+        state.process = process
+        log.info("request process %s runs on the %s executor%s", process.path.name, process.mode,
+                 f" (outside the compiled subset: {process.compiled_problems})" if process.compiled_problems else "")
+        rt = build_runtime(settings, fleet_cfg, clock=clock, submit=writer.submit)
+        state.gateway = Gateway(rt, process, upstream)
+        state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            state.draining = True
+            await upstream.close()
+            await writer.close(timeout_s=10.0)
+            engine.dispose()
+
+    app = FastAPI(title="inferlb", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    for r in (openai.router, health.router, audit.router, admin.router):
+        app.include_router(r)
+
+    @app.exception_handler(ClientError)
+    async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
+        return JSONResponse(exc.envelope(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's 422 becomes the OpenAI 400 (what vLLM and SGLang answer too).
+        first: dict[str, Any] = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return _envelope(400, str(first.get("msg", "invalid request")), "invalid_request_error",
+                         "invalid_value", loc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _envelope(exc.status_code, str(exc.detail), "invalid_request_error", code)
+
+    return app

@@ -1,0 +1,469 @@
+"""One request, end to end: run its process instance, perform the external tasks (dispatch through
+:mod:`upstream`, backoff waits), stream to the client.
+
+The commit point is the first byte sent to the client (RELIABILITY.md §5): before it, every
+failure completes the ``dispatch`` task as an outcome the process may retry or fall back on;
+after it, a failure ends the stream with one SSE error event and no ``[DONE]``. Response headers
+are sent only once the node's first body chunk has arrived. A client disconnect cancels the
+upstream request (the TCP close is how a model server learns to abort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response, StreamingResponse
+
+from .errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+    WorkflowRuntimeError,
+)
+from .scope import RequestScope, Runtime
+from .settings import ModelConfig, TimeoutConfig
+from .sse import DONE, check_payload, extract_error, extract_usage
+from .store.records import AttemptRecord, RequestRecord
+from .upstream import Upstream, UpstreamResponse
+from .workflow import TIMER_OPERATION, Instance, ProcessDefinition
+
+__all__ = ["Gateway", "IncomingRequest"]
+
+log = logging.getLogger("inferlb.gateway")
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+_JSON = "application/json"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass
+class IncomingRequest:
+    """What the API layer hands over after validating the client's input."""
+
+    endpoint: str                        # chat | completions | embeddings | predict
+    model: str
+    body: dict[str, Any]                 # forwarded to the node (model name rewritten per attempt)
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    prompt_bytes: int = 0
+    prompt_text: str | None = None
+    tenant: str | None = None
+    priority: str | None = None
+    deadline_s: float | None = None
+    request_id: str | None = None
+
+
+def _error_response(result: dict[str, Any], request_id: str) -> Response:
+    headers = {"x-request-id": request_id}
+    if result.get("retry_after_s"):
+        headers["retry-after"] = str(max(1, round(float(result["retry_after_s"]))))
+    return Response(json.dumps({"error": result["error"]}), status_code=int(result["http_status"]),
+                    media_type=_JSON, headers=headers)
+
+
+def _sse_error(message: str, code: str) -> bytes:
+    env = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(env).encode() + b"\n\n"
+
+
+class Gateway:
+    """Runs requests. One instance per app; all state it mutates lives on the event loop."""
+
+    def __init__(self, rt: Runtime, process: ProcessDefinition, upstream: Upstream) -> None:
+        self.rt = rt
+        self.process = process
+        self.upstream = upstream
+        self.timeouts = rt.fleet_cfg.timeouts
+
+    # ------------------------------------------------------------------ entry point
+
+    async def handle(self, req: IncomingRequest, wait_disconnect: Callable[[], Awaitable[None]] | None = None
+                     ) -> Response:
+        """Run the request's process; returns the response (streaming ones keep running)."""
+        rt = self.rt
+        rid = req.request_id or uuid.uuid4().hex
+        rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
+                            model_requested=req.model, tenant=req.tenant, stream=req.stream,
+                            engine=self.process.mode)
+        scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text)
+        data: dict[str, Any] = {
+            "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
+                        "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,
+                        "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s},
+            "tags": {},
+        }
+        inst = self.process.executor.start(data, scope)
+        rec.workflow_path = inst.path
+        body_out: bytes | None = None
+        try:
+            call = inst.advance()
+            while call is not None:
+                if call.operation == "upstream/dispatch":
+                    res = await self._dispatch(scope, req, wait_disconnect)
+                    if isinstance(res, _Committed):
+                        return StreamingResponse(self._stream(scope, inst, req, res), media_type="text/event-stream",
+                                                 headers={**_SSE_HEADERS, "x-request-id": rid})
+                    outcome, body = res
+                    if body is not None:
+                        body_out = body
+                    inst.complete(outcome)
+                elif call.operation in ("clock/wait", TIMER_OPERATION):
+                    seconds = max(0.0, min(float(call.params.get("seconds", 0.0)),
+                                           scope.deadline_at - rt.clock.monotonic()))
+                    await asyncio.sleep(seconds)
+                    inst.complete({"seconds": seconds})
+                else:
+                    raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
+                call = inst.advance()
+        except WorkflowRuntimeError as exc:
+            return self._workflow_failed(scope, exc)
+        except asyncio.CancelledError:
+            self._finish_cancelled(scope)
+            raise
+        result: dict[str, Any] = inst.data["result"]
+        if result["status"] == "ok" and body_out is not None:
+            return Response(body_out, status_code=200, media_type=_JSON, headers={"x-request-id": rid})
+        return _error_response(result, rid)
+
+    # ------------------------------------------------------------------ dispatch (external task)
+
+    def _attempt_timeouts(self, scope: RequestScope) -> TimeoutConfig:
+        left = max(0.001, scope.deadline_at - self.rt.clock.monotonic())
+        t = self.timeouts
+        if left >= t.total_s:
+            return t
+        return TimeoutConfig.model_construct(connect_s=min(t.connect_s, left), first_token_s=min(t.first_token_s, left),
+                                             idle_s=min(t.idle_s, left), total_s=left)
+
+    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, model: ModelConfig) -> bytes:
+        body = dict(req.body)
+        if req.endpoint != "predict":
+            body["model"] = model.upstream_name or model.name
+        if req.stream and not req.include_usage:
+            # Ask for usage so streamed requests are accounted; the usage chunk is not forwarded.
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body["stream_options"] = opts
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    async def _dispatch(self, scope: RequestScope, req: IncomingRequest,
+                        wait_disconnect: Callable[[], Awaitable[None]] | None) -> _Committed | tuple[dict[str, Any], bytes | None]:
+        rt = self.rt
+        decision = scope.decision
+        assert decision is not None and decision.pick is not None
+        node_name = decision.pick
+        node = rt.fleet.nodes[node_name].cfg
+        model = rt.fleet.models[scope.model]
+        scope.attempts += 1
+        scope.tried.append(node_name)
+        attempt = AttemptRecord(number=scope.attempts, node=node_name, model=model.name,
+                                started_at=round(rt.clock.time(), 6))
+        scope.record.attempts.append(attempt)
+        tokens = int(scope.record.prompt_tokens_est or 0) + int(req.max_tokens or model.default_max_tokens)
+        headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
+                   "x-inferlb-attempt": str(scope.attempts)}
+        if node.api_key:
+            headers["authorization"] = f"Bearer {node.api_key}"
+        path = (f"/v2/models/{model.upstream_name or model.name}/infer" if req.endpoint == "predict"
+                else _PATHS[req.endpoint])
+        rt.fleet.acquire(node_name, tokens)
+        released = False
+        try:
+            open_coro = self.upstream.open(node.url + path, self._upstream_body(scope, req, model), headers=headers,
+                                           timeouts=self._attempt_timeouts(scope), node=node_name)
+            resp = await self._race_disconnect(open_coro, wait_disconnect)
+            if resp is None:
+                return self._closed_outcome(scope, attempt), None
+            attempt.first_byte_at = round(rt.clock.time(), 6)
+            if req.stream:
+                released = True   # the stream releases it when it ends
+                return _Committed(resp, attempt, node_name, tokens)
+            body = await self._race_disconnect(resp.read_rest(), wait_disconnect)
+            if body is None:
+                await resp.aclose()
+                return self._closed_outcome(scope, attempt), None
+            self._account_body(scope, req, body, node_name, attempt)
+            return self._ok_outcome(scope, attempt, node_name), body
+        except UpstreamError as exc:
+            return self._failed_outcome(scope, attempt, node_name, exc), None
+        finally:
+            if not released:
+                rt.fleet.release(node_name, tokens)
+
+    async def _race_disconnect(self, coro: Awaitable[Any], wait_disconnect: Callable[[], Awaitable[None]] | None
+                               ) -> Any:
+        """Await ``coro``; None if the client disconnected first (the coroutine is cancelled)."""
+        if wait_disconnect is None:
+            return await coro
+        work = asyncio.ensure_future(coro)
+        watch = asyncio.ensure_future(wait_disconnect())
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            watch.cancel()
+            raise
+        if work in done:
+            watch.cancel()
+            return work.result()
+        work.cancel()
+        try:
+            resp = await work
+        except (asyncio.CancelledError, UpstreamError):
+            return None
+        if isinstance(resp, UpstreamResponse):
+            await resp.aclose()
+        return None
+
+    def _account_body(self, scope: RequestScope, req: IncomingRequest, body: bytes, node: str,
+                      attempt: AttemptRecord) -> None:
+        rec = scope.record
+        now = round(self.rt.clock.time(), 6)
+        rec.first_byte_at = attempt.first_byte_at
+        rec.last_byte_at = now
+        try:
+            usage = extract_usage(body)
+        except UpstreamProtocolError:
+            usage = None   # accounting only: a node's odd usage block does not fail the request
+        if usage is not None:
+            rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        self._learn(scope, req, node, attempt)
+
+    def _learn(self, scope: RequestScope, req: IncomingRequest, node: str, attempt: AttemptRecord) -> None:
+        rec = scope.record
+        rt = self.rt
+        if rec.prompt_tokens and req.prompt_bytes and req.prompt_text is None:
+            rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens)
+        decode_s = (rec.last_byte_at or 0) - (attempt.first_byte_at or 0)
+        rt.fleet.report_success(node, completion_tokens=rec.completion_tokens or 0, decode_s=decode_s)
+        price = rt.fleet.nodes[node].cfg.price_per_hour
+        if price and rec.last_byte_at is not None:
+            # A first estimate: node price × occupied seconds, shared by the requests in flight on it.
+            share = max(1, rt.fleet.nodes[node].inflight_requests)
+            rec.cost_est = round(price / 3600.0 * (rec.last_byte_at - attempt.started_at) / share, 9)
+
+    def _ok_outcome(self, scope: RequestScope, attempt: AttemptRecord, node: str) -> dict[str, Any]:
+        attempt.outcome = "ok"
+        attempt.http_status = 200
+        attempt.ended_at = round(self.rt.clock.time(), 6)
+        scope.record.node = node
+        return {"kind": "ok", "status": 200, "error_class": None, "node": node, "retry_after_s": None,
+                "tried": list(scope.tried)}
+
+    def _closed_outcome(self, scope: RequestScope, attempt: AttemptRecord) -> dict[str, Any]:
+        attempt.outcome = "client_closed"
+        attempt.ended_at = round(self.rt.clock.time(), 6)
+        scope.record.error_class = "client_closed"
+        return {"kind": "client_closed", "status": 499, "error_class": "client_closed", "node": attempt.node,
+                "retry_after_s": None, "tried": list(scope.tried)}
+
+    def _failed_outcome(self, scope: RequestScope, attempt: AttemptRecord, node: str,
+                        exc: UpstreamError) -> dict[str, Any]:
+        rt = self.rt
+        status = exc.status if isinstance(exc, UpstreamStatusError) else None
+        retry_after = exc.retry_after_s if isinstance(exc, UpstreamStatusError) else None
+        if status == 429:
+            wait = retry_after if retry_after is not None else 1.0
+            rt.fleet.cool_down(node, wait)
+            scope.retry_after_s = wait if scope.retry_after_s is None else min(scope.retry_after_s, wait)
+        elif status is None or status >= 500:
+            rt.fleet.report_failure(node)
+        kind = "retryable" if exc.retryable else "fatal"
+        attempt.outcome = kind
+        attempt.http_status = status
+        attempt.error_class = exc.error_class if not isinstance(exc, UpstreamTimeout) else f"timeout_{exc.phase}"
+        attempt.ended_at = round(rt.clock.time(), 6)
+        scope.record.error_class = attempt.error_class
+        return {"kind": kind, "status": status, "error_class": exc.error_class, "node": node,
+                "retry_after_s": retry_after, "tried": list(scope.tried)}
+
+    # ------------------------------------------------------------------ streaming after the commit point
+
+    async def _stream(self, scope: RequestScope, inst: Instance, req: IncomingRequest, c: _Committed
+                      ) -> AsyncIterator[bytes]:
+        rt = self.rt
+        rec = scope.record
+        resp, attempt = c.resp, c.attempt
+        framer = _EventFramer()
+        hide_usage = not req.include_usage
+        outcome: dict[str, Any] | None = None
+        try:
+            chunk: bytes | None = resp.first_chunk
+            it = resp.chunks()
+            while True:
+                if chunk:
+                    try:
+                        out = self._scan_chunk(scope, framer, chunk, hide_usage)
+                    except UpstreamProtocolError:
+                        if framer.sent:
+                            yield framer.sent
+                        raise
+                    if out:
+                        if rec.first_byte_at is None:
+                            rec.first_byte_at = round(rt.clock.time(), 6)
+                            scope.committed = True
+                        yield out
+                try:
+                    chunk = await it.__anext__()
+                except StopAsyncIteration:
+                    break
+            if framer.tail.strip() or not framer.done:
+                raise UpstreamProtocolError("the stream ended without [DONE]")
+            rec.last_byte_at = round(rt.clock.time(), 6)
+            self._learn(scope, req, c.node, attempt)
+            outcome = self._ok_outcome(scope, attempt, c.node)
+        except UpstreamError as exc:
+            rt.fleet.report_failure(c.node)
+            rec.last_byte_at = round(rt.clock.time(), 6)
+            attempt.outcome = "midstream_error"
+            attempt.error_class = exc.error_class
+            attempt.ended_at = rec.last_byte_at
+            rec.error_class = exc.error_class
+            rec.node = c.node
+            outcome = {"kind": "midstream_error", "status": 200, "error_class": exc.error_class, "node": c.node,
+                       "retry_after_s": None, "tried": list(scope.tried)}
+            yield _sse_error("The model server failed mid-stream; the response is incomplete", "upstream_error")
+        finally:
+            rt.fleet.release(c.node, c.tokens)
+            await resp.aclose()
+            if outcome is None:   # cancelled: the client went away
+                rec.last_byte_at = round(rt.clock.time(), 6)
+                outcome = self._closed_outcome(scope, attempt)
+            self._complete_after_commit(scope, inst, outcome)
+
+    def _scan_chunk(self, scope: RequestScope, framer: _EventFramer, chunk: bytes, hide_usage: bool) -> bytes:
+        """Forward whole SSE events. Each event gets a cheap validity check (RELIABILITY §5.6);
+        only events that name ``usage`` or ``error`` are parsed. Raises UpstreamProtocolError on
+        a malformed event or an in-band error event, after the good events before it were sent
+        (``framer.sent``)."""
+        events = framer.feed(chunk)
+        if not events:
+            return b""
+        out = bytearray()
+        for ev in events.split(b"\n\n"):
+            if not ev:
+                continue
+            if not ev.startswith(b"data:"):
+                if ev.startswith((b":", b"event:", b"id:", b"retry:")):
+                    out += ev + b"\n\n"
+                    continue
+                framer.sent = bytes(out)
+                raise UpstreamProtocolError("SSE line without a field name")
+            payload = ev[5:].strip()
+            if payload == DONE:
+                framer.done = True
+            else:
+                try:
+                    check_payload(payload)
+                    if b'"error"' in payload and extract_error(payload) is not None:
+                        raise UpstreamProtocolError("the node sent an in-band error event")
+                    if b'"usage"' in payload:
+                        usage = extract_usage(payload)
+                        if usage is not None:
+                            scope.record.prompt_tokens = usage.prompt_tokens
+                            scope.record.completion_tokens = usage.completion_tokens
+                            if hide_usage and _no_choices(payload):
+                                continue
+                except UpstreamProtocolError:
+                    framer.sent = bytes(out)
+                    raise
+            out += ev + b"\n\n"
+        return bytes(out)
+
+    def _complete_after_commit(self, scope: RequestScope, inst: Instance, outcome: dict[str, Any]) -> None:
+        """Finish the instance after the commit point; no further dispatch is possible."""
+        try:
+            inst.complete(outcome)
+            call = inst.advance()
+            if call is not None:
+                raise WorkflowRuntimeError(call.task_id, "the process asked for more work after the response "
+                                                         "was committed; ignored")
+        except WorkflowRuntimeError as exc:
+            log.error("request %s: %s", scope.record.request_id, exc)
+            self._submit_failed(scope, exc)
+
+    # ------------------------------------------------------------------ failures of the engine itself
+
+    def _submit_failed(self, scope: RequestScope, exc: WorkflowRuntimeError) -> None:
+        rec = scope.record
+        if rec.status in ("unknown",):
+            rec.status = "workflow_error"
+            rec.http_status = rec.http_status or 500
+            rec.error_class = "workflow_error"
+            rec.tags = {**rec.tags, "workflow_error": str(exc)[:500]}
+            self.rt.submit(rec)
+
+    def reject(self, endpoint: str, model: str, status: int, code: str | None, tenant: str | None = None) -> str:
+        """Audit a request rejected before its process started (invalid input); returns its id."""
+        rid = uuid.uuid4().hex
+        now = round(self.rt.clock.time(), 6)
+        self.rt.submit(RequestRecord(request_id=rid, received_at=now, endpoint=endpoint,
+                                     model_requested=model[:256], tenant=tenant, status="rejected_invalid",
+                                     http_status=status, error_class=code or "invalid_request",
+                                     last_byte_at=now, engine=self.process.mode))
+        return rid
+
+    def _workflow_failed(self, scope: RequestScope, exc: WorkflowRuntimeError) -> Response:
+        log.error("request %s: workflow error: %s", scope.record.request_id, exc)
+        self._submit_failed(scope, exc)
+        result = {"http_status": 500, "retry_after_s": None,
+                  "error": {"message": "The gateway's request process failed; see the audit record",
+                            "type": "server_error", "param": None, "code": "workflow_error"}}
+        return _error_response(result, scope.record.request_id)
+
+    def _finish_cancelled(self, scope: RequestScope) -> None:
+        rec = scope.record
+        if rec.status == "unknown":
+            rec.status = "client_closed"
+            rec.http_status = 499
+            rec.error_class = "client_closed"
+            rec.last_byte_at = round(self.rt.clock.time(), 6)
+            self.rt.submit(rec)
+
+
+class _EventFramer:
+    """Splits a byte stream at SSE event boundaries (blank line); keeps the partial tail."""
+
+    __slots__ = ("done", "sent", "tail")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.sent = b""      # good events of a block that failed part-way, still to forward
+        self.done = False    # [DONE] seen
+
+    def feed(self, chunk: bytes) -> bytes:
+        buf = self.tail + chunk if self.tail else chunk
+        if b"\r\n" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self.tail = buf
+            return b""
+        self.tail = buf[cut + 2:]
+        return buf[:cut + 2]
+
+
+def _no_choices(payload: bytes) -> bool:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("choices") == []
+
+
+@dataclass
+class _Committed:
+    """A 2xx stream whose first chunk has arrived: the next byte goes to the client."""
+
+    resp: UpstreamResponse
+    attempt: AttemptRecord
+    node: str
+    tokens: int

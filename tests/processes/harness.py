@@ -1,0 +1,103 @@
+"""Drive a real BPMN process with the real service table and a scripted dispatch (no HTTP).
+
+``run_scenario(path, engine, outcomes)`` plays ``outcomes`` (one per dispatch) and returns the
+final data, the visited path and the submitted audit records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferlb.engine.scope import RequestScope, build_runtime
+from inferlb.engine.settings import Settings, fleet_from_mapping
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.types import ManualClock
+from inferlb.engine.workflow import TIMER_OPERATION, load_process
+from inferlb.tasks import REQUIRED_TASKS, SERVICES
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = ROOT / "processes" / "inference_request.bpmn"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+FLEET = {
+    "models": [
+        {"name": "m", "fallbacks": ["m-small"], "max_output_tokens": 512},
+        {"name": "m-small"},
+    ],
+    "nodes": [
+        {"name": "a", "url": "http://127.0.0.1:1", "models": ["m"]},
+        {"name": "b", "url": "http://127.0.0.1:2", "models": ["m"]},
+        {"name": "c", "url": "http://127.0.0.1:3", "models": ["m"]},
+        {"name": "s", "url": "http://127.0.0.1:4", "models": ["m-small"]},
+    ],
+}
+
+
+@dataclass
+class Result:
+    data: dict[str, Any]
+    path: list[str]
+    records: list[RequestRecord] = field(default_factory=list)
+    dispatched: list[str] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+
+
+def make_request(model: str = "m", **over: Any) -> dict[str, Any]:
+    req = {"id": "req-1", "endpoint": "chat", "model": model, "stream": False, "tenant": None,
+           "priority": None, "max_tokens": 16, "prompt_bytes": 400, "deadline_s": None}
+    req.update(over)
+    return req
+
+
+def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], *,
+                 request: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
+                 max_inflight: int = 100) -> Result:
+    clock = ManualClock()
+    records: list[RequestRecord] = []
+    settings = Settings(max_inflight=max_inflight)
+    fleet_cfg = fleet_from_mapping(fleet or FLEET)
+    rt = build_runtime(settings, fleet_cfg, clock=clock, submit=records.append, seed=7)
+    definition = load_process(path, SERVICES, engine=engine, required=REQUIRED_TASKS)
+    assert definition.mode == engine
+    req = request or make_request()
+    rec = RequestRecord(request_id=req["id"], received_at=clock.time(), endpoint=req["endpoint"],
+                        model_requested=req["model"])
+    scope = RequestScope(rt=rt, record=rec, received_mono=clock.monotonic())
+    inst = definition.executor.start({"request": req, "tags": {}}, scope)
+    rec.workflow_path = inst.path
+    res = Result(data={}, path=inst.path, records=records)
+    plays = list(outcomes)
+    call = inst.advance()
+    while call is not None:
+        if call.operation == "upstream/dispatch":
+            node = inst.data_view()["routing"]["node"] if hasattr(inst, "data_view") else None
+            node = node or _current_routing(inst)["node"]
+            res.dispatched.append(node)
+            scope.attempts += 1
+            scope.tried.append(node)
+            out = dict(plays.pop(0))
+            out.setdefault("node", node)
+            out["tried"] = list(scope.tried)
+            rec.attempts.append(AttemptRecord(number=scope.attempts, node=node, model=scope.model,
+                                              started_at=clock.time(), outcome=out["kind"]))
+            inst.complete(out)
+        elif call.operation in ("clock/wait", TIMER_OPERATION):
+            res.waits.append(float(call.params["seconds"]))
+            clock.advance(float(call.params["seconds"]))
+            inst.complete({"seconds": call.params["seconds"]})
+        else:
+            raise AssertionError(f"unexpected external call {call}")
+        call = inst.advance()
+    assert not plays, f"unused outcomes: {plays}"
+    res.data = inst.data
+    return res
+
+
+def _current_routing(inst: Any) -> dict[str, Any]:
+    """The latest ``routing`` value, whichever executor runs the instance."""
+    if hasattr(inst, "wf"):
+        task = inst._parked_task
+        return dict(task.data["routing"])
+    return dict(inst.data["routing"])

@@ -1,0 +1,79 @@
+"""Shared test support: fast simulated fleets and a real gateway on a loopback port.
+
+``running_gateway(settings)`` serves ``create_app(settings)`` with uvicorn on a free 127.0.0.1
+port inside the test's event loop (real sockets, real HTTP) and shuts it down cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from inferlb.engine.app import create_app
+from inferlb.engine.settings import FleetConfig, Settings, fleet_from_mapping
+from inferlb.simulator import NodeSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def fast_specs(n: int = 3, **over: Any) -> list[NodeSpec]:
+    """Nodes with millisecond latencies, serving "m" (chat/completions) and "emb"."""
+    return [NodeSpec(name=f"n{i}", models=["m", "emb"], base_ttft_s=0.002, tpot_s=0.0005, **over)
+            for i in range(n)]
+
+
+def fleet_for(urls: dict[str, str], **routing: Any) -> FleetConfig:
+    return fleet_from_mapping({
+        "models": [
+            {"name": "m", "max_output_tokens": 1024, "default_max_tokens": 8, "fallbacks": []},
+            {"name": "emb", "kind": "embedding"},
+        ],
+        "nodes": [{"name": n, "url": u, "models": ["m", "emb"], "price_per_hour": 1.0} for n, u in urls.items()],
+        "routing": routing or {"profile": "token-aware", "seed": 1},
+        "timeouts": {"connect_s": 1.0, "first_token_s": 2.0, "idle_s": 2.0, "total_s": 10.0},
+        "slos": [{"model": "m", "e2e_max_s": 5.0, "ttft_max_s": 1.0}],
+    })
+
+
+def settings_for(tmp: Path, fleet: FleetConfig, **over: Any) -> Settings:
+    base: dict[str, Any] = {"fleet": fleet, "database_url": f"sqlite:///{tmp / 'audit.db'}",
+                            "journal_dir": tmp / "journal", "audit_flush_interval_s": 0.01}
+    base.update(over)
+    return Settings(**base)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(settings: Settings) -> AsyncIterator[tuple[str, Any]]:
+    """Yields (base URL, app)."""
+    app = create_app(settings)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if not server.started:
+        await task
+        raise RuntimeError("gateway did not start")
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
