@@ -31,8 +31,8 @@ def free_port() -> int:
 
 def fast_specs(n: int = 3, **over: Any) -> list[NodeSpec]:
     """Nodes with millisecond latencies, serving "m" (chat/completions) and "emb"."""
-    return [NodeSpec(name=f"n{i}", models=["m", "emb"], base_ttft_s=0.002, tpot_s=0.0005, **over)
-            for i in range(n)]
+    kw: dict[str, Any] = {"base_ttft_s": 0.002, "tpot_s": 0.0005, **over}
+    return [NodeSpec(name=f"n{i}", models=["m", "emb"], **kw) for i in range(n)]
 
 
 def fleet_for(urls: dict[str, str], **routing: Any) -> FleetConfig:

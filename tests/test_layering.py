@@ -1,0 +1,84 @@
+"""The dependency rules of ARCHITECTURE.md, enforced by walking every module's imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "inferlb"
+IO_LIBS = {"aiohttp", "httpx", "sqlalchemy", "socket", "asyncio", "requests", "urllib", "fastapi",
+           "starlette", "SpiffWorkflow", "redis"}
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute module names imported by ``path`` (relative imports resolved)."""
+    mod_parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if mod_parts[-1] == "__init__":
+        mod_parts = mod_parts[:-1]
+        pkg_parts = mod_parts
+    else:
+        pkg_parts = mod_parts[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+                out.add(name)
+                if not node.module:
+                    out.update(f"{name}.{a.name}" for a in node.names)
+            elif node.module:
+                out.add(node.module)
+    return out
+
+
+def _modules(sub: str) -> list[Path]:
+    return sorted((PKG / sub).rglob("*.py"))
+
+
+def _starts(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("path", _modules("engine/routing"), ids=lambda p: p.name)
+def test_routing_imports_only_errors_and_itself(path: Path) -> None:
+    for name in _imports(path):
+        if name.startswith("inferlb"):
+            assert _starts(name, "inferlb.engine.routing") or name == "inferlb.engine.errors", name
+        assert name.split(".")[0] not in IO_LIBS, f"routing must stay I/O-free: {name}"
+
+
+@pytest.mark.parametrize("path", _modules("tasks"), ids=lambda p: p.name)
+def test_tasks_never_import_api_or_workflow(path: Path) -> None:
+    for name in _imports(path):
+        assert not _starts(name, "inferlb.engine.api"), name
+        assert not _starts(name, "inferlb.engine.workflow"), name
+        assert not _starts(name, "SpiffWorkflow"), name
+
+
+@pytest.mark.parametrize("path", _modules("engine/workflow"), ids=lambda p: p.name)
+def test_workflow_does_not_import_tasks(path: Path) -> None:
+    assert not any(_starts(n, "inferlb.tasks") for n in _imports(path))
+
+
+@pytest.mark.parametrize("path", _modules("engine/api"), ids=lambda p: p.name)
+def test_api_imports_neither_tasks_nor_spiff(path: Path) -> None:
+    for name in _imports(path):
+        assert not _starts(name, "inferlb.tasks"), name
+        assert not _starts(name, "SpiffWorkflow"), name
+        assert not _starts(name, "inferlb.engine.workflow"), name
+
+
+def test_only_app_wires_tasks_into_the_engine() -> None:
+    users = [p.relative_to(PKG).as_posix() for p in _modules("engine")
+             if any(_starts(n, "inferlb.tasks") for n in _imports(p))]
+    assert set(users) <= {"engine/app.py", "engine/cli.py"}, users
+
+
+def test_the_walker_sees_relative_imports() -> None:
+    # guards the guard: a module known to import the routing package relatively must show it
+    assert "inferlb.engine.routing" in _imports(PKG / "engine" / "scope.py")
