@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inferlb: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.
+        return 0 if args.cmd in ("demo", "serve", "sim") else 130
     return 0
 
 

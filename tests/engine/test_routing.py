@@ -1,0 +1,106 @@
+"""The I/O-free routing core: filters, scorers, pickers, profiles, registry."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.routing import NodeView, RouteRequest, build_router
+from inferlb.engine.routing.plugins import HasCapacity, OutstandingTokens, PowerOfTwo, WeightedRandom
+from inferlb.engine.routing.registry import make_plugin
+
+
+def node(name: str, **kw: object) -> NodeView:
+    base: dict[str, object] = {"models": frozenset({"m"}), "capacity_tokens": 1000, "max_concurrency": 4}
+    base.update(kw)
+    return NodeView(name=name, **base)  # type: ignore[arg-type]
+
+
+REQ = RouteRequest(model="m", prompt_tokens=100, output_tokens=100)
+
+
+def test_token_aware_prefers_the_node_with_token_room() -> None:
+    r = build_router("token-aware", seed=1)
+    d = r.decide(REQ, [node("busy", inflight_tokens=700, inflight_requests=1), node("idle")])
+    assert d.ranked == ["idle", "busy"]
+    assert d.scores["idle"]["outstanding-tokens"] == pytest.approx(0.8)
+    assert d.scores["busy"]["outstanding-tokens"] == pytest.approx(0.1)
+
+
+def test_token_aware_is_not_fooled_by_request_counts() -> None:
+    # least-connections would pick "long" (1 request) over "short" (3 requests); tokens say otherwise
+    nodes = [node("long", inflight_requests=1, inflight_tokens=900), node("short", inflight_requests=3,
+                                                                          inflight_tokens=150)]
+    big = RouteRequest(model="m", prompt_tokens=50, output_tokens=50)
+    assert build_router("token-aware", seed=1).decide(big, nodes).pick == "short"
+    assert build_router("least-connections", seed=1).decide(big, nodes).pick == "long"
+
+
+def test_eliminations_carry_reasons_and_excluded_nodes() -> None:
+    r = build_router("token-aware", seed=1)
+    nodes = [node("sick", healthy=False, unhealthy_reason="ejected"), node("other", models=frozenset({"x"})),
+             node("full", inflight_requests=4), node("tried"), node("ok")]
+    d = r.decide(RouteRequest("m", 10, 10, exclude=frozenset({"tried"})), nodes)
+    why = {e.node: (e.by, e.reason) for e in d.eliminated}
+    assert why["sick"] == ("healthy", "ejected")
+    assert why["other"][0] == "serves-model"
+    assert why["full"][0] == "has-capacity"
+    assert why["tried"][0] == "retry"
+    assert d.ranked == ["ok"]
+    assert d.to_json()["pick"] == "ok"
+
+
+def test_no_candidate_gives_empty_ranking() -> None:
+    d = build_router("token-aware", seed=1).decide(REQ, [node("a", healthy=False)])
+    assert d.pick is None and d.ranked == []
+
+
+def test_idle_node_takes_an_oversized_request() -> None:
+    kept, out = HasCapacity().apply(RouteRequest("m", 5000, 5000), [node("a")])
+    assert [n.name for n in kept] == ["a"] and not out
+
+
+def test_round_robin_rotates() -> None:
+    r = build_router("round-robin", seed=1)
+    picks = [r.decide(REQ, [node("a"), node("b"), node("c")]).pick for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_weighted_random_follows_scores() -> None:
+    rng = random.Random(3)
+    picker = WeightedRandom()
+    counts = Counter(picker.rank([(node("a"), 0.75), (node("b"), 0.25)], rng)[0] for _ in range(4000))
+    assert 0.70 < counts["a"] / 4000 < 0.80
+
+
+def test_power_of_two_returns_every_candidate_once() -> None:
+    ranked = PowerOfTwo().rank([(node(n), s) for n, s in [("a", 0.1), ("b", 0.9), ("c", 0.5), ("d", 0.3)]],
+                               random.Random(1))
+    assert sorted(ranked) == ["a", "b", "c", "d"]
+
+
+def test_scores_stay_in_unit_interval() -> None:
+    s = OutstandingTokens()
+    assert s.score(RouteRequest("m", 5000, 5000), node("a", inflight_tokens=900)) == 0.0
+
+
+def test_plugin_params_reject_unknown_keys() -> None:
+    with pytest.raises(ConfigError, match="has-capacity"):
+        make_plugin("has-capacity", {"bogus": 1})
+    assert make_plugin("has-capacity", {"token_headroom": 1.5}).p.token_headroom == 1.5
+
+
+def test_unknown_profile_and_plugin_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown routing profile"):
+        build_router("nope")
+    with pytest.raises(ConfigError, match="unknown routing plugin"):
+        build_router("token-aware", scorers={"nope": 1.0})
+
+
+def test_user_plugin_by_module_path() -> None:
+    r = build_router("custom", filters=["healthy"], scorers={"inferlb.engine.routing.plugins:LeastRequests": 1.0},
+                     picker="max-score", seed=1)
+    assert r.decide(REQ, [node("a", inflight_requests=2), node("b")]).pick == "b"
