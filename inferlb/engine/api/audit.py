@@ -1,0 +1,112 @@
+"""Audit and report endpoints: ``GET /audit/requests``, ``GET /audit/requests/{id}``, ``GET /reports/sla``.
+
+Contract: thin adapters over :mod:`inferlb.engine.store.queries`. The store comes from
+``request.app.state.store`` (a :class:`~inferlb.engine.store.StoreHandle`) through the ``StoreDep``
+dependency; nothing is created at import time. Every query parameter is taken as text and validated
+here or in the queries, so bad input raises a :class:`~inferlb.engine.errors.ClientError` (400, or
+404 for an unknown id) which the application renders as the OpenAI error envelope; never a 422 or
+500. The handlers are plain ``def``: FastAPI runs them in its thread pool, so the synchronous
+database calls never block the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from ..errors import ClientError, InvalidRequest
+from ..store import StoreHandle
+from ..store.queries import MAX_LIMIT, get_request, list_requests, parse_time, sla_report
+
+__all__ = ["AuditRecordNotFound", "StoreDep", "get_store", "router"]
+
+router = APIRouter()
+
+
+class AuditRecordNotFound(ClientError):
+    """404: no audit record has this request id."""
+
+    status = 404
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"No audit record for request '{request_id[:200]}'", param="request_id", code="request_not_found"
+        )
+
+
+def get_store(request: Request) -> StoreHandle:
+    """The application's store handle; a wiring error (not a client error) when it is missing."""
+    store = getattr(request.app.state, "store", None)
+    if not isinstance(store, StoreHandle):
+        raise RuntimeError("app.state.store is not set: create_app must install a StoreHandle")
+    return store
+
+
+StoreDep = Annotated[StoreHandle, Depends(get_store)]
+
+
+def _limit(value: str | None) -> int:
+    if value is None or not value.strip():
+        return 100
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_LIMIT:
+        raise InvalidRequest(f"'limit' must be an integer from 1 to {MAX_LIMIT}", param="limit")
+    return n
+
+
+@router.get("/audit/requests")
+def audit_requests(
+    store: StoreDep,
+    since: str | None = None,
+    until: str | None = None,
+    model: str | None = None,
+    node: str | None = None,
+    status: str | None = None,
+    tenant: str | None = None,
+    limit: str | None = None,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """Requests newest first, filtered; ``next_cursor`` fetches the next page (null on the last)."""
+    rows, next_cursor = list_requests(
+        store.engine,
+        since=parse_time(since, param="since"),
+        until=parse_time(until, param="until"),
+        model=model or None,
+        node=node or None,
+        status=status or None,
+        tenant=tenant or None,
+        limit=_limit(limit),
+        cursor=cursor or None,
+    )
+    return {"data": rows, "next_cursor": next_cursor}
+
+
+@router.get("/audit/requests/{request_id}")
+def audit_request(store: StoreDep, request_id: str) -> dict[str, Any]:
+    """One request's whole audit record, attempts included."""
+    record = get_request(store.engine, request_id)
+    if record is None:
+        raise AuditRecordNotFound(request_id)
+    return record
+
+
+@router.get("/reports/sla")
+def report_sla(
+    store: StoreDep,
+    since: str | None = None,
+    until: str | None = None,
+    group_by: str = "model",
+) -> dict[str, Any]:
+    """Per model, node or tenant: counts, error rate, latency percentiles, SLO attainment."""
+    rows = sla_report(
+        store.engine,
+        since=parse_time(since, param="since"),
+        until=parse_time(until, param="until"),
+        group_by=group_by,
+        slos=store.slos,
+    )
+    return {"data": rows}

@@ -1,0 +1,155 @@
+"""Engines and migrations for the audit store.
+
+Contract:
+
+* :func:`make_engine` returns a synchronous SQLAlchemy :class:`~sqlalchemy.engine.Engine`. It never
+  connects eagerly. SQLite files get ``journal_mode=WAL``, ``synchronous=NORMAL`` (durable across
+  application crashes; the writer's fsynced journal covers the rest), ``busy_timeout`` and
+  ``foreign_keys=ON`` on every new connection. PostgreSQL uses psycopg 3: ``postgresql://`` and
+  ``postgres://`` are rewritten to ``postgresql+psycopg://``; connections are pre-pinged so a
+  restarted server does not fail the first batch after it returns.
+* :func:`upgrade` runs ``alembic upgrade head`` programmatically against ``url``; the URL is handed to
+  ``migrations/env.py`` through ``config.attributes["url"]``, never through alembic.ini.
+* :func:`migrations_dir` finds the repository's ``migrations/`` (editable install) or the copy a
+  wheel ships as ``inferlb/_migrations``.
+* Foreign errors (SQLAlchemy, Alembic) are mapped to :class:`~inferlb.engine.errors.StoreError` here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from ..errors import StoreError
+
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "describe_db_error",
+    "downgrade",
+    "is_sqlite",
+    "make_engine",
+    "migrations_dir",
+    "normalize_url",
+    "upgrade",
+]
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+# Bound how long a flush waits for an unreachable PostgreSQL before it spools (libpq default: forever).
+_PG_CONNECT_TIMEOUT_S = 5
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """A short, single-line description (no SQL text or bound values) for logs and reports."""
+    inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = " ".join(str(inner).split())
+    return f"{type(inner).__name__}: {text}"[:300]
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url``; PostgreSQL URLs without a driver (or with ``postgres://``) get psycopg 3."""
+    try:
+        u = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"invalid database URL: {exc}") from exc
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u
+
+
+def is_sqlite(url: str | URL) -> bool:
+    """True when ``url`` names a SQLite database."""
+    return normalize_url(url).get_backend_name() == "sqlite"
+
+
+def _safe(u: URL) -> str:
+    return u.render_as_string(hide_password=True)
+
+
+def _sqlite_in_memory(u: URL) -> bool:
+    return u.database in (None, "", ":memory:") or (u.query.get("mode") == "memory")
+
+
+def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
+    """A sync engine for ``url`` (SQLite or PostgreSQL), configured as the module docstring says."""
+    u = normalize_url(url)
+    kwargs: dict[str, Any] = {"echo": echo, "future": True}
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        memory = _sqlite_in_memory(u)
+        if memory:
+            # One shared connection, or every pooled connection would see its own empty database.
+            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        try:
+            engine = create_engine(u, **kwargs)
+        except (SQLAlchemyError, ImportError) as exc:
+            raise StoreError(f"cannot create engine for {_safe(u)}: {exc}") from exc
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            try:
+                if not memory:
+                    cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                cur.execute("PRAGMA foreign_keys=ON")
+            finally:
+                cur.close()
+
+        return engine
+    if backend == "postgresql":
+        kwargs["pool_pre_ping"] = True
+        if "connect_timeout" not in u.query:
+            kwargs["connect_args"] = {"connect_timeout": _PG_CONNECT_TIMEOUT_S}
+    try:
+        return create_engine(u, **kwargs)
+    except (SQLAlchemyError, ImportError) as exc:
+        raise StoreError(f"cannot create engine for {_safe(u)}: {exc}") from exc
+
+
+def migrations_dir() -> Path:
+    """The Alembic script directory: the repo's ``migrations/`` first, then the packaged copy."""
+    here = Path(__file__).resolve()
+    candidates = (here.parents[3] / "migrations", here.parents[2] / "_migrations")
+    for c in candidates:
+        if (c / "env.py").is_file():
+            return c
+    raise StoreError("Alembic migrations not found (looked in " + ", ".join(str(c) for c in candidates) + ")")
+
+
+def _alembic_config(url: str | URL) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    # Passed as an attribute (not an ini option) so passwords never go through ConfigParser
+    # interpolation and env.py can tell "given by the caller" from "read from settings".
+    cfg.attributes["url"] = normalize_url(url).render_as_string(hide_password=False)
+    return cfg
+
+
+def upgrade(url: str | URL, revision: str = "head") -> None:
+    """Run ``alembic upgrade <revision>`` on ``url``; StoreError if the database or a migration fails."""
+    from alembic import command
+    from alembic.util import CommandError
+
+    try:
+        command.upgrade(_alembic_config(url), revision)
+    except (SQLAlchemyError, CommandError) as exc:
+        raise StoreError(f"database migration failed: {exc}") from exc
+
+
+def downgrade(url: str | URL, revision: str) -> None:
+    """Run ``alembic downgrade <revision>`` on ``url`` (tests and operators rolling back)."""
+    from alembic import command
+    from alembic.util import CommandError
+
+    try:
+        command.downgrade(_alembic_config(url), revision)
+    except (SQLAlchemyError, CommandError) as exc:
+        raise StoreError(f"database downgrade failed: {exc}") from exc

@@ -1,0 +1,166 @@
+"""SQLAlchemy models of the audit store: ``requests`` and ``request_attempts``.
+
+Contract:
+
+* One ``requests`` row per client request, keyed by the gateway-generated ``request_id`` (the
+  idempotency key of the writer's upsert). Every :class:`~inferlb.engine.store.records.RequestRecord`
+  field has a column; ``decision``, ``tags`` and ``workflow_path`` are JSON (JSONB on PostgreSQL).
+* **Timestamps are BigInteger epoch microseconds** (columns end in ``_us``). An integer keeps the µs
+  exactly on SQLite and PostgreSQL alike, compares exactly in keyset pagination, and converts back
+  to the record's float seconds without drift (``us / 1e6`` is the nearest double, the same value
+  ``round(t, 6)`` produced). Use :func:`to_us` / :func:`from_us` for the conversion.
+* ``e2e_ms`` and ``ttft_ms`` are stored (not computed) values the writer derives from the µs
+  columns, so reports read them without dialect-specific generated-column support.
+* ``request_attempts`` rows belong to one request (``ON DELETE CASCADE``); ``(request_id, number)``
+  is the primary key.
+* Schema changes only through Alembic migrations (``migrations/versions``); ``0001_initial`` creates
+  exactly these tables and indexes, and a test compares the two.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeEngine
+
+__all__ = [
+    "ATTEMPTS",
+    "NAMING_CONVENTION",
+    "REQUESTS",
+    "AttemptRow",
+    "Base",
+    "RequestRow",
+    "from_us",
+    "json_type",
+    "to_us",
+]
+
+# Deterministic constraint names, so later migrations can address them on every dialect.
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def json_type() -> TypeEngine[Any]:
+    """JSON on SQLite, JSONB on PostgreSQL (indexable, compact)."""
+    return JSON().with_variant(JSONB(), "postgresql")
+
+
+def to_us(t: float | None) -> int | None:
+    """Epoch seconds (float, µs precision) → integer epoch µs; non-finite values become None."""
+    if t is None or not math.isfinite(t):
+        return None
+    return round(t * 1_000_000)
+
+
+def from_us(us: int | None) -> float | None:
+    """Integer epoch µs → epoch seconds float (the exact inverse of :func:`to_us` at µs precision)."""
+    return None if us is None else us / 1_000_000
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class RequestRow(Base):
+    """One client request (see RequestRecord for the meaning of each field)."""
+
+    __tablename__ = "requests"
+
+    request_id: Mapped[str] = mapped_column(String, primary_key=True)
+    received_at_us: Mapped[int] = mapped_column(BigInteger)
+    endpoint: Mapped[str] = mapped_column(String)
+    model_requested: Mapped[str] = mapped_column(String)
+    tenant: Mapped[str | None] = mapped_column(String)
+    model_served: Mapped[str | None] = mapped_column(String)
+    model_version: Mapped[str | None] = mapped_column(String)
+    node: Mapped[str | None] = mapped_column(String)
+    priority: Mapped[str | None] = mapped_column(String)
+    stream: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error_class: Mapped[str | None] = mapped_column(String)
+    admitted_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    routed_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    first_byte_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    last_byte_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_tokens_est: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cost_est: Mapped[float | None] = mapped_column(Double)
+    decision: Mapped[dict[str, Any] | None] = mapped_column(json_type())
+    workflow_path: Mapped[list[str]] = mapped_column(json_type())
+    tags: Mapped[dict[str, Any]] = mapped_column(json_type())
+    engine: Mapped[str | None] = mapped_column(String)
+    attempt_count: Mapped[int] = mapped_column(Integer)
+    # Derived at write time from the µs columns; what the SLA report and audit list read.
+    e2e_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_ms: Mapped[float | None] = mapped_column(Double)
+
+    attempts: Mapped[list[AttemptRow]] = relationship(
+        back_populates="request",
+        order_by="AttemptRow.number",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+    __table_args__ = (
+        # Keyset pagination: ORDER BY received_at_us DESC, request_id DESC.
+        Index("ix_requests_received", "received_at_us", "request_id"),
+        # Audit filters, each combined with the time window.
+        Index("ix_requests_model_requested", "model_requested", "received_at_us"),
+        Index("ix_requests_model_served", "model_served", "received_at_us"),
+        Index("ix_requests_node", "node", "received_at_us"),
+        Index("ix_requests_status", "status", "received_at_us"),
+        Index("ix_requests_tenant", "tenant", "received_at_us"),
+    )
+
+
+class AttemptRow(Base):
+    """One try of one request against one node."""
+
+    __tablename__ = "request_attempts"
+
+    request_id: Mapped[str] = mapped_column(
+        String, ForeignKey("requests.request_id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String)
+    model: Mapped[str] = mapped_column(String)
+    started_at_us: Mapped[int] = mapped_column(BigInteger)
+    ended_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    outcome: Mapped[str] = mapped_column(String)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error_class: Mapped[str | None] = mapped_column(String)
+    first_byte_at_us: Mapped[int | None] = mapped_column(BigInteger)
+
+    request: Mapped[RequestRow] = relationship(back_populates="attempts")
+
+    __table_args__ = (
+        # Per-node attempt analysis (retries landing on a node, error classes per node).
+        Index("ix_request_attempts_node", "node", "started_at_us"),
+    )
+
+
+# Core views of the two tables, for the writer's bulk upserts and the report queries.
+REQUESTS: Table = cast(Table, RequestRow.__table__)
+ATTEMPTS: Table = cast(Table, AttemptRow.__table__)

@@ -1,0 +1,357 @@
+"""Read side of the audit store: the audit list, one request, the SLA report.
+
+Contract:
+
+* Times in and out are epoch seconds (floats, µs precision); the time window is ``since``
+  inclusive, ``until`` exclusive, on ``received_at``. :func:`parse_time` turns user input (epoch
+  seconds, ISO-8601, or a look-back like ``15m`` / ``24h`` / ``7d``) into that.
+* Bad filter values raise :class:`~inferlb.engine.errors.InvalidRequest` naming the parameter, so
+  the API answers 400; database failures raise :class:`~inferlb.engine.errors.StoreError`.
+* :func:`list_requests` pages by keyset, newest first (``received_at DESC, request_id DESC``): the
+  cursor is an opaque url-safe token of the last row's position, so pages never skip or repeat a
+  row even while new requests arrive. The ``model`` filter matches the requested or served model.
+* :func:`sla_report` groups by ``model`` (the model requested), ``node`` or ``tenant``. Per group:
+  ``count``; ``ok``; ``client_errors`` (statuses caused by the client: ``rejected_invalid``,
+  ``client_closed``); ``errors`` (every other non-ok status, load shedding included);
+  ``error_rate = errors / (count - client_errors)``; p50/p95/p99 of e2e latency and TTFT in ms over
+  the ok requests; ``slo_attainment`` = share of the eligible (non-client-error) requests that
+  succeeded within the ``e2e_max_s`` / ``ttft_max_s`` of the SLO for their model (exact name, else
+  ``*``), null when no request of the group has such an SLO; ``slo_p95_met`` (model groups only)
+  whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles are computed in Python
+  from the fetched values, identically on SQLite and PostgreSQL, with linear interpolation between
+  closest ranks (numpy's default, PostgreSQL's ``percentile_cont``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, literal, or_, select, tuple_
+from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..errors import InvalidRequest, StoreError
+from ..settings import SLOConfig
+from .db import describe_db_error
+from .models import ATTEMPTS, REQUESTS, from_us
+
+__all__ = [
+    "CLIENT_STATUSES",
+    "GROUP_BY",
+    "MAX_LIMIT",
+    "SLA_COLUMNS",
+    "get_request",
+    "list_requests",
+    "parse_time",
+    "percentile",
+    "sla_report",
+]
+
+MAX_LIMIT = 1000
+GROUP_BY = ("model", "node", "tenant")
+CLIENT_STATUSES = frozenset({"rejected_invalid", "client_closed"})
+# The keys of every sla_report row after the group key, in order (for tables and CSV headers).
+SLA_COLUMNS = (
+    "count", "ok", "errors", "client_errors", "error_rate",
+    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
+    "slo_attainment", "slo_p95_met",
+)
+_MAX_EPOCH = 253_402_300_800.0  # 10000-01-01: beyond what ISO-8601 can name
+_MAX_FILTER_LEN = 512
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_T = TypeVar("_T")
+
+
+# -- input validation ------------------------------------------------------------------------------
+
+
+def parse_time(value: str | float | None, *, param: str, now: float | None = None) -> float | None:
+    """Epoch seconds from epoch seconds, ISO-8601 (naive means UTC) or ``<n>[smhdw]`` ago."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        m = _DURATION.match(text)
+        if m:
+            base = time.time() if now is None else now
+            t = base - float(m.group(1)) * _UNIT_S[m.group(2)]
+        else:
+            try:
+                t = float(text)
+            except ValueError:
+                try:
+                    dt = datetime.fromisoformat(text)
+                except ValueError:
+                    raise InvalidRequest(
+                        f"'{param}' must be epoch seconds, ISO-8601 or a look-back like 24h",
+                        param=param, code="invalid_time") from None
+                t = (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+    else:
+        t = float(value)
+    if not math.isfinite(t) or not 0 <= t < _MAX_EPOCH:
+        raise InvalidRequest(f"'{param}' is out of range", param=param, code="invalid_time")
+    return t
+
+
+def _check_window(since: float | None, until: float | None) -> None:
+    for name, t in (("since", since), ("until", until)):
+        if t is not None and (not math.isfinite(t) or not 0 <= t < _MAX_EPOCH):
+            raise InvalidRequest(f"'{name}' is out of range", param=name, code="invalid_time")
+    if since is not None and until is not None and since > until:
+        raise InvalidRequest("'since' is after 'until'", param="since", code="invalid_time")
+
+
+def _check_filter(value: str | None, param: str) -> str | None:
+    if value is None:
+        return None
+    # PostgreSQL rejects NUL in a text parameter; a client must get 400, never 500.
+    if len(value) > _MAX_FILTER_LEN or any(ord(c) < 32 for c in value):
+        raise InvalidRequest(f"'{param}' is not a valid value", param=param)
+    return value
+
+
+def _encode_cursor(received_us: int, request_id: str) -> str:
+    raw = json.dumps({"v": 1, "r": received_us, "i": request_id}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[int, str]:
+    bad = InvalidRequest(
+        "'cursor' is not a cursor returned by this API", param="cursor", code="invalid_cursor"
+    )
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise bad from None
+    if not isinstance(data, dict) or data.get("v") != 1:
+        raise bad
+    r, i = data.get("r"), data.get("i")
+    if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < _MAX_EPOCH * 1_000_000:
+        raise bad
+    if not isinstance(i, str) or _check_filter(i, "cursor") is None:
+        raise bad
+    return r, i
+
+
+def _run(engine: Engine, fn: Callable[[Connection], _T]) -> _T:
+    """The one place this module's database errors become StoreError."""
+    try:
+        with engine.connect() as conn:
+            return fn(conn)
+    except SQLAlchemyError as exc:
+        raise StoreError(f"audit query failed: {describe_db_error(exc)}") from exc
+
+
+# -- rows → dicts ----------------------------------------------------------------------------------
+
+_REQUEST_FIELDS = (
+    "request_id", "endpoint", "model_requested", "tenant", "model_served", "model_version", "node",
+    "priority", "stream", "status", "http_status", "error_class", "prompt_tokens_est", "prompt_tokens",
+    "completion_tokens", "cost_est", "decision", "workflow_path", "tags", "engine", "attempt_count",
+    "e2e_ms", "ttft_ms",
+)
+_REQUEST_TIMES = ("received_at", "admitted_at", "routed_at", "first_byte_at", "last_byte_at")
+_ATTEMPT_FIELDS = ("number", "node", "model", "outcome", "http_status", "error_class")
+_ATTEMPT_TIMES = ("started_at", "ended_at", "first_byte_at")
+
+
+def _request_dict(row: RowMapping) -> dict[str, Any]:
+    out: dict[str, Any] = {f: row[f] for f in _REQUEST_FIELDS}
+    for f in _REQUEST_TIMES:
+        out[f] = from_us(row[f + "_us"])
+    return out
+
+
+def _attempt_dict(row: RowMapping) -> dict[str, Any]:
+    out: dict[str, Any] = {f: row[f] for f in _ATTEMPT_FIELDS}
+    for f in _ATTEMPT_TIMES:
+        out[f] = from_us(row[f + "_us"])
+    return out
+
+
+# -- queries ---------------------------------------------------------------------------------------
+
+
+def _window(since: float | None, until: float | None) -> list[ColumnElement[bool]]:
+    conds: list[ColumnElement[bool]] = []
+    col = REQUESTS.c.received_at_us
+    # Rounded like the writer rounds received_at, so a request received exactly at ``since`` is in.
+    if since is not None:
+        conds.append(col >= round(since * 1_000_000))
+    if until is not None:
+        conds.append(col < round(until * 1_000_000))
+    return conds
+
+
+def list_requests(
+    engine: Engine,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    model: str | None = None,
+    node: str | None = None,
+    status: str | None = None,
+    tenant: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of requests, newest first, and the cursor of the next page (None on the last)."""
+    _check_window(since, until)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidRequest(f"'limit' must be an integer from 1 to {MAX_LIMIT}", param="limit")
+    t = REQUESTS.c
+    conds = _window(since, until)
+    if (m := _check_filter(model, "model")) is not None:
+        conds.append(or_(t.model_requested == m, t.model_served == m))
+    exact = ((t.node, node, "node"), (t.status, status, "status"), (t.tenant, tenant, "tenant"))
+    for col, value, name in exact:
+        if (v := _check_filter(value, name)) is not None:
+            conds.append(col == v)
+    if cursor:
+        r, i = _decode_cursor(cursor)
+        conds.append(tuple_(t.received_at_us, t.request_id) < tuple_(literal(r), literal(i)))
+    stmt = (
+        select(REQUESTS)
+        .where(*conds)
+        .order_by(t.received_at_us.desc(), t.request_id.desc())
+        .limit(limit + 1)  # one extra row says whether another page exists
+    )
+    rows = _run(engine, lambda conn: list(conn.execute(stmt).mappings()))
+    page = rows[:limit]
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        next_cursor = _encode_cursor(last["received_at_us"], last["request_id"])
+    return [_request_dict(r) for r in page], next_cursor
+
+
+def get_request(engine: Engine, request_id: str) -> dict[str, Any] | None:
+    """The whole record with its attempts (by number), or None when there is no such request."""
+    if any(ord(c) < 32 for c in request_id) or len(request_id) > 4096:
+        return None  # the writer never stores such an id, and PostgreSQL would reject the parameter
+
+    def fetch(conn: Connection) -> dict[str, Any] | None:
+        row = conn.execute(select(REQUESTS).where(REQUESTS.c.request_id == request_id)).mappings().first()
+        if row is None:
+            return None
+        attempts = conn.execute(
+            select(ATTEMPTS).where(ATTEMPTS.c.request_id == request_id).order_by(ATTEMPTS.c.number)
+        ).mappings()
+        out = _request_dict(row)
+        out["attempts"] = [_attempt_dict(a) for a in attempts]
+        return out
+
+    return _run(engine, fetch)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (``percentile_cont``); None for no values."""
+    if not sorted_values:
+        return None
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _slo_for(model: str, slos: Sequence[SLOConfig]) -> SLOConfig | None:
+    exact = next((s for s in slos if s.model == model), None)
+    return exact or next((s for s in slos if s.model == "*"), None)
+
+
+def _within(slo: SLOConfig, e2e_ms: float | None, ttft_ms: float | None) -> bool:
+    if slo.e2e_max_s is not None and (e2e_ms is None or e2e_ms > slo.e2e_max_s * 1000):
+        return False
+    return not (slo.ttft_max_s is not None and (ttft_ms is None or ttft_ms > slo.ttft_max_s * 1000))
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def _group_stats(key: str, value: str | None, rows: Iterable[RowMapping],
+                 slos: Sequence[SLOConfig]) -> dict[str, Any]:
+    count = ok = client = slo_n = slo_good = 0
+    e2e: list[float] = []
+    ttft: list[float] = []
+    for r in rows:
+        count += 1
+        status = r["status"]
+        if status in CLIENT_STATUSES:
+            client += 1
+            continue
+        is_ok = status == "ok"
+        if is_ok:
+            ok += 1
+            if r["e2e_ms"] is not None:
+                e2e.append(r["e2e_ms"])
+            if r["ttft_ms"] is not None:
+                ttft.append(r["ttft_ms"])
+        slo = _slo_for(r["model_requested"], slos)
+        if slo is not None and (slo.e2e_max_s is not None or slo.ttft_max_s is not None):
+            slo_n += 1
+            slo_good += is_ok and _within(slo, r["e2e_ms"], r["ttft_ms"])
+    e2e.sort()
+    ttft.sort()
+    eligible = count - client
+    errors = eligible - ok
+    out: dict[str, Any] = {
+        key: value,
+        "count": count,
+        "ok": ok,
+        "errors": errors,
+        "client_errors": client,
+        "error_rate": round(errors / eligible, 6) if eligible else None,
+    }
+    for name, values in (("e2e", e2e), ("ttft", ttft)):
+        for q in (50, 95, 99):
+            out[f"{name}_p{q}_ms"] = _ms(percentile(values, q / 100))
+    out["slo_attainment"] = round(slo_good / slo_n, 6) if slo_n else None
+    out["slo_p95_met"] = None
+    if key == "model" and value is not None:
+        slo = _slo_for(value, slos)
+        checks = []
+        if slo is not None and slo.e2e_p95_s is not None and out["e2e_p95_ms"] is not None:
+            checks.append(out["e2e_p95_ms"] <= slo.e2e_p95_s * 1000)
+        if slo is not None and slo.ttft_p95_s is not None and out["ttft_p95_ms"] is not None:
+            checks.append(out["ttft_p95_ms"] <= slo.ttft_p95_s * 1000)
+        out["slo_p95_met"] = all(checks) if checks else None
+    return out
+
+
+def sla_report(
+    engine: Engine,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    group_by: str = "model",
+    slos: Sequence[SLOConfig] = (),
+) -> list[dict[str, Any]]:
+    """Per-group latency, errors and SLO attainment over the window (see the module docstring)."""
+    _check_window(since, until)
+    if group_by not in GROUP_BY:
+        raise InvalidRequest(f"'group_by' must be one of {', '.join(GROUP_BY)}", param="group_by")
+    t = REQUESTS.c
+    group_col = {"model": t.model_requested, "node": t.node, "tenant": t.tenant}[group_by]
+    stmt = select(group_col.label("g"), t.model_requested, t.status, t.e2e_ms, t.ttft_ms).where(
+        *_window(since, until)
+    )
+    groups: dict[str | None, list[RowMapping]] = {}
+
+    def fetch(conn: Connection) -> None:
+        for r in conn.execute(stmt).mappings():
+            groups.setdefault(r["g"], []).append(r)
+
+    _run(engine, fetch)
+    order = sorted(groups, key=lambda g: (g is None, g or ""))
+    return [_group_stats(group_by, g, groups[g], slos) for g in order]

@@ -1,0 +1,80 @@
+"""Alembic environment for the inferlb audit store.
+
+Where the database comes from, first match wins:
+
+1. ``config.attributes["connection"]``: an open SQLAlchemy Connection (tests, embedding callers);
+2. ``config.attributes["url"]``: set by :func:`inferlb.engine.store.db.upgrade`;
+3. ``INFERLB_DATABASE_URL`` through inferlb's settings (the ``alembic`` command line).
+
+alembic.ini carries no URL on purpose: one source of truth, and no password in a file.
+"""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy.engine import Connection
+
+from inferlb.engine.settings import load_settings
+from inferlb.engine.store.db import make_engine, normalize_url
+from inferlb.engine.store.models import Base
+
+__all__: list[str] = []
+
+config = context.config
+
+# Only the `alembic` CLI has an ini file; programmatic upgrades must not reconfigure the
+# application's logging (and never disable its existing loggers).
+if config.config_file_name is not None:
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    url = config.attributes.get("url") or load_settings().database_url
+    return normalize_url(url).render_as_string(hide_password=False)
+
+
+def _configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things in place; batch mode copies the table for future migrations.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_offline() -> None:
+    """Emit SQL to stdout (``alembic upgrade head --sql``)."""
+    context.configure(
+        url=_url(),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    given = config.attributes.get("connection")
+    if given is not None:
+        _configure(given)
+        return
+    engine = make_engine(_url())
+    try:
+        with engine.connect() as connection:
+            _configure(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
