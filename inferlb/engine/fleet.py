@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .settings import FleetConfig, ModelConfig, NodeConfig
 from .routing.types import NodeView
+from .settings import FleetConfig, ModelConfig, NodeConfig
 from .types import Clock
 
 __all__ = ["EjectionPolicy", "Fleet", "NodeState"]

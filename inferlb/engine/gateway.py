@@ -154,8 +154,9 @@ class Gateway:
             body["stream_options"] = opts
         return json.dumps(body, separators=(",", ":")).encode()
 
-    async def _dispatch(self, scope: RequestScope, req: IncomingRequest,
-                        wait_disconnect: Callable[[], Awaitable[None]] | None) -> _Committed | tuple[dict[str, Any], bytes | None]:
+    async def _dispatch(
+        self, scope: RequestScope, req: IncomingRequest, wait_disconnect: Callable[[], Awaitable[None]] | None
+    ) -> _Committed | tuple[dict[str, Any], bytes | None]:
         rt = self.rt
         decision = scope.decision
         assert decision is not None and decision.pick is not None

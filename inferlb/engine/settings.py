@@ -127,13 +127,13 @@ class FleetConfig(_Strict):
             raise ValueError("node names must be unique")
         known = set(names)
         for i, n in enumerate(self.nodes):
-            for m in n.models:
-                if m not in known:
-                    raise ValueError(f"nodes[{i}].models names unknown model {m!r}")
-        for m in self.models:
-            for f in m.fallbacks:
+            for served in n.models:
+                if served not in known:
+                    raise ValueError(f"nodes[{i}].models names unknown model {served!r}")
+        for mc in self.models:
+            for f in mc.fallbacks:
                 if f not in known:
-                    raise ValueError(f"model {m.name!r} falls back to unknown model {f!r}")
+                    raise ValueError(f"model {mc.name!r} falls back to unknown model {f!r}")
         return self
 
     def model(self, name: str) -> ModelConfig | None:

@@ -8,6 +8,7 @@ External operations have no function: the instance parks and the gateway perform
 from __future__ import annotations
 
 from inferlb.engine.services import ServiceSpec, ServiceTable
+
 from . import admission, audit, evaluate, retry, routing
 
 __all__ = ["REQUIRED_TASKS", "SERVICES"]

@@ -18,7 +18,7 @@ __all__ = ["backoff", "backoff_delay"]
 
 def backoff_delay(retry_number: int, base_s: float, cap_s: float, u: float) -> float:
     """Delay for retry ``retry_number`` given a uniform draw ``u`` in [0, 1)."""
-    return u * min(cap_s, (2**retry_number - 1) * base_s)
+    return float(u * min(cap_s, (2**retry_number - 1) * base_s))
 
 
 def backoff(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:

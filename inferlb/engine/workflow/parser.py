@@ -8,7 +8,7 @@ The stock parsers drop the Camunda topic, so :class:`OperationTaskParser` reads 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import full_tag
@@ -95,7 +95,7 @@ class OperationTaskParser(SpiffTaskParser):  # type: ignore[misc]
 class InferlbParser(SpiffBpmnParser):  # type: ignore[misc]
     """SpiffWorkflow's parser with inferlb's service-task handling."""
 
-    OVERRIDE_PARSER_CLASSES = {
+    OVERRIDE_PARSER_CLASSES: ClassVar[dict[str, Any]] = {
         **SpiffBpmnParser.OVERRIDE_PARSER_CLASSES,
         full_tag("serviceTask"): (OperationTaskParser, OperationTask),
     }

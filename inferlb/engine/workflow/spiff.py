@@ -23,7 +23,7 @@ from ..services import ServiceTable
 from .base import ExternalCall, ScriptEnv
 from .parser import OperationTask
 
-__all__ = ["SpiffExecutor", "SpiffInstance", "TIMER_OPERATION"]
+__all__ = ["TIMER_OPERATION", "SpiffExecutor", "SpiffInstance"]
 
 TIMER_OPERATION = "clock/timer"
 _MAX_STEPS = 10_000

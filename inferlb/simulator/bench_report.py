@@ -1,0 +1,94 @@
+"""Tables for ``inferlb bench overhead``: the same rows as aligned text or as markdown."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["engine_table", "format_table", "overhead_table", "render"]
+
+Table = tuple[list[str], list[list[str]]]
+
+_LEGEND = ("added = this row minus direct in the same cell (difference of percentiles); gw CPU = utime+stime "
+           "of the gateway process tree over the measured phase, per 1,000 requests; sys busy = share of all "
+           "CPUs busy during the measured phase; other load = share of all CPUs used by processes other than "
+           "the nodes, the measured gateway and the load generator (idle gateways, other people's jobs).")
+
+
+def _f(v: Any, digits: int = 1, signed: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+
+
+def overhead_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """One line per (mode, concurrency, stream) cell."""
+    head = ["mode", "c", "stream", "n", "err", "req/s", "e2e p50 ms", "e2e p99 ms", "TTFT p50 ms",
+            "TTFT p99 ms", "added p50 ms", "added p99 ms", "gw CPU s/1k req", "sys busy", "other load"]
+    body = []
+    for r in rows:
+        body.append([r["mode"], str(r["concurrency"]), "yes" if r["stream"] else "no", str(r["n"]),
+                     str(r["errors"]), _f(r["rps"], 0), _f(r["e2e_p50_ms"]), _f(r["e2e_p99_ms"]),
+                     _f(r["ttft_p50_ms"]), _f(r["ttft_p99_ms"]), _f(r["added_p50_ms"], signed=True),
+                     _f(r["added_p99_ms"], signed=True), _f(r["gateway_cpu_s_per_1k"], 2),
+                     _f(r["system_busy"], 2), _f(r.get("other_load"), 2)])
+    return head, body
+
+
+def engine_table(engine: dict[str, Any]) -> Table:
+    """One line per (executor, scenario) of the engine-alone measurement."""
+    head = ["executor", "scenario", "n", "CPU µs p50", "CPU µs p90", "CPU µs p99", "CPU µs mean",
+            "wall µs p50"]
+    body = []
+    for r in engine["rows"]:
+        c, w = r["cpu_us"], r["wall_us"]
+        body.append([r["engine"], r["scenario"], str(r["n"]), _f(c["p50"]), _f(c["p90"]), _f(c["p99"]),
+                     _f(c["mean"]), _f(w["p50"])])
+    return head, body
+
+
+def format_table(table: Table, markdown: bool) -> str:
+    """Render ``(header, rows)`` as a markdown table or as aligned columns."""
+    head, body = table
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |",
+                 "|" + "|".join("---" if i < 3 else "---:" for i in range(len(head))) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in body]
+    return "\n".join(lines)
+
+
+def render(report: dict[str, Any], *, markdown: bool = False) -> str:
+    """The whole report: run facts, notes, the overhead table and the engine-alone table."""
+    meta = report["meta"]
+    cfg = meta["config"]
+    busy = meta.get("system_busy_overall")
+    facts = [f"started {meta['started']}, {meta['cpus']} CPUs, Python {meta['python']}",
+             f"nodes: {meta.get('nodes', '-')}; {cfg['max_tokens']} output tokens; n={cfg['n']} per cell "
+             f"(cap {cfg['max_seconds']:g} s); inferlb routing profile {cfg['profile']}",
+             f"whole-run system busy fraction: {_f(busy, 2)} (1.00 = all CPUs busy)"]
+    out = []
+    if markdown:
+        out += [f"- {f}" for f in facts]
+    else:
+        out += facts
+    for note in report.get("notes", []):
+        out.append(f"- note: {note}" if markdown else f"note: {note}")
+    out.append("")
+    if report["rows"]:
+        out.append("### Gateway overhead" if markdown else "Gateway overhead")
+        out.append("")
+        out.append(format_table(overhead_table(report["rows"]), markdown))
+        out.append("")
+        out.append(_LEGEND)
+        out.append("")
+    if report.get("engine"):
+        out.append("### Engine alone (request process, no HTTP)" if markdown
+                   else "Engine alone (request process, in-process, no HTTP; thread CPU per request)")
+        out.append("")
+        out.append(format_table(engine_table(report["engine"]), markdown))
+    return "\n".join(out)

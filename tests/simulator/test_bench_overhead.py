@@ -1,0 +1,102 @@
+"""Smoke tests of ``inferlb bench overhead``: structure and positive figures, no timed assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from inferlb.simulator.bench_engine import ENGINES, SCENARIOS, measure_engine
+from inferlb.simulator.bench_overhead import BenchConfig, main, run_bench
+from inferlb.simulator.bench_report import render
+
+_LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
+                            reason="process CPU figures and child checks read /proc (Linux)")
+
+
+def test_engine_alone_measures_both_executors() -> None:
+    out = measure_engine(50, warmup=5)
+    assert Path(out["process"]).name == "inference_request.bpmn"
+    rows = {(r["engine"], r["scenario"]): r for r in out["rows"]}
+    assert set(rows) == {(e, s.name) for e in ENGINES for s in SCENARIOS}
+    for row in rows.values():
+        assert row["n"] == 50
+        assert row["records"] == 55          # every request handed its audit record over
+        for key in ("cpu_us", "wall_us"):
+            stats = row[key]
+            assert stats["n"] == 50
+            assert 0 < stats["p50"] <= stats["p99"] <= stats["max"]
+            assert math.isfinite(stats["mean"])
+
+
+def test_engine_table_renders() -> None:
+    engine = measure_engine(5, warmup=1, engines=["compiled"], scenarios=SCENARIOS[:1])
+    report = {"meta": {"started": "now", "cpus": 2, "python": "3", "config": vars(BenchConfig()) | {
+        "max_seconds": 30.0}}, "engine": engine, "rows": [], "notes": ["a note"]}
+    md = render(report, markdown=True)
+    assert "| executor | scenario |" in md and "| compiled | ok | 5 |" in md
+    assert "- note: a note" in md
+
+
+def test_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown mode"):
+        run_bench(BenchConfig(modes=["direct", "haproxy"], engine_n=0), quiet=True)
+
+
+@_LINUX
+def test_end_to_end_direct_and_compiled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """n=20, c=2, both stream kinds: fake nodes (or ``inferlb sim`` nodes), direct and inferlb."""
+    out_file = tmp_path / "bench.json"
+    rc = main(["--n", "20", "--concurrency", "2", "--warmup", "4", "--modes", "direct,compiled",
+               "--engine-n", "0", "--max-seconds", "10", "--json", str(out_file), "--markdown", "--quiet",
+               "--workdir", str(tmp_path / "work")])
+    printed = capsys.readouterr().out
+    report = json.loads(out_file.read_text())
+    assert rc == 0, report["rows"]
+    assert report["engine"] is None
+    cells = {(r["mode"], r["stream"]): r for r in report["rows"]}
+    assert set(cells) == {("direct", False), ("direct", True), ("compiled", False), ("compiled", True)}
+    for (mode, stream), row in cells.items():
+        assert row["n"] == 20 and row["errors"] == 0
+        assert row["rps"] > 0 and 0 < row["e2e_p50_ms"] <= row["e2e_p99_ms"]
+        assert (row["ttft_p50_ms"] is not None) == stream
+        if mode == "direct":
+            assert row["gateway_cpu_s_per_1k"] is None and row["added_p50_ms"] is None
+        else:
+            assert row["gateway_cpu_s_per_1k"] is not None and row["gateway_cpu_s_per_1k"] >= 0
+            assert row["added_p50_ms"] is not None
+    assert "| compiled | 2 | yes | 20 | 0 |" in printed
+    work = tmp_path / "work"
+    assert (work / "inferlb-compiled" / "fleet.yaml").is_file()
+    assert not _processes_in(work), "a child process outlived the benchmark"
+
+
+@_LINUX
+def test_without_the_peer_bench_files_it_falls_back(tmp_path: Path) -> None:
+    """No fake server, no floor proxy, no nginx: ``inferlb sim`` nodes, and notes for skipped rows."""
+    cfg = BenchConfig(n=4, concurrency=[2], max_tokens=4, modes=["direct", "floor", "nginx"], streams=[False],
+                      warmup=2, engine_n=0, max_seconds=10, fake_server=tmp_path / "absent.py",
+                      floor_proxy=tmp_path / "absent_floor.py", nginx=str(tmp_path / "no-nginx"),
+                      workdir=tmp_path / "work")
+    report = run_bench(cfg, quiet=True)
+    assert [(r["mode"], r["n"], r["errors"]) for r in report["rows"]] == [("direct", 4, 0)]
+    assert "inferlb sim" in report["meta"]["nodes"]
+    notes = " ".join(report["notes"])
+    assert "floor skipped" in notes and "nginx skipped" in notes and "absent.py not found" in notes
+    assert not _processes_in(tmp_path / "work")
+
+
+def _processes_in(cwd: Path) -> list[int]:
+    """PIDs whose working directory is ``cwd`` (every child of the benchmark runs there)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.readlink(f"/proc/{name}/cwd") == str(cwd):
+                    pids.append(int(name))
+            except OSError:
+                continue
+    return pids
