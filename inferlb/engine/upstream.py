@@ -189,15 +189,14 @@ class UpstreamResponse:
         """
         parts = [self.first_chunk]
         size = len(self.first_chunk)
-        while True:  # bounded by total_s and max_bytes
+        while size <= max_bytes:  # bounded by total_s and max_bytes
             data = await self._next_chunk()
             if not data:
                 return b"".join(parts)
             size += len(data)
-            if size > max_bytes:
-                await self.aclose()
-                raise UpstreamProtocolError(f"response body over {max_bytes} bytes", node=self.node)
             parts.append(data)
+        await self.aclose()
+        raise UpstreamProtocolError(f"response body over {max_bytes} bytes", node=self.node)
 
     async def _next_chunk(self) -> bytes:
         """The next body chunk, or b"" at the end of the body."""
@@ -334,7 +333,7 @@ class Upstream:
             try:
                 async with asyncio.timeout_at(min(first_deadline, total_deadline)) as tmo:
                     resp = await session.request(
-                        method, url, data=body, headers=strip_hop_by_hop(headers), allow_redirects=False,
+                        method, url, data=body or None, headers=strip_hop_by_hop(headers), allow_redirects=False,
                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
                     )
                     headers_at = self._clock.monotonic()

@@ -15,8 +15,9 @@ from types import TracebackType
 from inferlb.engine.types import Clock
 
 from .latency import LatencyModel, TokenSchedule
-from .node import EmulatedNode, NodeStats
+from .node import EmulatedNode
 from .spec import FaultSpec, NodeSpec, demo_specs
+from .stats import NodeStats
 
 __all__ = [
     "EmulatedNode",

@@ -22,9 +22,7 @@ import math
 import random
 import socket
 import uuid
-from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -34,48 +32,14 @@ from inferlb.engine.types import Clock, SystemClock
 from . import openai_format as fmt
 from .latency import TokenSchedule
 from .spec import FaultSpec, NodeSpec
+from .stats import MAX_TRACKED_IDS, NodeStats
 
 __all__ = ["EmulatedNode", "NodeStats"]
 
 # A hang or stall lasts until the client or the node goes away; this cap only keeps the wait bounded.
 _HANG_CAP_S = 3600.0
-# Attempt counts are kept per x-request-id; the oldest are forgotten beyond this many ids.
-_MAX_TRACKED_IDS = 100_000
 _MAX_BODY_BYTES = 16 * 1024 * 1024
 _JSON = "application/json"
-
-
-@dataclass
-class NodeStats:
-    """Counters a test reads to assert what reached the node (``GET /sim/stats`` serves them)."""
-
-    requests_total: int = 0
-    by_path: Counter[str] = field(default_factory=Counter)
-    attempts: OrderedDict[str, int] = field(default_factory=OrderedDict)  # x-request-id → attempts
-    statuses: Counter[int] = field(default_factory=Counter)
-    live: int = 0
-    max_live: int = 0
-    completed: int = 0        # bodies written to the end
-    disconnects: int = 0      # handlers ended by the client (or a node stop) going away
-    rejected: int = 0         # 429 for max_concurrency
-    faults_injected: int = 0
-    last_headers: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form of ``GET /sim/stats``."""
-        return {
-            "requests_total": self.requests_total,
-            "by_path": dict(self.by_path),
-            "attempts": dict(self.attempts),
-            "statuses": {str(k): v for k, v in self.statuses.items()},
-            "live": self.live,
-            "max_live": self.max_live,
-            "completed": self.completed,
-            "disconnects": self.disconnects,
-            "rejected": self.rejected,
-            "faults_injected": self.faults_injected,
-            "last_headers": dict(self.last_headers),
-        }
 
 
 class _BadRequest(Exception):
@@ -261,11 +225,13 @@ class EmulatedNode:
         stats.requests_total += 1
         stats.by_path[request.path] += 1
         stats.last_headers = dict(request.headers)
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        stats.last_peer = f"{peer[0]}:{peer[1]}" if peer else ""
         rid = request.headers.get("x-request-id")
         if rid is not None:
             stats.attempts[rid] = stats.attempts.get(rid, 0) + 1
             stats.attempts.move_to_end(rid)
-            if len(stats.attempts) > _MAX_TRACKED_IDS:
+            if len(stats.attempts) > MAX_TRACKED_IDS:
                 stats.attempts.popitem(last=False)
         stats.live += 1
         stats.max_live = max(stats.max_live, stats.live)

@@ -578,9 +578,7 @@ def test_typical_chat_accepted_and_body_untouched() -> None:
         **{"temperature": 0, "top_p": 1, "presence_penalty": -2, "frequency_penalty": 2.0, "n": 2},
         **{"stop": ["\n\n"], "seed": -5, "user": "u-1", "logit_bias": {"50256": -100, "11": 5.5}},
         **_fmt(type="json_schema", json_schema={"name": "answer", "strict": True, "schema": schema}),
-        **_tools(
-            _fn(name="get_weather", description="d", parameters=schema), tool_choice=_fn(name="get_weather")
-        ),
+        **_tools(_fn(name="get_weather", description="d", parameters=schema), tool_choice=_fn(name="get_weather")),
         **VLLM_EXTRAS,
     )
     raw = json.dumps(body).encode()

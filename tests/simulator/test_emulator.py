@@ -6,6 +6,8 @@ import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import openai
@@ -21,17 +23,16 @@ from inferlb.simulator import (
     TokenSchedule,
     demo_specs,
     estimate_tokens,
+    serve_sim,
 )
 from inferlb.simulator.node import EmulatedNode
 
 MODEL = "m1"
 
 
-def fast_spec(name: str = "n1", **kw: object) -> NodeSpec:
-    params: dict[str, object] = {"models": [MODEL, "emb"], "base_ttft_s": 0.002, "tpot_s": 0.001,
-                                 "default_output_tokens": 4}
-    params.update(kw)
-    return NodeSpec(name=name, **params)  # type: ignore[arg-type]
+def fast_spec(name: str = "n1", **changes: Any) -> NodeSpec:
+    spec = NodeSpec(name=name, models=[MODEL, "emb"], base_ttft_s=0.002, tpot_s=0.001, default_output_tokens=4)
+    return replace(spec, **changes)
 
 
 @pytest.fixture
@@ -362,3 +363,19 @@ async def test_stop_cuts_inflight_requests(fleet: SimFleet, http: aiohttp.Client
     with pytest.raises(aiohttp.ClientPayloadError):
         await resp.read()
     resp.close()
+
+
+async def test_serve_sim_runs_until_cancelled(http: aiohttp.ClientSession) -> None:
+    ready: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve_sim([fast_spec("a"), fast_spec("b")], "127.0.0.1", [0, 0],
+                                         on_ready=ready.set_result))
+    urls = await asyncio.wait_for(ready, 5.0)
+    assert sorted(urls) == ["a", "b"]
+    async with http.get(urls["b"] + "/health") as resp:
+        assert resp.status == 200
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with http.get(urls["a"] + "/health", headers={"Connection": "close"}):
+            pass

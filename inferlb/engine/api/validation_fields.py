@@ -270,9 +270,7 @@ def check_stop(body: dict[str, Any]) -> None:
         if type(item) is not str:
             raise _type_error(param, "a string", item)
         if len(item) > STOP_MAX_CHARS:
-            raise _bad(
-                f"'{param}' is longer than {STOP_MAX_CHARS} characters", param, "string_above_max_length"
-            )
+            raise _bad(f"'{param}' is longer than {STOP_MAX_CHARS} characters", param, "string_above_max_length")
 
 
 def check_logit_bias(body: dict[str, Any]) -> None:
@@ -290,9 +288,7 @@ def check_logit_bias(body: dict[str, Any]) -> None:
         )
     for key, bias in value.items():
         if type(key) is not str or not _TOKEN_ID_KEY.fullmatch(key):
-            raise _bad(
-                f"'logit_bias' keys must be token ids (decimal strings), got '{clip(str(key))}'", "logit_bias"
-            )
+            raise _bad(f"'logit_bias' keys must be token ids (decimal strings), got '{clip(str(key))}'", "logit_bias")
         if type(bias) is not int and type(bias) is not float:
             raise _type_error(f"logit_bias.{key}", "a number", bias)
         if not -100 <= bias <= 100:  # also false for NaN
@@ -423,9 +419,7 @@ def check_tool_choice(body: dict[str, Any], names: set[str] | None) -> None:
         raise _bad("'tool_choice.type' must be 'function'", "tool_choice.type")
     fn = value.get("function")
     if type(fn) is not dict or type(fn.get("name")) is not str:
-        raise _bad(
-            "'tool_choice.function.name' must be a string", "tool_choice.function.name", "invalid_type"
-        )
+        raise _bad("'tool_choice.function.name' must be a string", "tool_choice.function.name", "invalid_type")
     if names is None or fn["name"] not in names:
         raise _bad(
             f"'tool_choice' names the function '{clip(fn['name'])}', which is not in 'tools'",

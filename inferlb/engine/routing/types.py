@@ -77,7 +77,7 @@ class Decision:
             "profile": self.profile,
             "candidates": self.candidates,
             "eliminated": [{"node": e.node, "by": e.by, "reason": e.reason} for e in self.eliminated],
-            "scores": {n: {k: round(v, 4) for k, v in s.items()} for n, s in self.scores.items()},
+            "scores": self.scores,
             "ranked": self.ranked,
             "picker": self.picker,
             "pick": self.pick,

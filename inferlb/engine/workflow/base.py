@@ -74,6 +74,13 @@ class ScriptEnv:
         return code
 
     def evaluate(self, expression: str, context: dict[str, Any], external: dict[str, Any] | None = None) -> Any:
+        if not self.globals and not external and "__builtins__" not in context:
+            # Nothing to merge: evaluate on the data itself (no copy) and take back the
+            # ``__builtins__`` entry eval adds, leaving the data exactly as it was.
+            try:
+                return eval(self._code(expression, "eval"), context)
+            finally:
+                context.pop("__builtins__", None)
         ns = dict(self.globals)
         if external:
             ns.update(external)
