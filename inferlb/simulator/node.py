@@ -17,6 +17,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -90,7 +91,7 @@ class EmulatedNode:
         if self._runner is not None:
             return
         if self.faults.refuse:
-            self.faults = FaultSpec(**{**self.faults.to_mapping(), "refuse": False})
+            self.faults = dataclasses.replace(self.faults, refuse=False)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             # SO_REUSEADDR lets a restarted node take its old port back despite TIME_WAIT sockets.
@@ -407,7 +408,7 @@ class EmulatedNode:
                     await resp.write(fmt.sse({"error": {"message": "injected in-band error",
                                                         "type": "server_error", "param": None,
                                                         "code": "internal_error"}}))
-                    self._cut(request)
+                    await resp.write_eof()  # a clean end of the body, but no [DONE]
                     return resp
                 chunk = tmpl.malformed(i) if i == faults.malformed_sse_at else tmpl.token(i)
                 if i == faults.malformed_sse_at:

@@ -32,7 +32,10 @@ class FaultSpec:
     - ``malformed_sse_at``: the event of token N is broken JSON (the stream then goes on).
       Non-stream: the body is not valid JSON.
     - ``error_event_at``: at token N, send an in-band ``data: {"error": ...}`` event and end the
-      body without ``[DONE]``.
+      body properly but without ``[DONE]`` (stream only).
+
+    A request reads the faults when it arrives (and a stream again when it starts), so changing
+    them never alters a response already being written.
     - ``loading``: ``/health`` answers 503 and inference endpoints 503 with ``Retry-After``.
     - ``refuse``: stop listening (connection refused). Applied by :meth:`EmulatedNode.set_faults` /
       ``POST /sim/faults`` stopping the node; only Python code (``SimFleet.start_node``) can start
