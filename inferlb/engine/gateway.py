@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +32,13 @@ from .settings import ModelConfig, TimeoutConfig
 from .sse import DONE, check_payload, extract_error, extract_usage
 from .store.records import AttemptRecord, RequestRecord
 from .upstream import Upstream, UpstreamResponse
-from .workflow import TIMER_OPERATION, Instance, ProcessDefinition
+from .workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
 
-__all__ = ["Gateway", "IncomingRequest"]
+__all__ = ["Gateway", "IncomingRequest", "Performer"]
 
 log = logging.getLogger("inferlb.gateway")
+
+Performer = Callable[[RequestScope, ExternalCall], Awaitable[dict[str, Any]]]
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 _JSON = "application/json"
@@ -77,11 +79,15 @@ def _sse_error(message: str, code: str) -> bytes:
 class Gateway:
     """Runs requests. One instance per app; all state it mutates lives on the event loop."""
 
-    def __init__(self, rt: Runtime, process: ProcessDefinition, upstream: Upstream) -> None:
+    def __init__(self, rt: Runtime, process: ProcessDefinition, upstream: Upstream,
+                 performers: Mapping[str, Performer] | None = None) -> None:
         self.rt = rt
         self.process = process
         self.upstream = upstream
         self.timeouts = rt.fleet_cfg.timeouts
+        # Extra external operations (beyond dispatch and waits), e.g. waiting in an admission
+        # queue: ``await performer(scope, call)`` returns the task's result. Wired by app.py.
+        self.performers: dict[str, Performer] = dict(performers or {})
 
     # ------------------------------------------------------------------ entry point
 
@@ -120,6 +126,8 @@ class Gateway:
                                            scope.deadline_at - rt.clock.monotonic()))
                     await asyncio.sleep(seconds)
                     inst.complete({"seconds": seconds})
+                elif call.operation in self.performers:
+                    inst.complete(await self.performers[call.operation](scope, call))
                 else:
                     raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
                 call = inst.advance()
