@@ -16,19 +16,28 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..tasks import REQUIRED_TASKS, SERVICES
+from ..tasks import HEALTH_REQUIRED_TASKS, REQUIRED_TASKS, SERVICES
+from .admission.auth import authenticate, require_admin_when_auth
+from .admission.service import AdmissionService
 from .api import admin, audit, health, openai
+from .api import dashboard as dashboard_api
+from .api import keys as keys_api
+from .api import metrics as metrics_api
 from .errors import ClientError
 from .gateway import Gateway
+from .health.monitor import HealthMonitor, check_health_config
+from .health.probe import Prober
+from .observability.hub import Observability, queue_depth_of
 from .scope import build_runtime
 from .settings import Settings
 from .store import StoreHandle
 from .store.db import is_sqlite, make_engine, upgrade
+from .store.events import EventWriter
 from .store.writer import AuditWriter
 from .types import Clock, SystemClock
 from .upstream import Upstream
@@ -78,25 +87,54 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         state.process = process
         log.info("request process %s runs on the %s executor%s", process.path.name, process.mode,
                  f" (outside the compiled subset: {process.compiled_problems})" if process.compiled_problems else "")
-        rt = build_runtime(settings, fleet_cfg, clock=clock, submit=writer.submit)
-        state.gateway = Gateway(rt, process, upstream)
+        # Metrics and traces are fed by the audit submit: every request ends there, rejections too.
+        obs = state.observability = Observability(fleet_cfg, clock=clock)
+        obs.instrument(process)
+        rt = build_runtime(settings, fleet_cfg, clock=clock, submit=obs.wrap_submit(writer.submit))
+        state.admission = rt.admission
+        state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait})
+        admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
+        await admission.start()
+        obs.bind(rt.fleet, backlog=writer.backlog, queue_depth=lambda: queue_depth_of(state),
+                 ready=lambda: bool(state.ready))
+        await obs.start()
+        # Node health: node_health.bpmn on SpiffWorkflow every health.interval_s; the first round
+        # runs before ready (Envoy's cluster warming); state changes go to node_events.
+        check_health_config(fleet_cfg)
+        health_process = load_process(pdir / fleet_cfg.health.process, SERVICES, engine="spiff",
+                                      required=HEALTH_REQUIRED_TASKS)
+        events = state.events = EventWriter(engine, clock=clock)
+        await events.start()
+        monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,
+                                                prober=Prober(fleet_cfg.nodes, fleet_cfg.health, clock),
+                                                record=events.submit)
+        await monitor.start()
         state.ready = True
         try:
             yield
         finally:
             state.ready = False
             state.draining = True
+            await monitor.close()
             await upstream.close()
+            await admission.stop()
             await writer.close(timeout_s=10.0)
+            await obs.close()
+            await events.close()
             engine.dispose()
 
     app = FastAPI(title="inferlb", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
-    for r in (openai.router, health.router, audit.router, admin.router):
-        app.include_router(r)
+    app.include_router(openai.router, dependencies=[Depends(authenticate)])   # tenant keys when auth is on
+    app.include_router(health.router)
+    for r in (audit.router, admin.router):
+        app.include_router(r, dependencies=[Depends(require_admin_when_auth)])   # the admin key when auth is on
+    app.include_router(keys_api.router)
+    app.include_router(metrics_api.router)
+    app.include_router(dashboard_api.router)
 
     @app.exception_handler(ClientError)
     async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
-        return JSONResponse(exc.envelope(), status_code=exc.status)
+        return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -6,9 +6,14 @@
     inferlb serve --config fleet.yaml gateway in front of real OpenAI-compatible servers
     inferlb validate FILE             parse + validate a BPMN process, show its executor
     inferlb db upgrade                apply Alembic migrations to INFERLB_DATABASE_URL
-    inferlb report sla                SLA table from the audit trail
-    inferlb sim                       run simulated nodes only
+    inferlb report sla|cost           SLA / cost tables from the audit trail (--group-by, --bucket, --csv)
+    inferlb sim [--fleet hetero4]     run simulated GPU nodes only (vLLM-like engines, /metrics)
     inferlb bench overhead            gateway overhead vs direct / floor proxy / nginx
+    inferlb bench overload            admission control at 2× / 5× capacity, noisy neighbour (on vs off)
+    inferlb keys create|list|revoke   tenant API keys (stored as SHA-256 digests)
+    inferlb bench run|compare|capacity  open-loop load against simulated fleets (routing strategies)
+    inferlb fleet --url URL           node states of a running gateway (GET /admin/fleet) as a table
+    inferlb agent [--port 9401]       the GPU node agent: NVML readings over HTTP (GET /gpu)
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ async def _serve(settings: Settings, banner: str | None = None) -> None:
     settings = settings.model_copy(update={"fleet": settings.resolved_fleet()})
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            access_log=False, loop="asyncio", http="httptools", timeout_graceful_shutdown=25)
+                            access_log=False, loop="uvloop", http="httptools", timeout_graceful_shutdown=25)
     server = uvicorn.Server(config)
     if banner:
         async def _announce() -> None:
@@ -70,8 +75,9 @@ def demo_fleet(urls: dict[str, str]) -> FleetConfig:
         ],
         "nodes": [
             {"name": name, "url": url, "models": ["demo-llm", "demo-embed"], "kind": "sim",
-             "capacity_tokens": 16384, "max_concurrency": 64, "price_per_hour": price}
-            for (name, url), price in zip(urls.items(), (2.5, 1.2, 0.6), strict=False)
+             "capacity_tokens": kv, "max_concurrency": 64, "price_per_hour": price}
+            # capacity_tokens = each simulated node's KV cache (the h100 / a100 / l4 presets of demo_specs)
+            for (name, url), price, kv in zip(urls.items(), (2.5, 1.2, 0.6), (65536, 49152, 12288), strict=False)
         ],
         "routing": {"profile": "token-aware"},
         "slos": [{"model": "demo-llm", "e2e_max_s": 5.0, "ttft_max_s": 1.0}],
@@ -117,8 +123,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from .workflow import load_process
 
     required = {} if args.no_required else REQUIRED_TASKS
+    engine = args.engine or "auto"
+    if Path(args.file).is_file() and "health/probe" in Path(args.file).read_text(errors="replace"):
+        from inferlb.tasks import HEALTH_REQUIRED_TASKS
+
+        # A node-health process: its own required tasks, and it always runs on SpiffWorkflow.
+        required = {} if args.no_required else HEALTH_REQUIRED_TASKS
+        engine = args.engine or "spiff"
     try:
-        d = load_process(args.file, SERVICES, engine=args.engine or "auto", required=required)
+        d = load_process(args.file, SERVICES, engine=engine, required=required)
     except ProcessValidationError as exc:
         print(f"INVALID {exc.source}")
         for eid, msg in exc.problems:
@@ -131,14 +144,23 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .store.commands import report_sla
+    from .store.commands import report_cost, report_sla
+    from .store.ledger import node_prices
 
     settings = _settings(args)
-    slos = []
-    if settings.config is not None:
-        slos = list(settings.resolved_fleet().slos)
-    print(report_sla(settings.database_url, since=args.since, until=args.until, group_by=args.group_by,
-                     slos=slos, fmt=args.format))
+    fleet = settings.resolved_fleet() if settings.config is not None else None
+    common: dict[str, Any] = {"since": args.since, "until": args.until, "bucket": args.bucket, "fmt": args.format,
+                              "csv_path": args.csv}
+    if args.kind == "cost":
+        if fleet is None:
+            print("inferlb: note: no --config: node prices are unknown, every cost is 0", file=sys.stderr)
+        prices = node_prices(fleet.nodes, fleet.observability.finops) if fleet is not None else {}
+        currency = fleet.observability.finops.currency if fleet is not None else "USD"
+        print(report_cost(settings.database_url, prices=prices, currency=currency,
+                          group_by=args.group_by or "tenant", **common))
+    else:
+        print(report_sla(settings.database_url, group_by=args.group_by or "model",
+                         slos=list(fleet.slos) if fleet is not None else [], **common))
     return 0
 
 
@@ -153,11 +175,16 @@ def _cmd_db(args: argparse.Namespace) -> int:
 
 async def _sim(args: argparse.Namespace) -> None:
     from inferlb.simulator import serve_sim
+    from inferlb.simulator.presets import cli_specs
 
     def ready(urls: dict[str, str]) -> None:
         print(json.dumps(urls, indent=2), flush=True)
 
-    await serve_sim(host=args.host or "127.0.0.1", ports=args.ports, on_ready=ready)
+    try:
+        specs = cli_specs(args.fleet, on_kv_full=args.on_kv_full, stream_interval=args.stream_interval)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    await serve_sim(specs, host=args.host or "127.0.0.1", ports=args.ports, on_ready=ready)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -183,18 +210,34 @@ def _parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=["upgrade"])
     db.add_argument("--database-url", dest="database_url")
     r = sub.add_parser("report", help="reports from the audit trail")
-    r.add_argument("kind", choices=["sla"])
+    r.add_argument("kind", choices=["sla", "cost"])
     r.add_argument("--since")
     r.add_argument("--until")
-    r.add_argument("--group-by", dest="group_by", default="model", choices=["model", "node", "tenant"])
+    r.add_argument("--group-by", dest="group_by", help="model, version, node, tenant, priority (comma-separated) "
+                   "or none; default model (sla), tenant (cost)")
+    r.add_argument("--bucket", help="time buckets, e.g. 5m, 1h, 1d")
+    r.add_argument("--csv", type=Path, help="also write the report as CSV to this file")
     r.add_argument("--format", default="table", choices=["table", "json", "csv"])
     r.add_argument("--database-url", dest="database_url")
     r.add_argument("--config", type=Path)
     sm = sub.add_parser("sim", help="run the simulated demo nodes only")
     sm.add_argument("--host")
     sm.add_argument("--ports", type=int, nargs="*")
+    sm.add_argument("--fleet", help="hetero4, uniform4, large16 or a fleet file (default: the demo nodes)")
+    sm.add_argument("--on-kv-full", dest="on_kv_full", choices=["preempt", "oom"])
+    sm.add_argument("--stream-interval", dest="stream_interval", type=int)
+    fl = sub.add_parser("fleet", help="node states of a running gateway (GET /admin/fleet)")
+    fl.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
+    fl.add_argument("--api-key", dest="api_key", help="the admin key, when authentication is on")
+    fl.add_argument("--json", action="store_true", help="print the JSON instead of a table")
+    ag = sub.add_parser("agent", help="GPU node agent: NVML readings over HTTP (needs the agent extra)")
+    ag.add_argument("--host", default="127.0.0.1")
+    ag.add_argument("--port", type=int, default=9401)
+    from .admission.commands import add_keys_parser
+
+    add_keys_parser(sub)
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=["overhead"])
+    b.add_argument("what", choices=["overhead", "run", "compare", "capacity", "overload"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     return p
 
@@ -215,7 +258,28 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_report(args)
         elif args.cmd == "sim":
             asyncio.run(_sim(args))
+        elif args.cmd == "fleet":
+            from .health.report import fleet_command
+
+            return fleet_command(args.url, api_key=args.api_key, as_json=args.json)
+        elif args.cmd == "agent":
+            from .health.agent import serve_agent
+
+            asyncio.run(serve_agent(args.host, args.port,
+                                    on_ready=lambda url: print(f"inferlb agent serving {url}/gpu", flush=True)))
+        elif args.cmd == "keys":
+            from .admission.commands import keys_command
+
+            return keys_command(args, _settings(args).database_url)
+        elif args.cmd == "bench" and args.what == "overload":
+            from inferlb.simulator.bench_overload import main as overload_main
+
+            return overload_main(args.rest)
         elif args.cmd == "bench":
+            if args.what != "overhead":
+                from inferlb.simulator.loadgen.cli import main as loadgen_main
+
+                return loadgen_main(args.what, args.rest)
             from inferlb.simulator.bench_overhead import main as bench_main
 
             return bench_main(args.rest)
@@ -224,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.
-        return 0 if args.cmd in ("demo", "serve", "sim") else 130
+        return 0 if args.cmd in ("demo", "serve", "sim", "agent") else 130
     return 0
 
 

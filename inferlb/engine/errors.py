@@ -14,7 +14,10 @@ exception type.
     ├── ClientError                 the client's request is wrong; carries the OpenAI envelope
     │   ├── InvalidRequest          400 invalid_request_error
     │   ├── ModelNotFound           404 model_not_found
-    │   └── PayloadTooLarge         413
+    │   ├── PayloadTooLarge         413
+    │   ├── Unauthorized            401 invalid_api_key (missing, unknown, revoked or expired key)
+    │   ├── Forbidden               403 permission_denied (e.g. a tenant key on an admin route)
+    │   └── RateLimited             429 with Retry-After (e.g. repeated failed authentication)
     ├── UpstreamError               one attempt against a node failed (data for the retry logic)
     │   ├── UpstreamConnectError    could not connect / connection reset before a response
     │   ├── UpstreamTimeout         connect / first-token / idle / total timeout (``phase``)
@@ -25,18 +28,22 @@ exception type.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
     "ClientError",
     "ConfigError",
+    "Forbidden",
     "InferlbError",
     "InvalidRequest",
     "ModelNotFound",
     "PayloadTooLarge",
     "ProcessError",
     "ProcessValidationError",
+    "RateLimited",
     "StoreError",
+    "Unauthorized",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",
@@ -91,6 +98,7 @@ class ClientError(InferlbError):
 
     status: int = 400
     type: str = "invalid_request_error"
+    headers: dict[str, str] | None = None     # extra response headers (e.g. Retry-After)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         self.message = message
@@ -120,6 +128,36 @@ class PayloadTooLarge(ClientError):
     """413: the body is over the configured size cap."""
 
     status = 413
+
+
+class Unauthorized(ClientError):
+    """401: no key, or not a valid one. One message for every invalid key, so the answer never
+    tells whether a key exists, was revoked or expired."""
+
+    status = 401
+
+    def __init__(self, message: str = "Incorrect API key provided", *, code: str = "invalid_api_key") -> None:
+        super().__init__(message, code=code)
+
+
+class Forbidden(ClientError):
+    """403: a valid key that may not do this (a tenant key on an admin route)."""
+
+    status = 403
+
+    def __init__(self, message: str, *, code: str = "permission_denied") -> None:
+        super().__init__(message, code=code)
+
+
+class RateLimited(ClientError):
+    """429 raised before a request's process starts; carries ``Retry-After`` (whole seconds)."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: float, code: str = "rate_limit_exceeded") -> None:
+        super().__init__(message, code=code)
+        self.headers = {"retry-after": str(max(1, math.ceil(retry_after_s)))}
 
 
 class UpstreamError(InferlbError):

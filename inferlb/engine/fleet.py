@@ -2,29 +2,58 @@
 
 The gateway (one event loop) mutates :class:`NodeState` counters on dispatch start/end and on
 outcomes; routing reads immutable :class:`~inferlb.engine.routing.NodeView` snapshots built by
-:meth:`Fleet.views`. Passive health in this first version: consecutive gateway-side failures eject
-a node (Envoy's ``consecutive_5xx`` = 5, ``base_ejection_time`` 30 s growing per ejection, capped
-at 300 s, at most 50 % of a model's nodes ejected at once), and a 429 cools a node down for its
-Retry-After (extended, never shortened). Time comes from the injected clock.
+:meth:`Fleet.views`; the node-health process (``processes/node_health.bpmn``, through
+:mod:`inferlb.engine.health.isolation`) moves nodes between states on its sweeps. Time comes from
+the injected clock.
+
+Each node has one explicit state (:data:`~inferlb.engine.health.types.NODE_STATES`); every change
+goes through :meth:`Fleet.transition`, which queues a :class:`~inferlb.engine.health.types.NodeEvent`
+(node, from, to, reason, evidence, time) for the audit trail (:meth:`Fleet.take_events`).
+
+Request-path rules (inline, like Envoy's consecutive-5xx detection):
+
+* ``consecutive_failures`` (5) gateway-side failures in a row eject a node for
+  ``base × ejections in a row`` (30 s, 60 s, …, capped at 300 s), unless that would pass
+  ``max_ejection_percent`` of the nodes serving one of its models (at least one may always go).
+* A half-open node (its ejection ended at a sweep) takes ``half_open_requests`` concurrent trial
+  requests: a success closes the circuit (healthy, in slow start), a failure re-ejects it at once.
+* A 429 cools the node down for its Retry-After (extended, never shortened); routing skips it until
+  then, to the microsecond; the sweep records the end.
+
+What routing sees (:meth:`Fleet.views`):
+
+* only nodes whose state takes traffic are ``healthy``; below ``panic_threshold_percent`` of a
+  model's nodes available, nodes that are out for *health* (ejected by outlier detection, down by
+  probes) are offered again for that model (Envoy's panic mode: spread the load rather than fail
+  everything). Loading, draining, cooling and hardware-ejected nodes never are;
+* slow start scales a node's ``capacity_tokens``, ``max_concurrency`` and ``weight`` by Envoy's
+  factor, so the token-aware scorer and the capacity filter send it a growing share;
+* ``waiting`` / ``kv_usage`` come from the last fresh metrics sample; stale samples are unknown,
+  and a node whose samples are all stale is shown saturated (``kv_usage`` 1, ``waiting`` at its
+  concurrency limit).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
 
+from .health.config import HealthConfig
+from .health.rules import ejection_seconds, slow_start_factor
+from .health.types import NodeEvent, Sample
 from .routing.types import NodeView
 from .settings import FleetConfig, ModelConfig, NodeConfig
 from .types import Clock
 
-__all__ = ["EjectionPolicy", "Fleet", "NodeState"]
+__all__ = ["ROUTABLE", "Fleet", "NodeState"]
 
-
-@dataclass(frozen=True)
-class EjectionPolicy:
-    consecutive_failures: int = 5
-    base_ejection_s: float = 30.0
-    max_ejection_s: float = 300.0
-    max_ejection_percent: float = 50.0
+ROUTABLE = frozenset({"healthy", "half_open", "cooldown"})   # cooldown: only once cooldown_until passed
+_PANIC_ELIGIBLE = frozenset({"ejected", "down"})
+_MAX_TTFB_SAMPLES = 1000
+_MAX_EVENTS = 10_000
 
 
 @dataclass
@@ -32,45 +61,126 @@ class NodeState:
     cfg: NodeConfig
     inflight_requests: int = 0
     inflight_tokens: int = 0
-    consecutive_failures: int = 0
-    ejections: int = 0
-    ejected_until: float = 0.0
-    cooldown_until: float = 0.0
-    tokens_per_s: float | None = None
     requests_total: int = 0
     failures_total: int = 0
+    tokens_per_s: float | None = None
+    # the state machine
+    state: str = "healthy"
+    since: float = 0.0                    # monotonic
+    since_wall: float = 0.0
+    reason: str = "configured"
+    evidence: dict[str, Any] = field(default_factory=dict)
+    consecutive_failures: int = 0
+    ejections: int = 0                    # total, never decreases (a counter for metrics)
+    backoff: int = 0                      # ejections in a row: Envoy's ejection-time multiplier
+    ejected_until: float = 0.0
+    hardware_fault: bool = False          # ejected for a GPU fault: never offered in panic mode
+    cooldown_until: float = 0.0
+    slow_start_at: float | None = None
+    half_open_successes: int = 0
+    # active probes and samples
+    probe_failures: int = 0
+    probe_successes: int = 0
+    samples: dict[str, Sample] = field(default_factory=dict)    # the last one per source
+    load: Sample | None = None            # the last good metrics sample
+    hw_baseline: dict[str, Any] | None = None
+    hw_findings: list[dict[str, Any]] = field(default_factory=list)
+    hw_at: float | None = None            # when the last good GPU report was taken
+    # this outlier interval
+    iv_requests: int = 0
+    iv_successes: int = 0
+    iv_ttfb: list[float] = field(default_factory=list)
+    ttfb_baseline: float | None = None
+    baseline_intervals: int = 0
 
     def unhealthy_reason(self, now: float) -> str | None:
-        if now < self.ejected_until:
-            return f"ejected for {self.ejected_until - now:.1f}s more after {self.ejections} ejection(s)"
+        """Why routing skips this node now (None: it takes traffic)."""
         if now < self.cooldown_until:
             return f"cooling down for {self.cooldown_until - now:.1f}s more (429 Retry-After)"
-        return None
+        s = self.state
+        if s in ("healthy", "half_open", "cooldown"):
+            return None
+        if s == "ejected":
+            return (f"ejected for {max(0.0, self.ejected_until - now):.1f}s more after {self.ejections} "
+                    f"ejection(s): {self.reason}")
+        return f"{s}: {self.reason}"
 
 
 class Fleet:
     """The configured fleet plus the gateway's live view of each node."""
 
-    def __init__(self, cfg: FleetConfig, clock: Clock, policy: EjectionPolicy | None = None) -> None:
+    def __init__(self, cfg: FleetConfig, clock: Clock, health: HealthConfig | None = None,
+                 rng: random.Random | None = None) -> None:
         self.cfg = cfg
         self.clock = clock
-        self.policy = policy or EjectionPolicy()
-        self.nodes: dict[str, NodeState] = {n.name: NodeState(n) for n in cfg.nodes}
+        self.health: HealthConfig = health or getattr(cfg, "health", None) or HealthConfig()
+        self.rng = rng or random.Random(0)
+        now, wall = clock.monotonic(), clock.time()
+        self.nodes: dict[str, NodeState] = {n.name: NodeState(n, since=now, since_wall=wall) for n in cfg.nodes}
         self.models: dict[str, ModelConfig] = {m.name: m for m in cfg.models}
         self._model_sets = {n.name: frozenset(n.models) for n in cfg.nodes}
+        self.serving: dict[str, list[str]] = {m.name: [n.name for n in cfg.nodes if m.name in n.models]
+                                               for m in cfg.models}
+        self._events: collections.deque[NodeEvent] = collections.deque(maxlen=_MAX_EVENTS)
+        self.events_dropped = 0
+        self.last_outlier_sweep = now
+
+    # ------------------------------------------------------------------ routing snapshots
+
+    def available(self, st: NodeState, now: float) -> bool:
+        if now < st.cooldown_until:
+            return False
+        return st.state in ROUTABLE
+
+    def panic_models(self, now: float) -> set[str]:
+        """Models below the panic threshold: too few of their nodes are available."""
+        pct = self.health.outlier.panic_threshold_percent
+        out = set()
+        for model, names in self.serving.items():
+            if not names:
+                continue
+            # A node cooling down after a 429 is alive and busy: it counts as available.
+            up = sum(1 for n in names if self.nodes[n].state in ROUTABLE)
+            if up * 100.0 < pct * len(names):
+                out.add(model)
+        return out
 
     def views(self) -> list[NodeView]:
         now = self.clock.monotonic()
+        panic = self.panic_models(now) if self.health.outlier.panic_threshold_percent > 0 else set()
+        stale = self.health.stale_after_s
         out = []
         for name, st in self.nodes.items():
+            models = self._model_sets[name]
             reason = st.unhealthy_reason(now)
+            healthy = reason is None
+            if not healthy and panic and st.state in _PANIC_ELIGIBLE and not st.hardware_fault \
+                    and now >= st.cooldown_until and models & panic:
+                models, healthy, reason = models & panic, True, None
+            cap, conc, weight = st.cfg.capacity_tokens, st.cfg.max_concurrency, st.cfg.weight
+            if st.state == "half_open":
+                conc = max(1, self.health.circuit.half_open_requests)
+            elif st.slow_start_at is not None:
+                f = slow_start_factor(now - st.slow_start_at, self.health.slow_start)
+                if f >= 1.0:
+                    st.slow_start_at = None
+                else:
+                    cap, conc, weight = max(1, round(cap * f)), max(1, math.ceil(conc * f)), weight * f
+            waiting: int | None = None
+            kv: float | None = None
+            if st.load is not None and st.load.age(now) <= stale:
+                waiting, kv = st.load.values.get("waiting"), st.load.values.get("kv_usage")
+            elif st.samples and all(s.age(now) > stale for s in st.samples.values()):
+                waiting, kv = conc, 1.0   # only stale data: assume the worst for routing
             out.append(NodeView(
-                name=name, models=self._model_sets[name], capacity_tokens=st.cfg.capacity_tokens,
-                max_concurrency=st.cfg.max_concurrency, weight=st.cfg.weight,
+                name=name, models=models, capacity_tokens=cap, max_concurrency=conc, weight=weight,
                 inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
-                healthy=reason is None, unhealthy_reason=reason, tokens_per_s=st.tokens_per_s,
+                waiting=waiting, kv_usage=kv, healthy=healthy, unhealthy_reason=reason,
+                tokens_per_s=st.tokens_per_s,
             ))
         return out
+
+    # ------------------------------------------------------------------ the request path
 
     def acquire(self, node: str, tokens: int) -> None:
         st = self.nodes[node]
@@ -83,39 +193,151 @@ class Fleet:
         st.inflight_requests = max(0, st.inflight_requests - 1)
         st.inflight_tokens = max(0, st.inflight_tokens - tokens)
 
-    def report_success(self, node: str, *, completion_tokens: int = 0, decode_s: float = 0.0) -> None:
+    def report_success(self, node: str, *, completion_tokens: int = 0, decode_s: float = 0.0,
+                       ttfb_s: float | None = None) -> None:
+        """A request answered. ``ttfb_s`` (time to first byte) feeds the latency-outlier rule."""
         st = self.nodes[node]
         st.consecutive_failures = 0
+        st.iv_requests += 1
+        st.iv_successes += 1
+        if ttfb_s is not None and ttfb_s >= 0 and len(st.iv_ttfb) < _MAX_TTFB_SAMPLES:
+            st.iv_ttfb.append(ttfb_s)
         if completion_tokens > 1 and decode_s > 0:
             speed = completion_tokens / decode_s
             st.tokens_per_s = speed if st.tokens_per_s is None else 0.8 * st.tokens_per_s + 0.2 * speed
+        if st.state == "half_open":
+            st.half_open_successes += 1
+            if st.half_open_successes >= self.health.circuit.half_open_successes:
+                self.to_healthy(st, "trial request succeeded: circuit closed",
+                                {"trial_successes": st.half_open_successes})
 
     def report_failure(self, node: str) -> bool:
         """Count a gateway-side failure; returns True when this failure ejected the node."""
         st = self.nodes[node]
         st.failures_total += 1
         st.consecutive_failures += 1
-        if st.consecutive_failures < self.policy.consecutive_failures:
-            return False
+        st.iv_requests += 1
         now = self.clock.monotonic()
-        if now < st.ejected_until or not self._may_eject(node, now):
+        if st.state == "half_open":
+            return self.eject(node, "trial request failed: circuit re-opened",
+                              {"rule": "half_open", "consecutive_failures": st.consecutive_failures})
+        limit = self.health.outlier.consecutive_failures
+        if st.consecutive_failures < limit or st.state not in ("healthy", "cooldown") or now < st.ejected_until:
             return False
-        st.ejections += 1
-        st.consecutive_failures = 0
-        st.ejected_until = now + min(self.policy.max_ejection_s, self.policy.base_ejection_s * st.ejections)
-        return True
-
-    def _may_eject(self, node: str, now: float) -> bool:
-        models = self._model_sets[node]
-        peers = [s for n, s in self.nodes.items() if self._model_sets[n] & models]
-        ejected = sum(1 for s in peers if now < s.ejected_until)
-        # Envoy: always at least one host may be ejected, whatever the percentage.
-        return ejected == 0 or (ejected + 1) * 100.0 <= self.policy.max_ejection_percent * len(peers)
+        return self.eject(node, f"{st.consecutive_failures} consecutive gateway-side failures",
+                          {"rule": "consecutive_failures", "consecutive_failures": st.consecutive_failures,
+                           "threshold": limit})
 
     def cool_down(self, node: str, seconds: float) -> None:
         """Skip ``node`` for ``seconds`` (429 Retry-After); extends, never shortens."""
         st = self.nodes[node]
-        st.cooldown_until = max(st.cooldown_until, self.clock.monotonic() + seconds)
+        now = self.clock.monotonic()
+        until = max(st.cooldown_until, now + seconds)
+        extended = until > st.cooldown_until
+        st.cooldown_until = until
+        if st.state == "healthy" and extended:
+            self.transition(st, "cooldown", f"429 with Retry-After {seconds:g}s",
+                            {"retry_after_s": seconds, "until": round(self.clock.time() + (until - now), 6)})
 
     def inflight_total(self) -> int:
         return sum(s.inflight_requests for s in self.nodes.values())
+
+    # ------------------------------------------------------------------ transitions (also used by the sweeps)
+
+    def transition(self, st: NodeState, to: str, reason: str, evidence: dict[str, Any] | None = None,
+                   *, at: float | None = None) -> None:
+        """Move ``st`` to state ``to`` and queue the audit event. ``at``: monotonic time it happened
+        (default now); the sweep passes the past instant a timer ran out."""
+        now = self.clock.monotonic()
+        when = now if at is None else min(at, now)
+        wall = round(self.clock.time() - (now - when), 6)
+        ev = NodeEvent(st.cfg.name, st.state, to, reason, wall, dict(evidence or {}))
+        if st.state == to:
+            st.reason, st.evidence = reason, ev.evidence
+            return
+        st.state, st.since, st.since_wall, st.reason, st.evidence = to, when, wall, reason, ev.evidence
+        if to != "half_open":
+            st.half_open_successes = 0
+        if len(self._events) == self._events.maxlen:
+            self.events_dropped += 1
+        self._events.append(ev)
+
+    def eject(self, node: str, reason: str, evidence: dict[str, Any], *, hardware: bool = False,
+              seconds: float | None = None) -> bool:
+        """Eject ``node`` (growing time, or ``seconds`` for hardware); False when the share cap forbids it."""
+        st = self.nodes[node]
+        now = self.clock.monotonic()
+        if not hardware and not self.may_eject(node, now):
+            return False
+        if hardware:
+            length = seconds if seconds is not None else self.health.hardware.ejection_s
+            st.ejected_until = max(st.ejected_until if st.state == "ejected" else 0.0, now + length)
+            st.hardware_fault = True
+        else:
+            st.backoff += 1
+            length = ejection_seconds(st.backoff, self.health.outlier)
+            st.ejected_until = now + length
+        st.ejections += 1
+        st.consecutive_failures = 0
+        st.slow_start_at = None
+        self.transition(st, "ejected", reason, {**evidence, "ejection_s": length, "ejections_in_a_row": st.backoff,
+                                                "ejections_total": st.ejections})
+        return True
+
+    def may_eject(self, node: str, now: float) -> bool:
+        models = self._model_sets[node]
+        peers = [s for n, s in self.nodes.items() if self._model_sets[n] & models]
+        ejected = sum(1 for s in peers if s.state == "ejected" and s.cfg.name != node)
+        # Envoy: always at least one host may be ejected, whatever the percentage.
+        return ejected == 0 or (ejected + 1) * 100.0 <= self.health.outlier.max_ejection_percent * len(peers)
+
+    def to_healthy(self, st: NodeState, reason: str, evidence: dict[str, Any] | None = None, *,
+                   slow_start: bool = True, at: float | None = None) -> None:
+        st.hardware_fault = False
+        st.consecutive_failures = 0
+        if slow_start and self.health.slow_start.window_s > 0:
+            st.slow_start_at = self.clock.monotonic() if at is None else at
+            evidence = {**(evidence or {}), "slow_start_s": self.health.slow_start.window_s}
+        self.transition(st, "healthy", reason, evidence, at=at)
+
+    def events_queued(self) -> int:
+        return len(self._events)
+
+    def queued_events(self, start: int = 0) -> list[NodeEvent]:
+        """The queued events from position ``start`` (see :meth:`events_queued`), without taking them."""
+        return list(self._events)[start:]
+
+    def take_events(self) -> list[NodeEvent]:
+        """The queued state changes, oldest first; the queue is emptied."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    # ------------------------------------------------------------------ what operators see
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each node: state, since, why, timers, load and the last sample per source (JSON)."""
+        now, wall = self.clock.monotonic(), self.clock.time()
+        views = {v.name: v for v in self.views()}
+        out = []
+        for name, st in self.nodes.items():
+            v = views[name]
+            factor = None
+            if st.slow_start_at is not None:
+                factor = round(slow_start_factor(now - st.slow_start_at, self.health.slow_start), 4)
+            out.append({
+                "name": name, "url": st.cfg.url, "models": sorted(self._model_sets[name]),
+                "state": st.state, "since": st.since_wall, "for_s": round(now - st.since, 3), "why": st.reason,
+                "evidence": st.evidence, "healthy": v.healthy, "reason": v.unhealthy_reason,
+                "ejected_until": round(wall + st.ejected_until - now, 6) if st.state == "ejected" else None,
+                "cooldown_until": round(wall + st.cooldown_until - now, 6) if st.cooldown_until > now else None,
+                "slow_start_factor": factor, "ejections": st.ejections, "ejections_in_a_row": st.backoff,
+                "consecutive_failures": st.consecutive_failures, "probe_failures": st.probe_failures,
+                "inflight_requests": st.inflight_requests, "inflight_tokens": st.inflight_tokens,
+                "capacity_tokens": st.cfg.capacity_tokens, "effective_capacity_tokens": v.capacity_tokens,
+                "waiting": v.waiting, "kv_usage": v.kv_usage, "requests_total": st.requests_total,
+                "failures_total": st.failures_total, "tokens_per_s": st.tokens_per_s,
+                "ttfb_baseline_s": st.ttfb_baseline, "hardware": st.hw_findings,
+                "samples": {src: {**s.to_json(), "age_s": round(s.age(now), 3)} for src, s in st.samples.items()},
+            })
+        return out

@@ -28,7 +28,7 @@ from .errors import (
     WorkflowRuntimeError,
 )
 from .scope import RequestScope, Runtime
-from .settings import ModelConfig, TimeoutConfig
+from .settings import ModelConfig, NodeConfig, TimeoutConfig
 from .sse import DONE, check_payload, extract_error, extract_usage
 from .store.records import AttemptRecord, RequestRecord
 from .upstream import Upstream, UpstreamResponse
@@ -61,6 +61,7 @@ class IncomingRequest:
     priority: str | None = None
     deadline_s: float | None = None
     request_id: str | None = None
+    key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
 
 
 def _error_response(result: dict[str, Any], request_id: str) -> Response:
@@ -103,17 +104,19 @@ class Gateway:
         data: dict[str, Any] = {
             "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
                         "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,
-                        "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s},
+                        "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s, "key_id": req.key_id},
             "tags": {},
         }
         inst = self.process.executor.start(data, scope)
         rec.workflow_path = inst.path
         body_out: bytes | None = None
+        closed = _Closed()
+        watch = _watch(wait_disconnect, closed) if wait_disconnect is not None else None
         try:
             call = inst.advance()
             while call is not None:
                 if call.operation == "upstream/dispatch":
-                    res = await self._dispatch(scope, req, wait_disconnect)
+                    res = await self._dispatch(scope, req)
                     if isinstance(res, _Committed):
                         return StreamingResponse(self._stream(scope, inst, req, res), media_type="text/event-stream",
                                                  headers={**_SSE_HEADERS, "x-request-id": rid})
@@ -135,7 +138,15 @@ class Gateway:
             return self._workflow_failed(scope, exc)
         except asyncio.CancelledError:
             self._finish_cancelled(scope)
+            task = asyncio.current_task()
+            if closed.seen and task is not None:
+                # Our watcher cancelled us because the client went away: nobody reads this answer.
+                task.uncancel()
+                return Response(status_code=499)
             raise
+        finally:
+            if watch is not None:
+                watch.cancel()
         result: dict[str, Any] = inst.data["result"]
         if result["status"] == "ok" and body_out is not None:
             return Response(body_out, status_code=200, media_type=_JSON, headers={"x-request-id": rid})
@@ -143,16 +154,25 @@ class Gateway:
 
     # ------------------------------------------------------------------ dispatch (external task)
 
-    def _attempt_timeouts(self, scope: RequestScope) -> TimeoutConfig:
+    def _attempt_timeouts(self, scope: RequestScope, stream: bool, output_tokens: int) -> TimeoutConfig:
+        """This attempt's timeouts: never past the request deadline; a non-streamed answer gets
+        time to generate before its first byte."""
         left = max(0.001, scope.deadline_at - self.rt.clock.monotonic())
         t = self.timeouts
-        if left >= t.total_s:
+        first = t.first_token_s if stream else t.first_token_s + output_tokens * t.per_output_token_s
+        if left >= t.total_s and first == t.first_token_s:
             return t
-        return TimeoutConfig.model_construct(connect_s=min(t.connect_s, left), first_token_s=min(t.first_token_s, left),
-                                             idle_s=min(t.idle_s, left), total_s=left)
+        return TimeoutConfig.model_construct(
+            connect_s=min(t.connect_s, left), first_token_s=min(first, t.total_s, left),
+            idle_s=min(t.idle_s, left), total_s=min(t.total_s, left), per_output_token_s=t.per_output_token_s)
 
-    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, model: ModelConfig) -> bytes:
+    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, model: ModelConfig,
+                       node: NodeConfig | None = None) -> bytes:
         body = dict(req.body)
+        if node is not None and node.labels.get("scheduling-policy") == "priority":
+            # vLLM --scheduling-policy priority: lower is served first. Set by the gateway, never
+            # by the client (a tenant must not raise its own priority on the node).
+            body["priority"] = self.rt.admission.node_priority(scope.record.priority)
         if req.endpoint != "predict":
             body["model"] = model.upstream_name or model.name
         if req.stream and not req.include_usage:
@@ -162,9 +182,8 @@ class Gateway:
             body["stream_options"] = opts
         return json.dumps(body, separators=(",", ":")).encode()
 
-    async def _dispatch(
-        self, scope: RequestScope, req: IncomingRequest, wait_disconnect: Callable[[], Awaitable[None]] | None
-    ) -> _Committed | tuple[dict[str, Any], bytes | None]:
+    async def _dispatch(self, scope: RequestScope, req: IncomingRequest
+                        ) -> _Committed | tuple[dict[str, Any], bytes | None]:
         rt = self.rt
         decision = scope.decision
         assert decision is not None and decision.pick is not None
@@ -176,7 +195,8 @@ class Gateway:
         attempt = AttemptRecord(number=scope.attempts, node=node_name, model=model.name,
                                 started_at=round(rt.clock.time(), 6))
         scope.record.attempts.append(attempt)
-        tokens = int(scope.record.prompt_tokens_est or 0) + int(req.max_tokens or model.default_max_tokens)
+        output_tokens = int(req.max_tokens or model.default_max_tokens)
+        tokens = int(scope.record.prompt_tokens_est or 0) + output_tokens
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
                    "x-inferlb-attempt": str(scope.attempts)}
         if node.api_key:
@@ -186,19 +206,18 @@ class Gateway:
         rt.fleet.acquire(node_name, tokens)
         released = False
         try:
-            open_coro = self.upstream.open(node.url + path, self._upstream_body(scope, req, model), headers=headers,
-                                           timeouts=self._attempt_timeouts(scope), node=node_name)
-            resp = await self._race_disconnect(open_coro, wait_disconnect)
-            if resp is None:
-                return self._closed_outcome(scope, attempt), None
+            resp = await self.upstream.open(
+                node.url + path, self._upstream_body(scope, req, model, node), headers=headers,
+                timeouts=self._attempt_timeouts(scope, req.stream, output_tokens), node=node_name)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
                 released = True   # the stream releases it when it ends
                 return _Committed(resp, attempt, node_name, tokens)
-            body = await self._race_disconnect(resp.read_rest(), wait_disconnect)
-            if body is None:
-                await resp.aclose()
-                return self._closed_outcome(scope, attempt), None
+            try:
+                body = await resp.read_rest()
+            except BaseException:
+                await resp.aclose()   # cancelled (client gone) or failed: never leave it open
+                raise
             self._account_body(scope, req, body, node_name, attempt)
             return self._ok_outcome(scope, attempt, node_name), body
         except UpstreamError as exc:
@@ -206,31 +225,6 @@ class Gateway:
         finally:
             if not released:
                 rt.fleet.release(node_name, tokens)
-
-    async def _race_disconnect(self, coro: Awaitable[Any], wait_disconnect: Callable[[], Awaitable[None]] | None
-                               ) -> Any:
-        """Await ``coro``; None if the client disconnected first (the coroutine is cancelled)."""
-        if wait_disconnect is None:
-            return await coro
-        work = asyncio.ensure_future(coro)
-        watch = asyncio.ensure_future(wait_disconnect())
-        try:
-            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            work.cancel()
-            watch.cancel()
-            raise
-        if work in done:
-            watch.cancel()
-            return work.result()
-        work.cancel()
-        try:
-            resp = await work
-        except (asyncio.CancelledError, UpstreamError):
-            return None
-        if isinstance(resp, UpstreamResponse):
-            await resp.aclose()
-        return None
 
     def _account_body(self, scope: RequestScope, req: IncomingRequest, body: bytes, node: str,
                       attempt: AttemptRecord) -> None:
@@ -252,7 +246,8 @@ class Gateway:
         if rec.prompt_tokens and req.prompt_bytes and req.prompt_text is None:
             rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens)
         decode_s = (rec.last_byte_at or 0) - (attempt.first_byte_at or 0)
-        rt.fleet.report_success(node, completion_tokens=rec.completion_tokens or 0, decode_s=decode_s)
+        ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
+        rt.fleet.report_success(node, completion_tokens=rec.completion_tokens or 0, decode_s=decode_s, ttfb_s=ttfb)
         price = rt.fleet.nodes[node].cfg.price_per_hour
         if price and rec.last_byte_at is not None:
             # A first estimate: node price × occupied seconds, shared by the requests in flight on it.
@@ -430,6 +425,8 @@ class Gateway:
 
     def _finish_cancelled(self, scope: RequestScope) -> None:
         rec = scope.record
+        if rec.attempts and rec.attempts[-1].ended_at is None:
+            self._closed_outcome(scope, rec.attempts[-1])
         if rec.status == "unknown":
             rec.status = "client_closed"
             rec.http_status = 499
@@ -466,6 +463,30 @@ def _no_choices(payload: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(doc, dict) and doc.get("choices") == []
+
+
+class _Closed:
+    """Set by the disconnect watcher before it cancels the request's task."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
+def _watch(wait_disconnect: Callable[[], Awaitable[None]], closed: _Closed) -> asyncio.Task[None]:
+    """One task per request that cancels the handler when the client disconnects before the
+    response starts (RELIABILITY §5.1: the first-chunk wait must be cancellable). Cheaper than
+    racing every await against the connection: one task instead of two per wait."""
+    handler = asyncio.current_task()
+
+    async def watch() -> None:
+        await wait_disconnect()
+        closed.seen = True
+        if handler is not None:
+            handler.cancel()
+
+    return asyncio.ensure_future(watch())
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .admission import AdmissionController
 from .fleet import Fleet
 from .routing import Decision, Router
 from .settings import FleetConfig, Settings
@@ -33,6 +34,7 @@ class Runtime:
     clock: Clock
     rng: random.Random
     submit: Callable[[RequestRecord], None]      # the audit writer's non-blocking submit
+    admission: AdmissionController               # slots, queue, tenant limits, retry budget
 
 
 @dataclass
@@ -73,5 +75,9 @@ def build_runtime(
     for m in fleet_cfg.models:
         if m.tokenizer:
             estimator.use_tokenizer(m.name, m.tokenizer)
-    return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=Fleet(fleet_cfg, clock), router=router,
-                   estimator=estimator, clock=clock, rng=random.Random(seed), submit=submit)
+    fleet = Fleet(fleet_cfg, clock)
+    # Every request ends by submitting its audit record: that is where admission frees its slot.
+    admission = AdmissionController(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
+                                    env=settings.admission)
+    return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
+                   clock=clock, rng=random.Random(seed), submit=admission.wrap_submit(submit), admission=admission)

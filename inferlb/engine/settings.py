@@ -14,7 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .admission.config import AdmissionPolicy, AdmissionSettings
 from .errors import ConfigError
+from .health.config import HealthConfig
+from .observability.config import ObservabilityConfig
 
 __all__ = [
     "FleetConfig",
@@ -95,6 +98,9 @@ class TimeoutConfig(_Strict):
     first_token_s: float = Field(60.0, gt=0)
     idle_s: float = Field(30.0, gt=0)
     total_s: float = Field(600.0, gt=0)
+    # A non-streamed answer arrives only when generation ends, so its wait for the first byte is
+    # first_token_s + max_tokens × per_output_token_s (0.1 s = a slow 10 tokens/s), capped by total_s.
+    per_output_token_s: float = Field(0.1, ge=0)
 
 
 class SLOConfig(_Strict):
@@ -116,6 +122,9 @@ class FleetConfig(_Strict):
     retry: RetryPolicy = RetryPolicy()
     timeouts: TimeoutConfig = TimeoutConfig()
     slos: list[SLOConfig] = Field(default_factory=list)
+    observability: ObservabilityConfig = ObservabilityConfig()   # metrics labels, tracing, prices
+    health: HealthConfig = HealthConfig()   # probes, scrapes, outlier ejection, slow start (engine/health)
+    admission: AdmissionPolicy = AdmissionPolicy()   # classes, queue, shedding, retry budget (engine/admission)
 
     @model_validator(mode="after")
     def _cross(self) -> FleetConfig:
@@ -164,6 +173,8 @@ class Settings(BaseSettings):
     audit_flush_interval_s: float = 0.2
     log_level: str = "INFO"
     fleet: FleetConfig | None = None                 # set directly in tests / demo instead of a file
+    # INFERLB_AUTH, INFERLB_ADMIN_KEY, INFERLB_REDIS_URL, INFERLB_REDIS_PREFIX (engine/admission/config.py)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""

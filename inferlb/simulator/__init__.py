@@ -1,18 +1,29 @@
-"""The fleet simulator: OpenAI-compatible GPU-node emulators for tests, demos and benchmarks.
+"""The fleet simulator: OpenAI-compatible GPU-node emulators and the load generator.
 
-Layout: ``latency`` (pure timing model), ``spec`` (node and fault descriptions), ``openai_format``
-(wire formats), ``node`` (one aiohttp server), ``stats`` (its counters), ``emulator`` (``SimFleet``, ``serve_sim``).
+Layout: ``latency`` (fixed-speed timing model), ``batching`` (the vLLM-like engine as a pure
+discrete-event model), ``driver`` (runs it in real time), ``spec`` (node, engine, GPU and fault
+descriptions), ``presets`` (h100 / a100 / l4 / t4-like relative presets, named fleets, fleet files),
+``openai_format`` (wire formats), ``respond`` (writing a generation), ``node`` (one aiohttp server),
+``control`` (its probe and control endpoints), ``metrics`` (vLLM Prometheus names, NVML-like GPU
+JSON), ``stats`` (its counters), ``emulator`` (``SimFleet``, ``serve_sim``), ``loadgen/`` (``inferlb
+bench run | compare | capacity``); ``bench_*`` are ``inferlb bench overhead``.
 """
 
+from .batching import BatchCore
 from .emulator import SimFleet, serve_sim
 from .latency import LatencyModel, TokenSchedule, estimate_tokens
 from .node import EmulatedNode
-from .spec import FaultSpec, NodeSpec, demo_specs
+from .presets import PRESETS, fleet_specs, preset_spec
+from .spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec, demo_specs
 from .stats import NodeStats
 
 __all__ = [
+    "PRESETS",
+    "BatchCore",
+    "BatchSpec",
     "EmulatedNode",
     "FaultSpec",
+    "GpuSpec",
     "LatencyModel",
     "NodeSpec",
     "NodeStats",
@@ -20,5 +31,7 @@ __all__ = [
     "TokenSchedule",
     "demo_specs",
     "estimate_tokens",
+    "fleet_specs",
+    "preset_spec",
     "serve_sim",
 ]

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -97,6 +98,21 @@ http {{
 def repo_root() -> Path:
     """The directory holding the ``inferlb`` package (the repo root in a checkout)."""
     return Path(__file__).resolve().parents[2]
+
+
+def _git_state() -> dict[str, Any]:
+    """The checkout's commit and how many tracked files differ from it (``{}`` outside a git checkout)."""
+    root = repo_root()
+    if not (root / ".git").exists():
+        return {}
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"git_commit": head, "git_modified_files": len(dirty)}
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -319,7 +335,7 @@ def run_bench(cfg: BenchConfig, *, quiet: bool = False) -> dict[str, Any]:
         raise ValueError(f"unknown mode(s) {unknown} (known: {', '.join(MODES)})")
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0], **_git_state(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
     }
     busy0 = system_busy()
@@ -330,12 +346,14 @@ def run_bench(cfg: BenchConfig, *, quiet: bool = False) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     with _workdir(cfg.workdir) as wd:
         bench = _Bench(cfg, wd, log)
+        main_thread = threading.current_thread() is threading.main_thread()
         prev = signal.getsignal(signal.SIGTERM)
 
         def _on_term(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt   # so the ``finally`` below stops every child
 
-        signal.signal(signal.SIGTERM, _on_term)
+        if main_thread:
+            signal.signal(signal.SIGTERM, _on_term)
         try:
             bench.start_nodes()
             targets = [t for t in (bench.start_target(m) for m in cfg.modes) if t is not None]
@@ -347,7 +365,8 @@ def run_bench(cfg: BenchConfig, *, quiet: bool = False) -> dict[str, Any]:
                         log(_one_line(out))
         finally:
             bench.close()
-            signal.signal(signal.SIGTERM, prev)
+            if main_thread:
+                signal.signal(signal.SIGTERM, prev)
         meta["nodes"] = bench.node_kind
         notes = bench.notes
     busy1 = system_busy()

@@ -67,7 +67,12 @@ def render(report: dict[str, Any], *, markdown: bool = False) -> str:
     meta = report["meta"]
     cfg = meta["config"]
     busy = meta.get("system_busy_overall")
-    facts = [f"started {meta['started']}, {meta['cpus']} CPUs, Python {meta['python']}",
+    git = ""
+    if meta.get("git_commit"):
+        git = f", inferlb at {meta['git_commit']}"
+        if meta.get("git_modified_files"):
+            git += f" + {meta['git_modified_files']} modified files"
+    facts = [f"started {meta['started']}, {meta['cpus']} CPUs, Python {meta['python']}{git}",
              f"nodes: {meta.get('nodes', '-')}; {cfg['max_tokens']} output tokens; n={cfg['n']} per cell "
              f"(cap {cfg['max_seconds']:g} s); inferlb routing profile {cfg['profile']}",
              f"whole-run system busy fraction: {_f(busy, 2)} (1.00 = all CPUs busy)"]

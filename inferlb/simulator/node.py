@@ -12,6 +12,12 @@ Contract:
   deadlines of :class:`~inferlb.simulator.latency.TokenSchedule`.
 - :meth:`EmulatedNode.stop` behaves like a killed process: it stops listening and aborts every
   open connection, so in-flight requests see a cut and new ones a refused connection.
+- A node whose spec has ``batching`` runs a vLLM-like engine (:mod:`.batching`, driven by
+  :mod:`.driver`): requests queue for KV cache, share decode steps, may be preempted, and with
+  ``on_kv_full="oom"`` crash the node (:meth:`EmulatedNode.crash`: every connection reset, then
+  "loading" for the cold start). Other nodes give every request its own fixed-speed schedule.
+- Scrapers see what real nodes expose: ``GET /metrics`` (vLLM's Prometheus names,
+  :mod:`.metrics`), ``GET /health``, and ``GET /sim/gpu`` (an NVML-like reading).
 """
 
 from __future__ import annotations
@@ -31,16 +37,22 @@ from aiohttp import web
 from inferlb.engine.types import Clock, SystemClock
 
 from . import openai_format as fmt
-from .latency import TokenSchedule
+from .batching import BatchCore
+from .control import NodeControl
+from .driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
+from .latency import LatencyModel, TokenSchedule
+from .metrics import NodeMetrics
+from .respond import HANG_CAP_S, write_stream, write_unary
 from .spec import FaultSpec, NodeSpec
 from .stats import MAX_TRACKED_IDS, NodeStats
 
-__all__ = ["EmulatedNode", "NodeStats"]
+__all__ = ["SIM_OUTPUT_FIELD", "EmulatedNode", "NodeStats"]
 
-# A hang or stall lasts until the client or the node goes away; this cap only keeps the wait bounded.
-_HANG_CAP_S = 3600.0
 _MAX_BODY_BYTES = 16 * 1024 * 1024
 _JSON = "application/json"
+# A request field only the emulator reads: the length the "model" would stop at on its own (EOS),
+# below max_tokens. Lets a benchmark send realistic max_tokens caps while controlling true lengths.
+SIM_OUTPUT_FIELD = "inferlb_sim_output_tokens"
 
 
 class _BadRequest(Exception):
@@ -66,9 +78,17 @@ class EmulatedNode:
         self._runner: web.AppRunner | None = None
         # Keyed by id(): aiohttp requests are mappings, hence unhashable.
         self._live_requests: dict[int, web.Request] = {}
-        self._loading_until = 0.0
+        self._loading_until = self._clock.monotonic()   # also the start of the slow-start window
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiters: set[asyncio.Event] = set()
+        self.metrics = NodeMetrics()
+        self.crashes = 0
+        self.core: BatchCore | None = None
+        self._driver: BatchDriver | None = None
+        self._busy_mark = (self._clock.monotonic(), 0.0)
+        if spec.batching is not None:
+            self.core = BatchCore(spec.batching)
+            self.core.slow_factor_at = self.slow_factor
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -85,6 +105,16 @@ class EmulatedNode:
     def loading(self) -> bool:
         """True while the node reports "loading" (fault or ``startup_s`` after a start)."""
         return self.faults.loading or self._clock.monotonic() < self._loading_until
+
+    def slow_factor(self, now: float) -> float:
+        """The slow-start multiplier on step times / latencies at ``now`` (1 once warmed up)."""
+        f = self.faults
+        if f.slow_start_factor <= 1.0 or f.slow_start_s <= 0:
+            return 1.0
+        since = now - self._loading_until
+        if since >= f.slow_start_s:
+            return 1.0
+        return 1.0 + (f.slow_start_factor - 1.0) * (1.0 - max(0.0, since) / f.slow_start_s)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port`` (0: a free port, kept for later restarts); no-op if running."""
@@ -121,10 +151,46 @@ class EmulatedNode:
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        if self._driver is not None:
+            self._driver.fail_all(0.0)   # the engine's state dies with the process
+            await self._driver.close()
+            self._driver = None
+        self._abort_live()
+        await runner.cleanup()
+
+    def stop_soon(self) -> None:
+        """Stop after the current handler has answered (``refuse`` from the control endpoint)."""
+        task = asyncio.get_running_loop().create_task(self.stop())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def _abort_live(self) -> None:
         for request in list(self._live_requests.values()):
             if request.transport is not None:
                 request.transport.abort()
-        await runner.cleanup()
+
+    def crash(self, cold_start_s: float | None = None) -> None:
+        """Die and restart: reset every connection, then "loading" for ``cold_start_s`` (default:
+        the engine's ``cold_start_s``, else 0) while ``/health`` answers 503."""
+        if cold_start_s is None:
+            cold_start_s = self.spec.batching.cold_start_s if self.spec.batching is not None else 0.0
+        if self._driver is not None:
+            self._driver.fail_all(cold_start_s)
+        self._crashed(self._clock.monotonic(), cold_start_s)
+
+    def _crashed(self, now: float, cold_start_s: float) -> None:
+        self.crashes += 1
+        self._loading_until = max(self._loading_until, now + cold_start_s)
+        self._abort_live()
+        self._notify()
+
+    def _on_oom(self, now: float) -> None:
+        assert self.spec.batching is not None
+        self._crashed(now, self.spec.batching.cold_start_s)
 
     async def set_faults(self, faults: FaultSpec) -> None:
         """Replace the fault set; ``refuse=True`` stops the node (see :class:`FaultSpec`)."""
@@ -155,7 +221,30 @@ class EmulatedNode:
         live = self.stats.live
         self.stats = NodeStats(live=live, max_live=live)
         self.faults = self.spec.faults
+        self.metrics = NodeMetrics()
         self._notify()
+
+    def engine_state(self) -> dict[str, Any]:
+        """The engine's gauges and counters (zeros and no KV for a fixed-speed node)."""
+        core = self.core
+        if core is None:
+            return {"running": self.stats.live, "waiting": 0, "kv_usage": 0.0, "kv_tokens": None,
+                    "preemptions": 0, "oom_crashes": 0, "crashes": self.crashes, "prompt_tokens": 0,
+                    "generation_tokens": 0}
+        return {"running": len(core.running), "waiting": len(core.waiting), "kv_usage": round(core.kv_usage, 4),
+                "kv_tokens": core.total_blocks * core.spec.block_tokens, "preemptions": core.preemptions_total,
+                "oom_crashes": core.oom_crashes_total, "crashes": self.crashes,
+                "prompt_tokens": core.prompt_tokens_total, "generation_tokens": core.generation_tokens_total}
+
+    def utilization(self) -> float:
+        """Share of time the engine was stepping since the previous reading (NVML's utilisation)."""
+        now = self._clock.monotonic()
+        if self.core is None:
+            return 1.0 if self.stats.live else 0.0
+        t0, b0 = self._busy_mark
+        busy = self.core.busy_s_total
+        self._busy_mark = (now, busy)
+        return 0.0 if now <= t0 else min(1.0, (busy - b0) / (now - t0))
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -164,12 +253,7 @@ class EmulatedNode:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v2/models/{model}/infer", self._v2_infer)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/sim/stats", self._get_stats)
-        app.router.add_get("/sim/faults", self._get_faults)
-        app.router.add_post("/sim/faults", self._post_faults)
-        app.router.add_post("/sim/reset", self._post_reset)
+        NodeControl(self).add_routes(app)
 
     def _json(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
         self.stats.statuses[status] += 1
@@ -179,45 +263,6 @@ class EmulatedNode:
                code: str | None = None, param: str | None = None,
                headers: dict[str, str] | None = None) -> web.Response:
         return self._json(status, fmt.error_body(message, type_=type_, code=code, param=param), headers)
-
-    # -- control and probes (not counted as inference) --------------------------------------------
-
-    async def _health(self, request: web.Request) -> web.Response:
-        if self.loading:
-            return web.json_response({"status": "loading", "name": self.spec.name}, status=503)
-        return web.json_response({"status": "ok", "name": self.spec.name, "live": self.stats.live})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.Response(body=fmt.models_body(self.spec.models, "inferlb-sim"), content_type=_JSON)
-
-    async def _get_stats(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": self.spec.name, **self.stats.to_json()})
-
-    async def _get_faults(self, request: web.Request) -> web.Response:
-        return web.json_response(self.faults.to_mapping())
-
-    async def _post_faults(self, request: web.Request) -> web.Response:
-        try:
-            raw = json.loads(await request.read() or b"{}")
-            if not isinstance(raw, dict):
-                raise ValueError("the body must be a JSON object")
-            faults = FaultSpec.from_mapping(raw)
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            return web.json_response({"error": {"message": str(exc), "type": "invalid_request_error"}},
-                                     status=400)
-        if faults.refuse:
-            # Answer first, then stop: stopping here would cut this very response.
-            self.faults = faults
-            task = asyncio.get_running_loop().create_task(self.stop())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
-            self.faults = faults
-        return web.json_response(faults.to_mapping())
-
-    async def _post_reset(self, request: web.Request) -> web.Response:
-        self.reset()
-        return web.json_response({"ok": True})
 
     # -- inference ---------------------------------------------------------------------------------
 
@@ -273,18 +318,33 @@ class EmulatedNode:
             retry = max(1, math.ceil(self._loading_until - self._clock.monotonic()))
             return self._error(503, "the model is loading", type_="service_unavailable",
                                headers={"Retry-After": str(retry)})
+        if faults.added_latency_s > 0:
+            await asyncio.sleep(faults.added_latency_s)
         if faults.hang_before_headers:
             self.stats.faults_injected += 1
-            await asyncio.sleep(_HANG_CAP_S)
+            await asyncio.sleep(HANG_CAP_S)
             return self._error(504, "hang fault ended")
+        status = None
         if faults.status is not None and self._rng.random() < faults.error_rate:
+            status = faults.status
+        elif faults.error_rates:
+            x = self._rng.random()
+            for code, rate in faults.error_rates.items():
+                x -= rate
+                if x < 0:
+                    status = code
+                    break
+        if status is not None:
             self.stats.faults_injected += 1
             headers = None
-            if faults.retry_after_s is not None:
-                headers = {"Retry-After": str(math.ceil(faults.retry_after_s))}
-            return self._error(faults.status, f"injected fault: HTTP {faults.status}",
-                               type_="server_error" if faults.status >= 500 else "invalid_request_error",
-                               headers=headers)
+            retry_s = faults.retry_after_s
+            if retry_s is None and status in (429, 503) and faults.error_rates:
+                retry_s = 1.0
+            if retry_s is not None:
+                headers = {"Retry-After": str(math.ceil(retry_s))}
+            type_ = ("server_error" if status >= 500 else
+                     "rate_limit_error" if status == 429 else "invalid_request_error")
+            return self._error(status, f"injected fault: HTTP {status}", type_=type_, headers=headers)
         if self.stats.live > self.spec.max_concurrency:
             self.stats.rejected += 1
             return self._error(429, "too many requests in flight", type_="rate_limit_error",
@@ -331,106 +391,61 @@ class EmulatedNode:
         if not chat and "prompt" not in body:
             raise _BadRequest(400, "prompt is required", param="prompt")
         n, limited = self._output_tokens(body)
+        natural = body.get(SIM_OUTPUT_FIELD)
+        if isinstance(natural, int) and not isinstance(natural, bool) and 1 <= natural < n:
+            n, limited = natural, False    # the "model" stops on its own before the limit
         prompt_tokens = fmt.prompt_tokens_of(body, "chat" if chat else "completion")
-        schedule = TokenSchedule(self._latency, self._clock, prompt_tokens=prompt_tokens, output_tokens=n)
+        faults = self.faults
+        source = self._source(prompt_tokens, n)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(self._clock.time())
         finish = "length" if limited else "stop"
-        if body.get("stream") is True:
-            opts = body.get("stream_options")
-            include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
-            tmpl = fmt.ChunkTemplate(chat=chat, rid=rid, model=model, created=created,
-                                     fingerprint=self.spec.name, include_usage=include_usage)
-            return await self._stream(request, tmpl, schedule, finish, include_usage)
-        payload = fmt.completion_body(chat=chat, rid=rid, model=model, created=created,
-                                      fingerprint=self.spec.name, prompt_tokens=prompt_tokens,
-                                      completion_tokens=n, finish_reason=finish)
-        return await self._unary(request, payload, schedule)
-
-    async def _unary(self, request: web.Request, payload: bytes,
-                     schedule: TokenSchedule) -> web.StreamResponse:
-        faults = self.faults
-        cut = faults.drop_after_tokens
-        if cut is not None and cut < schedule.output_tokens:
-            self.stats.faults_injected += 1
-            await asyncio.sleep(schedule.delay_s(cut))
-            resp = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
-            resp.content_length = len(payload)
-            self.stats.statuses[200] += 1
-            await resp.prepare(request)
-            await resp.write(payload[: len(payload) // 2])
-            self._cut(request)
-            return resp
-        stall = faults.stall_after_tokens
-        if stall is not None and stall < schedule.output_tokens:
-            self.stats.faults_injected += 1
-            await asyncio.sleep(schedule.delay_s(stall))
-            resp = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
-            resp.content_length = len(payload)
-            self.stats.statuses[200] += 1
-            await resp.prepare(request)
-            await asyncio.sleep(_HANG_CAP_S)
-            return resp
-        await asyncio.sleep(schedule.delay_until_done_s())
-        if faults.malformed_sse_at is not None:
-            self.stats.faults_injected += 1
-            payload = payload[: len(payload) // 2]
-        self.stats.completed += 1
-        return self._json(200, payload)
-
-    def _cut(self, request: web.Request) -> None:
-        """Close the connection mid-body: buffered bytes are flushed, the body is never finished."""
-        if request.transport is not None:
-            request.transport.close()
-
-    async def _stream(self, request: web.Request, tmpl: fmt.ChunkTemplate, schedule: TokenSchedule,
-                      finish: str, include_usage: bool) -> web.StreamResponse:
-        faults = self.faults
-        resp = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        self.stats.statuses[200] += 1
-        await resp.prepare(request)  # headers go out now; the first token comes at the TTFT
-        n = schedule.output_tokens
         try:
-            for i in range(n):
-                await asyncio.sleep(schedule.delay_s(i))
-                if i == faults.drop_after_tokens:
-                    self.stats.faults_injected += 1
-                    self._cut(request)
-                    return resp
-                if i == faults.stall_after_tokens:
-                    self.stats.faults_injected += 1
-                    await asyncio.sleep(_HANG_CAP_S)
-                    return resp
-                if i == faults.error_event_at:
-                    self.stats.faults_injected += 1
-                    await resp.write(fmt.sse({"error": {"message": "injected in-band error",
-                                                        "type": "server_error", "param": None,
-                                                        "code": "internal_error"}}))
-                    await resp.write_eof()  # a clean end of the body, but no [DONE]
-                    return resp
-                chunk = tmpl.malformed(i) if i == faults.malformed_sse_at else tmpl.token(i)
-                if i == faults.malformed_sse_at:
-                    self.stats.faults_injected += 1
-                if i == 0 and tmpl.is_chat:
-                    chunk = tmpl.role() + chunk
-                await resp.write(chunk)
-            if faults.drop_after_tokens == n:
-                self.stats.faults_injected += 1
-                self._cut(request)
-                return resp
-            tail = tmpl.finish(finish)
-            if include_usage:
-                tail += tmpl.usage(schedule.prompt_tokens, n)
-            await resp.write(tail + tmpl.done())
-            await resp.write_eof()
-        except ConnectionResetError:
-            # The client went away between two tokens; aiohttp will not write to the dead socket.
-            self.stats.disconnects += 1
-            return resp
-        self.stats.completed += 1
+            if body.get("stream") is True:
+                opts = body.get("stream_options")
+                include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+                tmpl = fmt.ChunkTemplate(chat=chat, rid=rid, model=model, created=created,
+                                         fingerprint=self.spec.name, include_usage=include_usage)
+                resp = await write_stream(request, tmpl, source, faults, self.stats, finish=finish,
+                                          include_usage=include_usage, stream_interval=self.spec.stream_interval)
+            else:
+                payload = fmt.completion_body(chat=chat, rid=rid, model=model, created=created,
+                                              fingerprint=self.spec.name, prompt_tokens=prompt_tokens,
+                                              completion_tokens=n, finish_reason=finish)
+                resp = await write_unary(request, payload, source, faults, self.stats)
+        except NodeCrashed:
+            # Lost in a crash: the connection is being reset; nothing more can be written.
+            self._abort_one(request)
+            return web.Response(status=500)
+        finally:
+            if isinstance(source, BatchSource) and self._driver is not None:
+                self._driver.release(source)
+        ttft, e2e, queued = source.times()
+        self.metrics.observe(ttft_s=ttft, e2e_s=e2e, output_tokens=n, queue_s=queued, finish_reason=finish)
         return resp
+
+    def _source(self, prompt_tokens: int, n: int) -> TokenSource:
+        """Where this request's tokens come from: the batching engine or its own fixed schedule."""
+        core = self.core
+        if core is None:
+            model = self._latency
+            factor = self.slow_factor(self._clock.monotonic())
+            if factor > 1.0:
+                model = LatencyModel(base_ttft_s=model.base_ttft_s * factor,
+                                     prefill_s_per_token=model.prefill_s_per_token * factor,
+                                     tpot_s=model.tpot_s * factor)
+            return ScheduleSource(TokenSchedule(model, self._clock, prompt_tokens=prompt_tokens, output_tokens=n))
+        if not core.fits_ever(prompt_tokens + n - 1):
+            raise _BadRequest(400, f"This model's KV cache holds {core.spec.kv_tokens} tokens; the request "
+                                   f"needs {prompt_tokens} prompt + {n} output tokens",
+                              code="context_length_exceeded", param="messages")
+        if self._driver is None:
+            self._driver = BatchDriver(core, self._clock, self._on_oom)
+        return self._driver.submit(prompt_tokens, n)
+
+    def _abort_one(self, request: web.Request) -> None:
+        if request.transport is not None:
+            request.transport.abort()
 
     async def _embed(self, body: dict[str, Any]) -> web.Response:
         model = self._model_of(body)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from .latency import LatencyModel
 
-__all__ = ["FaultSpec", "NodeSpec", "demo_specs"]
+__all__ = ["BatchSpec", "FaultSpec", "GpuSpec", "NodeSpec", "demo_specs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,17 @@ class FaultSpec:
     - ``refuse``: stop listening (connection refused). Applied by :meth:`EmulatedNode.set_faults` /
       ``POST /sim/faults`` stopping the node; only Python code (``SimFleet.start_node``) can start
       it again, since nothing listens any more for a request that would clear it.
+    - ``error_rates``: ``{status: probability}``, several error codes at once (``{"500": 0.05,
+      "503": 0.02}``); drawn after ``status``. A 429 or 503 drawn here carries ``retry_after_s``
+      (default 1 s) as ``Retry-After``.
+    - ``added_latency_s``: wait this long before answering anything (headers included).
+    - ``slow_start_s`` / ``slow_start_factor``: after each (re)start's loading window, the node is
+      ``slow_start_factor`` times slower, easing linearly back to 1× over ``slow_start_s``
+      (cold caches, CUDA-graph capture: what a health checker's slow start must absorb).
+    - ``gpu_xid_errors`` / ``gpu_ecc_uncorrected`` / ``gpu_throttle``: what the NVML-like GPU
+      reading (``GET /sim/gpu``) reports, for hardware-fault handling ahead of request failures.
+
+    A crash (``POST /sim/crash`` or :meth:`EmulatedNode.crash`) is an action, not a standing fault.
     """
 
     status: int | None = None
@@ -52,10 +63,30 @@ class FaultSpec:
     error_event_at: int | None = None
     loading: bool = False
     refuse: bool = False
+    error_rates: dict[int, float] = field(default_factory=dict)
+    added_latency_s: float = 0.0
+    slow_start_s: float = 0.0
+    slow_start_factor: float = 1.0
+    gpu_xid_errors: int = 0
+    gpu_ecc_uncorrected: int = 0
+    gpu_throttle: bool = False
 
     def __post_init__(self) -> None:
         if self.status is not None and not 100 <= self.status <= 599:
             raise ValueError(f"status must be an HTTP status code, got {self.status}")
+        for code, rate in self.error_rates.items():
+            if not 100 <= code <= 599 or not 0.0 <= rate <= 1.0:
+                raise ValueError(f"error_rates: {code} → {rate} must be an HTTP status → a rate in [0, 1]")
+        if sum(self.error_rates.values()) > 1.0 + 1e-9:
+            raise ValueError("error_rates must add up to at most 1")
+        for name in ("added_latency_s", "slow_start_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if not (math.isfinite(self.slow_start_factor) and self.slow_start_factor >= 1.0):
+            raise ValueError("slow_start_factor must be a finite number >= 1")
+        if self.gpu_xid_errors < 0 or self.gpu_ecc_uncorrected < 0:
+            raise ValueError("gpu_xid_errors and gpu_ecc_uncorrected must be >= 0")
         if not (0.0 <= self.error_rate <= 1.0):
             raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
         retry = self.retry_after_s
@@ -79,28 +110,102 @@ class FaultSpec:
 
     def to_mapping(self) -> dict[str, Any]:
         """The JSON form (every field), as ``GET /sim/faults`` shows it."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["error_rates"] = {str(k): v for k, v in self.error_rates.items()}
+        return out
 
 
-_BOOL_KEYS = frozenset({"hang_before_headers", "loading", "refuse"})
-_FLOAT_KEYS = frozenset({"error_rate", "retry_after_s"})
+_BOOL_KEYS = frozenset({"hang_before_headers", "loading", "refuse", "gpu_throttle"})
+_FLOAT_KEYS = frozenset({"error_rate", "retry_after_s", "added_latency_s", "slow_start_s", "slow_start_factor"})
+_NOT_NULL = frozenset({"error_rate", "added_latency_s", "slow_start_s", "slow_start_factor", "gpu_xid_errors",
+                       "gpu_ecc_uncorrected"})
+
+
+def _number(key: str, value: Any) -> float:
+    # bool is an int subclass; reject it where a number is meant.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key} must be a number")
+    return float(value)
 
 
 def _check_type(key: str, value: Any) -> Any:
+    if key == "error_rates":
+        if not isinstance(value, Mapping):
+            raise ValueError("error_rates must be an object of status code → rate")
+        out: dict[int, float] = {}
+        for code, rate in value.items():
+            try:
+                status = int(code)
+            except (TypeError, ValueError):
+                raise ValueError(f"error_rates: {code!r} is not a status code") from None
+            out[status] = _number(f"error_rates[{code}]", rate)
+        return out
     if key in _BOOL_KEYS:
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be true or false")
         return value
-    if value is None and key != "error_rate":
+    if value is None and key not in _NOT_NULL:
         return None
-    # bool is an int subclass; reject it where a number is meant.
     if key in _FLOAT_KEYS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{key} must be a number")
-        return float(value)
+        return _number(key, value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key} must be an integer")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """A vLLM-like engine: continuous batching over a paged KV cache (see :mod:`.batching`).
+
+    One engine step runs every running sequence once and takes
+    ``step_base_s + step_per_seq_s × running + step_per_kv_token_s × context tokens in the batch
+    + prefill_s_per_token × prompt tokens prefilled in this step``, times the slow-start factor.
+    ``kv_tokens``: KV-cache size, allocated in blocks of ``block_tokens``; a sequence holds
+    prompt + generated tokens of it. ``max_num_seqs`` / ``max_batched_tokens``: vLLM's caps on the
+    running batch and on the prompt tokens prefilled per step. ``on_kv_full``: ``"preempt"`` (vLLM:
+    the newest running sequence is evicted and recomputed later) or ``"oom"`` (the process dies:
+    every connection is reset and the node is loading for ``cold_start_s``).
+    """
+
+    kv_tokens: int = 65_536
+    block_tokens: int = 16
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    step_base_s: float = 0.008
+    step_per_seq_s: float = 0.00005
+    step_per_kv_token_s: float = 0.0
+    prefill_s_per_token: float = 0.00005
+    watermark: float = 0.01
+    on_kv_full: Literal["preempt", "oom"] = "preempt"
+    cold_start_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.kv_tokens < self.block_tokens or self.block_tokens < 1:
+            raise ValueError("kv_tokens must be >= block_tokens >= 1")
+        if self.max_num_seqs < 1 or self.max_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_batched_tokens must be >= 1")
+        for name in ("step_base_s", "step_per_seq_s", "step_per_kv_token_s", "prefill_s_per_token",
+                     "cold_start_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError("watermark must be in [0, 1)")
+        if self.on_kv_full not in ("preempt", "oom"):
+            raise ValueError("on_kv_full must be 'preempt' or 'oom'")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """What the NVML-like reading (``GET /sim/gpu``) reports: relative figures, not vendor claims."""
+
+    name: str = "inferlb-sim-gpu"
+    memory_total_mib: int = 81_920
+    memory_utilization: float = 0.9     # share vLLM pre-allocates (weights + KV pool): constant in NVML
+    power_idle_w: float = 80.0
+    power_limit_w: float = 700.0
+    temp_idle_c: float = 32.0
+    temp_busy_c: float = 74.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +215,12 @@ class NodeSpec:
     ``max_concurrency``: requests in flight beyond it are answered 429 with ``Retry-After: 1``.
     ``startup_s``: the node reports "loading" (503) for that long after each start.
     ``max_output_tokens``: a request asking for more gets 400, as a real server's context check.
+    ``batching``: ``None`` (default) gives every request its own fixed-speed schedule
+    (``base_ttft_s`` / ``prefill_s_per_token`` / ``tpot_s``, no queueing); a :class:`BatchSpec`
+    makes the node a vLLM-like engine (continuous batching, KV cache, queue, preemption, OOM).
+    ``stream_interval``: output tokens per SSE event after the first (vLLM's ``--stream-interval``);
+    larger values cut the emulator's and the gateway's per-token CPU on big benchmarks.
+    ``preset``: the preset the spec was made from (informational).
     """
 
     name: str
@@ -123,6 +234,10 @@ class NodeSpec:
     embedding_dim: int = 32
     startup_s: float = 0.0
     faults: FaultSpec = field(default_factory=FaultSpec)
+    batching: BatchSpec | None = None
+    stream_interval: int = 1
+    gpu: GpuSpec = field(default_factory=GpuSpec)
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.models:
@@ -131,6 +246,8 @@ class NodeSpec:
             raise ValueError("default_output_tokens, max_concurrency and max_output_tokens must be >= 1")
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")
+        if self.stream_interval < 1:
+            raise ValueError("stream_interval must be >= 1")
         self.latency()  # validates the timing numbers
 
     def latency(self) -> LatencyModel:
@@ -141,13 +258,10 @@ class NodeSpec:
 
 
 def demo_specs() -> list[NodeSpec]:
-    """Three nodes of different speeds, each serving ``demo-llm`` (chat, completions) and ``demo-embed``."""
+    """Three vLLM-like nodes of different speeds and KV sizes (the ``h100`` / ``a100`` / ``l4``
+    presets), each serving ``demo-llm`` (chat, completions) and ``demo-embed``."""
+    from .presets import preset_spec  # presets builds on this module
+
     models = ["demo-llm", "demo-embed"]
-    return [
-        NodeSpec(name="sim-fast", models=list(models), base_ttft_s=0.03, prefill_s_per_token=0.00002,
-                 tpot_s=0.008, default_output_tokens=32, max_concurrency=64),
-        NodeSpec(name="sim-medium", models=list(models), base_ttft_s=0.06, prefill_s_per_token=0.00005,
-                 tpot_s=0.015, default_output_tokens=32, max_concurrency=32),
-        NodeSpec(name="sim-slow", models=list(models), base_ttft_s=0.15, prefill_s_per_token=0.0001,
-                 tpot_s=0.03, default_output_tokens=32, max_concurrency=16),
-    ]
+    return [preset_spec(name, preset, list(models), default_output_tokens=32)
+            for name, preset in (("sim-fast", "h100"), ("sim-medium", "a100"), ("sim-slow", "l4"))]

@@ -1,7 +1,13 @@
-"""``admission/admit``: the first backpressure gate (a gateway-wide in-flight cap).
+"""``admission/admit``: backpressure — tenant limits, the model pool's slots, queue or shed.
 
-Per-tenant limits, the priority queue and shedding are deepened by the backpressure work; the
-contract (``admission`` = admitted, reason, status, retry_after_s) stays.
+Thin adapter to :class:`~inferlb.engine.admission.AdmissionController` (``scope.rt.admission``).
+The operation never blocks: when the pool is saturated it answers ``queue`` and the process parks
+on the external ``admission/wait`` task (performed by the gateway), then comes back here.
+
+Writes ``admission`` = ``{"admitted", "queue", "reason", "status", "retry_after_s"}``; a rejection
+adds ``"code"``, ``"type"``, ``"message"`` (the OpenAI error the client gets) and
+``"record_status"`` (the audit status: ``rejected_rate_limit``, ``rejected_quota``,
+``rejected_overload``, ``rejected_queue_timeout``); an admission adds ``"queue_wait_ms"``.
 """
 
 from __future__ import annotations
@@ -15,12 +21,8 @@ __all__ = ["admit"]
 
 
 def admit(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Reads the fleet's in-flight count; writes ``admission``."""
-    rt = scope.rt
-    cap = int(params.get("max_inflight", rt.settings.max_inflight))
-    inflight = rt.fleet.inflight_total()
-    scope.record.admitted_at = round(rt.clock.time(), 6)
-    if inflight >= cap:
-        return {"admitted": False, "reason": f"{inflight} requests in flight (cap {cap})",
-                "status": 503, "retry_after_s": 1.0}
-    return {"admitted": True, "reason": "under capacity", "status": None, "retry_after_s": None}
+    """Reads ``evaluation``, ``request`` (its ``key_id``); param ``max_inflight`` (optional gateway-wide
+    cap, default ``INFERLB_MAX_INFLIGHT``); writes ``admission``."""
+    cap = params.get("max_inflight")
+    return scope.rt.admission.admit(scope, data["evaluation"], data.get("request"),
+                                    max_inflight=int(cap) if cap is not None else None)

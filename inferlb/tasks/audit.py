@@ -27,8 +27,12 @@ def final_result(scope: RequestScope, data: Mapping[str, Any]) -> dict[str, Any]
                     etype, ev.get("param"))
     adm = data.get("admission") or {}
     if not adm.get("admitted"):
-        return _err(int(adm.get("status") or 503), "rejected", "overloaded",
-                    f"The gateway is overloaded: {adm.get('reason')}", retry_after=adm.get("retry_after_s"))
+        # Admission names its own error (429 limits / quota, 503 shed / queue timeout); older or
+        # hand-written admit operations fall back to a generic 503.
+        return _err(int(adm.get("status") or 503), adm.get("record_status") or "rejected",
+                    adm.get("code") or "overloaded",
+                    adm.get("message") or f"The gateway is overloaded: {adm.get('reason')}",
+                    adm.get("type") or "server_error", retry_after=adm.get("retry_after_s"))
     out = data.get("outcome")
     if out is not None and out.get("kind") == "ok":
         return {"status": "ok", "http_status": int(out.get("status") or 200), "retry_after_s": None, "error": None}

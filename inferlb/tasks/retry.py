@@ -1,9 +1,14 @@
-"""``retry/backoff``: Envoy-style full-jitter exponential backoff within limits.
+"""``retry/backoff``: Envoy-style full-jitter exponential backoff within limits and the retry budget.
 
 For retry number N (1-based) the delay is uniform in [0, min(cap, (2^N − 1) · base)); Envoy's
 defaults are base 25 ms and cap 250 ms. No retry when the outcome is not retryable, when
-``max_attempts`` attempts were made, or when the delay would end past the request deadline
-(the deadline includes every attempt and every wait, as Envoy's route timeout does).
+``max_attempts`` attempts were made, when the delay would end past the request deadline (the
+deadline includes every attempt and every wait, as Envoy's route timeout does), or when the
+admission controller refuses it: the model pool's retry budget (retries ≤ 10 % of requests over
+a sliding window, with a small floor) is spent, or the pool is saturated and the request's
+priority class gives up retries under saturation. A refused retry also caps the request's
+attempts where they are, so ``routing/fallback`` does not turn it into another attempt: over a
+total outage backend attempts ÷ client requests stay ≤ 1.1 (RELIABILITY B3).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ def backoff_delay(retry_number: int, base_s: float, cap_s: float, u: float) -> f
 
 
 def backoff(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Reads ``outcome``; param ``max_attempts``; writes ``retry``."""
+    """Reads ``outcome``, ``evaluation`` (its priority); param ``max_attempts``; writes ``retry``."""
     rt = scope.rt
     policy = rt.fleet_cfg.retry
     max_attempts = int(params.get("max_attempts", policy.max_attempts))
@@ -39,4 +44,8 @@ def backoff(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, A
     delay = round(backoff_delay(attempt, policy.base_backoff_s, policy.max_backoff_s, rt.rng.random()), 6)
     if rt.clock.monotonic() + delay >= scope.deadline_at:
         return {"retry": False, "delay_s": 0.0, "attempt": attempt, "reason": "deadline would pass"}
+    allowed, why = rt.admission.retry_allowed(scope, (data.get("evaluation") or {}).get("priority"))
+    if not allowed:
+        scope.max_attempts = attempt
+        return {"retry": False, "delay_s": 0.0, "attempt": attempt, "reason": why}
     return {"retry": True, "delay_s": delay, "attempt": attempt, "reason": f"retry {attempt} after {delay}s"}

@@ -1,74 +1,248 @@
-"""Passive health with an injected clock: ejection count rule, growth, cap, share cap, cooldowns."""
+"""Fleet state machine with an injected clock (no sleeps): every timing rule of the request path,
+the sweeps' un-ejection, half-open trials, slow start, cooldowns, panic mode, stale samples, events."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from inferlb.engine.fleet import Fleet
+from inferlb.engine.health.isolation import observe, outlier_sweep, restore
+from inferlb.engine.health.types import Sample
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.types import ManualClock
 
 
-def make(n: int = 4) -> tuple[Fleet, ManualClock]:
+def make(n: int = 4, health: dict[str, Any] | None = None, models: int = 1) -> tuple[Fleet, ManualClock]:
     clock = ManualClock()
-    cfg = fleet_from_mapping({"models": [{"name": "m"}],
-                              "nodes": [{"name": f"n{i}", "url": f"http://127.0.0.1:{i + 1}", "models": ["m"]}
-                                        for i in range(n)]})
+    cfg = fleet_from_mapping({
+        "models": [{"name": f"m{j}" if j else "m"} for j in range(models)],
+        "nodes": [{"name": f"n{i}", "url": f"http://127.0.0.1:{i + 1}", "models": ["m"], "capacity_tokens": 1000,
+                   "max_concurrency": 10} for i in range(n)],
+        "health": health or {},
+    })
     return Fleet(cfg, clock), clock
 
 
+def view(f: Fleet, name: str) -> Any:
+    return next(v for v in f.views() if v.name == name)
+
+
 def healthy(f: Fleet, name: str) -> bool:
-    return next(v for v in f.views() if v.name == name).healthy
+    return bool(view(f, name).healthy)
+
+
+def fail(f: Fleet, name: str, times: int = 5) -> list[bool]:
+    return [f.report_failure(name) for _ in range(times)]
 
 
 def test_ejected_exactly_at_the_fifth_consecutive_failure() -> None:
     f, _ = make()
-    assert [f.report_failure("n0") for _ in range(5)] == [False, False, False, False, True]
-    assert not healthy(f, "n0")
+    assert fail(f, "n0") == [False, False, False, False, True]
+    assert not healthy(f, "n0") and f.nodes["n0"].state == "ejected"
+    assert "ejected" in (view(f, "n0").unhealthy_reason or "")
 
 
 def test_a_success_resets_the_count() -> None:
     f, _ = make()
-    for _ in range(4):
-        f.report_failure("n0")
+    fail(f, "n0", 4)
     f.report_success("n0")
-    assert not any(f.report_failure("n0") for _ in range(4))
+    assert not any(fail(f, "n0", 4))
 
 
-def test_ejection_time_grows_and_is_capped() -> None:
+def test_unejection_happens_at_the_sweep_not_before() -> None:
+    f, clock = make()
+    fail(f, "n0")
+    clock.advance(29.999)
+    restore(f)
+    assert f.nodes["n0"].state == "ejected"
+    clock.advance(0.001)
+    assert not healthy(f, "n0")           # the timer ran out, but only a sweep brings it back
+    restore(f)
+    assert f.nodes["n0"].state == "half_open" and healthy(f, "n0")
+
+
+def test_ejection_time_grows_in_a_row_and_is_capped() -> None:
     f, clock = make()
     lengths = []
     for _ in range(12):
-        for _ in range(5):
-            f.report_failure("n0")
+        fail(f, "n0", 5 if f.nodes["n0"].state == "healthy" else 1)   # half-open: one failure re-opens
         lengths.append(f.nodes["n0"].ejected_until - clock.monotonic())
         clock.advance(lengths[-1])
-        assert healthy(f, "n0")
-    assert lengths[:3] == [30.0, 60.0, 90.0]
-    assert max(lengths) == 300.0
+        restore(f)
+        assert f.nodes["n0"].state == "half_open"
+    assert lengths[:4] == [30.0, 60.0, 90.0, 120.0]
+    assert max(lengths) == 300.0 and lengths[-1] == 300.0
+
+
+def test_healthy_intervals_shed_one_step_of_the_multiplier() -> None:  # Envoy: "ejected in a row"
+    f, clock = make()
+    fail(f, "n0")
+    clock.advance(30)
+    restore(f)
+    f.report_failure("n0")                      # trial fails: 60 s
+    assert f.nodes["n0"].backoff == 2
+    clock.advance(60)
+    restore(f)
+    f.report_success("n0")                      # trial succeeds: healthy again
+    assert f.nodes["n0"].state == "healthy"
+    clock.advance(10)
+    outlier_sweep(f)                            # one healthy interval
+    assert f.nodes["n0"].backoff == 1
+    fail(f, "n0")
+    assert f.nodes["n0"].ejected_until - clock.monotonic() == 60.0
+
+
+def test_half_open_admits_limited_trials_then_closes_into_slow_start() -> None:
+    f, clock = make(health={"circuit": {"half_open_requests": 2}, "slow_start": {"window_s": 10}})
+    fail(f, "n0")
+    clock.advance(30)
+    restore(f)
+    v = view(f, "n0")
+    assert v.healthy and v.max_concurrency == 2
+    f.report_success("n0")
+    st = f.nodes["n0"]
+    assert st.state == "healthy" and st.slow_start_at == clock.monotonic()
+    assert view(f, "n0").capacity_tokens == 100          # 10 % of 1000 at the start of the window
+
+
+def test_half_open_failure_reopens_at_once() -> None:
+    f, clock = make()
+    fail(f, "n0")
+    clock.advance(30)
+    restore(f)
+    assert f.report_failure("n0") is True
+    assert f.nodes["n0"].state == "ejected" and f.nodes["n0"].ejected_until - clock.monotonic() == 60.0
 
 
 def test_at_most_half_the_pool_is_ejected() -> None:
     f, _ = make(4)
     for name in ("n0", "n1", "n2"):
-        for _ in range(5):
-            f.report_failure(name)
+        fail(f, name)
     assert [healthy(f, n) for n in ("n0", "n1", "n2", "n3")] == [False, False, True, True]
 
 
-def test_cooldown_extends_never_shortens() -> None:
+def test_one_node_may_always_be_ejected() -> None:
+    f, _ = make(3, health={"outlier": {"max_ejection_percent": 10}})
+    assert fail(f, "n0")[-1] is True
+    assert not any(fail(f, "n1"))
+
+
+def test_cooldown_extends_never_shortens_and_ends_to_the_microsecond() -> None:
     f, clock = make()
     f.cool_down("n0", 7)
     f.cool_down("n0", 2)
-    clock.advance(6.9)
+    clock.advance(6.999)
     assert not healthy(f, "n0")
-    clock.advance(0.2)
-    assert healthy(f, "n0")
+    clock.advance(0.001)
+    assert healthy(f, "n0")                    # no sweep needed to route again
+    f.cool_down("n0", 3)                        # a later 429 starts a new cooldown
+    clock.advance(1)
+    f.cool_down("n0", 5)                        # …and a re-cool extends it
+    clock.advance(4.9)
+    assert not healthy(f, "n0")
+
+
+def test_cooldown_is_an_audited_state_and_the_sweep_records_its_end() -> None:
+    f, clock = make()
+    f.cool_down("n0", 7)
+    f.cool_down("n0", 9)
+    clock.advance(20)
+    restore(f)
+    evs = f.take_events()
+    assert [(e.from_state, e.to_state) for e in evs] == [("healthy", "cooldown"), ("cooldown", "healthy")]
+    assert evs[0].evidence["retry_after_s"] == 7
+    assert evs[1].at == pytest.approx(clock.time() - 11)   # stamped when the cooldown ended, not at the sweep
+    assert f.nodes["n0"].slow_start_at is None            # a 429 is not a cold start
+
+
+def test_every_state_change_is_an_event() -> None:
+    f, clock = make()
+    fail(f, "n0")
+    clock.advance(30)
+    restore(f)
+    f.report_success("n0")
+    evs = f.take_events()
+    assert [(e.node, e.from_state, e.to_state) for e in evs] == [
+        ("n0", "healthy", "ejected"), ("n0", "ejected", "half_open"), ("n0", "half_open", "healthy")]
+    first = evs[0]
+    assert first.evidence["consecutive_failures"] == 5 and first.evidence["ejection_s"] == 30.0
+    assert "5 consecutive" in first.reason and first.at == pytest.approx(clock.time() - 30)
+    assert f.take_events() == []
+
+
+def test_panic_below_half_the_nodes_offers_health_ejected_ones_again() -> None:
+    f, clock = make(4, health={"outlier": {"max_ejection_percent": 100}})
+    fail(f, "n0")
+    assert f.panic_models(clock.monotonic()) == set()
+    fail(f, "n1")
+    fail(f, "n2")                                # 1 of 4 available: 25 % < 50 %
+    assert f.panic_models(clock.monotonic()) == {"m"}
+    assert all(healthy(f, n) for n in ("n0", "n1", "n2", "n3"))
+
+
+def test_panic_never_offers_loading_draining_or_cooling_nodes() -> None:
+    f, clock = make(3)
+    f.transition(f.nodes["n0"], "loading", "test")
+    f.transition(f.nodes["n1"], "draining", "test")
+    assert f.panic_models(clock.monotonic()) == {"m"}
+    assert [healthy(f, n) for n in ("n0", "n1", "n2")] == [False, False, True]
+    f2, _ = make(3)
+    for n in ("n0", "n1", "n2"):
+        f2.cool_down(n, 5)
+    assert f2.panic_models(clock.monotonic()) == set()   # busy is not broken: fast 503, no panic
+
+
+def test_panic_threshold_zero_disables_it() -> None:
+    f, _ = make(2, health={"outlier": {"panic_threshold_percent": 0, "max_ejection_percent": 100}})
+    fail(f, "n0")
+    fail(f, "n1")
+    assert not healthy(f, "n0") and not healthy(f, "n1")
+
+
+@pytest.mark.parametrize(("t", "expected"), [(0.0, 0.1), (5.0, 0.1), (25.0, 0.25), (30.0, 0.3), (50.0, 0.5),
+                                             (99.0, 0.99), (100.0, 1.0)])
+def test_slow_start_scales_capacity_weight_and_concurrency(t: float, expected: float) -> None:
+    f, clock = make(health={"slow_start": {"window_s": 100}})
+    f.to_healthy(f.nodes["n0"], "test")
+    clock.advance(t)
+    v = view(f, "n0")
+    assert v.capacity_tokens == round(1000 * expected)
+    assert v.weight == pytest.approx(expected)
+    assert v.max_concurrency == max(1, -(-10 * expected // 1))
+
+
+def test_slow_start_aggression() -> None:
+    f, clock = make(health={"slow_start": {"window_s": 100, "aggression": 2.0}})
+    f.to_healthy(f.nodes["n0"], "test")
+    clock.advance(49)
+    assert view(f, "n0").weight == pytest.approx(0.7)   # (49/100)^(1/2)
+
+
+def _metrics(node: str, taken_at: float, waiting: int = 3, kv: float = 0.4) -> dict[str, Any]:
+    return Sample(node, "metrics", True, taken_at, 0.0, values={"waiting": waiting, "kv_usage": kv}).to_json()
+
+
+def test_fresh_metrics_feed_routing_stale_ones_are_unknown_only_stale_is_saturated() -> None:
+    f, clock = make(health={"interval_s": 1})          # stale after 3 s
+    now = clock.monotonic()
+    probe = Sample("n0", "probe", True, now, 0.0).to_json()
+    observe(f, [_metrics("n0", now), probe])
+    assert (view(f, "n0").waiting, view(f, "n0").kv_usage) == (3, 0.4)
+    clock.advance(3.5)
+    observe(f, [Sample("n0", "probe", True, clock.monotonic(), 0.0).to_json()])
+    assert (view(f, "n0").waiting, view(f, "n0").kv_usage) == (None, None)   # metrics stale, probe fresh
+    clock.advance(3.5)
+    assert (view(f, "n0").waiting, view(f, "n0").kv_usage) == (10, 1.0)      # nothing fresh: saturated
+    assert (view(f, "n1").waiting, view(f, "n1").kv_usage) == (None, None)   # never sampled: unknown
 
 
 def test_inflight_accounting() -> None:
     f, _ = make()
     f.acquire("n0", 300)
     f.acquire("n0", 200)
-    v = next(v for v in f.views() if v.name == "n0")
+    v = view(f, "n0")
     assert (v.inflight_requests, v.inflight_tokens) == (2, 500)
     f.release("n0", 300)
     f.release("n0", 200)

@@ -1,7 +1,10 @@
 """Drive a real BPMN process with the real service table and a scripted dispatch (no HTTP).
 
 ``run_scenario(path, engine, outcomes)`` plays ``outcomes`` (one per dispatch) and returns the
-final data, the visited path and the submitted audit records.
+final data, the visited path and the submitted audit records. With ``queue="grant"`` the model
+pool is saturated first, so admission queues the request; the scripted ``admission/wait``
+performer then ends one of the requests holding a slot (50 ms later), whose slot goes to the
+queued request. ``queue="expire"`` lets the wait run out instead (3 s later).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Result:
     records: list[RequestRecord] = field(default_factory=list)
     dispatched: list[str] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
+    queue_waits: int = 0
 
 
 def make_request(model: str = "m", **over: Any) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def make_request(model: str = "m", **over: Any) -> dict[str, Any]:
 
 def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], *,
                  request: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
-                 max_inflight: int = 100) -> Result:
+                 max_inflight: int = 1000, queue: str | None = None) -> Result:
     clock = ManualClock()
     records: list[RequestRecord] = []
     settings = Settings(max_inflight=max_inflight)
@@ -65,6 +69,7 @@ def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], 
     rec = RequestRecord(request_id=req["id"], received_at=clock.time(), endpoint=req["endpoint"],
                         model_requested=req["model"])
     scope = RequestScope(rt=rt, record=rec, received_mono=clock.monotonic())
+    fillers = _saturate(rt, clock, req["model"]) if queue else []
     inst = definition.executor.start({"request": req, "tags": {}}, scope)
     rec.workflow_path = inst.path
     res = Result(data={}, path=inst.path, records=records)
@@ -83,6 +88,15 @@ def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], 
             rec.attempts.append(AttemptRecord(number=scope.attempts, node=node, model=scope.model,
                                               started_at=clock.time(), outcome=out["kind"]))
             inst.complete(out)
+        elif call.operation == "admission/wait":
+            res.queue_waits += 1
+            if queue == "grant":
+                clock.advance(0.05)
+                rt.admission.finished(fillers.pop())   # a request ends: its slot goes to the queue
+            else:
+                clock.advance(3.0)
+                rt.admission.tick()                    # the wait ran out
+            inst.complete(rt.admission.wait_result(scope))
         elif call.operation in ("clock/wait", TIMER_OPERATION):
             res.waits.append(float(call.params["seconds"]))
             clock.advance(float(call.params["seconds"]))
@@ -93,6 +107,24 @@ def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], 
     assert not plays, f"unused outcomes: {plays}"
     res.data = inst.data
     return res
+
+
+def _saturate(rt: Any, clock: ManualClock, model: str) -> list[RequestRecord]:
+    """Admit filler requests into ``model``'s pool until it is full; returns their records."""
+    fillers: list[RequestRecord] = []
+    ev = {"model": model, "priority": "standard", "prompt_tokens_est": 1, "output_budget": 1}
+    for i in range(10_000):
+        rec = RequestRecord(request_id=f"filler-{i}", received_at=clock.time(), endpoint="chat",
+                            model_requested=model)
+        scope = RequestScope(rt=rt, record=rec, received_mono=clock.monotonic(),
+                             deadline_at=clock.monotonic() + 600, model=model)
+        adm = rt.admission.admit(scope, ev, None)
+        if not adm["admitted"]:
+            assert adm["queue"], adm
+            rt.admission.finished(rec)               # the one that queued: withdraw it
+            return fillers
+        fillers.append(rec)
+    raise AssertionError("the pool never saturated")
 
 
 def _current_routing(inst: Any) -> dict[str, Any]:

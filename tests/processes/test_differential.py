@@ -21,6 +21,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                "dispatches": 0},
     "rejected_max_tokens": {"outcomes": [], "status": "rejected_invalid",
                             "request": make_request(max_tokens=100_000), "dispatches": 0},
+    "queued_then_admitted": {"outcomes": [OK], "status": "ok", "dispatches": 1, "queue": "grant"},
+    "queued_then_timed_out": {"outcomes": [], "status": "rejected_queue_timeout", "dispatches": 0,
+                              "queue": "expire"},
 }
 
 FALLBACK_FLEET = {
@@ -38,7 +41,8 @@ def _comparable(data: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_executors_agree(process: Any, name: str) -> None:
     sc = SCENARIOS[name]
-    runs = {eng: run_scenario(process, eng, sc["outcomes"], request=sc.get("request")) for eng in ("compiled", "spiff")}
+    runs = {eng: run_scenario(process, eng, sc["outcomes"], request=sc.get("request"), queue=sc.get("queue"))
+            for eng in ("compiled", "spiff")}
     c, s = runs["compiled"], runs["spiff"]
     assert c.path == s.path
     assert _comparable(c.data) == _comparable(s.data)
@@ -58,6 +62,24 @@ def test_fallback_model_after_failures_agrees() -> None:
     assert "fallback" in c.path
     assert c.data["fallback"] == {"ok": True, "model": "m-small", "reason": "falling back from m"}
     assert c.records[0].model_served == "m-small"
+
+
+def test_queued_request_loops_back_to_admit() -> None:
+    c = run_scenario(MAIN, "compiled", [OK], queue="grant")
+    assert c.queue_waits == 1
+    # evaluate → merge → admit (queue) → queue_wait → merge → admit (admitted) → route …
+    i = c.path.index("queue_wait")
+    assert c.path[i - 3:i + 4] == ["gw_admit_merge", "admit", "gw_admitted", "queue_wait", "gw_admit_merge",
+                                   "admit", "gw_admitted"]
+    assert c.data["queued"] == {"outcome": "granted", "waited_ms": 50.0}
+    assert c.data["admission"]["admitted"] and c.data["admission"]["queue_wait_ms"] == 50.0
+    assert c.records[0].queue_wait_ms == 50.0 and c.records[0].status == "ok"
+
+    t = run_scenario(MAIN, "compiled", [], queue="expire")
+    assert t.data["result"]["http_status"] == 503 and t.data["result"]["retry_after_s"] >= 1
+    assert t.data["result"]["error"]["code"] == "queue_timeout"
+    # standard waits ≤ 2 s; the harness looked again 3 s later, and that is when the wait ended
+    assert "route" not in t.path and t.records[0].queue_wait_ms == 3000.0
 
 
 def test_admission_rejected_agrees() -> None:

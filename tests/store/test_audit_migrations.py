@@ -1,4 +1,4 @@
-"""Migrations and engines: 0001 creates exactly the models' schema on SQLite and PostgreSQL."""
+"""Migrations and engines: upgrading to head creates exactly the models' schema on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -14,9 +14,20 @@ from sqlalchemy import inspect, text
 
 from inferlb.engine.errors import StoreError
 from inferlb.engine.store.db import downgrade, is_sqlite, make_engine, migrations_dir, normalize_url, upgrade
+from inferlb.engine.store import events  # noqa: F401  (registers node_events on Base.metadata)
 from inferlb.engine.store.models import Base
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _head() -> str:
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
 
 
 def test_upgrade_creates_exactly_the_model_schema(fresh_url: str) -> None:
@@ -24,8 +35,9 @@ def test_upgrade_creates_exactly_the_model_schema(fresh_url: str) -> None:
     engine = make_engine(fresh_url)
     try:
         with engine.connect() as conn:
-            assert set(inspect(conn).get_table_names()) == {"alembic_version", "requests", "request_attempts"}
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+            assert set(inspect(conn).get_table_names()) == {"alembic_version", *Base.metadata.tables}
+            assert {"requests", "request_attempts", "api_keys", "node_events"} <= set(Base.metadata.tables)
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == _head()
             ctx = MigrationContext.configure(conn, opts={"compare_type": True})
             assert compare_metadata(ctx, Base.metadata) == []
             indexes = {ix["name"] for ix in inspect(conn).get_indexes("requests")}

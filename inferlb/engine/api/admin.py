@@ -1,11 +1,21 @@
-"""Admin routes (read-only for now): the fleet as the gateway sees it."""
+"""Admin routes (read-only): the fleet as the gateway sees it, and the history of node states.
+
+``GET /admin/fleet``: each node's state, since when, why (with evidence), its timers (ejection,
+cooldown, slow start), load in flight and as scraped, and its last sample per source with its age;
+plus the models in panic mode, the health monitor's status and the latest node events.
+``GET /admin/fleet/events?node=&limit=&since=``: node state changes, newest first (table
+``node_events``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Request
 
+from ..errors import StoreError
+from ..store.events import recent_events
 from .deps import GatewayDep
 
 __all__ = ["router"]
@@ -13,19 +23,36 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+async def _events(request: Request, *, node: str | None, limit: int, since: float | None) -> list[dict[str, Any]]:
+    store = getattr(request.app.state, "store", None)
+    if store is None:
+        return []
+    writer = getattr(request.app.state, "events", None)
+    if writer is not None:
+        await writer.flush_once()   # what the monitor just recorded is in the answer
+    try:
+        return await asyncio.to_thread(recent_events, store.engine, node=node, limit=limit, since=since)
+    except StoreError:
+        return []   # the database is away: the live state above still answers
+
+
 @router.get("/admin/fleet")
-async def fleet(gw: GatewayDep) -> dict[str, Any]:
-    """Each node: health as routing sees it, load in flight, failures, learned speed."""
-    nodes = []
-    states = gw.rt.fleet.nodes
-    for v in gw.rt.fleet.views():
-        st = states[v.name]
-        nodes.append({
-            "name": v.name, "url": st.cfg.url, "models": sorted(v.models), "healthy": v.healthy,
-            "reason": v.unhealthy_reason, "inflight_requests": v.inflight_requests,
-            "inflight_tokens": v.inflight_tokens, "capacity_tokens": v.capacity_tokens,
-            "ejections": st.ejections, "consecutive_failures": st.consecutive_failures,
-            "requests_total": st.requests_total, "failures_total": st.failures_total,
-            "tokens_per_s": st.tokens_per_s,
-        })
-    return {"routing_profile": gw.rt.router.name, "engine": gw.process.mode, "nodes": nodes}
+async def fleet(gw: GatewayDep, request: Request) -> dict[str, Any]:
+    """Each node: state, since, why, timers, load, last samples; panic models; recent events."""
+    f = gw.rt.fleet
+    monitor = getattr(request.app.state, "monitor", None)
+    return {
+        "routing_profile": gw.rt.router.name, "engine": gw.process.mode,
+        "panic_models": sorted(f.panic_models(f.clock.monotonic())),
+        "health": monitor.status() if monitor is not None else None,
+        "nodes": f.describe(),
+        "events": await _events(request, node=None, limit=20, since=None),
+    }
+
+
+@router.get("/admin/fleet/events")
+async def fleet_events(request: Request, node: str | None = None,
+                       limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                       since: float | None = None) -> dict[str, Any]:
+    """Node state changes, newest first; ``since`` is epoch seconds."""
+    return {"events": await _events(request, node=node, limit=limit, since=since)}

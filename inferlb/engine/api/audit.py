@@ -1,4 +1,5 @@
-"""Audit and report endpoints: ``GET /audit/requests``, ``GET /audit/requests/{id}``, ``GET /reports/sla``.
+"""Audit and report endpoints: ``GET /audit/requests``, ``GET /audit/requests/{id}``, ``GET /reports/sla``,
+``GET /reports/cost``.
 
 Contract: thin adapters over :mod:`inferlb.engine.store.queries`. The store comes from
 ``request.app.state.store`` (a :class:`~inferlb.engine.store.StoreHandle`) through the ``StoreDep``
@@ -7,6 +8,12 @@ here or in the queries, so bad input raises a :class:`~inferlb.engine.errors.Cli
 404 for an unknown id) which the application renders as the OpenAI error envelope; never a 422 or
 500. The handlers are plain ``def``: FastAPI runs them in its thread pool, so the synchronous
 database calls never block the event loop.
+
+Reports take ``since``/``until`` (epoch seconds, ISO-8601 or a look-back like ``24h``), ``group_by``
+(``model``, ``version``, ``node``, ``tenant``, ``priority``, comma-separated, or ``none``),
+``bucket`` (``5m``, ``1h``, …) and ``format`` (``json``, the default, or ``csv``, served as
+``text/csv`` with a header line). Node prices for ``/reports/cost`` come from the app's
+observability hub (``app.state.observability.prices``); without one every node costs 0.
 """
 
 from __future__ import annotations
@@ -14,10 +21,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
 
 from ..errors import ClientError, InvalidRequest
 from ..store import StoreHandle
-from ..store.queries import MAX_LIMIT, get_request, list_requests, parse_time, sla_report
+from ..store.ledger import cost_report
+from ..store.queries import MAX_LIMIT, get_request, list_requests, parse_group_by, parse_time, sla_report
+from ..store.tabular import report_columns, to_csv
 
 __all__ = ["AuditRecordNotFound", "StoreDep", "get_store", "router"]
 
@@ -94,19 +104,70 @@ def audit_request(store: StoreDep, request_id: str) -> dict[str, Any]:
     return record
 
 
-@router.get("/reports/sla")
+def _format(value: str | None) -> str:
+    fmt = (value or "json").strip().lower()
+    if fmt not in ("json", "csv"):
+        raise InvalidRequest("'format' must be json or csv", param="format")
+    return fmt
+
+
+def _csv(name: str, text: str) -> Response:
+    return Response(text, media_type="text/csv; charset=utf-8",
+                    headers={"content-disposition": f'attachment; filename="{name}.csv"'})
+
+
+@router.get("/reports/sla", response_model=None)
 def report_sla(
     store: StoreDep,
     since: str | None = None,
     until: str | None = None,
     group_by: str = "model",
-) -> dict[str, Any]:
-    """Per model, node or tenant: counts, error rate, latency percentiles, SLO attainment."""
+    bucket: str | None = None,
+    format: str | None = None,
+) -> dict[str, Any] | Response:
+    """Per group (and time bucket): counts, error rate, latency percentiles, SLO attainment."""
+    fmt = _format(format)
+    keys = parse_group_by(group_by)
     rows = sla_report(
         store.engine,
         since=parse_time(since, param="since"),
         until=parse_time(until, param="until"),
-        group_by=group_by,
+        group_by=keys,
+        bucket=bucket,
         slos=store.slos,
     )
+    if fmt == "csv":
+        return _csv("sla-report", to_csv(rows, report_columns("sla", keys, bool(bucket and bucket.strip()))))
     return {"data": rows}
+
+
+@router.get("/reports/cost", response_model=None)
+def report_cost(
+    request: Request,
+    store: StoreDep,
+    since: str | None = None,
+    until: str | None = None,
+    group_by: str = "tenant",
+    bucket: str | None = None,
+    format: str | None = None,
+) -> dict[str, Any] | Response:
+    """The cost ledger per group (and time bucket): GPU-seconds, cost per request and per 1k tokens,
+    idle capacity as its own lines, and a summary that balances (attributed + idle = provisioned)."""
+    fmt = _format(format)
+    keys = parse_group_by(group_by, default="tenant")
+    obs = getattr(request.app.state, "observability", None)
+    prices: dict[str, float] = dict(getattr(obs, "prices", None) or {})
+    currency = str(obs.cfg.finops.currency) if obs is not None else "USD"
+    report = cost_report(
+        store.engine,
+        prices=prices,
+        since=parse_time(since, param="since"),
+        until=parse_time(until, param="until"),
+        group_by=keys,
+        bucket=bucket,
+        currency=currency,
+    )
+    if fmt == "csv":
+        return _csv("cost-report", to_csv(report["data"], report_columns("cost", keys,
+                                                                          bool(bucket and bucket.strip()))))
+    return report

@@ -1,9 +1,11 @@
 """OpenAI-compatible routes: chat, completions, embeddings, models, and the generic predict
 passthrough. Thin: read the body under a size cap, validate, hand to the gateway.
 
-Request headers read here (all optional): ``x-inferlb-tenant`` (a tenant label until API keys
-exist), ``x-inferlb-priority`` (a priority class name), ``x-inferlb-deadline-ms`` (the client's
-deadline; the gateway never works on a request past it).
+Request headers read here (all optional): ``x-inferlb-tenant`` (a tenant label while auth is off;
+with auth on the key's tenant is used), ``x-inferlb-priority`` (a priority class name, capped at the
+key's ceiling), ``x-inferlb-deadline-ms`` (the client's deadline, else the class's default; the
+gateway never works on a request past it). Tenant keys are checked by the router's
+``authenticate`` dependency (wired in ``app.py``); see ``engine/admission/auth.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from ..admission.auth import identify
 from ..errors import ClientError, InvalidRequest, PayloadTooLarge
 from ..gateway import Gateway, IncomingRequest
 from .deps import GatewayDep
@@ -92,18 +95,19 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
     settings = request.app.state.settings
     model_hint = "?"
     try:
-        tenant, prio, deadline = _headers(request)
+        who = identify(request, *_headers(request))   # tenant, priority class, deadline, key
         body = await _parse(await read_body(request, settings.max_body_bytes), settings)
         m = body.get("model")
         model_hint = m if isinstance(m, str) else "?"
         v = validate(body, gw.rt.estimator.wants_text(model_hint))
+        who.check_model(v.model)
     except ClientError as err:
         gw.reject(endpoint, model_hint, err.status, err.code)
         return JSONResponse(err.envelope(), status_code=err.status)
     inc = IncomingRequest(endpoint=endpoint, model=v.model, body=v.body, stream=v.stream,
                           include_usage=v.include_usage, max_tokens=v.max_tokens,
                           prompt_bytes=v.prompt_bytes + 4 * v.prompt_token_ids, prompt_text=v.prompt_text,
-                          tenant=tenant, priority=prio, deadline_s=deadline)
+                          tenant=who.tenant, priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id)
     return await gw.handle(inc, _disconnect_waiter(request))
 
 
@@ -128,14 +132,15 @@ async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
     ``/v2/models/{model}/infer`` endpoint."""
     settings = request.app.state.settings
     try:
-        tenant, prio, deadline = _headers(request)
+        who = identify(request, *_headers(request))
+        who.check_model(model)
         raw = await read_body(request, settings.max_body_bytes)
         body = validate_predict(await _parse(raw, settings))
     except ClientError as err:
         gw.reject("predict", model, err.status, err.code)
         return JSONResponse(err.envelope(), status_code=err.status)
-    inc = IncomingRequest(endpoint="predict", model=model, body=body, prompt_bytes=len(raw), tenant=tenant,
-                          priority=prio, deadline_s=deadline)
+    inc = IncomingRequest(endpoint="predict", model=model, body=body, prompt_bytes=len(raw), tenant=who.tenant,
+                          priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id)
     return await gw.handle(inc, _disconnect_waiter(request))
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .types import Elimination, NodeView, RouteRequest
 
 __all__ = [
+    "DecodeSpeed",
     "HasCapacity",
     "Healthy",
     "KVCacheScorer",
@@ -75,7 +76,11 @@ class HasCapacityParams(BaseModel):
 
 class HasCapacity:
     """Drops nodes whose in-flight tokens + this request's would pass capacity, or that are at
-    ``max_concurrency``. Reads ``inflight_tokens``, ``capacity_tokens``, ``inflight_requests``."""
+    ``max_concurrency``. Reads ``inflight_tokens``, ``capacity_tokens``, ``inflight_requests``.
+
+    A node whose whole capacity is smaller than the request is dropped when another candidate's
+    capacity could hold it (a small GPU would refuse it, or thrash); when none could, the old rule
+    stands: an idle node always takes a request."""
 
     type_name = "has-capacity"
     Params = HasCapacityParams
@@ -86,9 +91,14 @@ class HasCapacity:
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
         kept: list[NodeView] = []
         out: list[Elimination] = []
+        room = self.p.token_headroom
+        fits_somewhere = any(req.tokens <= n.capacity_tokens * room for n in nodes)
         for n in nodes:
             if n.inflight_requests >= n.max_concurrency:
                 out.append(Elimination(n.name, self.type_name, f"{n.inflight_requests} requests in flight (max)"))
+            elif fits_somewhere and req.tokens > n.capacity_tokens * room:
+                out.append(Elimination(n.name, self.type_name,
+                                       f"{req.tokens} tokens never fit capacity {n.capacity_tokens}"))
             elif n.inflight_tokens > 0 and n.inflight_tokens + req.tokens > n.capacity_tokens * self.p.token_headroom:
                 # An idle node always takes a request, even one larger than its budget.
                 out.append(Elimination(
@@ -141,6 +151,34 @@ class KVCacheScorer:
 
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return 0.5 if node.kv_usage is None else max(0.0, min(1.0, 1.0 - node.kv_usage))
+
+
+class DecodeSpeedParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reference_s: float = Field(10.0, gt=0)   # the predicted decode time that scores 0.5
+    unknown_tokens_per_s: float = Field(20.0, gt=0)   # assumed until a node's speed is learned
+
+
+class DecodeSpeed:
+    """``reference_s / (reference_s + output_tokens / tokens_per_s)``: how soon this node would
+    finish *this* request's decode at the speed it showed lately (``tokens_per_s``, the gateway's
+    EWMA of per-request decode speed, which already reflects the node's batch load). Long requests
+    are steered to fast nodes while short ones hardly care, so slow nodes take the short work.
+    Until a node's speed is learned it is assumed slow-ish (``unknown_tokens_per_s``), so a new
+    node learns on short requests instead of being handed a long one. Reads ``tokens_per_s``."""
+
+    type_name = "decode-speed"
+    Params = DecodeSpeedParams
+
+    def __init__(self, params: DecodeSpeedParams | None = None) -> None:
+        self.p = params or DecodeSpeedParams()
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        speed = node.tokens_per_s
+        if speed is None or speed <= 0:
+            speed = self.p.unknown_tokens_per_s
+        ref = self.p.reference_s
+        return ref / (ref + req.output_tokens / speed)
 
 
 class StaticWeightParams(BaseModel):

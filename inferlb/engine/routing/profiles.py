@@ -3,7 +3,8 @@
 Built-in profiles:
 
 - ``token-aware`` (default): healthy, serves-model, has-capacity; outstanding-tokens ×1.0,
-  queue-depth ×0.5, kv-cache ×0.5; max-score.
+  queue-depth ×0.5, kv-cache ×0.5, decode-speed ×1.0 (long requests to nodes that decode fast
+  under their current load; see docs/benchmarks.md for what it changed); max-score.
 - ``least-connections``: healthy, serves-model; least-requests; max-score (random ties).
 - ``round-robin``: healthy, serves-model; round-robin.
 - ``power-of-two``: healthy, serves-model, has-capacity; outstanding-tokens; power-of-two.
@@ -34,7 +35,8 @@ class ProfileSpec:
 
 PROFILES: dict[str, ProfileSpec] = {
     "token-aware": ProfileSpec(("healthy", "serves-model", "has-capacity"),
-                               {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5}),
+                               {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5,
+                                "decode-speed": 1.0}),
     "least-connections": ProfileSpec(("healthy", "serves-model"), {"least-requests": 1.0}),
     "round-robin": ProfileSpec(("healthy", "serves-model"), {}, "round-robin"),
     "power-of-two": ProfileSpec(("healthy", "serves-model", "has-capacity"),

@@ -27,6 +27,7 @@ BUILTINS: dict[str, str] = {
     "kv-cache": f"{_P}:KVCacheScorer",
     "static-weight": f"{_P}:StaticWeight",
     "least-requests": f"{_P}:LeastRequests",
+    "decode-speed": f"{_P}:DecodeSpeed",
     # pickers
     "max-score": f"{_P}:MaxScore",
     "weighted-random": f"{_P}:WeightedRandom",

@@ -15,6 +15,8 @@ Contract:
   is the primary key.
 * Schema changes only through Alembic migrations (``migrations/versions``); ``0001_initial`` creates
   exactly these tables and indexes, and a test compares the two.
+* ``api_keys`` (migration ``0002_api_keys``, with ``requests.queue_wait_ms``) holds tenant keys
+  as SHA-256 digests; see :mod:`inferlb.engine.admission.keys`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "ATTEMPTS",
     "NAMING_CONVENTION",
     "REQUESTS",
+    "ApiKeyRow",
     "AttemptRow",
     "Base",
     "RequestRow",
@@ -115,6 +118,8 @@ class RequestRow(Base):
     # Derived at write time from the µs columns; what the SLA report and audit list read.
     e2e_ms: Mapped[float | None] = mapped_column(Double)
     ttft_ms: Mapped[float | None] = mapped_column(Double)
+    # Time spent in the gateway's admission queue (migration 0002); null when never queued.
+    queue_wait_ms: Mapped[float | None] = mapped_column(Double)
 
     attempts: Mapped[list[AttemptRow]] = relationship(
         back_populates="request",
@@ -159,6 +164,31 @@ class AttemptRow(Base):
         # Per-node attempt analysis (retries landing on a node, error classes per node).
         Index("ix_request_attempts_node", "node", "started_at_us"),
     )
+
+
+class ApiKeyRow(Base):
+    """A tenant API key (migration 0002): only the SHA-256 of the key is stored, never the key.
+    Queries live in :mod:`inferlb.engine.store.keys`; times are epoch µs like everywhere here."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String)
+    tenant: Mapped[str] = mapped_column(String)
+    name: Mapped[str | None] = mapped_column(String)
+    models: Mapped[list[str] | None] = mapped_column(json_type())
+    priority_ceiling: Mapped[str | None] = mapped_column(String)
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(BigInteger)
+    max_parallel: Mapped[int | None] = mapped_column(Integer)
+    budget: Mapped[float | None] = mapped_column(Double)
+    spent: Mapped[float] = mapped_column(Double)
+    created_at_us: Mapped[int] = mapped_column(BigInteger)
+    expires_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    revoked_at_us: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_api_keys_tenant", "tenant"),)
 
 
 # Core views of the two tables, for the writer's bulk upserts and the report queries.

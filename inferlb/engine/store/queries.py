@@ -10,16 +10,23 @@ Contract:
 * :func:`list_requests` pages by keyset, newest first (``received_at DESC, request_id DESC``): the
   cursor is an opaque url-safe token of the last row's position, so pages never skip or repeat a
   row even while new requests arrive. The ``model`` filter matches the requested or served model.
-* :func:`sla_report` groups by ``model`` (the model requested), ``node`` or ``tenant``. Per group:
-  ``count``; ``ok``; ``client_errors`` (statuses caused by the client: ``rejected_invalid``,
-  ``client_closed``); ``errors`` (every other non-ok status, load shedding included);
+* :func:`sla_report` groups by any of :data:`GROUP_BY` (``model`` = the model requested,
+  ``version``, ``node`` = the node that answered, ``tenant``, ``priority``; several at once as
+  ``"model,node"``, none as ``"none"``) and, with ``bucket`` (``5m``, ``1h``, …), by time bucket:
+  buckets are aligned on the epoch (UTC) and a request falls in the bucket of its ``received_at``;
+  a row's ``bucket`` is the bucket's start in epoch seconds. Per group: ``count``; ``ok``;
+  ``client_errors`` (statuses caused by the client: ``rejected_invalid``, ``client_closed``);
+  ``errors`` (every other non-ok status, load shedding included);
   ``error_rate = errors / (count - client_errors)``; p50/p95/p99 of e2e latency and TTFT in ms over
   the ok requests; ``slo_attainment`` = share of the eligible (non-client-error) requests that
   succeeded within the ``e2e_max_s`` / ``ttft_max_s`` of the SLO for their model (exact name, else
-  ``*``), null when no request of the group has such an SLO; ``slo_p95_met`` (model groups only)
-  whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles are computed in Python
-  from the fetched values, identically on SQLite and PostgreSQL, with linear interpolation between
-  closest ranks (numpy's default, PostgreSQL's ``percentile_cont``).
+  ``*``), null when no request of the group has such an SLO; ``slo_p95_met`` (groups keyed by
+  model only) whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles are computed
+  in Python from the fetched values, identically on SQLite and PostgreSQL, with linear
+  interpolation between closest ranks (numpy's default, PostgreSQL's ``percentile_cont``). Rows
+  are sorted by bucket, then by key values (null last).
+* :func:`parse_group_by` and :func:`parse_bucket` validate those two parameters for every report
+  (the cost report of :mod:`.ledger` shares them); a window may hold at most :data:`MAX_BUCKETS`.
 """
 
 from __future__ import annotations
@@ -46,17 +53,26 @@ from .models import ATTEMPTS, REQUESTS, from_us
 __all__ = [
     "CLIENT_STATUSES",
     "GROUP_BY",
+    "MAX_BUCKETS",
     "MAX_LIMIT",
     "SLA_COLUMNS",
+    "bucket_of",
+    "check_buckets",
     "get_request",
+    "group_columns",
     "list_requests",
+    "parse_bucket",
+    "parse_group_by",
     "parse_time",
     "percentile",
+    "run_query",
     "sla_report",
+    "time_window",
 ]
 
 MAX_LIMIT = 1000
-GROUP_BY = ("model", "node", "tenant")
+MAX_BUCKETS = 10_000
+GROUP_BY = ("model", "version", "node", "tenant", "priority")
 CLIENT_STATUSES = frozenset({"rejected_invalid", "client_closed"})
 # The keys of every sla_report row after the group key, in order (for tables and CSV headers).
 SLA_COLUMNS = (
@@ -119,6 +135,64 @@ def _check_filter(value: str | None, param: str) -> str | None:
     return value
 
 
+def parse_group_by(value: str | Sequence[str] | None, *, default: str = "model") -> tuple[str, ...]:
+    """``"model,node"`` (or a sequence) → ``("model", "node")``; ``"none"`` → ``()``; else 400."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value = default
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        if parts == ["none"]:
+            return ()
+    else:
+        parts = [str(p).strip() for p in value]   # already parsed: () means no grouping
+        if not parts:
+            return ()
+    if not parts or len(parts) > 3 or len(set(parts)) != len(parts) or any(p not in GROUP_BY for p in parts):
+        raise InvalidRequest(f"'group_by' must be 'none' or up to 3 distinct of {', '.join(GROUP_BY)}, "
+                             "comma-separated", param="group_by")
+    return tuple(parts)
+
+
+def parse_bucket(value: str | float | None) -> int | None:
+    """A bucket width (``30s``, ``5m``, ``1h``, ``1d``, or seconds) in µs; None for no bucketing."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    text = str(value).strip()
+    m = _DURATION.match(text)
+    try:
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)] if m else float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or not 1 <= seconds <= 366 * 86_400:
+        raise InvalidRequest("'bucket' must be a duration from 1s to 366d, like 5m or 1h", param="bucket",
+                             code="invalid_bucket")
+    return round(seconds * 1_000_000)
+
+
+def bucket_of(t_us: int, bucket_us: int) -> int:
+    """The start (epoch µs) of the epoch-aligned bucket holding ``t_us``."""
+    return t_us - t_us % bucket_us
+
+
+def check_buckets(lo_us: int, hi_us: int, bucket_us: int | None) -> None:
+    """400 when ``[lo_us, hi_us]`` spans more than :data:`MAX_BUCKETS` buckets."""
+    if bucket_us is not None and hi_us >= lo_us and (
+            bucket_of(hi_us, bucket_us) - bucket_of(lo_us, bucket_us)) // bucket_us >= MAX_BUCKETS:
+        raise InvalidRequest(f"the window holds more than {MAX_BUCKETS} buckets: use a larger 'bucket'",
+                             param="bucket", code="too_many_buckets")
+
+
+def group_columns() -> dict[str, ColumnElement[Any]]:
+    """The ``requests`` column behind each group key."""
+    t = REQUESTS.c
+    return {"model": t.model_requested, "version": t.model_version, "node": t.node, "tenant": t.tenant,
+            "priority": t.priority}
+
+
+def _none_last(v: Any) -> tuple[bool, str]:
+    return (v is None, "" if v is None else str(v))
+
+
 def _encode_cursor(received_us: int, request_id: str) -> str:
     raw = json.dumps({"v": 1, "r": received_us, "i": request_id}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
@@ -158,7 +232,7 @@ _REQUEST_FIELDS = (
     "request_id", "endpoint", "model_requested", "tenant", "model_served", "model_version", "node",
     "priority", "stream", "status", "http_status", "error_class", "prompt_tokens_est", "prompt_tokens",
     "completion_tokens", "cost_est", "decision", "workflow_path", "tags", "engine", "attempt_count",
-    "e2e_ms", "ttft_ms",
+    "e2e_ms", "ttft_ms", "queue_wait_ms",
 )
 _REQUEST_TIMES = ("received_at", "admitted_at", "routed_at", "first_byte_at", "last_byte_at")
 _ATTEMPT_FIELDS = ("number", "node", "model", "outcome", "http_status", "error_class")
@@ -279,8 +353,7 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-def _group_stats(key: str, value: str | None, rows: Iterable[RowMapping],
-                 slos: Sequence[SLOConfig]) -> dict[str, Any]:
+def _group_stats(keys: dict[str, Any], rows: Iterable[RowMapping], slos: Sequence[SLOConfig]) -> dict[str, Any]:
     count = ok = client = slo_n = slo_good = 0
     e2e: list[float] = []
     ttft: list[float] = []
@@ -306,7 +379,7 @@ def _group_stats(key: str, value: str | None, rows: Iterable[RowMapping],
     eligible = count - client
     errors = eligible - ok
     out: dict[str, Any] = {
-        key: value,
+        **keys,
         "count": count,
         "ok": ok,
         "errors": errors,
@@ -318,8 +391,8 @@ def _group_stats(key: str, value: str | None, rows: Iterable[RowMapping],
             out[f"{name}_p{q}_ms"] = _ms(percentile(values, q / 100))
     out["slo_attainment"] = round(slo_good / slo_n, 6) if slo_n else None
     out["slo_p95_met"] = None
-    if key == "model" and value is not None:
-        slo = _slo_for(value, slos)
+    if keys.get("model") is not None:
+        slo = _slo_for(keys["model"], slos)
         checks = []
         if slo is not None and slo.e2e_p95_s is not None and out["e2e_p95_ms"] is not None:
             checks.append(out["e2e_p95_ms"] <= slo.e2e_p95_s * 1000)
@@ -334,24 +407,56 @@ def sla_report(
     *,
     since: float | None = None,
     until: float | None = None,
-    group_by: str = "model",
+    group_by: str | Sequence[str] = "model",
+    bucket: str | float | None = None,
     slos: Sequence[SLOConfig] = (),
 ) -> list[dict[str, Any]]:
-    """Per-group latency, errors and SLO attainment over the window (see the module docstring)."""
+    """Per-group (and per-bucket) latency, errors and SLO attainment (see the module docstring)."""
     _check_window(since, until)
-    if group_by not in GROUP_BY:
-        raise InvalidRequest(f"'group_by' must be one of {', '.join(GROUP_BY)}", param="group_by")
+    keys = parse_group_by(group_by)
+    bucket_us = parse_bucket(bucket)
+    if bucket_us is not None and since is not None and until is not None:
+        check_buckets(round(since * 1e6), round(until * 1e6), bucket_us)
     t = REQUESTS.c
-    group_col = {"model": t.model_requested, "node": t.node, "tenant": t.tenant}[group_by]
-    stmt = select(group_col.label("g"), t.model_requested, t.status, t.e2e_ms, t.ttft_ms).where(
-        *_window(since, until)
-    )
-    groups: dict[str | None, list[RowMapping]] = {}
+    cols = group_columns()
+    stmt = select(*(cols[k].label(f"g_{k}") for k in keys), t.received_at_us, t.model_requested, t.status,
+                  t.e2e_ms, t.ttft_ms).where(*_window(since, until))
+    groups: dict[tuple[Any, ...], list[RowMapping]] = {}
 
     def fetch(conn: Connection) -> None:
+        lo = hi = None
         for r in conn.execute(stmt).mappings():
-            groups.setdefault(r["g"], []).append(r)
+            g: tuple[Any, ...] = tuple(r[f"g_{k}"] for k in keys)
+            if bucket_us is not None:
+                at = r["received_at_us"]
+                lo, hi = (at, at) if lo is None or hi is None else (min(lo, at), max(hi, at))
+                check_buckets(lo, hi, bucket_us)
+                g = (bucket_of(at, bucket_us), *g)
+            groups.setdefault(g, []).append(r)
 
     _run(engine, fetch)
-    order = sorted(groups, key=lambda g: (g is None, g or ""))
-    return [_group_stats(group_by, g, groups[g], slos) for g in order]
+    out = []
+    def order(g: tuple[Any, ...]) -> tuple[Any, ...]:
+        if bucket_us is None:
+            return tuple(_none_last(v) for v in g)
+        return (g[0], *(_none_last(v) for v in g[1:]))
+
+    for g in sorted(groups, key=order):
+        head: dict[str, Any] = {}
+        values = list(g)
+        if bucket_us is not None:
+            head["bucket"] = values.pop(0) / 1_000_000
+        head.update(zip(keys, values, strict=True))
+        out.append(_group_stats(head, groups[g], slos))
+    return out
+
+
+def run_query(engine: Engine, fn: Callable[[Connection], _T]) -> _T:
+    """Run ``fn`` on a connection; database errors become StoreError (for the other report modules)."""
+    return _run(engine, fn)
+
+
+def time_window(since: float | None, until: float | None) -> list[ColumnElement[bool]]:
+    """Validated ``received_at`` conditions for ``[since, until)``."""
+    _check_window(since, until)
+    return _window(since, until)

@@ -59,6 +59,7 @@ class RequestRecord:
     tags: dict[str, Any] = field(default_factory=dict)      # set by process scripts (``tags`` data)
     engine: str | None = None         # compiled | spiff
     attempts: list[AttemptRecord] = field(default_factory=list)
+    queue_wait_ms: float | None = None   # time spent in the gateway's admission queue (None: never queued)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

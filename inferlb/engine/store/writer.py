@@ -150,6 +150,7 @@ def record_rows(rec: RequestRecord) -> tuple[dict[str, Any], list[dict[str, Any]
         "attempt_count": len(attempts),
         "e2e_ms": _ms_between(received, last),
         "ttft_ms": _ms_between(received, first),
+        "queue_wait_ms": rec.queue_wait_ms,
     }
     return row, sorted(attempts.values(), key=lambda r: int(r["number"]))
 

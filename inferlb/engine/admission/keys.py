@@ -1,0 +1,118 @@
+"""Tenant API keys: generation, hashing, and the in-memory cache requests are checked against.
+
+Contract:
+
+* A key is ``sk-gw-`` followed by 43 URL-safe characters from :func:`secrets.token_urlsafe` (256
+  random bits; RELIABILITY §7 asks ≥ 128). It is shown once, when created; only its SHA-256 hex
+  digest is stored (a fast hash is right for high-entropy secrets: nothing to brute-force) along
+  with a short *hint* (prefix and last four characters) so an operator can tell keys apart.
+* :meth:`KeyCache.lookup` hashes whatever was presented and always finishes with one
+  :func:`hmac.compare_digest` of two 64-character digests, whether or not a key matched, so an
+  unknown key, a revoked key and a wrong key cost the same and answer the same (the caller sends
+  one 401 for all of them).
+* The cache is replaced whole (:meth:`KeyCache.replace`) by the controller's refresh loop, so a
+  key revoked by another process (``inferlb keys revoke``) stops working within
+  ``admission.keys_refresh_s``; in this process, the admin API refreshes at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, field, replace
+
+__all__ = ["KEY_PREFIX", "ApiKey", "KeyCache", "generate_key", "hash_key", "key_hint", "new_key_id"]
+
+KEY_PREFIX = "sk-gw-"
+_DUMMY_HASH = "0" * 64
+
+
+def generate_key() -> str:
+    """A new tenant key: ``sk-gw-`` + 256 random bits, URL-safe base64."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_key_id() -> str:
+    """The public id of a key (shown in lists and audit tags; not a secret)."""
+    return "key_" + secrets.token_hex(8)
+
+
+def hash_key(key: str) -> str:
+    """SHA-256 hex digest of the key as presented (UTF-8; undecodable input hashes too)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def key_hint(key: str) -> str:
+    """``sk-gw-AbCd…wxyz``: enough to recognise a key, far too little to use it."""
+    return f"{key[:len(KEY_PREFIX) + 4]}…{key[-4:]}"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A tenant key as the gateway knows it (never the secret itself). Times are epoch seconds."""
+
+    id: str
+    tenant: str
+    key_hash: str
+    hint: str
+    name: str | None = None
+    models: tuple[str, ...] | None = None       # None: every model
+    priority_ceiling: str | None = None          # None: every class
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    budget: float | None = None                  # spend budget in the fleet's price units
+    spent: float = 0.0
+    created_at: float = 0.0
+    expires_at: float | None = None
+    revoked_at: float | None = None
+
+    def active(self, now: float) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def allows_model(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def public(self) -> dict[str, object]:
+        """The JSON an admin sees: everything but the hash."""
+        return {"id": self.id, "tenant": self.tenant, "name": self.name, "hint": self.hint,
+                "models": list(self.models) if self.models is not None else None,
+                "priority_ceiling": self.priority_ceiling, "rpm": self.rpm, "tpm": self.tpm,
+                "max_parallel": self.max_parallel, "budget": self.budget, "spent": round(self.spent, 9),
+                "created_at": self.created_at, "expires_at": self.expires_at, "revoked_at": self.revoked_at}
+
+
+@dataclass
+class KeyCache:
+    """Active and revoked keys by hash and by id; replaced whole on refresh."""
+
+    by_hash: dict[str, ApiKey] = field(default_factory=dict)
+    by_id: dict[str, ApiKey] = field(default_factory=dict)
+    loaded: bool = False
+
+    def replace(self, keys: list[ApiKey]) -> None:
+        self.by_hash = {k.key_hash: k for k in keys}
+        self.by_id = {k.id: k for k in keys}
+        self.loaded = True
+
+    def put(self, key: ApiKey) -> None:
+        self.by_hash[key.key_hash] = key
+        self.by_id[key.id] = key
+
+    def with_spent(self, key_id: str, spent: float) -> None:
+        k = self.by_id.get(key_id)
+        if k is not None:
+            self.put(replace(k, spent=spent))
+
+    def lookup(self, presented: str, now: float) -> ApiKey | None:
+        """The active key whose hash matches ``presented``, in constant time (see module doc)."""
+        digest = hash_key(presented)
+        found = self.by_hash.get(digest)
+        same = hmac.compare_digest(found.key_hash if found is not None else _DUMMY_HASH, digest)
+        if found is None or not same or not found.active(now):
+            return None
+        return found
+
+    def __len__(self) -> int:
+        return len(self.by_id)

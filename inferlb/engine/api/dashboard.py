@@ -1,0 +1,75 @@
+"""``GET /dashboard``: the HTML dashboard, its vendored assets, and the node-state timeline data.
+
+Contract: the page and its assets are files shipped in the package
+(``inferlb/engine/observability/static``; uPlot vendored under ``vendor/`` with its MIT license);
+nothing is loaded from another origin, and the page is served with a Content-Security-Policy that
+forbids it (``default-src 'self'``). Only the files named in :data:`ASSETS` are served (no path
+from the client reaches the file system). The page draws its charts from ``/reports/sla``,
+``/reports/cost`` and ``GET /dashboard/node-states`` (the in-memory state history of
+``app.state.observability``; empty when there is none).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ..errors import ClientError
+
+__all__ = ["ASSETS", "CSP", "router"]
+
+router = APIRouter()
+
+_STATIC = "inferlb.engine.observability"
+ASSETS: dict[str, tuple[str, str]] = {
+    "dashboard.js": ("static/dashboard.js", "text/javascript; charset=utf-8"),
+    "dashboard.css": ("static/dashboard.css", "text/css; charset=utf-8"),
+    "uPlot.iife.min.js": ("static/vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "uPlot.min.css": ("static/vendor/uPlot.min.css", "text/css; charset=utf-8"),
+    "uPlot.LICENSE": ("static/vendor/uPlot.LICENSE", "text/plain; charset=utf-8"),
+}
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
+
+
+class AssetNotFound(ClientError):
+    status = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"No dashboard asset '{name[:100]}'", param="name", code="not_found")
+
+
+@functools.cache
+def _read(path: str) -> bytes:
+    return resources.files(_STATIC).joinpath(path).read_bytes()
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def dashboard() -> Response:
+    return Response(_read("static/dashboard.html"), media_type="text/html; charset=utf-8",
+                    headers={"content-security-policy": CSP, "x-content-type-options": "nosniff",
+                             "cache-control": "no-cache"})
+
+
+@router.get("/dashboard/assets/{name}", include_in_schema=False)
+async def asset(name: str) -> Response:
+    entry = ASSETS.get(name)
+    if entry is None:
+        raise AssetNotFound(name)
+    path, media_type = entry
+    return Response(_read(path), media_type=media_type,
+                    headers={"x-content-type-options": "nosniff", "cache-control": "public, max-age=300"})
+
+
+@router.get("/dashboard/node-states")
+async def node_states(request: Request) -> dict[str, Any]:
+    """Node states sampled by this gateway since it started (oldest first)."""
+    obs = getattr(request.app.state, "observability", None)
+    if obs is None:
+        return {"states": [], "nodes": [], "samples": []}
+    snap: dict[str, Any] = obs.history.snapshot()
+    return snap

@@ -1,0 +1,37 @@
+"""``GET /metrics``: the gateway's Prometheus metrics (text format, or OpenMetrics when asked).
+
+Contract: reads ``request.app.state.observability`` (an
+:class:`~inferlb.engine.observability.hub.Observability` built by ``create_app``); answers 404 in
+the OpenAI envelope when metrics are disabled in the fleet file. The handler is ``async``: the
+scrape-time gauges read the fleet's live counters, which only the event loop mutates, so reading
+them on the loop gives a consistent snapshot (a scrape costs well under a millisecond per node).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ..errors import ClientError
+
+__all__ = ["MetricsDisabled", "router"]
+
+router = APIRouter()
+
+
+class MetricsDisabled(ClientError):
+    """404: ``observability.metrics.enabled`` is false."""
+
+    status = 404
+
+    def __init__(self) -> None:
+        super().__init__("Metrics are disabled (observability.metrics.enabled: false)", code="metrics_disabled")
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    obs = getattr(request.app.state, "observability", None)
+    if obs is None or obs.metrics is None:
+        raise MetricsDisabled()
+    body, content_type = obs.exposition(request.headers.get("accept"))
+    return Response(body, media_type=content_type)

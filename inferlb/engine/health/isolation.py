@@ -1,0 +1,208 @@
+"""The sweeps of the node-health process: take nodes out (:func:`isolate`) and bring them back
+(:func:`restore`). Both mutate a :class:`~inferlb.engine.fleet.Fleet` on the event loop through its
+transition methods (so every change is an audit event) and return the events they caused as JSON.
+
+:func:`isolate` (after :func:`observe` stored the round's samples):
+
+* probes: ``loading`` → state ``loading`` at once (a loading server gets no traffic);
+  ``unhealthy_threshold`` consecutive failures → ``down``;
+* GPU reports (:func:`~inferlb.engine.health.rules.hardware_findings`): a new Xid, new
+  uncorrected ECC errors, a lost GPU or failed row remapping → ``ejected`` for
+  ``hardware.ejection_s`` (not limited by the ejection share, never offered in panic mode);
+  throttling from ``hardware.drain_on`` → ``draining``;
+* every ``outlier.interval_s``: Envoy's success-rate and failure-percentage rules per model, and
+  the latency rule against each node's own baseline; then the interval counters reset and every
+  node that stayed healthy has its ejection multiplier decremented (Envoy).
+
+:func:`restore`: a cooldown that ran out → ``healthy`` (no slow start); an ejection that ran out
+→ ``half_open`` (or ``down`` / ``loading`` when the probes say so); ``down`` / ``loading`` with
+``healthy_threshold`` good probes → ``healthy`` in slow start; ``draining`` whose throttling
+cleared (or whose GPU report went stale: unknown is not throttling) → ``healthy`` in slow start.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from ..fleet import Fleet, NodeState
+from .rules import failure_percentage_outliers, hardware_findings, latency_outlier, success_rate_outliers
+from .types import NodeEvent, Sample
+
+__all__ = ["isolate", "observe", "outlier_sweep", "restore"]
+
+_OUT_FOR_HEALTH = ("healthy", "cooldown", "half_open", "draining")
+
+
+def observe(fleet: Fleet, samples: Iterable[dict[str, Any]]) -> int:
+    """Keep each node's newest sample per source (and the last good metrics); returns how many."""
+    n = 0
+    for raw in samples:
+        s = Sample.from_json(raw)
+        st = fleet.nodes.get(s.node)
+        if st is None:
+            continue
+        old = st.samples.get(s.source)
+        if old is None or s.taken_at >= old.taken_at:
+            st.samples[s.source] = s
+        if s.source == "metrics" and s.ok:
+            st.load = s
+        n += 1
+    return n
+
+
+def _events_since(fleet: Fleet, mark: int) -> list[dict[str, Any]]:
+    evs: list[NodeEvent] = fleet.queued_events(mark)
+    return [e.to_json() for e in evs]
+
+
+def isolate(fleet: Fleet, assessment: dict[str, Any], *, unhealthy_threshold: int | None = None,
+            hardware: bool = True, outliers: bool = True) -> list[dict[str, Any]]:
+    cfg = fleet.health
+    threshold = unhealthy_threshold or cfg.probe.unhealthy_threshold
+    mark = fleet.events_queued()
+    for name, a in (assessment.get("nodes") or {}).items():
+        st = fleet.nodes.get(name)
+        if st is None:
+            continue
+        _probe(fleet, st, a, threshold)
+        if hardware:
+            _hardware(fleet, st, a)
+    if outliers:
+        outlier_sweep(fleet)
+    return _events_since(fleet, mark)
+
+
+def _probe(fleet: Fleet, st: NodeState, a: dict[str, Any], threshold: int) -> None:
+    verdict = a.get("probe")
+    evidence = {"probe": verdict, "status": a.get("probe_status"), "error": a.get("probe_error")}
+    if verdict == "ok":
+        st.probe_successes += 1
+        st.probe_failures = 0
+    elif verdict == "fail":
+        st.probe_failures += 1
+        st.probe_successes = 0
+    elif verdict == "loading":
+        st.probe_failures = st.probe_successes = 0
+        if st.state != "loading" and not (st.state == "ejected" and st.hardware_fault):
+            st.slow_start_at = None
+            fleet.transition(st, "loading", "the server reports it is loading (503 from its readiness probe)",
+                             evidence)
+        return
+    if verdict == "fail" and st.probe_failures >= threshold and st.state in (*_OUT_FOR_HEALTH, "loading"):
+        st.slow_start_at = None
+        fleet.transition(st, "down", f"{st.probe_failures} consecutive failed probes: {a.get('probe_error')}",
+                         {**evidence, "consecutive_probe_failures": st.probe_failures, "threshold": threshold})
+
+
+def _hardware(fleet: Fleet, st: NodeState, a: dict[str, Any]) -> None:
+    if a.get("gpu") != "ok":
+        return
+    findings, st.hw_baseline = hardware_findings(a["gpu_report"], st.hw_baseline, fleet.health.hardware)
+    st.hw_findings = findings
+    st.hw_at = fleet.clock.monotonic()
+    ejects = [f for f in findings if f["action"] == "eject"]
+    if ejects:
+        if st.state == "ejected" and st.hardware_fault:
+            # Still (or again) faulty while out: extend the ejection, no new count or event.
+            st.ejected_until = max(st.ejected_until, fleet.clock.monotonic() + fleet.health.hardware.ejection_s)
+            st.evidence = {**st.evidence, "latest_findings": ejects}
+            return
+        fleet.eject(st.cfg.name, "hardware: " + "; ".join(f["detail"] for f in ejects),
+                    {"rule": "hardware", "source": a.get("gpu_source"), "findings": ejects}, hardware=True)
+        return
+    drains = [f for f in findings if f["action"] == "drain"]
+    if drains and st.state in ("healthy", "cooldown", "half_open"):
+        st.slow_start_at = None
+        fleet.transition(st, "draining", "; ".join(f["detail"] for f in drains),
+                         {"rule": "hardware", "source": a.get("gpu_source"), "findings": drains})
+
+
+def outlier_sweep(fleet: Fleet, *, force: bool = False) -> list[str]:
+    """Envoy's interval analysis; runs when ``outlier.interval_s`` passed (or ``force``). Returns
+    the nodes it ejected."""
+    cfg = fleet.health.outlier
+    now = fleet.clock.monotonic()
+    if not force and now - fleet.last_outlier_sweep < cfg.interval_s:
+        return []
+    fleet.last_outlier_sweep = now
+    live = {n: st for n, st in fleet.nodes.items() if st.state in ("healthy", "cooldown")}
+    stats = {n: (st.iv_requests, st.iv_successes) for n, st in live.items()}
+    found: dict[str, dict[str, Any]] = {}
+    for names in fleet.serving.values():
+        group = {n: stats[n] for n in names if n in stats}
+        if _enforced(fleet, cfg.enforcing_success_rate):
+            for n, ev in success_rate_outliers(group, cfg).items():
+                found.setdefault(n, ev)
+        if _enforced(fleet, cfg.enforcing_failure_percentage):
+            for n, ev in failure_percentage_outliers(group, cfg).items():
+                found.setdefault(n, ev)
+    for n, st in live.items():
+        median = statistics.median(st.iv_ttfb) if st.iv_ttfb else None
+        lat = latency_outlier(median, st.ttfb_baseline, len(st.iv_ttfb), st.baseline_intervals, cfg)
+        if lat is not None and _enforced(fleet, cfg.enforcing_latency):
+            found.setdefault(n, lat)
+        elif median is not None and len(st.iv_ttfb) >= cfg.latency_request_volume:
+            st.ttfb_baseline = median if st.ttfb_baseline is None else 0.7 * st.ttfb_baseline + 0.3 * median
+            st.baseline_intervals += 1
+    ejected = []
+    # Worst first, so the ejection share cap keeps the healthiest nodes in.
+    for n, ev in sorted(found.items(), key=lambda kv: kv[1].get("success_rate", 100.0)):
+        what = {"success_rate": f"success rate {ev.get('success_rate')}% under {ev.get('threshold')}%",
+                "failure_percentage": f"{ev.get('failure_percent')}% of requests failed",
+                "latency": f"time to first byte {ev.get('median_ttfb_s')}s over {cfg.latency_factor}× "
+                           f"its baseline {ev.get('baseline_ttfb_s')}s"}[ev["rule"]]
+        if fleet.eject(n, f"outlier: {what}", ev):
+            ejected.append(n)
+    for n, st in fleet.nodes.items():
+        if n not in ejected and st.state in ("healthy", "cooldown") and st.backoff > 0:
+            st.backoff -= 1   # Envoy: a host healthy for an interval sheds one step of its multiplier
+        st.iv_requests = st.iv_successes = 0
+        st.iv_ttfb = []
+    return ejected
+
+
+def _enforced(fleet: Fleet, percent: int) -> bool:
+    return percent >= 100 or (percent > 0 and fleet.rng.random() * 100 < percent)
+
+
+def restore(fleet: Fleet, *, healthy_threshold: int | None = None) -> list[dict[str, Any]]:
+    cfg = fleet.health
+    threshold = healthy_threshold or cfg.probe.healthy_threshold
+    now = fleet.clock.monotonic()
+    stale = cfg.stale_after_s
+    mark = fleet.events_queued()
+    for st in fleet.nodes.values():
+        probed = "probe" in st.samples
+        if st.state == "cooldown" and now >= st.cooldown_until:
+            fleet.to_healthy(st, "Retry-After elapsed", {"rule": "cooldown"}, slow_start=False,
+                             at=st.cooldown_until)
+        elif st.state == "ejected":
+            early = (cfg.outlier.successful_probe_uneject and not st.hardware_fault and probed
+                     and st.probe_successes >= threshold)
+            if now < st.ejected_until and not early:
+                continue
+            at = min(now, st.ejected_until)
+            last = st.samples.get("probe")
+            if probed and st.probe_failures >= cfg.probe.unhealthy_threshold:
+                fleet.transition(st, "down", f"ejection over but {st.probe_failures} probes failed in a row",
+                                 {"consecutive_probe_failures": st.probe_failures}, at=at)
+            elif last is not None and last.values.get("loading") and last.age(now) <= stale:
+                fleet.transition(st, "loading", "ejection over; the server reports it is loading", at=at)
+            elif cfg.circuit.half_open_requests > 0:
+                st.hardware_fault = False
+                fleet.transition(st, "half_open", f"ejection time elapsed: admitting "
+                                 f"{cfg.circuit.half_open_requests} trial request(s)",
+                                 {"rule": "circuit", "trial_requests": cfg.circuit.half_open_requests}, at=at)
+            else:
+                fleet.to_healthy(st, "ejection time elapsed", {"rule": "ejection"}, at=at)
+        elif st.state in ("down", "loading") and st.probe_successes >= threshold:
+            fleet.to_healthy(st, f"{st.probe_successes} good probe(s) in a row",
+                             {"rule": "probe", "threshold": threshold})
+        elif st.state == "draining":
+            fresh = st.hw_at is not None and now - st.hw_at <= stale
+            if not fresh or not any(f["action"] == "drain" for f in st.hw_findings):
+                fleet.to_healthy(st, "GPU throttling cleared" if fresh else "GPU report stale: drain lifted",
+                                 {"rule": "hardware"})
+    return _events_since(fleet, mark)

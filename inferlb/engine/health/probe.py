@@ -1,0 +1,144 @@
+"""The health sources over HTTP (control plane, httpx): probes, metric scrapes, GPU reports.
+
+Contract: :meth:`Prober.collect` fetches every configured source of every node concurrently and
+returns one :class:`~inferlb.engine.health.types.Sample` per source. It never raises for a node's
+fault: refused connections, timeouts (``probe.timeout_s`` for the whole fetch, body included),
+non-2xx statuses, oversized bodies and unparsable pages all become ``ok=False`` samples with an
+``error`` string; httpx's exceptions are mapped here, the one boundary. A probe costs no tokens:
+it GETs the node kind's readiness path (``/health``, ``/v1/models``…), never a generation.
+Parsing (Prometheus text, DCGM) runs in a worker thread, off the event loop.
+
+Sources per node (see :class:`~inferlb.engine.health.config.NodeHealthConfig`): ``probe`` (the
+readiness path; 503 means loading), ``metrics`` (vLLM / TGI / SGLang page), ``agent`` (an
+``inferlb agent`` JSON report), ``dcgm`` (a DCGM exporter page, converted to the agent's shape).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..settings import NodeConfig
+from ..types import Clock
+from .config import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, HealthConfig
+from .prometheus import PARSERS, parse_dcgm
+from .types import Sample
+
+__all__ = ["Prober", "Target", "targets_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    node: str
+    source: str            # probe | metrics | agent | dcgm
+    url: str
+    fmt: str | None = None
+    api_key: str | None = None
+
+
+def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
+    out: list[Target] = []
+    for n in nodes:
+        h = cfg.node(n.name)
+        if h.probe:
+            path = h.probe_path or DEFAULT_PROBE_PATHS.get(n.kind, "/v1/models")
+            out.append(Target(n.name, "probe", n.url + path, api_key=n.api_key))
+        fmt = h.metrics or DEFAULT_METRICS.get(n.kind, "none")
+        if fmt != "none":
+            out.append(Target(n.name, "metrics", h.metrics_url or n.url + "/metrics", fmt, api_key=n.api_key))
+        if h.agent_url:
+            out.append(Target(n.name, "agent", h.agent_url))
+        if h.dcgm_url:
+            out.append(Target(n.name, "dcgm", h.dcgm_url, "dcgm"))
+    return out
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Prober:
+    """Fetches samples. ``transport`` lets tests swap httpx's transport (never needed on loopback)."""
+
+    def __init__(self, nodes: Sequence[NodeConfig], cfg: HealthConfig, clock: Clock,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.targets = targets_for(nodes, cfg)
+        t = cfg.probe.timeout_s
+        # No proxies from the environment, no redirects (a probe never leaves the configured URL).
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(t), follow_redirects=False, trust_env=False,
+                                         limits=httpx.Limits(max_connections=max(10, 4 * len(self.targets)),
+                                                             max_keepalive_connections=max(5, len(self.targets))),
+                                         transport=transport)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def collect(self) -> list[Sample]:
+        if not self.targets:
+            return []
+        return list(await asyncio.gather(*(self.fetch(t) for t in self.targets)))
+
+    async def fetch(self, t: Target) -> Sample:
+        """One source of one node; always a Sample."""
+        start = self.clock.monotonic()
+        status: int | None = None
+        try:
+            async with asyncio.timeout(self.cfg.probe.timeout_s):
+                status, body = await self._get(t)
+            if t.source == "probe":
+                if 200 <= status < 300:
+                    return self._sample(t, start, True, status)
+                if status == 503:
+                    return self._sample(t, start, False, status, "HTTP 503: loading", {"loading": True})
+                return self._sample(t, start, False, status, f"HTTP {status}")
+            if not 200 <= status < 300:
+                return self._sample(t, start, False, status, f"HTTP {status}")
+            values = await asyncio.to_thread(_parse, t, body)
+            return self._sample(t, start, True, status, None, values)
+        except TimeoutError:
+            return self._sample(t, start, False, status, f"timeout after {self.cfg.probe.timeout_s:g}s")
+        except _TooLarge:
+            return self._sample(t, start, False, status, f"body over {self.cfg.probe.max_body_bytes} bytes")
+        except httpx.HTTPError as exc:
+            return self._sample(t, start, False, status, f"{type(exc).__name__}: {exc}".strip(": "))
+        except (ValueError, UnicodeDecodeError) as exc:
+            return self._sample(t, start, False, status, f"unparsable {t.source} page: {exc}"[:300])
+        except Exception as exc:  # a fault is data: nothing a node sends may break the monitor
+            return self._sample(t, start, False, status, f"{type(exc).__name__}: {exc}"[:300])
+
+    async def _get(self, t: Target) -> tuple[int, bytes]:
+        headers = {"authorization": f"Bearer {t.api_key}"} if t.api_key else None
+        limit = self.cfg.probe.max_body_bytes
+        async with self._client.stream("GET", t.url, headers=headers) as resp:
+            body = bytearray()
+            if t.source != "probe":   # a probe needs the status only
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > limit:
+                        raise _TooLarge
+            return resp.status_code, bytes(body)
+
+    def _sample(self, t: Target, start: float, ok: bool, status: int | None, error: str | None = None,
+                values: dict[str, Any] | None = None) -> Sample:
+        now = self.clock.monotonic()
+        return Sample(node=t.node, source=t.source, ok=ok, taken_at=now, wall_at=round(self.clock.time(), 6),
+                      latency_ms=(now - start) * 1000.0, status=status, error=error, values=values or {})
+
+
+def _parse(t: Target, body: bytes) -> dict[str, Any]:
+    text = body.decode("utf-8")
+    if t.source == "metrics":
+        return PARSERS[t.fmt or "vllm"](text)
+    if t.source == "dcgm":
+        return parse_dcgm(text)
+    report = json.loads(text)
+    if not isinstance(report, dict) or "nvml" not in report:
+        raise ValueError("not a node-agent report (no 'nvml' key)")
+    return report

@@ -1,0 +1,254 @@
+// inferlb dashboard: charts over time from the gateway's own report endpoints, drawn with the
+// vendored uPlot (no CDN). Query parameters: window (1h|6h|24h|7d), or since/until (epoch seconds
+// or ISO-8601); bucket (30s, 5m, 1h, ...; chosen from the window when absent); refresh (seconds,
+// 0 = off; default 60). When everything is drawn, window.inferlbDashboard.ready is true and
+// .charts says how many series and points each chart got (the browser test reads it).
+(() => {
+  "use strict";
+
+  const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777",
+                   "#65a30d", "#475569", "#ea580c"];
+  const STATE_COLORS = { healthy: "#16a34a", cooldown: "#f59e0b", ejected: "#dc2626", unhealthy: "#7f1d1d" };
+  const WINDOWS = { "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
+  const UNIT = { s: 1, m: 60, h: 3600, d: 86400, w: 604800 };
+  const params = new URLSearchParams(location.search);
+  const dash = { ready: false, charts: {}, errors: [] };
+  window.inferlbDashboard = dash;
+  const plots = [];
+
+  const $ = (id) => document.getElementById(id);
+
+  function parseTime(v) {
+    if (!v) return null;
+    if (/^\d+(\.\d+)?$/.test(v)) return Number(v);
+    const t = Date.parse(v);
+    return Number.isNaN(t) ? null : t / 1000;
+  }
+
+  function parseDuration(v) {
+    const m = /^(\d+(?:\.\d+)?)([smhdw])?$/.exec(String(v).trim());
+    return m ? Number(m[1]) * UNIT[m[2] || "s"] : null;
+  }
+
+  function autoBucket(span) {
+    for (const b of [60, 300, 900, 1800, 3600, 10800, 21600, 86400]) if (span / b <= 150) return b;
+    return 86400;
+  }
+
+  function range() {
+    const win = WINDOWS[params.get("window")] ? params.get("window") : "6h";
+    const until = parseTime(params.get("until")) ?? Date.now() / 1000;
+    const since = parseTime(params.get("since")) ?? until - WINDOWS[win];
+    const bucket = parseDuration(params.get("bucket") || "") || autoBucket(until - since);
+    return { win, since, until, bucket };
+  }
+
+  async function getJSON(path, query) {
+    const url = new URL(path, location.origin);
+    for (const [k, v] of Object.entries(query || {})) url.searchParams.set(k, String(v));
+    const resp = await fetch(url, { headers: { accept: "application/json" } });
+    if (!resp.ok) throw new Error(`${url.pathname}${url.search}: HTTP ${resp.status}`);
+    return resp.json();
+  }
+
+  const fmt = {
+    ms: (v) => (v == null ? "–" : v >= 10000 ? `${(v / 1000).toFixed(1)} s` : `${Math.round(v)} ms`),
+    pct: (v) => (v == null ? "–" : `${(v * 100).toFixed(1)}%`),
+    n: (v) => (v == null ? "–" : Math.round(v).toLocaleString("en-US")),
+    money: (v) => (v == null ? "–" : v >= 100 ? `$${v.toFixed(0)}` : v >= 1 ? `$${v.toFixed(2)}` : `$${v.toFixed(4)}`),
+  };
+
+  // Buckets of the window as epoch seconds (uPlot's x axis), aligned like the server's.
+  function axis(r) {
+    const xs = [];
+    for (let t = Math.floor(r.since / r.bucket) * r.bucket; t < r.until && xs.length < 10000; t += r.bucket) xs.push(t);
+    return xs;
+  }
+
+  // rows -> {seriesName: [value per x]} using key(row) for the series and val(row) for the value.
+  function pivot(xs, rows, key, val, fill) {
+    const index = new Map(xs.map((x, i) => [x, i]));
+    const out = new Map();
+    for (const row of rows) {
+      const name = key(row);
+      if (!out.has(name)) out.set(name, xs.map(() => fill));
+      const i = index.get(Math.round(row.bucket));
+      if (i !== undefined) {
+        const v = val(row);
+        const values = out.get(name);
+        values[i] = fill === 0 ? (values[i] || 0) + (v || 0) : v;   // counts and costs add up
+      }
+    }
+    return out;
+  }
+
+  function chart(id, xs, series, yfmt) {
+    const el = $(id);
+    el.textContent = "";
+    const points = series.reduce((n, s) => n + s.values.filter((v) => v != null).length, 0);
+    dash.charts[id] = { series: series.length, points };
+    if (!series.length || !points) {
+      el.innerHTML = '<div class="empty">no data in this window</div>';
+      return;
+    }
+    const opts = {
+      width: Math.max(320, el.clientWidth || 600),
+      height: 240,
+      scales: { x: { time: true } },
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),   // the axis in UTC, like the reports
+      series: [{}, ...series.map((s, i) => ({
+        label: s.label, stroke: s.color || PALETTE[i % PALETTE.length], width: 2, dash: s.dash,
+        points: { show: false }, value: (u, v) => yfmt(v),
+      }))],
+      axes: [{}, { size: 70, values: (u, vals) => vals.map(yfmt) }],
+    };
+    plots.push(new uPlot(opts, [xs, ...series.map((s) => s.values)], el));
+  }
+
+  function tiles(items) {
+    $("tiles").innerHTML = items.map(([k, v]) =>
+      `<div class="tile"><div class="k">${esc(k)}</div><div class="v">${esc(v)}</div></div>`).join("");
+  }
+
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+  }
+
+  function table(id, head, rows) {
+    $(id).innerHTML = rows.length
+      ? `<table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
+        rows.map((r) => `<tr>${r.map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("") + "</tbody></table>"
+      : '<div class="empty">no data in this window</div>';
+  }
+
+  function states(hist) {
+    const el = $("chart-states");
+    el.textContent = "";
+    const samples = hist.samples || [];
+    dash.charts["chart-states"] = { series: (hist.nodes || []).length, points: samples.length };
+    if (!samples.length) {
+      el.innerHTML = '<div class="empty">no samples yet</div>';
+      return;
+    }
+    const t0 = samples[0].t;
+    const t1 = Math.max(Date.now() / 1000, samples[samples.length - 1].t + 1);
+    for (const node of hist.nodes) {
+      const row = document.createElement("div");
+      row.className = "state-row";
+      const name = document.createElement("span");
+      name.className = "name";
+      name.textContent = node;
+      const bar = document.createElement("div");
+      bar.className = "state-bar";
+      samples.forEach((s, i) => {
+        const end = i + 1 < samples.length ? samples[i + 1].t : t1;
+        const seg = document.createElement("div");
+        seg.className = "state-seg";
+        const st = s.states[node];
+        seg.style.left = `${((s.t - t0) / (t1 - t0)) * 100}%`;
+        seg.style.width = `${Math.max(0.2, ((end - s.t) / (t1 - t0)) * 100)}%`;
+        seg.style.background = STATE_COLORS[st] || "#cbd5e1";
+        seg.title = `${node}: ${st || "unknown"} at ${new Date(s.t * 1000).toISOString()}`;
+        bar.appendChild(seg);
+      });
+      row.append(name, bar);
+      el.appendChild(row);
+    }
+    const legend = document.createElement("div");
+    legend.className = "legend";
+    for (const [st, c] of Object.entries(STATE_COLORS)) {
+      const item = document.createElement("span");
+      const sw = document.createElement("i");
+      sw.style.background = c;
+      item.append(sw, st);
+      legend.appendChild(item);
+    }
+    el.appendChild(legend);
+  }
+
+  async function load() {
+    const r = range();
+    $("controls").elements.window.value = r.win;
+    $("range").textContent = `${new Date(r.since * 1000).toISOString().slice(0, 16)}Z → ` +
+      `${new Date(r.until * 1000).toISOString().slice(0, 16)}Z, ${r.bucket}s buckets`;
+    const w = { since: r.since.toFixed(3), until: r.until.toFixed(3) };
+    const b = { ...w, bucket: `${r.bucket}s` };
+    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, hist] = await Promise.all([
+      getJSON("/reports/sla", { ...b, group_by: "none" }),
+      getJSON("/reports/sla", { ...b, group_by: "model" }),
+      getJSON("/reports/sla", { ...b, group_by: "node" }),
+      getJSON("/reports/cost", { ...b, group_by: "tenant" }),
+      getJSON("/reports/cost", { ...b, group_by: "model" }),
+      getJSON("/reports/sla", { ...w, group_by: "none" }),
+      getJSON("/reports/sla", { ...w, group_by: "model" }),
+      getJSON("/reports/cost", { ...w, group_by: "tenant" }),
+      getJSON("/dashboard/node-states"),
+    ]);
+    while (plots.length) plots.pop().destroy();
+    const xs = axis(r);
+    const one = (rows, field) => pivot(xs, rows, () => "all", (row) => row[field], null).get("all") || xs.map(() => null);
+    chart("chart-latency", xs, ["p50", "p95", "p99"].map((q) => ({ label: `e2e ${q}`, values: one(all.data, `e2e_${q}_ms`) })), fmt.ms);
+    chart("chart-ttft", xs, ["p50", "p95", "p99"].map((q) => ({ label: `TTFT ${q}`, values: one(all.data, `ttft_${q}_ms`) })), fmt.ms);
+    const slo = pivot(xs, byModel.data.filter((row) => row.slo_attainment != null), (row) => row.model ?? "none", (row) => row.slo_attainment, null);
+    chart("chart-slo", xs, [...slo].map(([name, values]) => ({ label: name, values })), fmt.pct);
+    const reqs = pivot(xs, byNode.data, (row) => row.node ?? "no node", (row) => row.count, 0);
+    const errs = pivot(xs, byNode.data, (row) => row.node ?? "no node", (row) => row.errors, 0);
+    const nodeSeries = [];
+    [...reqs.keys()].forEach((name, i) => {
+      const color = PALETTE[i % PALETTE.length];
+      nodeSeries.push({ label: `${name} requests`, values: reqs.get(name), color });
+      nodeSeries.push({ label: `${name} errors`, values: errs.get(name), color, dash: [6, 4] });
+    });
+    chart("chart-nodes", xs, nodeSeries, fmt.n);
+    const costSeries = (rows, key) => [...pivot(xs, rows, (row) => (row.kind === "idle" ? "idle capacity" : row[key] ?? "none"), (row) => row.cost, 0)]
+      .map(([name, values]) => ({ label: name, values, dash: name === "idle capacity" ? [6, 4] : undefined, color: name === "idle capacity" ? "#94a3b8" : undefined }));
+    chart("chart-cost-tenant", xs, costSeries(costTenant.data, "tenant"), fmt.money);
+    chart("chart-cost-model", xs, costSeries(costModel.data, "model"), fmt.money);
+    states(hist);
+    const total = slaTotal.data[0] || {};
+    const sum = costTotal.summary || {};
+    tiles([
+      ["requests", fmt.n(total.count)], ["error rate", fmt.pct(total.error_rate)],
+      ["SLO attainment", fmt.pct(total.slo_attainment)], ["e2e p95", fmt.ms(total.e2e_p95_ms)],
+      ["TTFT p95", fmt.ms(total.ttft_p95_ms)], ["cost", fmt.money(sum.attributed_cost)],
+      ["idle cost", fmt.money(sum.idle_cost)], ["GPU utilization", fmt.pct(sum.utilization)],
+    ]);
+    table("table-sla", ["model", "requests", "error rate", "e2e p95", "TTFT p95", "in SLO"],
+      slaModelTotal.data.map((row) => [row.model ?? "none", fmt.n(row.count), fmt.pct(row.error_rate),
+        fmt.ms(row.e2e_p95_ms), fmt.ms(row.ttft_p95_ms), fmt.pct(row.slo_attainment)]));
+    table("table-cost", ["tenant", "requests", "cost", "per request", "per 1k tokens"],
+      costTotal.data.map((row) => [row.kind === "idle" ? "idle capacity" : row.tenant ?? "none", fmt.n(row.requests),
+        fmt.money(row.cost), fmt.money(row.cost_per_request), fmt.money(row.cost_per_1k_tokens)]));
+  }
+
+  function fail(err) {
+    dash.errors.push(String(err && err.message ? err.message : err));
+    const box = $("error");
+    box.hidden = false;
+    box.textContent = `Could not load the dashboard data: ${dash.errors[dash.errors.length - 1]}`;
+    console.error(err);
+  }
+
+  async function refresh() {
+    try {
+      await load();
+    } catch (err) {
+      fail(err);
+    }
+    dash.ready = true;
+    document.body.dataset.ready = "1";
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("controls").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const next = new URLSearchParams(location.search);
+      next.set("window", ev.target.elements.window.value);
+      for (const k of ["since", "until", "bucket"]) next.delete(k);
+      location.search = next.toString();
+    });
+    refresh();
+    const every = Number(params.get("refresh") ?? 60);
+    if (every > 0) setInterval(refresh, every * 1000);
+  });
+})();

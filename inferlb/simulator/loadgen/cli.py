@@ -1,0 +1,295 @@
+"""``inferlb bench run | compare | capacity``: open-loop load against simulated (or real) fleets.
+
+::
+
+    inferlb bench run      [--profile token-aware|…|direct] [--url URL] [common options]
+    inferlb bench compare  [--targets direct,round-robin,least-connections,token-aware] [--reference P]
+    inferlb bench capacity [--profile token-aware] [--start-rate R] [--factor 1.3] [--step-s 30]
+
+Common options: ``--workload NAME|FILE`` (built-ins: chat, heavy-tail, bursty, diurnal, step) or
+``--trace FILE`` (JSONL / CSV / audit export), ``--fleet NAME|FILE`` (hetero4, uniform4, large16),
+``--on-kv-full preempt|oom``, ``--rate R`` or ``--load F --capacity C`` (R = F × C), ``--duration``,
+``--seed``, ``--json OUT``, ``--markdown``, ``--plot DIR``, ``--workdir DIR``, ``--quiet``.
+
+Each target of a comparison gets a fresh node process (every target starts from the same cold
+fleet) and, unless it is ``direct`` (the client round-robins over the nodes itself), its own
+gateway process; the same seeded plan is sent to each, back to back. The capacity search steps the
+rate by ``--factor`` from ``--start-rate`` until the e2e p99 passes 2× the unloaded p99 (measured
+first, at ``--base-rate``, over at least ~120 requests) or more than 5 % of requests fail, and
+reports the last rate that passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..bench_procs import system_busy, tree_cpu_seconds
+from .report import capacity_lines, compare_rows, node_rows, plot_runs, print_table
+from .results import summarize
+from .runner import RunData, run_plan
+from .stack import Stack, node_overrides
+from .trace import load_trace
+from .workload import PlannedRequest, Workload, load_workload, plan
+
+__all__ = ["main"]
+
+_TARGETS = "direct,round-robin,least-connections,token-aware"
+
+
+def _log(quiet: bool) -> Any:
+    def log(msg: str) -> None:
+        if not quiet:
+            print(time.strftime("%H:%M:%S"), msg, file=sys.stderr, flush=True)
+    return log
+
+
+def _parser(what: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=f"inferlb bench {what}", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="heavy-tail", help="built-in name or YAML/JSON file (heavy-tail)")
+    ap.add_argument("--trace", type=Path, help="replay a trace file instead of the workload's arrivals/lengths")
+    ap.add_argument("--trace-time-scale", type=float, default=1.0, help="replay speed (2: twice as fast)")
+    ap.add_argument("--fleet", default="hetero4", help="hetero4, uniform4, large16 or a fleet file (hetero4)")
+    ap.add_argument("--on-kv-full", choices=["preempt", "oom"], help="override every node's KV-full behaviour")
+    ap.add_argument("--stream-interval", type=int, help="tokens per SSE event on every node")
+    ap.add_argument("--rate", type=float, help="mean arrival rate, req/s (default: the workload's)")
+    ap.add_argument("--load", type=float, help="arrival rate as a share of --capacity (0.85)")
+    ap.add_argument("--capacity", type=float, help="the fleet's capacity in req/s (from bench capacity)")
+    ap.add_argument("--duration", type=float, help="arrival window, seconds (default: the workload's)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", dest="json_out", type=Path, help="write every figure to this file")
+    ap.add_argument("--markdown", action="store_true", help="print markdown tables")
+    ap.add_argument("--plot", type=Path, help="write PNG charts here (needs the plot extra)")
+    ap.add_argument("--workdir", type=Path, help="keep logs and fleet files here")
+    ap.add_argument("--quiet", action="store_true", help="no progress output")
+    if what == "run":
+        ap.add_argument("--profile", default="token-aware", help="routing profile, or direct (token-aware)")
+        ap.add_argument("--url", help="send to this running endpoint instead of a simulated stack")
+    elif what == "compare":
+        ap.add_argument("--targets", default=_TARGETS, help=f"comma-separated ({_TARGETS})")
+        ap.add_argument("--reference", default="token-aware", help="ratios against this target (token-aware)")
+    else:
+        ap.add_argument("--profile", default="token-aware", help="routing profile, or direct (token-aware)")
+        ap.add_argument("--start-rate", type=float, default=1.0, help="first loaded step, req/s (1.0)")
+        ap.add_argument("--base-rate", type=float, help="rate of the unloaded baseline (start-rate / 2)")
+        ap.add_argument("--factor", type=float, default=1.3, help="rate multiplier per step (1.3)")
+        ap.add_argument("--step-s", type=float, default=30.0, help="arrival window per step, seconds (30)")
+        ap.add_argument("--max-steps", type=int, default=12)
+    return ap
+
+
+def _requests(args: argparse.Namespace, w: Workload, rate: float | None, duration: float) -> list[PlannedRequest]:
+    if args.trace is not None:
+        reqs = load_trace(args.trace, model=w.model, time_scale=args.trace_time_scale, rate=rate,
+                          stream=w.stream >= 0.5)
+        return [r for r in reqs if r.t < duration] if args.duration else reqs
+    return plan(w, seed=args.seed, rate=rate, duration_s=duration)
+
+
+def _rate(args: argparse.Namespace) -> float | None:
+    if args.load is not None:
+        if args.capacity is None:
+            raise ValueError("--load needs --capacity (req/s, as bench capacity reports it)")
+        return float(args.load * args.capacity)
+    return float(args.rate) if args.rate is not None else None
+
+
+@contextmanager
+def _workdir(path: Path | None) -> Iterator[Path]:
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="inferlb-bench-") as tmp:
+        yield Path(tmp)
+
+
+def _target(stack: Stack, target: str, w: Workload, seed: int) -> list[str]:
+    stack.start_nodes()
+    if target == "direct":
+        stack.stop_gateway()
+        return list(stack.node_urls.values())
+    return [stack.start_gateway(target, w, seed)]
+
+
+def _one_run(stack: Stack | None, targets: list[str], label: str, reqs: list[PlannedRequest], w: Workload,
+             duration: float, args: argparse.Namespace) -> tuple[dict[str, Any], RunData]:
+    nodes = stack.node_urls if stack is not None else None
+    watch = {}
+    if stack is not None and stack.sim is not None:
+        watch["sim"] = stack.sim.pid
+    if stack is not None and stack.gateway is not None:
+        watch["gateway"] = stack.gateway.pid
+    cpu0 = {k: tree_cpu_seconds(pid) for k, pid in watch.items()}
+    sys0, self0, t0 = system_busy(), os.times(), time.monotonic()
+    data = asyncio.run(run_plan(reqs, w, targets, label=label, nodes=nodes, progress=not args.quiet,
+                                duration_s=duration, cpu_watch=watch))
+    wall = time.monotonic() - t0
+    cpu1 = {k: tree_cpu_seconds(pid) for k, pid in watch.items()}
+    sys1, self1 = system_busy(), os.times()
+    summary = summarize(data, w)
+    # CPU share of one core over the run, per process (the machine's other load shows in system_busy).
+    cpu: dict[str, float | None] = {}
+    for k in watch:
+        a, b = cpu0.get(k), cpu1.get(k)
+        cpu[k] = (b - a) / wall if a is not None and b is not None and wall > 0 else None
+    cpu["loadgen"] = ((self1.user - self0.user) + (self1.system - self0.system)) / wall if wall > 0 else None
+    if sys0 is not None and sys1 is not None and sys1[1] > sys0[1]:
+        cpu["system_busy"] = (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
+    summary["cpu_core_share"] = cpu
+    return summary, data
+
+
+def _compact(data: RunData) -> list[list[Any]]:
+    return [[o.t, o.node, o.ok, o.e2e, o.ttft, o.error, o.prompt_tokens, o.output_tokens] for o in data.outcomes]
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any], reference: str | None = None) -> None:
+    runs = report["runs"]
+    md = args.markdown
+    if report.get("capacity"):
+        head, rows = capacity_lines(report["capacity"])
+        print_table(f"capacity search ({report['capacity']['profile']})", head, rows, markdown=md)
+        print(f"\ncapacity: {_fmt(report['capacity']['capacity_rps'])} req/s "
+              f"(unloaded e2e p99 {_fmt(report['capacity']['unloaded_p99_s'])} s)")
+    if runs:
+        head, rows = compare_rows(runs, reference)
+        title = "client-side figures" + (f" (ref = {reference})" if reference else "")
+        print_table(title, head, rows, markdown=md)
+        for s in runs:
+            nh, nr = node_rows(s)
+            print_table(f"nodes — {s['label']}", nh, nr, markdown=md)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(report, indent=1, default=str))
+    if args.plot is not None:
+        paths = plot_runs(runs, report.get("outcomes", {}), args.plot, report.get("capacity"))
+        print("\ncharts: " + ", ".join(str(p) for p in paths), file=sys.stderr)
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def _meta(args: argparse.Namespace, w: Workload, rate: float | None, duration: float, n: int) -> dict[str, Any]:
+    return {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:], "workload": w.model_dump(),
+            "rate": rate if rate is not None else w.arrival.rate, "duration_s": duration, "seed": args.seed,
+            "fleet": args.fleet, "on_kv_full": args.on_kv_full, "requests": n,
+            "trace": str(args.trace) if args.trace else None}
+
+
+def _run_or_compare(what: str, args: argparse.Namespace) -> dict[str, Any]:
+    log = _log(args.quiet)
+    w = load_workload(args.workload)
+    rate = _rate(args)
+    duration = args.duration or w.duration_s
+    reqs = _requests(args, w, rate, duration)
+    if not reqs:
+        raise ValueError("the plan has no requests (rate × duration too small, or an empty trace)")
+    targets = [args.profile] if what == "run" else [t.strip() for t in args.targets.split(",") if t.strip()]
+    report: dict[str, Any] = {"meta": _meta(args, w, rate, duration, len(reqs)), "runs": [], "outcomes": {}}
+    log(f"{len(reqs)} requests over {duration:g} s ({len(reqs) / duration:.2f} req/s) → {', '.join(targets)}")
+    if what == "run" and args.url:
+        s, data = _one_run(None, [args.url], args.url, reqs, w, duration, args)
+        report["runs"].append(s)
+        report["outcomes"][s["label"]] = _compact(data)
+        return report
+    with _workdir(args.workdir) as wd:
+        stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)
+        try:
+            for target in targets:
+                urls = _target(stack, target, w, args.seed)
+                s, data = _one_run(stack, urls, target, reqs, w, duration, args)
+                report["runs"].append(s)
+                report["outcomes"][target] = _compact(data)
+                log(f"{target}: goodput {s['goodput_rps']:.2f} req/s, e2e p99 {_fmt(s['e2e_s']['p99'])} s, "
+                    f"TTFT p99 {_fmt(s['ttft_s']['p99'])} s, errors {s['errors']}, "
+                    f"preemptions {s['preemptions']}, OOM {s['oom_crashes']}")
+                stack.stop_gateway()
+        finally:
+            stack.close()
+    return report
+
+
+def _capacity(args: argparse.Namespace) -> dict[str, Any]:
+    log = _log(args.quiet)
+    w = load_workload(args.workload)
+    step_s = args.step_s
+    base_rate = args.base_rate or args.start_rate / 2
+    # A p99 needs samples: the baseline runs until it has about 120 requests (heavy tails make
+    # the p99 of a few dozen requests little more than their maximum).
+    base_s = max(step_s, 120.0 / base_rate)
+    steps: list[dict[str, Any]] = []
+    cap: dict[str, Any] = {"profile": args.profile, "steps": steps, "capacity_rps": None, "unloaded_p99_s": None,
+                           "rule": "last rate whose e2e p99 ≤ 2 × the unloaded p99 and errors ≤ 5 %"}
+    report: dict[str, Any] = {"meta": _meta(args, w, base_rate, step_s, 0), "runs": [], "outcomes": {},
+                              "capacity": cap}
+    with _workdir(args.workdir) as wd:
+        stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)
+        try:
+            urls = _target(stack, args.profile, w, args.seed)
+            rates = [base_rate] + [args.start_rate * args.factor ** k for k in range(args.max_steps)]
+            for k, rate in enumerate(rates):   # bounded by --max-steps
+                window = base_s if k == 0 else step_s
+                reqs = _requests(args, w, rate, window)
+                s, _ = _one_run(stack, urls, f"{rate:.2f} req/s", reqs, w, window, args)
+                step: dict[str, Any] = {"name": "unloaded" if k == 0 else f"step {k}", "rate": rate, "summary": s}
+                p99 = s["e2e_s"]["p99"]
+                if k == 0:
+                    cap["unloaded_p99_s"] = p99
+                    step["verdict"] = "baseline"
+                else:
+                    ratio = p99 / cap["unloaded_p99_s"] if cap["unloaded_p99_s"] else float("nan")
+                    step["p99_ratio"] = ratio
+                    passed = ratio <= 2.0 and s["error_rate"] <= 0.05
+                    step["verdict"] = "ok" if passed else "over"
+                    if passed:
+                        cap["capacity_rps"] = rate
+                steps.append(step)
+                log(f"{step['name']}: {rate:.2f} req/s → e2e p99 {_fmt(p99)} s, errors {s['errors']} "
+                    f"({step['verdict']})")
+                if step["verdict"] == "over":
+                    break
+                stack.wait_idle(60)
+        finally:
+            stack.close()
+    return report
+
+
+def main(what: str, argv: list[str] | None = None) -> int:
+    """Entry point of ``inferlb bench run|compare|capacity``; 2 on a setup error."""
+    args = _parser(what).parse_args(argv)
+
+    def _on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt   # unwinds through the finally blocks that stop every child by PID
+
+    prev = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        if what == "capacity":
+            report = _capacity(args)
+            _finish(args, report)
+        else:
+            report = _run_or_compare(what, args)
+            ref = args.reference if what == "compare" else None
+            _finish(args, report, ref)
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"inferlb bench {what}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"inferlb bench {what}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+    return 0
+

@@ -1,0 +1,163 @@
+"""The processes a benchmark runs: simulated nodes (one ``inferlb sim`` process) and a gateway.
+
+Contract: everything binds 127.0.0.1 on free ports; every child is a
+:class:`~inferlb.simulator.bench_procs.Child` (own session, log file in the work dir) and
+:meth:`Stack.close` stops them all by PID, also when the benchmark fails. The gateway's fleet file
+gives each node ``capacity_tokens`` = its KV-cache size and ``max_concurrency`` = its own cap, as
+an operator would configure them from the server's start-up log; only ``routing.profile`` differs
+between the targets of a comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..bench_procs import Child, free_port, wait_http
+from ..presets import fleet_specs
+from ..spec import NodeSpec
+from .workload import Workload
+
+__all__ = ["Stack", "gateway_fleet", "node_overrides"]
+
+PY = sys.executable
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_repo_root()), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def node_overrides(on_kv_full: str | None, stream_interval: int | None) -> list[str]:
+    """``inferlb sim`` options that apply the benchmark's overrides to every node."""
+    out = []
+    if on_kv_full:
+        out += ["--on-kv-full", on_kv_full]
+    if stream_interval:
+        out += ["--stream-interval", str(stream_interval)]
+    return out
+
+
+def gateway_fleet(specs: list[NodeSpec], urls: dict[str, str], profile: str, w: Workload,
+                  seed: int) -> dict[str, Any]:
+    """The gateway's fleet file for ``specs`` at ``urls`` with routing ``profile``."""
+    nodes = []
+    for s in specs:
+        kv = s.batching.kv_tokens if s.batching is not None else 32_768
+        nodes.append({"name": s.name, "url": urls[s.name], "models": [w.model], "kind": "sim",
+                      "capacity_tokens": kv, "max_concurrency": s.max_concurrency})
+    return {
+        "models": [{"name": w.model, "max_context_tokens": 131_072, "max_output_tokens": 32_768,
+                    "default_max_tokens": 256}],
+        "nodes": nodes,
+        "routing": {"profile": profile, "seed": seed},
+        "timeouts": {"connect_s": 5.0, "first_token_s": w.timeout_s, "idle_s": w.timeout_s,
+                     "total_s": w.timeout_s},
+        "slos": [{"model": w.model, "e2e_max_s": w.slo.e2e_s, "ttft_max_s": w.slo.ttft_s}],
+    }
+
+
+class Stack:
+    """The benchmark's child processes, in ``workdir``."""
+
+    def __init__(self, workdir: Path, fleet: str, *, sim_args: list[str] | None = None,
+                 log: Callable[[str], None] = lambda m: None) -> None:
+        self.dir = workdir
+        self.fleet = fleet
+        self.specs = fleet_specs(fleet)
+        self.sim_args = list(sim_args or [])
+        self.log = log
+        self.children: list[Child] = []
+        self.node_urls: dict[str, str] = {}
+        self.sim: Child | None = None
+        self.gateway: Child | None = None
+        self._n = 0
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
+        self._n += 1
+        child = Child(name, cmd, self.dir / f"{self._n:02d}-{name}.log", env=env, cwd=self.dir)
+        self.children.append(child)
+        return child
+
+    def start_nodes(self) -> dict[str, str]:
+        """(Re)start the simulated nodes: a fresh process, so every target starts from cold."""
+        self.stop_nodes()
+        ports = [free_port() for _ in self.specs]
+        self.node_urls = {s.name: f"http://127.0.0.1:{p}" for s, p in zip(self.specs, ports, strict=True)}
+        cmd = [PY, "-m", "inferlb.engine.cli", "sim", "--fleet", self.fleet, *self.sim_args,
+               "--ports", *map(str, ports)]
+        self.sim = self._spawn("sim", cmd, _env())
+        for url in self.node_urls.values():
+            wait_http(url + "/health", self.sim, 60)
+        self.log(f"{len(self.node_urls)} simulated nodes up (pid {self.sim.pid})")
+        return dict(self.node_urls)
+
+    def stop_nodes(self) -> None:
+        if self.sim is not None:
+            self.sim.stop()
+            self.sim = None
+
+    def start_gateway(self, profile: str, w: Workload, seed: int) -> str:
+        """Start ``inferlb serve`` over the nodes with routing ``profile``; returns its base URL."""
+        self.stop_gateway()
+        port = free_port()
+        gdir = self.dir / f"gateway-{profile}-{self._n + 1}"
+        gdir.mkdir(parents=True, exist_ok=True)
+        fleet_file = gdir / "fleet.yaml"
+        fleet_file.write_text(yaml.safe_dump(gateway_fleet(self.specs, self.node_urls, profile, w, seed),
+                                             sort_keys=False))
+        env = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
+                   INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
+                   INFERLB_LOG_LEVEL="WARNING")
+        self.gateway = self._spawn(f"gateway-{profile}", [PY, "-m", "inferlb.engine.cli", "serve", "--config",
+                                                         str(fleet_file)], env)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/readyz", self.gateway, 90)
+        self.log(f"gateway ({profile}) up at {url} (pid {self.gateway.pid})")
+        return url
+
+    def stop_gateway(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait (bounded) until no node runs or queues anything and none is loading."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:   # bounded by timeout_s
+            busy = False
+            for url in self.node_urls.values():
+                try:
+                    with urllib.request.urlopen(url + "/sim/stats", timeout=2) as r:
+                        d = json.loads(r.read())
+                except (urllib.error.URLError, OSError, ValueError):
+                    busy = True
+                    continue
+                e = d.get("engine", {})
+                if d.get("live") or e.get("waiting") or d.get("loading"):
+                    busy = True
+            if not busy:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def close(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        self.sim = self.gateway = None

@@ -1,0 +1,256 @@
+"""Workloads: open-loop arrival processes, heavy-tailed lengths, tenants and priorities → a request plan.
+
+Contract: :func:`plan` is pure and deterministic: the same :class:`Workload`, seed, rate and
+duration give the same list of :class:`PlannedRequest` on every machine (``random.Random`` streams
+seeded by name, no numpy). Arrival times and request shapes come from separate streams, so the
+*i*-th request has the same lengths at any rate: a capacity search or a comparison changes how
+often requests come, not what they are.
+
+Arrivals are open loop (a client that does not wait for answers, so overload shows as queueing
+instead of being hidden by a fixed number of users). Every process is a non-homogeneous Poisson
+process with rate ``λ(t)``, drawn by thinning:
+
+- ``poisson``: ``λ = rate``;
+- ``onoff`` (bursty): ``rate × on_factor`` for ``on_s``, then ``rate × off_factor`` for ``off_s``;
+- ``diurnal``: a sine between ``rate × (1 - amplitude)`` and ``rate × (1 + amplitude)`` over
+  ``period_s`` (a day compressed into minutes);
+- ``step``: ``rate`` until ``step_at_s``, then ``rate × step_factor`` (a step to N× capacity).
+
+Workload files are YAML or JSON with the fields of :class:`Workload`; unknown keys are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "BUILTIN_WORKLOADS",
+    "SLO",
+    "Arrival",
+    "LengthDist",
+    "PlannedRequest",
+    "Workload",
+    "load_workload",
+    "plan",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LengthDist(_Strict):
+    """A token-length distribution, clipped to ``[min, max]``.
+
+    ``constant`` (``value``), ``uniform`` (``min``..``max``), ``lognormal`` (``median``, ``sigma``:
+    the log's standard deviation) or ``pareto`` (``scale`` = the minimum x_m, ``alpha`` = the tail
+    index; smaller alpha, heavier tail).
+    """
+
+    dist: Literal["constant", "uniform", "lognormal", "pareto"] = "lognormal"
+    value: int = Field(128, ge=1)
+    median: float = Field(128.0, gt=0)
+    sigma: float = Field(1.0, ge=0)
+    scale: float = Field(32.0, gt=0)
+    alpha: float = Field(1.5, gt=0)
+    min: int = Field(1, ge=1)
+    max: int = Field(4096, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> LengthDist:
+        if self.min > self.max:
+            raise ValueError("min must be <= max")
+        return self
+
+    def sample(self, rng: random.Random) -> int:
+        if self.dist == "constant":
+            x = float(self.value)
+        elif self.dist == "uniform":
+            return rng.randint(self.min, self.max)
+        elif self.dist == "lognormal":
+            x = rng.lognormvariate(math.log(self.median), self.sigma)
+        else:
+            x = self.scale * rng.paretovariate(self.alpha)
+        return int(min(self.max, max(self.min, round(x))))
+
+
+class Arrival(_Strict):
+    """An open-loop arrival process (see the module docstring); ``rate`` in requests per second."""
+
+    kind: Literal["poisson", "onoff", "diurnal", "step"] = "poisson"
+    rate: float = Field(1.0, gt=0)
+    on_s: float = Field(5.0, gt=0)
+    off_s: float = Field(5.0, gt=0)
+    on_factor: float = Field(1.8, ge=0)
+    off_factor: float = Field(0.2, ge=0)
+    period_s: float = Field(120.0, gt=0)
+    amplitude: float = Field(0.5, ge=0, le=1)
+    step_at_s: float = Field(30.0, ge=0)
+    step_factor: float = Field(2.0, ge=0)
+
+    def rate_at(self, t: float, scale: float = 1.0) -> float:
+        r = self.rate * scale
+        if self.kind == "onoff":
+            return r * (self.on_factor if (t % (self.on_s + self.off_s)) < self.on_s else self.off_factor)
+        if self.kind == "diurnal":
+            return r * (1.0 + self.amplitude * math.sin(2 * math.pi * t / self.period_s - math.pi / 2))
+        if self.kind == "step":
+            return r * (self.step_factor if t >= self.step_at_s else 1.0)
+        return r
+
+    def max_rate(self, scale: float = 1.0) -> float:
+        r = self.rate * scale
+        if self.kind == "onoff":
+            return r * max(self.on_factor, self.off_factor)
+        if self.kind == "diurnal":
+            return r * (1.0 + self.amplitude)
+        if self.kind == "step":
+            return r * max(1.0, self.step_factor)
+        return r
+
+
+class SLO(_Strict):
+    """A request is *good* when it succeeded within both limits (TTFT only counts for streams)."""
+
+    ttft_s: float = Field(2.0, gt=0)
+    e2e_s: float = Field(30.0, gt=0)
+
+
+class Workload(_Strict):
+    """Everything about the load except where it goes."""
+
+    name: str = "custom"
+    model: str = "sim-llm"
+    arrival: Arrival = Arrival()
+    duration_s: float = Field(60.0, gt=0)
+    warmup_s: float = Field(0.0, ge=0)            # requests sent before this are not in the figures
+    prompt_tokens: LengthDist = LengthDist(median=400, sigma=1.0, max=6000)
+    output_tokens: LengthDist = LengthDist(median=120, sigma=1.0, max=2000)
+    stream: float = Field(1.0, ge=0, le=1)         # share of streaming requests
+    tenants: dict[str, float] = Field(default_factory=lambda: {"default": 1.0})
+    priorities: dict[str, float] = Field(default_factory=dict)   # empty: no priority header
+    max_tokens: Literal["exact", "none"] | int = "exact"
+    slo: SLO = SLO()
+    timeout_s: float = Field(120.0, gt=0)          # the client gives up after this (not a success)
+
+    @model_validator(mode="after")
+    def _mixes(self) -> Workload:
+        for name, mix in (("tenants", self.tenants), ("priorities", self.priorities)):
+            if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
+                raise ValueError(f"{name} weights must be >= 0 with a positive sum")
+        if isinstance(self.max_tokens, int) and self.max_tokens < 1:
+            raise ValueError("max_tokens must be 'exact', 'none' or an integer >= 1")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of a plan: when (seconds from the start), how big, whose."""
+
+    t: float
+    prompt_tokens: int
+    output_tokens: int
+    tenant: str | None = None
+    priority: str | None = None
+    model: str | None = None
+    stream: bool = True
+
+
+def _pick(rng: random.Random, mix: dict[str, float]) -> str | None:
+    if not mix:
+        return None
+    x = rng.random() * sum(mix.values())
+    for name, w in mix.items():
+        x -= w
+        if x < 0:
+            return name
+    return next(reversed(mix))
+
+
+def plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: float | None = None,
+         max_requests: int = 1_000_000) -> list[PlannedRequest]:
+    """The requests of ``w`` (``rate`` overrides ``w.arrival.rate``), at most ``max_requests``."""
+    duration = duration_s if duration_s is not None else w.duration_s
+    scale = 1.0 if rate is None else rate / w.arrival.rate
+    arrivals = random.Random(f"{seed}:arrivals")
+    shapes = random.Random(f"{seed}:shapes")
+    lam_max = w.arrival.max_rate(scale)
+    out: list[PlannedRequest] = []
+    t = 0.0
+    if lam_max <= 0:
+        return out
+    while len(out) < max_requests:   # bounded by max_requests and by the duration
+        t += arrivals.expovariate(lam_max)
+        if t >= duration:
+            break
+        if arrivals.random() * lam_max > w.arrival.rate_at(t, scale):
+            continue   # thinned out
+        out.append(PlannedRequest(
+            t=t, prompt_tokens=w.prompt_tokens.sample(shapes), output_tokens=w.output_tokens.sample(shapes),
+            tenant=_pick(shapes, w.tenants), priority=_pick(shapes, w.priorities), model=w.model,
+            stream=shapes.random() < w.stream))
+    return out
+
+
+BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
+    # Chat: lognormal prompts and answers (ShareGPT-like medians), all streamed.
+    "chat": {"name": "chat"},
+    # Heavy tails: lognormal prompts with a wide spread, Pareto answers (a few very long ones),
+    # two tenants and a priority mix. The workload of the strategy comparison.
+    "heavy-tail": {
+        "name": "heavy-tail",
+        "prompt_tokens": {"dist": "lognormal", "median": 400, "sigma": 1.0, "min": 16, "max": 4000},
+        "output_tokens": {"dist": "pareto", "scale": 32, "alpha": 1.4, "min": 8, "max": 1024},
+        "tenants": {"team-a": 0.7, "team-b": 0.3},
+        "priorities": {"interactive": 0.6, "batch": 0.4},
+        "slo": {"ttft_s": 2.0, "e2e_s": 20.0},
+        "warmup_s": 5.0,
+        "timeout_s": 60.0,
+    },
+    # Bursty on/off traffic with short answers.
+    "bursty": {"name": "bursty", "arrival": {"kind": "onoff", "on_s": 5, "off_s": 10, "on_factor": 2.5,
+                                             "off_factor": 0.25},
+               "output_tokens": {"dist": "lognormal", "median": 64, "sigma": 0.8, "max": 1000}},
+    # A compressed day: the rate swings ±60 % over two minutes.
+    "diurnal": {"name": "diurnal", "arrival": {"kind": "diurnal", "period_s": 120, "amplitude": 0.6},
+                "duration_s": 120},
+    # A step to 2× the rate half-way through.
+    "step": {"name": "step", "arrival": {"kind": "step", "step_at_s": 30, "step_factor": 2.0}},
+    # Long streams of equal length: the emulator-cost measurement (many concurrent streams).
+    "long-streams": {"name": "long-streams", "prompt_tokens": {"dist": "constant", "value": 64},
+                     "output_tokens": {"dist": "constant", "value": 600, "max": 600},
+                     "slo": {"ttft_s": 5.0, "e2e_s": 120.0}, "timeout_s": 180.0},
+}
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A built-in workload by name (:data:`BUILTIN_WORKLOADS`) or a YAML / JSON file."""
+    raw: Any = BUILTIN_WORKLOADS.get(name_or_path)
+    source = name_or_path
+    if raw is None:
+        path = Path(name_or_path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read ({exc.strerror}); built-in workloads: "
+                             f"{', '.join(BUILTIN_WORKLOADS)}") from exc
+        try:
+            raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: a workload is a mapping")
+    try:
+        return Workload.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise ValueError(f"{source}: {loc}: {first['msg']}") from exc

@@ -1,0 +1,57 @@
+// Opens inferlb's /dashboard in headless Chromium (Debian's, through playwright-core), waits until
+// the page says it has drawn everything, takes a full-page screenshot and prints one JSON line:
+// the HTTP status, console errors / page errors / failed requests, requests to other origins,
+// and what each chart drew (series, points, inked pixels of each canvas).
+// usage: node dashboard.mjs URL SCREENSHOT.png [timeout_ms]
+import { chromium } from "playwright-core";
+
+const [url, shot, timeoutArg] = process.argv.slice(2);
+const timeout = Number(timeoutArg || 30000);
+const origin = new URL(url).origin;
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"],
+  timeout,
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
+  const consoleErrors = [];
+  const warnings = [];
+  const external = [];
+  page.on("console", (m) => {
+    if (m.type() === "error") consoleErrors.push(m.text());
+    else if (m.type() === "warning") warnings.push(m.text());
+  });
+  page.on("pageerror", (e) => consoleErrors.push(`pageerror: ${e.message}`));
+  page.on("requestfailed", (r) => consoleErrors.push(`requestfailed: ${r.url()} ${r.failure()?.errorText}`));
+  page.on("request", (r) => {
+    if (!r.url().startsWith(origin) && !r.url().startsWith("data:")) external.push(r.url());
+  });
+  const resp = await page.goto(url, { waitUntil: "load", timeout });
+  await page.waitForFunction(() => window.inferlbDashboard && window.inferlbDashboard.ready === true, null,
+                             { timeout });
+  const drawn = await page.evaluate(() => {
+    const inked = [...document.querySelectorAll(".chart")].map((el) => {
+      const c = el.querySelector("canvas");
+      if (!c) return [el.id, 0];
+      const data = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+      let n = 0;
+      for (let i = 3; i < data.length; i += 4) if (data[i] > 0) n++;
+      return [el.id, n];
+    });
+    return {
+      charts: window.inferlbDashboard.charts,
+      pageErrors: window.inferlbDashboard.errors,
+      inked: Object.fromEntries(inked),
+      stateSegments: document.querySelectorAll(".state-seg").length,
+      tiles: [...document.querySelectorAll(".tile")].map((t) => t.innerText.replace(/\s+/g, " ")),
+      tables: document.querySelectorAll("table tbody tr").length,
+    };
+  });
+  await page.screenshot({ path: shot, fullPage: true });
+  console.log(JSON.stringify({ status: resp.status(), consoleErrors, warnings, external, ...drawn }));
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,100 @@
+"""A deterministic, realistic audit history for report and dashboard tests (and the README screenshot).
+
+Two hours of traffic ending at :data:`END` on three priced nodes, two models, three tenants and two
+priority classes: streamed and plain requests overlapping on each node, a bad spell on ``gpu-c``
+(503s retried on another node), client disconnects, load shedding and invalid input.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from inferlb.engine.settings import FleetConfig, fleet_from_mapping
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.store.writer import upsert_records
+
+START = 1_767_225_600.0          # 2026-01-01T00:00:00Z
+END = START + 2 * 3600.0
+NODES = {"gpu-a": ("h100", 4.10, 1.0), "gpu-b": ("a100", 2.50, 1.3), "gpu-c": ("l4", 0.80, 1.8)}
+MODELS = {"llama-3-8b": "v2", "qwen-14b": "v1"}
+TENANTS = ("acme", "globex", "initech")
+
+
+def fleet(urls: dict[str, str] | None = None) -> FleetConfig:
+    """The fleet the seeded history ran on (node URLs are not contacted by report tests)."""
+    return fleet_from_mapping({
+        "models": [{"name": m, "version": v} for m, v in MODELS.items()],
+        "nodes": [{"name": n, "url": (urls or {}).get(n, "http://127.0.0.1:9"), "models": list(MODELS),
+                   "price_per_hour": price, "labels": {"gpu": gpu}} for n, (gpu, price, _) in NODES.items()],
+        "slos": [{"model": "llama-3-8b", "e2e_max_s": 5.0, "ttft_max_s": 0.6, "e2e_p95_s": 5.0},
+                 {"model": "*", "e2e_max_s": 8.0}],
+        "observability": {"metrics": {"tenants": list(TENANTS)}},
+    }, source="seed")
+
+
+def records(n: int = 1440, seed: int = 7) -> list[RequestRecord]:
+    rng = random.Random(seed)
+    out: list[RequestRecord] = []
+    step = (END - START) / n
+    for i in range(n):
+        t = round(START + i * step + rng.uniform(0, step), 6)
+        model = "llama-3-8b" if rng.random() < 0.7 else "qwen-14b"
+        tenant = rng.choices(TENANTS, weights=(5, 3, 1))[0]
+        priority = "interactive" if rng.random() < 0.6 else "batch"
+        stream = rng.random() < 0.6
+        kw: dict[str, Any] = {
+            "request_id": f"seed-{i:05d}", "received_at": t, "endpoint": "chat", "model_requested": model,
+            "model_served": model, "model_version": MODELS[model], "tenant": tenant, "priority": priority,
+            "stream": stream, "engine": "compiled", "admitted_at": round(t + 0.0001, 6),
+            "prompt_tokens_est": rng.randint(50, 1500),
+        }
+        roll = rng.random()
+        if roll < 0.02:
+            out.append(RequestRecord(**kw, status="rejected_invalid", http_status=400,
+                                     error_class="invalid_request", last_byte_at=round(t + 0.0002, 6)))
+            continue
+        if roll < 0.04:
+            out.append(RequestRecord(**kw, status="rejected", http_status=429, error_class="overloaded",
+                                     last_byte_at=round(t + 0.0002, 6)))
+            continue
+        # Load grows through the first hour, so latencies and the bad spell show on the charts.
+        load = 1.0 + 0.5 * min(1.0, (t - START) / 3600.0)
+        node = rng.choices(list(NODES), weights=(4, 3, 2))[0]
+        attempts: list[AttemptRecord] = []
+        start = round(t + 0.0003, 6)
+        bad_spell = START + 3000 < t < START + 4200
+        if node == "gpu-c" and bad_spell and rng.random() < 0.7:
+            end = round(start + rng.uniform(0.05, 0.4), 6)
+            attempts.append(AttemptRecord(1, node, model, started_at=start, ended_at=end, outcome="retryable",
+                                          http_status=503, error_class="upstream_status"))
+            node, start = "gpu-a", round(end + rng.uniform(0.01, 0.2), 6)
+        speed = NODES[node][2] * load
+        ttft = rng.lognormvariate(-2.0, 0.5) * speed
+        completion = rng.randint(16, 256)
+        decode = completion * rng.uniform(0.005, 0.009) * speed
+        first, last = round(start + ttft, 6), round(start + ttft + decode, 6)
+        status, http_status, outcome, error = "ok", 200, "ok", None
+        if rng.random() < 0.02:
+            last = round(first + decode * rng.uniform(0.1, 0.5), 6)
+            status, http_status, outcome, error = "client_closed", 499, "client_closed", "client_closed"
+            completion = None
+        elif node == "gpu-c" and bad_spell and rng.random() < 0.3:
+            status, http_status, outcome, error = "upstream_error_midstream", 200, "midstream_error", "protocol_error"
+        attempts.append(AttemptRecord(len(attempts) + 1, node, model, started_at=start, ended_at=last,
+                                      outcome=outcome, http_status=200, error_class=error, first_byte_at=first))
+        out.append(RequestRecord(
+            **kw, node=node, status=status, http_status=http_status, error_class=error,
+            routed_at=round(t + 0.0002, 6), first_byte_at=first, last_byte_at=last,
+            prompt_tokens=kw["prompt_tokens_est"] - rng.randint(0, 20), completion_tokens=completion,
+            attempts=attempts))
+    return out
+
+
+def seed(engine: Engine, n: int = 1440) -> list[RequestRecord]:
+    recs = records(n)
+    with engine.begin() as conn:
+        upsert_records(conn, recs)
+    return recs

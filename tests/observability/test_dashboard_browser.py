@@ -1,0 +1,109 @@
+"""``GET /dashboard`` in a real headless Chromium, on SQLite and PostgreSQL.
+
+Debian's ``chromium`` (/usr/bin/chromium) driven by ``playwright-core`` from npm
+(``tests/observability/browser``: ``install.sh`` installs it, ``dashboard.mjs`` drives the page).
+The gateway serves a seeded audit history; the page must load with no console error, no failed
+request and no request to another origin, and every chart must draw data (points reported by the
+page, inked canvas pixels). The screenshot goes to ``test-artifacts/dashboard-<backend>.png``; with
+``INFERLB_UPDATE_DOCS_SCREENSHOT=1`` it also replaces ``docs/dashboard.png`` (the README's).
+
+Skips with the reason when node, the driver or chromium is missing, unless
+``INFERLB_REQUIRE_BROWSER=1`` (CI), where it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from inferlb.engine.store.db import make_engine
+
+from ..support import ROOT, running_gateway, settings_for
+from . import seed
+
+DRIVER = Path(__file__).parent / "browser"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+REQUIRED = os.environ.get("INFERLB_REQUIRE_BROWSER") == "1"
+ARTIFACTS = ROOT / "test-artifacts"
+CHARTS = ("chart-latency", "chart-ttft", "chart-slo", "chart-nodes", "chart-cost-tenant", "chart-cost-model")
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if REQUIRED:
+        pytest.fail(f"{reason} (INFERLB_REQUIRE_BROWSER=1 requires the browser test)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    exe = shutil.which("node")
+    if exe is None:
+        _unavailable("node is not on PATH: the browser test drives chromium with playwright-core")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    match = re.match(r"v(\d+)\.", version)
+    if match is None or int(match.group(1)) < 20:
+        _unavailable(f"node {version or '(unknown)'} is too old: playwright-core needs >= 20")
+    if not (DRIVER / "node_modules" / "playwright-core").is_dir():
+        _unavailable("playwright-core is not installed: run tests/observability/browser/install.sh")
+    if not os.access(CHROMIUM, os.X_OK):
+        _unavailable(f"no chromium at {CHROMIUM}: apt-get install chromium")
+    return exe
+
+
+async def _drive(node: str, url: str, shot: Path) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(node, str(DRIVER / "dashboard.mjs"), url, str(shot), "30000",
+                                                cwd=DRIVER, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 90)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode == 0, f"browser driver failed:\n{out.decode()}\n{err.decode()}"
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_dashboard_renders_seeded_history_in_chromium(node: str, db_url: str, tmp_path: Path) -> None:
+    engine = make_engine(db_url)
+    try:
+        seed.seed(engine)
+    finally:
+        engine.dispose()
+    backend = "sqlite" if db_url.startswith("sqlite") else "postgresql"
+    settings = settings_for(tmp_path, seed.fleet(), database_url=db_url)
+    async with running_gateway(settings) as (base, app):
+        url = f"{base}/dashboard?since={_iso(seed.START)}&until={_iso(seed.END)}&bucket=5m&refresh=0"
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / f"dashboard-{backend}.png"
+        result = await _drive(node, url, shot)
+
+    assert result["status"] == 200
+    assert result["consoleErrors"] == [] and result["pageErrors"] == [], result
+    assert result["external"] == [], "the dashboard must not load anything from another origin"
+    for chart in CHARTS:
+        assert result["charts"][chart]["points"] >= 10, (chart, result["charts"])
+        assert result["inked"][chart] > 2000, (chart, result["inked"])   # lines were drawn, not an empty frame
+    assert result["charts"]["chart-nodes"]["series"] == 8        # (3 nodes + "no node": rejections) x 2
+    assert result["charts"]["chart-cost-tenant"]["series"] == 4  # 3 tenants + idle capacity
+    assert result["stateSegments"] >= 3                          # one per node at least
+    assert result["tables"] >= 2 + 3                              # 2 models + 3 tenants and idle
+    tiles = " ".join(result["tiles"])
+    assert "REQUESTS 1,440" in tiles.upper(), tiles
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("INFERLB_UPDATE_DOCS_SCREENSHOT") == "1" and backend == "sqlite":
+        shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")

@@ -1,0 +1,73 @@
+"""Short bounded benchmarks end to end over real HTTP: the open-loop client against a real gateway
+over simulated batching nodes (in-loop), and ``inferlb bench run`` as a user runs it (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.loadgen import Workload, plan, run_plan, summarize
+from inferlb.simulator.spec import BatchSpec
+from tests.support import ROOT, fleet_for, running_gateway, settings_for
+
+
+def _nodes() -> list[NodeSpec]:
+    def node(name: str, step: float, kv: int) -> NodeSpec:
+        return NodeSpec(name=name, models=["m", "emb"], batching=BatchSpec(
+            kv_tokens=kv, step_base_s=step, step_per_seq_s=0.0001, prefill_s_per_token=0.00001))
+    return [node("fast", 0.001, 8192), node("slow", 0.004, 2048)]
+
+
+WORKLOAD = Workload(model="m", duration_s=2.0, arrival={"kind": "poisson", "rate": 15},
+                    prompt_tokens={"dist": "lognormal", "median": 40, "sigma": 0.5, "max": 400},
+                    output_tokens={"dist": "pareto", "scale": 4, "alpha": 1.5, "max": 60},
+                    stream=0.7, tenants={"a": 1, "b": 1}, priorities={"interactive": 1},
+                    slo={"ttft_s": 1.0, "e2e_s": 5.0}, timeout_s=10.0)
+
+
+async def test_open_loop_run_through_the_gateway(tmp_path: Path) -> None:
+    reqs = plan(WORKLOAD, seed=5)
+    assert 15 <= len(reqs) <= 50
+    async with SimFleet(_nodes()) as sim:
+        urls = {name: node.url for name, node in sim.nodes.items()}
+        settings = settings_for(tmp_path, fleet_for(urls, profile="token-aware", seed=1))
+        async with running_gateway(settings) as (base, _app):
+            data = await run_plan(reqs, WORKLOAD, [base], label="token-aware", nodes=urls, sample_s=0.2)
+        direct = await run_plan(reqs, WORKLOAD, list(urls.values()), label="direct", nodes=urls, sample_s=0.2)
+    for d in (data, direct):
+        s = summarize(d, WORKLOAD)
+        assert s["ok"] == s["sent"] == len(reqs), s["errors"]
+        assert s["good"] == s["ok"] and s["goodput_rps"] > 0
+        assert s["e2e_s"]["p99"] < 5.0 and s["ttft_s"]["n"] > 0
+        assert set(s["share"]) <= {"fast", "slow"} and sum(s["share"].values()) == 1.0
+        assert set(s["nodes"]) == {"fast", "slow"}
+        assert sum(n["requests"] for n in s["nodes"].values()) >= len(reqs) - 2   # sampled counters
+        assert s["lag_p99_s"] < 1.0
+    # "direct" is client-side round robin: request i goes to node i % 2.
+    assert abs(summarize(direct, WORKLOAD)["share"]["fast"] - 0.5) <= 1 / len(reqs)
+
+
+def test_bench_run_command_end_to_end(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("model: sim-llm\nnodes:\n"
+                     "  - {name: a, preset: h100, step_base_s: 0.001, kv_tokens: 8192}\n"
+                     "  - {name: b, preset: t4, step_base_s: 0.004, kv_tokens: 2048}\n")
+    workload = tmp_path / "w.yaml"
+    workload.write_text(json.dumps({**WORKLOAD.model_dump(), "model": "sim-llm"}))
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "inferlb.engine.cli", "bench", "run", "--fleet", str(fleet), "--workload",
+           str(workload), "--rate", "8", "--duration", "2", "--seed", "3", "--profile", "token-aware",
+           "--json", str(out), "--markdown", "--quiet", "--workdir", str(tmp_path / "work")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| target | sent | ok |" in r.stdout and "| node | share %" in r.stdout
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert run["label"] == "token-aware" and run["sent"] > 5 and run["ok"] == run["sent"], run["errors"]
+    assert set(run["nodes"]) == {"a", "b"} and report["meta"]["fleet"] == str(fleet)
+    assert len(report["outcomes"]["token-aware"]) == run["sent"]
+    logs = sorted(p.name for p in (tmp_path / "work").glob("*.log"))
+    assert any("sim" in n for n in logs) and any("gateway" in n for n in logs)
