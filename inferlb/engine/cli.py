@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,18 @@ from .errors import ConfigError, InferlbError, ProcessValidationError
 from .settings import FleetConfig, Settings, fleet_from_mapping, load_settings
 
 __all__ = ["main"]
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when it is installed (it comes with uvicorn[standard]): the asyncio
+    loop written in Python was a measured ~10 % of the gateway's CPU per request."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -50,7 +63,7 @@ async def _serve(settings: Settings, banner: str | None = None) -> None:
     settings = settings.model_copy(update={"fleet": settings.resolved_fleet()})
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            access_log=False, loop="uvloop", http="httptools", timeout_graceful_shutdown=25)
+                            access_log=False, loop="none", http="httptools", timeout_graceful_shutdown=25)
     server = uvicorn.Server(config)
     if banner:
         async def _announce() -> None:
@@ -247,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "demo":
-            asyncio.run(_demo(args))
+            _run_loop(_demo(args))
         elif args.cmd == "serve":
-            asyncio.run(_serve(_settings(args)))
+            _run_loop(_serve(_settings(args)))
         elif args.cmd == "validate":
             return _cmd_validate(args)
         elif args.cmd == "db":
