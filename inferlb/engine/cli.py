@@ -114,6 +114,8 @@ audit database: {db}   engine: INFERLB_ENGINE={engine}
 
   curl -s 'http://{host}:{port}/reports/sla?group_by=node'     # SLA report from the audit trail
   curl -s 'http://{host}:{port}/audit/requests?limit=5'         # the audit trail
+  open http://{host}:{port}/dashboard                             # latency, SLO, cost and node-state charts
+  curl -s http://{host}:{port}/metrics                              # Prometheus metrics
 
 Authentication is OFF in the demo (tenant API keys are not configured). Ctrl-C stops it.
 """
@@ -258,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Per-probe request lines (every health interval) and migration chatter drown the useful log.
+    for noisy in ("httpx", "httpcore", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.cmd == "demo":
             _run_loop(_demo(args))
