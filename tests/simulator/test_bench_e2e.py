@@ -71,3 +71,26 @@ def test_bench_run_command_end_to_end(tmp_path: Path) -> None:
     assert len(report["outcomes"]["token-aware"]) == run["sent"]
     logs = sorted(p.name for p in (tmp_path / "work").glob("*.log"))
     assert any("sim" in n for n in logs) and any("gateway" in n for n in logs)
+
+
+def test_bench_capacity_command_steps_until_p99_doubles(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    # One node running at most 4 sequences, 0.4 s each: 20 requests at 2 req/s never queue, at 40 req/s
+    # they queue 5 deep.
+    fleet.write_text("model: sim-llm\nnodes:\n  - {name: a, preset: t4, step_base_s: 0.02, step_per_seq_s: 0,"
+                     " step_per_kv_token_s: 0, max_num_seqs: 4}\n")
+    workload = tmp_path / "w.yaml"
+    workload.write_text(json.dumps({**WORKLOAD.model_dump(), "model": "sim-llm", "stream": 1.0,
+                                    "output_tokens": {"dist": "constant", "value": 20}}))
+    out = tmp_path / "cap.json"
+    cmd = [sys.executable, "-m", "inferlb.engine.cli", "bench", "capacity", "--fleet", str(fleet), "--workload",
+           str(workload), "--step-s", "0.5", "--base-rate", "2", "--start-rate", "40", "--factor", "4",
+           "--max-steps", "2", "--json", str(out), "--quiet"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cap = json.loads(out.read_text())["capacity"]
+    assert cap["step_s"] == 0.5 and cap["steps"][0]["verdict"] == "baseline"
+    # The baseline (10 s at 2 req/s) and the first step (0.5 s at 40 req/s) send the same requests.
+    assert cap["steps"][0]["summary"]["sent"] == cap["steps"][1]["summary"]["sent"] > 10
+    assert cap["steps"][-1]["verdict"] == "over" and cap["steps"][-1]["p99_ratio"] > 2
+    assert "capacity:" in r.stdout

@@ -4,9 +4,9 @@
 
     inferlb bench run      [--profile token-aware|…|direct] [--url URL] [common options]
     inferlb bench compare  [--targets direct,round-robin,least-connections,token-aware] [--reference P]
-    inferlb bench capacity [--profile token-aware] [--start-rate R] [--factor 1.3] [--step-s 30]
+    inferlb bench capacity [--profile token-aware] [--start-rate R] [--factor 1.3] [--step-s 40]
 
-Common options: ``--workload NAME|FILE`` (built-ins: chat, heavy-tail, bursty, diurnal, step) or
+Common options: ``--workload NAME|FILE`` (chat, heavy-tail, bursty, diurnal, step, long-streams) or
 ``--trace FILE`` (JSONL / CSV / audit export), ``--fleet NAME|FILE`` (hetero4, uniform4, large16),
 ``--on-kv-full preempt|oom``, ``--rate R`` or ``--load F --capacity C`` (R = F × C), ``--duration``,
 ``--seed``, ``--json OUT``, ``--markdown``, ``--plot DIR``, ``--workdir DIR``, ``--quiet``.
@@ -15,8 +15,9 @@ Each target of a comparison gets a fresh node process (every target starts from 
 fleet) and, unless it is ``direct`` (the client round-robins over the nodes itself), its own
 gateway process; the same seeded plan is sent to each, back to back. The capacity search steps the
 rate by ``--factor`` from ``--start-rate`` until the e2e p99 passes 2× the unloaded p99 (measured
-first, at ``--base-rate``, over at least ~120 requests) or more than 5 % of requests fail, and
-reports the last rate that passed.
+first, at ``--base-rate``) or more than 5 % of requests fail, and reports the last rate that passed.
+Steps send the first requests of one seeded stream (the baseline exactly the first step's), so with
+heavy-tailed lengths the p99s compare load, not which long requests a sample happened to draw.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def _parser(what: str) -> argparse.ArgumentParser:
         ap.add_argument("--start-rate", type=float, default=1.0, help="first loaded step, req/s (1.0)")
         ap.add_argument("--base-rate", type=float, help="rate of the unloaded baseline (start-rate / 2)")
         ap.add_argument("--factor", type=float, default=1.3, help="rate multiplier per step (1.3)")
-        ap.add_argument("--step-s", type=float, default=30.0, help="arrival window per step, seconds (30)")
+        ap.add_argument("--step-s", type=float, default=40.0,
+                        help="arrival window per step, seconds (40; the baseline sends as many requests "
+                             "as the first step)")
         ap.add_argument("--max-steps", type=int, default=12)
     return ap
 
@@ -224,16 +227,20 @@ def _run_or_compare(what: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _capacity(args: argparse.Namespace) -> dict[str, Any]:
     log = _log(args.quiet)
-    w = load_workload(args.workload)
+    # Every step sends the first requests of one seeded stream (the same lengths in the same order),
+    # so a faster step sends a superset of a slower one's, and the baseline sends exactly the first
+    # step's requests: with heavy tails, the p99 of unrelated samples would measure which long
+    # requests each drew rather than the load. Steps last long enough to reach a steady state; no
+    # warm-up is dropped (it would drop different requests at different rates).
+    w = load_workload(args.workload).model_copy(update={"warmup_s": 0.0})
     step_s = args.step_s
     base_rate = args.base_rate or args.start_rate / 2
-    # A p99 needs samples: the baseline runs until it has about 120 requests (heavy tails make
-    # the p99 of a few dozen requests little more than their maximum).
-    base_s = max(step_s, 120.0 / base_rate)
+    base_s = step_s * args.start_rate / base_rate
     steps: list[dict[str, Any]] = []
     cap: dict[str, Any] = {"profile": args.profile, "steps": steps, "capacity_rps": None, "unloaded_p99_s": None,
+                           "step_s": step_s,
                            "rule": "last rate whose e2e p99 ≤ 2 × the unloaded p99 and errors ≤ 5 %"}
-    report: dict[str, Any] = {"meta": _meta(args, w, base_rate, step_s, 0), "runs": [], "outcomes": {},
+    report: dict[str, Any] = {"meta": _meta(args, w, base_rate, base_s, 0), "runs": [], "outcomes": {},
                               "capacity": cap}
     with _workdir(args.workdir) as wd:
         stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)

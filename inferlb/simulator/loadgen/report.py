@@ -100,12 +100,12 @@ def print_table(title: str, head: Row, rows: list[Row], *, markdown: bool) -> No
 
 
 def capacity_lines(cap: dict[str, Any]) -> tuple[Row, list[Row]]:
-    head = ["step", "offered req/s", "e2e p99", "× unloaded p99", "TTFT p99", "goodput req/s", "errors %",
-            "verdict"]
+    head = ["step", "rate req/s", "offered req/s", "e2e p99", "× unloaded p99", "TTFT p99", "goodput req/s",
+            "errors %", "verdict"]
     rows = []
     for st in cap["steps"]:
         s = st["summary"]
-        rows.append([st["name"], _f(st["rate"]), _ms(s["e2e_s"]["p99"]), _f(st.get("p99_ratio")),
+        rows.append([st["name"], _f(st["rate"]), _f(s["offered_rps"]), _ms(s["e2e_s"]["p99"]), _f(st.get("p99_ratio")),
                      _ms(s["ttft_s"]["p99"]), _f(s["goodput_rps"]), _f(100 * s["error_rate"], 1), st["verdict"]])
     return head, rows
 
@@ -122,18 +122,19 @@ def plot_runs(summaries: Sequence[dict[str, Any]], outcomes: dict[str, list[list
         raise RuntimeError("--plot needs matplotlib: pip install 'inferlb[plot]'") from exc
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for s in summaries:
-        e2e = sorted(row[3] for row in outcomes.get(s["label"], []) if row[2])
-        if e2e:
-            ax.plot(e2e, [(i + 1) / len(e2e) for i in range(len(e2e))], label=s["label"])
-    ax.set_xscale("log")
-    ax.set_xlabel("end-to-end latency (s, log scale)")
-    ax.set_ylabel("share of successful requests")
-    ax.set_title("Latency CDF")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    paths.append(_save(fig, out_dir / "latency_cdf.png", plt))
+    curves = [(s["label"], sorted(row[3] for row in outcomes.get(s["label"], []) if row[2])) for s in summaries]
+    curves = [(label, e2e) for label, e2e in curves if e2e]
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, e2e in curves:
+            ax.plot(e2e, [(i + 1) / len(e2e) for i in range(len(e2e))], label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("end-to-end latency (s, log scale)")
+        ax.set_ylabel("share of successful requests")
+        ax.set_title("Latency CDF")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        paths.append(_save(fig, out_dir / "latency_cdf.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if capacity is not None:

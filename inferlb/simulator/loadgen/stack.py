@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from ..bench_procs import Child, free_port, wait_http
-from ..presets import fleet_specs
+from ..presets import FLEETS, fleet_specs
 from ..spec import NodeSpec
 from .workload import Workload
 
@@ -78,8 +78,9 @@ class Stack:
     def __init__(self, workdir: Path, fleet: str, *, sim_args: list[str] | None = None,
                  log: Callable[[str], None] = lambda m: None) -> None:
         self.dir = workdir
-        self.fleet = fleet
-        self.specs = fleet_specs(fleet)
+        # The node process runs in the work dir: a fleet file is passed by absolute path.
+        self.fleet = fleet if fleet in FLEETS else str(Path(fleet).resolve())
+        self.specs = fleet_specs(self.fleet)
         self.sim_args = list(sim_args or [])
         self.log = log
         self.children: list[Child] = []
