@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     journal_dir: Path = Path("inferlb-journal")
     max_body_bytes: int = 4 * 1024 * 1024
     max_json_depth: int = 64
-    max_inflight: int = 4096                         # gateway-wide admission cap (issue 5 deepens)
+    max_inflight: int = 4096                         # gateway-wide hard cap on requests in flight
     store_prompts: bool = False
     audit_batch_size: int = 256
     audit_flush_interval_s: float = 0.2
