@@ -2,9 +2,13 @@
 
 Nothing is created at import time. The lifespan builds, in order: fleet config → audit database
 (SQLite is upgraded automatically; PostgreSQL expects ``inferlb db upgrade``) → audit writer →
-upstream client → request process (parsed and validated once; executor chosen) → runtime →
-gateway; and closes them in reverse: readiness false → in-flight requests drain → upstream
-closed → audit writer flushed → database disposed.
+upstream client → request process (parsed and validated once; executor chosen) → observability
+hub → runtime (fleet, router, admission controller) → gateway (with the ``admission/wait``
+performer) → admission service (keys, queue tick, Redis sync) → node-event writer → health
+monitor (its first round runs before readiness, so a node still loading gets no traffic).
+Shutdown: readiness false → in-flight requests drain (uvicorn's graceful shutdown) → monitor →
+upstream → admission service → audit writer flushed → observability → event writer → database
+disposed.
 """
 
 from __future__ import annotations
