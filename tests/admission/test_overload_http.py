@@ -99,3 +99,30 @@ async def test_total_outage_retry_amplification_stays_under_1_1(tmp_path: Path) 
         assert max(per_request) <= 3 and sum(per_request) == attempts      # C-09: ≤ 3 attempts each
         denied = app.state.admission.snapshot()["counters"].get("retry_denied_budget", 0)
         assert denied > 0                                                   # the budget did the work
+
+
+async def test_client_leaving_while_queued_frees_its_place(tmp_path: Path) -> None:
+    specs = [NodeSpec(name="n0", models=["m"], base_ttft_s=0.01, tpot_s=0.03, max_concurrency=1)]
+    async with stack(tmp_path, specs, conc=1, admission={"queue": {"min_size": 4}}) as (sim, client, app):
+        first = asyncio.create_task(_post(client, "standard", max_tokens=20))      # holds the only slot ~0.6 s
+        await sim.nodes["n0"].wait_until(lambda s: s.live == 1, timeout=5)
+        try:
+            await client.post("/v1/chat/completions", json={"model": "m", "messages": MSG, "max_tokens": 5},
+                              timeout=0.2)                                          # queued, then the client leaves
+        except httpx.ReadTimeout:
+            pass
+        else:
+            raise AssertionError("the second request should have waited in the queue")
+        assert (await first).status_code == 200
+        for _ in range(200):                                                         # bounded: ≤ 4 s
+            await app.state.store.writer.flush_once(force=True)
+            rows = (await client.get("/audit/requests", params={"limit": 10})).json()["data"]
+            if len(rows) == 2:
+                break
+            await asyncio.sleep(0.02)
+        statuses = sorted(r["status"] for r in rows)
+        assert statuses == ["client_closed", "ok"]
+        snap = app.state.admission.snapshot()["pools"]["m"]
+        assert snap["queued"] == 0 and snap["admitted"] == 0
+        # the departed request never reached the node, even after the slot freed
+        assert sim.nodes["n0"].stats.requests_total == 1
