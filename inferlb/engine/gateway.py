@@ -313,7 +313,6 @@ class Gateway:
                     if out:
                         if rec.first_byte_at is None:
                             rec.first_byte_at = round(rt.clock.time(), 6)
-                            scope.committed = True
                         yield out
                 try:
                     chunk = await it.__anext__()

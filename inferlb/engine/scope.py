@@ -54,7 +54,6 @@ class RequestScope:
     decision: Decision | None = None
     last_outcome: dict[str, Any] | None = None
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
-    committed: bool = False                       # the first byte reached the client
 
 
 def build_runtime(

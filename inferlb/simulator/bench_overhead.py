@@ -38,11 +38,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ import yaml
 
 from .bench_engine import measure_engine
 from .bench_loadgen import LoadSpec
-from .bench_procs import Child, free_port, system_busy, wait_http
+from .bench_procs import Child, free_port, system_busy, wait_http, workdir
 from .bench_report import render
 
 __all__ = ["MODES", "BenchConfig", "Target", "main", "repo_root", "run_bench"]
@@ -344,7 +342,7 @@ def run_bench(cfg: BenchConfig, *, quiet: bool = False) -> dict[str, Any]:
         log(f"engine alone: {cfg.engine_n} requests per executor and scenario")
         engine = measure_engine(cfg.engine_n, max_seconds=cfg.max_seconds)
     results: list[dict[str, Any]] = []
-    with _workdir(cfg.workdir) as wd:
+    with workdir(cfg.workdir) as wd:
         bench = _Bench(cfg, wd, log)
         main_thread = threading.current_thread() is threading.main_thread()
         prev = signal.getsignal(signal.SIGTERM)
@@ -374,16 +372,6 @@ def run_bench(cfg: BenchConfig, *, quiet: bool = False) -> dict[str, Any]:
         meta["system_busy_overall"] = (busy1[0] - busy0[0]) / (busy1[1] - busy0[1])
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return {"meta": meta, "engine": engine, "cells": results, "rows": _cell_rows(results), "notes": notes}
-
-
-@contextmanager
-def _workdir(path: Path | None) -> Iterator[Path]:
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="inferlb-bench-") as tmp:
-        yield Path(tmp)
 
 
 def _one_line(o: dict[str, Any]) -> str:

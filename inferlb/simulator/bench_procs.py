@@ -14,10 +14,12 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "system_busy",
     "tree_cpu_seconds",
     "wait_http",
+    "workdir",
 ]
 
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -178,3 +181,14 @@ def wait_http(url: str, child: Child, timeout_s: float = 60.0) -> float:
         time.sleep(0.1)
     raise RuntimeError(f"{child.name}: {url} did not answer 200 within {timeout_s:.0f} s:\n"
                        f"{child.log_tail()}")
+
+
+@contextmanager
+def workdir(path: Path | None) -> Iterator[Path]:
+    """``path`` (created if missing and kept), or a temporary directory removed on exit."""
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="inferlb-bench-") as tmp:
+        yield Path(tmp)

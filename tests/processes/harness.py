@@ -77,8 +77,7 @@ def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], 
     call = inst.advance()
     while call is not None:
         if call.operation == "upstream/dispatch":
-            node = inst.data_view()["routing"]["node"] if hasattr(inst, "data_view") else None
-            node = node or _current_routing(inst)["node"]
+            node = _current_routing(inst)["node"]
             res.dispatched.append(node)
             scope.attempts += 1
             scope.tried.append(node)

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import builtins
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,5 +105,3 @@ class ScriptEnv:
                     context.pop(k)
         return True
 
-
-_ = builtins  # builtins are provided by eval/exec themselves

@@ -29,14 +29,11 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..bench_procs import system_busy, tree_cpu_seconds
+from ..bench_procs import system_busy, tree_cpu_seconds, workdir
 from .report import capacity_lines, compare_rows, node_rows, plot_runs, print_table
 from .results import summarize
 from .runner import RunData, run_plan
@@ -107,16 +104,6 @@ def _rate(args: argparse.Namespace) -> float | None:
             raise ValueError("--load needs --capacity (req/s, as bench capacity reports it)")
         return float(args.load * args.capacity)
     return float(args.rate) if args.rate is not None else None
-
-
-@contextmanager
-def _workdir(path: Path | None) -> Iterator[Path]:
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="inferlb-bench-") as tmp:
-        yield Path(tmp)
 
 
 def _target(stack: Stack, target: str, w: Workload, seed: int) -> list[str]:
@@ -208,7 +195,7 @@ def _run_or_compare(what: str, args: argparse.Namespace) -> dict[str, Any]:
         report["runs"].append(s)
         report["outcomes"][s["label"]] = _compact(data)
         return report
-    with _workdir(args.workdir) as wd:
+    with workdir(args.workdir) as wd:
         stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)
         try:
             for target in targets:
@@ -242,7 +229,7 @@ def _capacity(args: argparse.Namespace) -> dict[str, Any]:
                            "rule": "last rate whose e2e p99 ≤ 2 × the unloaded p99 and errors ≤ 5 %"}
     report: dict[str, Any] = {"meta": _meta(args, w, base_rate, base_s, 0), "runs": [], "outcomes": {},
                               "capacity": cap}
-    with _workdir(args.workdir) as wd:
+    with workdir(args.workdir) as wd:
         stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)
         try:
             urls = _target(stack, args.profile, w, args.seed)
