@@ -76,7 +76,27 @@ def test_api_imports_neither_tasks_nor_spiff(path: Path) -> None:
 def test_only_app_wires_tasks_into_the_engine() -> None:
     users = [p.relative_to(PKG).as_posix() for p in _modules("engine")
              if any(_starts(n, "inferlb.tasks") for n in _imports(p))]
-    assert set(users) <= {"engine/app.py", "engine/cli.py"}, users
+    assert set(users) <= {"engine/app.py"}, users
+
+
+@pytest.mark.parametrize("path", _modules("engine"), ids=lambda p: p.relative_to(PKG).as_posix())
+def test_engine_never_imports_simulator_bench_or_cli(path: Path) -> None:
+    for name in _imports(path):
+        for top in ("inferlb.simulator", "inferlb.bench", "inferlb.cli"):
+            assert not _starts(name, top), f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("path", _modules("simulator"), ids=lambda p: p.relative_to(PKG).as_posix())
+def test_simulator_imports_only_shared_vocabulary_and_routing(path: Path) -> None:
+    allowed = ("inferlb.simulator", "inferlb.engine.types", "inferlb.engine.routing", "inferlb.engine.errors")
+    for name in _imports(path):
+        if name.startswith("inferlb"):
+            assert any(_starts(name, a) for a in allowed), f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("path", _modules("bench"), ids=lambda p: p.relative_to(PKG).as_posix())
+def test_bench_never_imports_the_cli(path: Path) -> None:
+    assert not any(_starts(n, "inferlb.cli") for n in _imports(path))
 
 
 def test_the_walker_sees_relative_imports() -> None:

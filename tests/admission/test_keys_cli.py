@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from inferlb.cli import main
 from inferlb.engine.admission.keys import hash_key
-from inferlb.engine.cli import main
 from inferlb.engine.store.db import make_engine
 from inferlb.engine.store.keys import get_key
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.engine.cli import main
+from inferlb.cli import main
 from inferlb.simulator import FaultSpec, SimFleet
 
 from ..support import free_port

@@ -117,7 +117,7 @@ def test_real_pynvml_without_a_driver_is_unavailable_not_an_error() -> None:
 def test_cli_agent_starts_and_serves(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "inferlb.engine.cli", "agent", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "inferlb.cli", "agent", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env)
     try:
         assert proc.stdout is not None

@@ -124,7 +124,7 @@ def test_the_health_process_must_keep_its_required_tasks(tmp_path: Path) -> None
 
 
 def test_validate_cli_knows_a_health_process() -> None:
-    from inferlb.engine.cli import main
+    from inferlb.cli import main
 
     assert main(["validate", str(MAIN)]) == 0
 

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from ..support import ROOT, free_port
 
-CLI = [sys.executable, "-m", "inferlb.engine.cli"]
+CLI = [sys.executable, "-m", "inferlb.cli"]
 
 
 def _env(tmp: Path) -> dict[str, str]:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.cli import main
+from inferlb.cli import main
 from inferlb.engine.errors import InvalidRequest
 from inferlb.engine.store.queries import parse_bucket, parse_group_by, sla_report
 

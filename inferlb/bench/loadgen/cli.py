@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..bench_procs import system_busy, tree_cpu_seconds, workdir
+from ..procs import system_busy, tree_cpu_seconds, workdir
 from .report import capacity_lines, compare_rows, node_rows, plot_runs, print_table
 from .results import summarize
 from .runner import RunData, run_plan

@@ -1,7 +1,7 @@
 """The processes a benchmark runs: simulated nodes (one ``inferlb sim`` process) and a gateway.
 
 Contract: everything binds 127.0.0.1 on free ports; every child is a
-:class:`~inferlb.simulator.bench_procs.Child` (own session, log file in the work dir) and
+:class:`~inferlb.bench.procs.Child` (own session, log file in the work dir) and
 :meth:`Stack.close` stops them all by PID, also when the benchmark fails. The gateway's fleet file
 gives each node ``capacity_tokens`` = its KV-cache size and ``max_concurrency`` = its own cap, as
 an operator would configure them from the server's start-up log; only ``routing.profile`` differs
@@ -22,9 +22,10 @@ from typing import Any
 
 import yaml
 
-from ..bench_procs import Child, free_port, wait_http
-from ..presets import FLEETS, fleet_specs
-from ..spec import NodeSpec
+from inferlb.simulator.presets import FLEETS, fleet_specs
+from inferlb.simulator.spec import NodeSpec
+
+from ..procs import Child, free_port, wait_http
 from .workload import Workload
 
 __all__ = ["Stack", "gateway_fleet", "node_overrides"]
@@ -100,7 +101,7 @@ class Stack:
         self.stop_nodes()
         ports = [free_port() for _ in self.specs]
         self.node_urls = {s.name: f"http://127.0.0.1:{p}" for s, p in zip(self.specs, ports, strict=True)}
-        cmd = [PY, "-m", "inferlb.engine.cli", "sim", "--fleet", self.fleet, *self.sim_args,
+        cmd = [PY, "-m", "inferlb.cli", "sim", "--fleet", self.fleet, *self.sim_args,
                "--ports", *map(str, ports)]
         self.sim = self._spawn("sim", cmd, _env())
         for url in self.node_urls.values():
@@ -125,7 +126,7 @@ class Stack:
         env = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
                    INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
                    INFERLB_LOG_LEVEL="WARNING")
-        self.gateway = self._spawn(f"gateway-{profile}", [PY, "-m", "inferlb.engine.cli", "serve", "--config",
+        self.gateway = self._spawn(f"gateway-{profile}", [PY, "-m", "inferlb.cli", "serve", "--config",
                                                          str(fleet_file)], env)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/readyz", self.gateway, 90)

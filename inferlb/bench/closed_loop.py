@@ -11,7 +11,7 @@ CPU seconds of watched process trees (``watch``: name → PID) are read from ``/
 and right after the measured phase, so start-up and warm-up are not counted; so are the busy and
 total CPU seconds of the whole machine (``/proc/stat``), which tell how much else was running.
 
-``bench overhead`` runs it as a subprocess (``python -m inferlb.simulator.bench_loadgen --spec
+``bench overhead`` runs it as a subprocess (``python -m inferlb.bench.loadgen --spec
 JSON``; one JSON object on stdout) so the generator's own CPU stays out of the measured process.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from .bench_procs import system_busy, tree_cpu_seconds
+from .procs import system_busy, tree_cpu_seconds
 
 __all__ = ["LoadSpec", "main", "percentile", "run_load", "summarize"]
 
@@ -196,7 +196,7 @@ def _run(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``--spec JSON`` (a :class:`LoadSpec` as JSON) → one JSON result line on stdout."""
-    ap = argparse.ArgumentParser(prog="python -m inferlb.simulator.bench_loadgen", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.closed_loop", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="LoadSpec as a JSON object")
     args = ap.parse_args(argv)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.simulator.bench_engine import ENGINES, SCENARIOS, measure_engine
-from inferlb.simulator.bench_overhead import BenchConfig, main, run_bench
-from inferlb.simulator.bench_report import render
+from inferlb.bench.engine import ENGINES, SCENARIOS, measure_engine
+from inferlb.bench.overhead import BenchConfig, main, run_bench
+from inferlb.bench.report import render
 
 _LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
                             reason="process CPU figures and child checks read /proc (Linux)")

@@ -18,10 +18,10 @@ measurements; ``inferlb sim`` nodes when that file is absent), then one target p
 
 For each concurrency and stream / non-stream it runs every target (cell by cell, so all targets of
 a cell see the same machine): a warm-up, then ``--n`` measured requests from a closed-loop
-generator in its own process (:mod:`.bench_loadgen`). The table shows e2e p50/p99, TTFT p50/p99
+generator in its own process (:mod:`.closed_loop`). The table shows e2e p50/p99, TTFT p50/p99
 (streams), req/s, the latency added over ``direct`` of the same cell, and the gateway's CPU seconds
 per 1,000 requests (``utime + stime`` of its process tree over the measured phase only). Before
-that, the engine alone (:mod:`.bench_engine`): CPU µs per request of the request process for both
+that, the engine alone (:mod:`.engine`): CPU µs per request of the request process for both
 executors, in-process, without HTTP.
 
 Every loop is bounded in count and time (``--max-seconds`` per phase of a cell); everything binds
@@ -47,10 +47,10 @@ from typing import Any
 
 import yaml
 
-from .bench_engine import measure_engine
-from .bench_loadgen import LoadSpec
-from .bench_procs import Child, free_port, system_busy, wait_http, workdir
-from .bench_report import render
+from .closed_loop import LoadSpec
+from .engine import measure_engine
+from .procs import Child, free_port, system_busy, wait_http, workdir
+from .report import render
 
 __all__ = ["MODES", "BenchConfig", "Target", "main", "repo_root", "run_bench"]
 
@@ -205,7 +205,7 @@ class _Bench:
                               "slower than 20 ms TTFT + 2 ms/token); figures are not comparable with the "
                               "peer bench, and direct round-robin vs. inferlb routing differ in more than "
                               "overhead")
-            sim = self.spawn("sim", [PY, "-m", "inferlb.engine.cli", "sim", "--ports", *map(str, ports)],
+            sim = self.spawn("sim", [PY, "-m", "inferlb.cli", "sim", "--ports", *map(str, ports)],
                              env=_child_env())
             kids = [sim] * 3
         for url, kid in zip(self.node_urls, kids, strict=True):
@@ -263,7 +263,7 @@ class _Bench:
             env = _child_env(INFERLB_ENGINE=mode, INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
                              INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}",
                              INFERLB_JOURNAL_DIR=str(gdir / "journal"), INFERLB_LOG_LEVEL="WARNING")
-            child = self.spawn(f"inferlb-{mode}", [PY, "-m", "inferlb.engine.cli", "serve", "--config",
+            child = self.spawn(f"inferlb-{mode}", [PY, "-m", "inferlb.cli", "serve", "--config",
                                                    str(fleet_file)], env=env)
             wait_http(url + "/readyz", child, 90)
         else:
@@ -289,7 +289,7 @@ class _Bench:
                         watch=self._watch(target))
         if target.child is not None and not target.child.alive():
             raise RuntimeError(f"{target.mode} exited:\n{target.child.log_tail()}")
-        cmd = [PY, "-m", "inferlb.simulator.bench_loadgen", "--spec", json.dumps(asdict(spec))]
+        cmd = [PY, "-m", "inferlb.bench.closed_loop", "--spec", json.dumps(asdict(spec))]
         limit = 2 * cfg.max_seconds + 2 * spec.timeout_s + 30
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=_child_env(), check=False)
         if r.returncode != 0 or not r.stdout.strip():

@@ -34,7 +34,7 @@ from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition, load_process
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
 
-from .bench_loadgen import summarize
+from .closed_loop import summarize
 
 __all__ = ["ENGINES", "SCENARIOS", "EngineScenario", "default_process_path", "measure_engine"]
 

@@ -27,8 +27,9 @@ from typing import Any
 
 import aiohttp
 
-from ..bench_procs import tree_cpu_seconds
-from ..node import SIM_OUTPUT_FIELD
+from inferlb.simulator.node import SIM_OUTPUT_FIELD
+
+from ..procs import tree_cpu_seconds
 from .workload import PlannedRequest, Workload
 
 __all__ = ["Outcome", "RunData", "Sample", "run_plan"]

@@ -27,8 +27,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, InferlbError, ProcessValidationError
-from .settings import FleetConfig, Settings, fleet_from_mapping, load_settings
+from .engine.errors import ConfigError, InferlbError, ProcessValidationError
+from .engine.settings import FleetConfig, Settings, fleet_from_mapping, load_settings
 
 __all__ = ["main"]
 
@@ -57,7 +57,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 async def _serve(settings: Settings, banner: str | None = None) -> None:
     import uvicorn
 
-    from .app import create_app
+    from .engine.app import create_app
 
     # Fail before binding a port: a bad fleet file names the file and key path, no traceback.
     settings = settings.model_copy(update={"fleet": settings.resolved_fleet()})
@@ -135,7 +135,7 @@ async def _demo(args: argparse.Namespace) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from inferlb.tasks import REQUIRED_TASKS, SERVICES
 
-    from .workflow import load_process
+    from .engine.workflow import load_process
 
     required = {} if args.no_required else REQUIRED_TASKS
     engine = args.engine or "auto"
@@ -159,8 +159,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .store.commands import report_cost, report_sla
-    from .store.ledger import node_prices
+    from .engine.store.commands import report_cost, report_sla
+    from .engine.store.ledger import node_prices
 
     settings = _settings(args)
     fleet = settings.resolved_fleet() if settings.config is not None else None
@@ -180,7 +180,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_db(args: argparse.Namespace) -> int:
-    from .store.commands import db_upgrade
+    from .engine.store.commands import db_upgrade
 
     settings = _settings(args)
     db_upgrade(settings.database_url)
@@ -248,7 +248,7 @@ def _parser() -> argparse.ArgumentParser:
     ag = sub.add_parser("agent", help="GPU node agent: NVML readings over HTTP (needs the agent extra)")
     ag.add_argument("--host", default="127.0.0.1")
     ag.add_argument("--port", type=int, default=9401)
-    from .admission.commands import add_keys_parser
+    from .engine.admission.commands import add_keys_parser
 
     add_keys_parser(sub)
     b = sub.add_parser("bench", help="benchmarks")
@@ -277,28 +277,28 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "sim":
             asyncio.run(_sim(args))
         elif args.cmd == "fleet":
-            from .health.report import fleet_command
+            from .engine.health.report import fleet_command
 
             return fleet_command(args.url, api_key=args.api_key, as_json=args.json)
         elif args.cmd == "agent":
-            from .health.agent import serve_agent
+            from .engine.health.agent import serve_agent
 
             asyncio.run(serve_agent(args.host, args.port,
                                     on_ready=lambda url: print(f"inferlb agent serving {url}/gpu", flush=True)))
         elif args.cmd == "keys":
-            from .admission.commands import keys_command
+            from .engine.admission.commands import keys_command
 
             return keys_command(args, _settings(args).database_url)
         elif args.cmd == "bench" and args.what == "overload":
-            from inferlb.simulator.bench_overload import main as overload_main
+            from inferlb.bench.overload import main as overload_main
 
             return overload_main(args.rest)
         elif args.cmd == "bench":
             if args.what != "overhead":
-                from inferlb.simulator.loadgen.cli import main as loadgen_main
+                from inferlb.bench.loadgen.cli import main as loadgen_main
 
                 return loadgen_main(args.what, args.rest)
-            from inferlb.simulator.bench_overhead import main as bench_main
+            from inferlb.bench.overhead import main as bench_main
 
             return bench_main(args.rest)
     except (ConfigError, InferlbError) as exc:

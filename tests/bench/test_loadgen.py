@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.simulator.loadgen import (
+from inferlb.bench.loadgen import (
     Arrival,
     LengthDist,
     Outcome,
@@ -22,9 +22,9 @@ from inferlb.simulator.loadgen import (
     plan,
     summarize,
 )
-from inferlb.simulator.loadgen.report import compare_rows, node_rows, table_markdown
-from inferlb.simulator.loadgen.runner import Sample
-from inferlb.simulator.loadgen.stack import gateway_fleet
+from inferlb.bench.loadgen.report import compare_rows, node_rows, table_markdown
+from inferlb.bench.loadgen.runner import Sample
+from inferlb.bench.loadgen.stack import gateway_fleet
 from inferlb.simulator.presets import fleet_specs
 
 
@@ -114,7 +114,7 @@ def test_traces_jsonl_csv_and_audit_export(tmp_path: Path) -> None:
          "prompt_tokens": None, "completion_tokens": None},
     ], "next_cursor": None}
     text = json.dumps(page)
-    from inferlb.simulator.loadgen.trace import TraceInfo
+    from inferlb.bench.loadgen.trace import TraceInfo
     info = TraceInfo()
     reqs = parse_trace(text, suffix=".json", info=info)
     assert [(r.t, r.prompt_tokens, r.output_tokens, r.model) for r in reqs] == \
@@ -171,7 +171,7 @@ def test_gateway_fleet_gives_each_node_its_kv_size() -> None:
 
 def test_plots_are_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from inferlb.simulator.loadgen.report import plot_runs
+    from inferlb.bench.loadgen.report import plot_runs
 
     w = Workload(duration_s=10)
     outs = [_outcome(i, float(i), e2e=0.5 + i / 10, node="ab"[i % 2]) for i in range(10)]

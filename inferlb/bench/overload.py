@@ -3,7 +3,7 @@ L-03, L-05), with an open-loop generator.
 
 What it runs, each piece in its own process so the generator's CPU stays out of the gateway's:
 
-* simulated nodes (``python -m inferlb.simulator.bench_overload nodes``): vLLM-like engines
+* simulated nodes (``python -m inferlb.bench.overload nodes``): vLLM-like engines
   (continuous batching, ``max_num_seqs`` = ``--conc``; excess requests wait inside the engine
   as they do on vLLM) when the batching model is available, else fixed-speed nodes that answer
   429 above ``--conc``;
@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from .bench_procs import Child, free_port, wait_http
+from .procs import Child, free_port, wait_http
 
 __all__ = ["CellResult", "Shot", "main", "run_cell", "summarize_cell"]
 
@@ -192,10 +192,10 @@ async def _node_hits(urls: list[str] | None) -> int:
 
 
 def _node_specs(n: int, conc: int, tokens: int, step_s: float) -> list[Any]:
-    from .spec import NodeSpec
+    from inferlb.simulator.spec import NodeSpec
 
     try:
-        from .spec import BatchSpec  # the vLLM-like engine model, when this simulator has it
+        from inferlb.simulator.spec import BatchSpec  # the vLLM-like engine model, when this simulator has it
     except ImportError:
         BatchSpec = None
     if BatchSpec is not None:
@@ -207,7 +207,7 @@ def _node_specs(n: int, conc: int, tokens: int, step_s: float) -> list[Any]:
 
 
 def _serve_nodes(argv: list[str]) -> int:
-    from .emulator import serve_sim
+    from inferlb.simulator.emulator import serve_sim
 
     spec = json.loads(argv[0])
     specs = _node_specs(spec["n"], spec["conc"], spec["tokens"], spec["step_s"])
@@ -228,7 +228,7 @@ class Stack:
         self.ports = [free_port() for _ in range(args.nodes)]
         self.node_urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         spec = {"n": args.nodes, "conc": args.conc, "tokens": args.tokens, "step_s": args.step_s, "ports": self.ports}
-        self.nodes = Child("nodes", [sys.executable, "-m", "inferlb.simulator.bench_overload", "nodes",
+        self.nodes = Child("nodes", [sys.executable, "-m", "inferlb.bench.overload", "nodes",
                                      json.dumps(spec)], work / "nodes.log")
         for u in self.node_urls:
             wait_http(u + "/health", self.nodes)
@@ -253,7 +253,7 @@ class Stack:
                str(self.work / "journal"), "INFERLB_LOG_LEVEL": "WARNING", "INFERLB_AUTH": "on" if auth else "off",
                "INFERLB_AUDIT_FLUSH_INTERVAL_S": "0.5"}
         env.pop("INFERLB_REDIS_URL", None)
-        self.gateway = Child("gateway", [sys.executable, "-m", "inferlb.engine.cli", "serve", "--config", str(cfg),
+        self.gateway = Child("gateway", [sys.executable, "-m", "inferlb.cli", "serve", "--config", str(cfg),
                                          "--port", str(port)], self.work / "gateway.log", env=env)
         self.base = f"http://127.0.0.1:{port}"
         wait_http(self.base + "/readyz", self.gateway)

@@ -18,7 +18,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..bench_loadgen import percentile
+from ..closed_loop import percentile
 from .runner import Outcome, RunData, Sample
 from .workload import Workload
 
