@@ -55,16 +55,14 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 async def _serve(settings: Settings, banner: str | None = None) -> None:
-    import uvicorn
-
     from .engine.app import create_app
+    from .engine.server import build_server
 
     # Fail before binding a port: a bad fleet file names the file and key path, no traceback.
     settings = settings.model_copy(update={"fleet": settings.resolved_fleet()})
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            access_log=False, loop="none", http="httptools", timeout_graceful_shutdown=25)
-    server = uvicorn.Server(config)
+    # httptools with header/body timeouts and header limits; SIGTERM drains (engine/server).
+    server = build_server(app, settings)
     if banner:
         async def _announce() -> None:
             while not server.started and not server.should_exit:

@@ -6,7 +6,8 @@ upstream client → request process (parsed and validated once; executor chosen)
 hub → runtime (fleet, router, admission controller) → gateway (with the ``admission/wait``
 performer) → admission service (keys, queue tick, Redis sync) → node-event writer → health
 monitor (its first round runs before readiness, so a node still loading gets no traffic).
-Shutdown: readiness false → in-flight requests drain (uvicorn's graceful shutdown) → monitor →
+Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
+(``engine/server``; new inference requests get 503) → monitor →
 upstream → admission service → audit writer flushed → observability → event writer → database
 disposed.
 """
@@ -28,7 +29,7 @@ from starlette.responses import JSONResponse
 from ..tasks import HEALTH_REQUIRED_TASKS, REQUIRED_TASKS, SERVICES
 from .admission.auth import authenticate, require_admin_when_auth
 from .admission.service import AdmissionService
-from .api import admin, audit, health, openai
+from .api import admin, audit, edge, health, openai
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
@@ -128,13 +129,15 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
             engine.dispose()
 
     app = FastAPI(title="inferlb", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
-    app.include_router(openai.router, dependencies=[Depends(authenticate)])   # tenant keys when auth is on
+    # tenant keys when auth is on; then JSON bodies only, and no new requests while draining
+    app.include_router(openai.router, dependencies=[Depends(authenticate), Depends(edge.openai_edge)])
     app.include_router(health.router)
     for r in (audit.router, admin.router):
         app.include_router(r, dependencies=[Depends(require_admin_when_auth)])   # the admin key when auth is on
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
+    edge.install(app, settings.cors_allow_origins)    # HEAD, clients gone mid-body, CORS
 
     @app.exception_handler(ClientError)
     async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
@@ -151,6 +154,10 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _envelope(exc.status_code, str(exc.detail), "invalid_request_error", code)
+        response = _envelope(exc.status_code, str(exc.detail), "invalid_request_error", code)
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            response.headers["allow"] = edge.allow_header(request)
+        return response
 
     return app

@@ -8,11 +8,11 @@ Contract: :func:`load_settings` returns a fully validated :class:`Settings` or r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
 from .errors import ConfigError
@@ -175,6 +175,22 @@ class Settings(BaseSettings):
     fleet: FleetConfig | None = None                 # set directly in tests / demo instead of a file
     # INFERLB_AUTH, INFERLB_ADMIN_KEY, INFERLB_REDIS_URL, INFERLB_REDIS_PREFIX (engine/admission/config.py)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+
+    # HTTP edge and shutdown (engine/server, engine/api/edge.py)
+    http_header_timeout_s: float = Field(10.0, gt=0)    # whole request head, else 408 / close
+    http_body_timeout_s: float = Field(30.0, gt=0)      # whole request body after the head, else 408
+    http_max_header_bytes: int = Field(16 * 1024, ge=1024)   # request line + headers, else 431
+    http_max_headers: int = Field(100, ge=1)            # header count, else 431
+    drain_timeout_s: float = Field(25.0, ge=0)          # SIGTERM: in-flight requests finish within this
+    # Browser origins allowed by CORS (comma-separated in INFERLB_CORS_ALLOW_ORIGINS); none by default.
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("cors_allow_origins", mode="before")
+    @classmethod
+    def _origins(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [o.strip() for o in v.split(",") if o.strip()]
+        return v
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""

@@ -69,7 +69,7 @@ async def test_rejected_in_envelope(gw: tuple[httpx.AsyncClient, Any], name: str
 
 async def test_rejections_are_audited(gw: tuple[httpx.AsyncClient, Any]) -> None:
     client, app = gw
-    r = await client.post("/v1/chat/completions", content=b"{bad")
+    r = await client.post("/v1/chat/completions", content=b"{bad", headers={"content-type": "application/json"})
     assert r.status_code == 400
     await app.state.store.writer.flush_once(force=True)
     rows = (await client.get("/audit/requests", params={"status": "rejected_invalid"})).json()["data"]

@@ -1,8 +1,10 @@
 """Liveness and readiness.
 
-``/healthz``: the process answers. ``/readyz``: 200 once start-up finished and while not draining
-and the audit writer is not failing closed; 503 otherwise (with the reasons), so a load balancer
-in front stops sending traffic during shutdown.
+``/healthz``: the process answers. ``/readyz`` (and ``/health``, the path vLLM serves and clients
+such as GuideLLM probe): 200 once start-up finished and while not draining and the audit writer is
+not failing closed; 503 otherwise (with the reasons). From SIGTERM on it answers 503 ``draining``
+while the listener stays open for the drain (``engine/server``), so a load balancer in front stops
+sending traffic before the gateway goes away.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
+@router.get("/health")
 async def readyz(request: Request) -> JSONResponse:
     state = request.app.state
     reasons: list[str] = []
