@@ -179,7 +179,7 @@ async def test_header_count_cap_alone_gets_431(edge: tuple[str, int, Any]) -> No
     _, port, _ = edge
     few_bytes = b"".join(b"h%d:\r\n" % i for i in range(150))    # 150 headers in ~1 KiB: the count trips
     raw = await _exchange(port, b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + few_bytes + b"\r\n")
-    assert "150" not in _error(raw, 431)["message"] and "100" in _error(raw, 431)["message"]
+    assert "more than 100 request headers" in _error(raw, 431)["message"]
 
 
 async def test_headers_within_the_limits_are_served(edge: tuple[str, int, Any]) -> None:

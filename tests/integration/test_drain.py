@@ -78,13 +78,16 @@ async def _stream(client: httpx.AsyncClient, started: asyncio.Event, max_tokens:
 
 
 async def _held_request(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-    """A streamed chat whose body is sent only in part: in flight until the test sends the rest."""
+    """A streamed chat whose body the test holds back (``Expect: 100-continue``): returned once the
+    gateway has accepted it and waits for the body, so it is in flight until the test sends it."""
     body = json.dumps({**CHAT, "max_tokens": 5}).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body[:10])
+                 b"content-length: %d\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n" % len(body))
     await writer.drain()
-    return reader, writer, body[10:]
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), GUARD_S)
+    assert interim.startswith(b"HTTP/1.1 100"), interim
+    return reader, writer, body
 
 
 def _rows(tmp: Path, ids: list[str]) -> dict[str, tuple[str, int | None, int | None]]:
@@ -96,7 +99,7 @@ def _rows(tmp: Path, ids: list[str]) -> dict[str, tuple[str, int | None, int | N
 
 
 async def test_sigterm_drains_streams_then_exits_0(tmp_path: Path) -> None:
-    specs = [NodeSpec(name=f"n{i}", models=["m"], base_ttft_s=0.01, tpot_s=0.02) for i in range(2)]
+    specs = [NodeSpec(name=f"n{i}", models=["m"], base_ttft_s=0.01, tpot_s=0.05) for i in range(2)]   # 2 s streams
     async with SimFleet(specs) as sim:
         urls = {n: node.url for n, node in sim.nodes.items()}
         async with serve(tmp_path, urls, INFERLB_DRAIN_TIMEOUT_S="60", INFERLB_HTTP_BODY_TIMEOUT_S="120") \
@@ -145,6 +148,7 @@ async def test_sigterm_drains_streams_then_exits_0(tmp_path: Path) -> None:
     log = (tmp_path / "gateway.log").read_text()
     assert code == 0, log
     assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    assert "draining: " in log and "drain deadline" not in log, log
     ids = [rid for _, rid, _ in done] + [held_id]
     rows = _rows(tmp_path, ids)
     assert set(rows) == set(ids), (rows, log)
