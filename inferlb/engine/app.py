@@ -7,9 +7,8 @@ hub → runtime (fleet, router, admission controller) → gateway (with the ``ad
 performer) → admission service (keys, queue tick, Redis sync) → node-event writer → health
 monitor (its first round runs before readiness, so a node still loading gets no traffic).
 Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
-(``engine/server``; new inference requests get 503) → monitor →
-upstream → admission service → audit writer flushed → observability → event writer → database
-disposed.
+(``engine/server``; new inference requests get 503) → monitor → upstream → admission service →
+audit writer flushed → observability → event writer → database disposed.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import pytest_asyncio
 
 from inferlb.engine.app import create_app
 from inferlb.engine.server import build_server
+from inferlb.engine.settings import load_settings
 from inferlb.simulator import SimFleet
 
 from ..support import fast_specs, fleet_for, free_port, settings_for
@@ -285,6 +286,13 @@ async def test_cors_preflight_for_a_configured_origin(edge: tuple[str, int, Any]
     assert "authorization" in ok.headers["access-control-allow-headers"].lower()
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
     assert simple.status_code == 200 and simple.headers["access-control-allow-origin"] == ORIGIN
+
+
+async def test_cors_origins_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERLB_CORS_ALLOW_ORIGINS", "https://a.example, https://b.example")
+    assert load_settings().cors_allow_origins == ["https://a.example", "https://b.example"]
+    monkeypatch.delenv("INFERLB_CORS_ALLOW_ORIGINS")
+    assert load_settings().cors_allow_origins == []
 
 
 async def test_no_cors_by_default(tmp_path: Path) -> None:
