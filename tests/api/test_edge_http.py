@@ -261,6 +261,7 @@ async def test_head_on_get_routes(edge: tuple[str, int, Any], path: str) -> None
     ("HEAD", "/v1/embeddings", "POST"),
     ("DELETE", "/readyz", "GET, HEAD"),
     ("PUT", "/v1/models", "GET, HEAD"),
+    ("DELETE", "/admin/keys", "GET, HEAD, POST"),      # two routes on one path: both listed
     ("OPTIONS", "/v1/chat/completions", "POST"),      # no preflight headers: an ordinary request
 ])
 async def test_405_carries_allow(edge: tuple[str, int, Any], method: str, path: str, allow: str) -> None:
