@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..tasks import HEALTH_REQUIRED_TASKS, REQUIRED_TASKS, SERVICES
+from ..tasks import HEALTH_REQUIRED_TASKS, HEALTH_START_DATA, REQUEST_START_DATA, REQUIRED_TASKS, SERVICES
 from .admission.auth import authenticate, require_admin_when_auth
 from .admission.service import AdmissionService
 from .api import admin, audit, health, openai
@@ -87,7 +87,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         await upstream.start()
         pdir = settings.processes_dir or default_processes_dir()
         process = load_process(pdir / settings.request_process, SERVICES, engine=settings.engine,
-                               required=REQUIRED_TASKS)
+                               required=REQUIRED_TASKS, start_data=REQUEST_START_DATA)
         state.process = process
         log.info("request process %s runs on the %s executor%s", process.path.name, process.mode,
                  f" (outside the compiled subset: {process.compiled_problems})" if process.compiled_problems else "")
@@ -106,7 +106,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         # runs before ready (Envoy's cluster warming); state changes go to node_events.
         check_health_config(fleet_cfg)
         health_process = load_process(pdir / fleet_cfg.health.process, SERVICES, engine="spiff",
-                                      required=HEALTH_REQUIRED_TASKS)
+                                      required=HEALTH_REQUIRED_TASKS, start_data=HEALTH_START_DATA)
         events = state.events = EventWriter(engine, clock=clock)
         await events.start()
         monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,

@@ -23,13 +23,19 @@ ServiceFn = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], dict[str, Any]
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """One operation: its function (None when external), default result variable, docs."""
+    """One operation: its function (None when external), default result variable, docs.
+
+    ``writes`` lists every key the result variable can hold (each key any of the operation's
+    answers uses; for an external operation, the keys of what the async layer completes it with).
+    Process validation checks every constant key a condition, script or parameter reads
+    (``routing["ok"]``, ``outcome.get("kind")``) against it; empty means "not declared, unchecked".
+    """
 
     result: str
     fn: ServiceFn | None = None
     external: bool = False
     reads: tuple[str, ...] = ()
-    writes: str = ""
+    writes: tuple[str, ...] = ()
     params: Mapping[str, str] = field(default_factory=dict)   # name -> meaning
     doc: str = ""
 
