@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .health.monitor import check_health_config
 from .services import ServiceTable
 from .settings import FleetConfig, Settings
 from .workflow import ProcessDefinition, load_process
@@ -47,6 +48,11 @@ def check_files(settings: Settings, services: ServiceTable, *, processes_dir: Pa
                 request: ProcessContract, health: ProcessContract) -> Checked:
     """The fleet (inline or from ``settings.config``) and both processes, validated."""
     fleet = settings.resolved_fleet()
+    try:
+        check_health_config(fleet)
+    except ConfigError as exc:
+        source = str(settings.config) if settings.fleet is None and settings.config is not None else None
+        raise ConfigError(exc.message, source=source, path=exc.path) from exc
     pdir = settings.processes_dir or processes_dir
     req = load_process(pdir / settings.request_process, services, engine=settings.engine,
                        required=dict(request.required), start_data=request.start_data)
