@@ -54,24 +54,13 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     return load_settings(**over)
 
 
-def _contracts() -> dict[str, Any]:
-    from inferlb.tasks import HEALTH_REQUIRED_TASKS, HEALTH_START_DATA, REQUEST_START_DATA, REQUIRED_TASKS, SERVICES
-
-    from .engine.app import default_processes_dir
-    from .engine.startup import ProcessContract
-
-    return {"services": SERVICES, "processes_dir": default_processes_dir(),
-            "request": ProcessContract(REQUIRED_TASKS, REQUEST_START_DATA),
-            "health": ProcessContract(HEALTH_REQUIRED_TASKS, HEALTH_START_DATA)}
-
-
 def _preflight(settings: Settings) -> Settings:
     """Every start-up file check before the app starts (a bad file is one line, not a traceback
     from inside the lifespan); returns the settings with the fleet resolved."""
-    from .engine.startup import check_files, check_journal_dir
+    from .engine.app import check_startup_files
+    from .engine.startup import check_journal_dir
 
-    c = _contracts()
-    checked = check_files(settings, c.pop("services"), **c)
+    checked = check_startup_files(settings)
     check_journal_dir(settings.journal_dir)
     return settings.model_copy(update={"fleet": checked.fleet})
 
@@ -164,24 +153,24 @@ def _print_problems(exc: ProcessValidationError | ConfigError) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .engine.startup import check_files
+    from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
+
+    from .engine.app import check_startup_files
     from .engine.workflow import load_process
 
     if args.file is None and args.config is None:
         print("inferlb: error: validate needs a BPMN FILE, --config FLEET, or both", file=sys.stderr)
         return 2
-    c = _contracts()
-    services = c.pop("services")
     failed = False
     if args.file is not None:
-        contract = c["request"]
+        contract = REQUEST_CONTRACT
         engine = args.engine or "auto"
         if Path(args.file).is_file() and "health/probe" in Path(args.file).read_text(errors="replace"):
             # A node-health process: its own required tasks and start data; always on SpiffWorkflow.
-            contract = c["health"]
+            contract = HEALTH_CONTRACT
             engine = args.engine or "spiff"
         try:
-            d = load_process(args.file, services, engine=engine,
+            d = load_process(args.file, SERVICES, engine=engine,
                              required={} if args.no_required else dict(contract.required),
                              start_data=contract.start_data)
         except ProcessValidationError as exc:
@@ -194,7 +183,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.config is not None:
         try:
             settings = _settings(args)
-            checked = check_files(settings, services, **c)
+            checked = check_startup_files(settings)
         except (ConfigError, ProcessValidationError) as exc:
             _print_problems(exc)
             failed = True

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ServiceFn", "ServiceSpec", "ServiceTable"]
+__all__ = ["ProcessContract", "ServiceFn", "ServiceSpec", "ServiceTable", "StartData"]
 
 ServiceFn = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
 
@@ -41,3 +41,20 @@ class ServiceSpec:
 
 
 ServiceTable = Mapping[str, ServiceSpec]
+
+# The variables every instance of a kind of process starts with: name -> the keys it holds, or
+# None when its keys are free.
+StartData = Mapping[str, tuple[str, ...] | None]
+
+
+@dataclass(frozen=True)
+class ProcessContract:
+    """What a kind of process (per request, node health) must contain and starts with.
+
+    ``required``: operation -> the element id its service task must have. ``start_data``: what
+    the caller puts in every instance; validation checks what conditions and scripts read
+    against it and against the operations' ``writes``.
+    """
+
+    required: Mapping[str, str]
+    start_data: StartData

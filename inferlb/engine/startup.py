@@ -15,26 +15,16 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
 from .health.monitor import check_health_config
-from .services import ServiceTable
+from .services import ProcessContract, ServiceTable
 from .settings import FleetConfig, Settings
 from .workflow import ProcessDefinition, load_process
-from .workflow.datacheck import StartData
 
-__all__ = ["Checked", "ProcessContract", "check_files", "check_journal_dir"]
-
-
-@dataclass(frozen=True)
-class ProcessContract:
-    """What a kind of process must contain and the data each instance starts with."""
-
-    required: Mapping[str, str]
-    start_data: StartData
+__all__ = ["Checked", "check_files", "check_journal_dir"]
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ External operations have no function: the instance parks and the gateway perform
 
 from __future__ import annotations
 
-from inferlb.engine.services import ServiceSpec, ServiceTable
+from inferlb.engine.services import ProcessContract, ServiceSpec, ServiceTable
 
 from . import admission, audit, evaluate, health, retry, routing
 
-__all__ = ["HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_START_DATA", "REQUIRED_TASKS", "SERVICES"]
+__all__ = ["HEALTH_CONTRACT", "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
+           "REQUIRED_TASKS", "SERVICES"]
 
 SERVICES: ServiceTable = {
     "request/evaluate": ServiceSpec(
@@ -102,3 +103,6 @@ REQUEST_START_DATA: dict[str, tuple[str, ...] | None] = {
 
 # What ``HealthMonitor.run_once`` starts each node-health round with.
 HEALTH_START_DATA: dict[str, tuple[str, ...] | None] = {"round": None, "nodes": None}
+
+REQUEST_CONTRACT = ProcessContract(REQUIRED_TASKS, REQUEST_START_DATA)
+HEALTH_CONTRACT = ProcessContract(HEALTH_REQUIRED_TASKS, HEALTH_START_DATA)

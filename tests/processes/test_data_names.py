@@ -96,3 +96,20 @@ def test_validation_is_pure() -> None:
     before = (FIXTURES / "typo_retry_key.bpmn").read_bytes()
     assert _problems(FIXTURES / "typo_retry_key.bpmn") == _problems(FIXTURES / "typo_retry_key.bpmn")
     assert (FIXTURES / "typo_retry_key.bpmn").read_bytes() == before
+
+
+async def test_app_start_up_refuses_the_typo_before_opening_anything(tmp_path: Path) -> None:
+    """create_app's lifespan validates the same way, first: nothing is started, so nothing leaks."""
+    from inferlb.engine.app import create_app
+
+    from ..support import fleet_for, settings_for
+
+    pdir = tmp_path / "processes"
+    pdir.mkdir()
+    (pdir / "inference_request.bpmn").write_bytes((FIXTURES / "typo_routing_key.bpmn").read_bytes())
+    (pdir / "node_health.bpmn").write_bytes((ROOT / "processes" / "node_health.bpmn").read_bytes())
+    app = create_app(settings_for(tmp_path, fleet_for({"a": "http://127.0.0.1:9"}), processes_dir=pdir))
+    with pytest.raises(ProcessValidationError, match=r"gw_routed: condition of flow_routed_yes reads routing\['okk'\]"):
+        async with app.router.lifespan_context(app):
+            pass
+    assert not (tmp_path / "audit.db").exists() and not (tmp_path / "journal").exists()

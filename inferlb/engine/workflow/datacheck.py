@@ -27,12 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..services import ServiceTable
+from ..services import ServiceTable, StartData
 from .parser import OperationTask
 
-__all__ = ["StartData", "data_problems"]
-
-StartData = Mapping[str, tuple[str, ...] | None]
+__all__ = ["data_problems"]
 
 _BUILTINS = frozenset(dir(builtins))
 # Methods that change a dict's keys in ways a constant-key analysis cannot follow.

@@ -16,10 +16,10 @@ from typing import Any
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
 from ..errors import ProcessError, ProcessValidationError
-from ..services import ServiceTable
+from ..services import ServiceTable, StartData
 from .base import ProcessExecutor, ScriptEnv
 from .compiled import CompiledExecutor, plan_problems
-from .datacheck import StartData, data_problems
+from .datacheck import data_problems
 from .parser import OperationTask, element_tags, make_parser, sequence_flows
 from .spiff import SpiffExecutor
 
