@@ -143,13 +143,17 @@ async def _demo(args: argparse.Namespace) -> None:
         await _serve(settings, banner)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _print_problems(exc: ProcessValidationError | ConfigError) -> None:
     """One line per problem on stderr: file, element id or key path, problem."""
     if isinstance(exc, ProcessValidationError):
         for eid, msg in exc.problems:
-            print(f"inferlb: error: {exc.source}: {eid}: {msg}", file=sys.stderr)
+            print(f"inferlb: error: {_one_line(f'{exc.source}: {eid}: {msg}')}", file=sys.stderr)
     else:
-        print(f"inferlb: error: {exc}", file=sys.stderr)
+        print(f"inferlb: error: {_one_line(str(exc))}", file=sys.stderr)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -340,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args.rest)
     except (ConfigError, InferlbError) as exc:
         # One line, whatever went wrong in the operator's files: file, key path / element, problem.
-        print(f"inferlb: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"inferlb: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.

@@ -124,6 +124,7 @@ def test_validate_names_the_element_a_typo_is_in(tmp_path: Path) -> None:
     (GOOD_FLEET + "routing: {profile: fastest}\n", ["routing.profile", "unknown routing profile 'fastest'"]),
     (GOOD_FLEET + "health: {process: nope.bpmn}\n", ["nope.bpmn", "cannot read"]),
     (GOOD_FLEET + "health: {nodes: {zz: {}}}\n", ["health.nodes.zz", "unknown node 'zz'"]),
+    ("models: [{name: m\nnodes: []\n", ["not valid YAML"]),
 ])
 def test_validate_config_one_line_per_bad_file(tmp_path: Path, fleet: str, needles: list[str]) -> None:
     cfg = tmp_path / "bad.yaml"
