@@ -4,7 +4,7 @@
 
     inferlb demo                      gateway on 127.0.0.1:8080 + 3 simulated nodes, SQLite audit
     inferlb serve --config fleet.yaml gateway in front of real OpenAI-compatible servers
-    inferlb validate FILE             parse + validate a BPMN process, show its executor
+    inferlb validate [FILE] [--config FLEET]  validate a BPMN process and/or a fleet file + the processes
     inferlb db upgrade                apply Alembic migrations to INFERLB_DATABASE_URL
     inferlb report sla|cost           SLA / cost tables from the audit trail (--group-by, --bucket, --csv)
     inferlb sim [--fleet hetero4]     run simulated GPU nodes only (vLLM-like engines, /metrics)
@@ -54,12 +54,23 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     return load_settings(**over)
 
 
+def _preflight(settings: Settings) -> Settings:
+    """Every start-up file check before the app starts (a bad file is one line, not a traceback
+    from inside the lifespan); returns the settings with the fleet resolved."""
+    from .engine.app import check_startup_files
+    from .engine.startup import check_journal_dir
+
+    checked = check_startup_files(settings)
+    check_journal_dir(settings.journal_dir)
+    return settings.model_copy(update={"fleet": checked.fleet})
+
+
 async def _serve(settings: Settings, banner: str | None = None) -> None:
     from .engine.app import create_app
     from .engine.server import build_server
 
-    # Fail before binding a port: a bad fleet file names the file and key path, no traceback.
-    settings = settings.model_copy(update={"fleet": settings.resolved_fleet()})
+    # Fail before binding a port: a bad file names the file and key path or element, no traceback.
+    settings = _preflight(settings)
     app = create_app(settings)
     # httptools with header/body timeouts and header limits; SIGTERM drains (engine/server).
     server = build_server(app, settings)
@@ -130,30 +141,59 @@ async def _demo(args: argparse.Namespace) -> None:
         await _serve(settings, banner)
 
 
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from inferlb.tasks import REQUIRED_TASKS, SERVICES
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
+
+def _print_problems(exc: ProcessValidationError | ConfigError) -> None:
+    """One line per problem on stderr: file, element id or key path, problem."""
+    if isinstance(exc, ProcessValidationError):
+        for eid, msg in exc.problems:
+            print(f"inferlb: error: {_one_line(f'{exc.source}: {eid}: {msg}')}", file=sys.stderr)
+    else:
+        print(f"inferlb: error: {_one_line(str(exc))}", file=sys.stderr)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
+
+    from .engine.app import check_startup_files
     from .engine.workflow import load_process
 
-    required = {} if args.no_required else REQUIRED_TASKS
-    engine = args.engine or "auto"
-    if Path(args.file).is_file() and "health/probe" in Path(args.file).read_text(errors="replace"):
-        from inferlb.tasks import HEALTH_REQUIRED_TASKS
-
-        # A node-health process: its own required tasks, and it always runs on SpiffWorkflow.
-        required = {} if args.no_required else HEALTH_REQUIRED_TASKS
-        engine = args.engine or "spiff"
-    try:
-        d = load_process(args.file, SERVICES, engine=engine, required=required)
-    except ProcessValidationError as exc:
-        print(f"INVALID {exc.source}")
-        for eid, msg in exc.problems:
-            print(f"  {eid}: {msg}")
-        return 1
-    print(f"OK {d.path} (process {d.process_id}): executor {d.mode}")
-    for eid, why in d.compiled_problems:
-        print(f"  runs on spiff because {eid} is outside the compiled subset ({why})")
-    return 0
+    if args.file is None and args.config is None:
+        print("inferlb: error: validate needs a BPMN FILE, --config FLEET, or both", file=sys.stderr)
+        return 2
+    failed = False
+    if args.file is not None:
+        contract = REQUEST_CONTRACT
+        engine = args.engine or "auto"
+        if Path(args.file).is_file() and "health/probe" in Path(args.file).read_text(errors="replace"):
+            # A node-health process: its own required tasks and start data; always on SpiffWorkflow.
+            contract = HEALTH_CONTRACT
+            engine = args.engine or "spiff"
+        try:
+            d = load_process(args.file, SERVICES, engine=engine,
+                             required={} if args.no_required else dict(contract.required),
+                             start_data=contract.start_data)
+        except ProcessValidationError as exc:
+            _print_problems(exc)
+            failed = True
+        else:
+            print(f"OK {d.path} (process {d.process_id}): executor {d.mode}")
+            for eid, why in d.compiled_problems:
+                print(f"  runs on spiff because {eid} is outside the compiled subset ({why})")
+    if args.config is not None:
+        try:
+            settings = _settings(args)
+            checked = check_startup_files(settings)
+        except (ConfigError, ProcessValidationError) as exc:
+            _print_problems(exc)
+            failed = True
+        else:
+            print(f"OK {args.config}: {len(checked.fleet.nodes)} node(s), {len(checked.fleet.models)} model(s); "
+                  f"{checked.request_process.path} (executor {checked.request_process.mode}), "
+                  f"{checked.health_process.path} (executor {checked.health_process.mode})")
+    return 1 if failed else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -216,7 +256,8 @@ def _parser() -> argparse.ArgumentParser:
     common(s)
     s.add_argument("--config", type=Path)
     v = sub.add_parser("validate", help="parse and validate a BPMN process")
-    v.add_argument("file", type=Path)
+    v.add_argument("file", type=Path, nargs="?", help="a BPMN process file")
+    v.add_argument("--config", type=Path, help="a fleet file: validated with the processes the gateway would load")
     v.add_argument("--engine", choices=["auto", "spiff", "compiled"])
     v.add_argument("--no-required", action="store_true", help="do not require the request-process tasks")
     db = sub.add_parser("db", help="database maintenance")
@@ -300,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench_main(args.rest)
     except (ConfigError, InferlbError) as exc:
-        print(f"inferlb: error: {exc}", file=sys.stderr)
+        # One line, whatever went wrong in the operator's files: file, key path / element, problem.
+        print(f"inferlb: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.

@@ -1,8 +1,9 @@
 """``create_app(settings)``: the ONLY composition root.
 
-Nothing is created at import time. The lifespan builds, in order: fleet config → audit database
-(SQLite is upgraded automatically; PostgreSQL expects ``inferlb db upgrade``) → audit writer →
-upstream client → request process (parsed and validated once; executor chosen) → observability
+Nothing is created at import time. The lifespan builds, in order: fleet config and both processes
+(:func:`check_startup_files`: parsed and validated once, executors chosen; a bad file fails before
+anything is opened) → audit database (SQLite is upgraded automatically; PostgreSQL expects
+``inferlb db upgrade``) → audit writer → upstream client → observability
 hub → runtime (fleet, router, admission controller) → gateway (with the ``admission/wait``
 performer) → admission service (keys, queue tick, Redis sync) → node-event writer → health
 monitor (its first round runs before readiness, so a node still loading gets no traffic).
@@ -25,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..tasks import HEALTH_REQUIRED_TASKS, REQUIRED_TASKS, SERVICES
+from ..tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
 from .admission.auth import authenticate, require_admin_when_auth
 from .admission.service import AdmissionService
 from .api import admin, audit, edge, health, openai
@@ -34,20 +35,20 @@ from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .errors import ClientError
 from .gateway import Gateway
-from .health.monitor import HealthMonitor, check_health_config
+from .health.monitor import HealthMonitor
 from .health.probe import Prober
 from .observability.hub import Observability, queue_depth_of
 from .scope import build_runtime
 from .settings import Settings
+from .startup import Checked, check_files
 from .store import StoreHandle
 from .store.db import is_sqlite, make_engine, upgrade
 from .store.events import EventWriter
 from .store.writer import AuditWriter
 from .types import Clock, SystemClock
 from .upstream import Upstream
-from .workflow import load_process
 
-__all__ = ["create_app", "default_processes_dir"]
+__all__ = ["check_startup_files", "create_app", "default_processes_dir"]
 
 log = logging.getLogger("inferlb")
 
@@ -66,6 +67,13 @@ def _envelope(status: int, message: str, etype: str, code: str | None, param: st
                         status_code=status)
 
 
+def check_startup_files(settings: Settings) -> Checked:
+    """The fleet and both processes as the lifespan will use them, or ConfigError /
+    ProcessValidationError (pure: ``inferlb validate --config`` and ``serve`` call it first)."""
+    return check_files(settings, SERVICES, processes_dir=default_processes_dir(), request=REQUEST_CONTRACT,
+                       health=HEALTH_CONTRACT)
+
+
 def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     clock = clock or SystemClock()
 
@@ -75,7 +83,9 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         state.settings = settings
         state.ready = False
         state.draining = False
-        fleet_cfg = settings.resolved_fleet()
+        # Every file first (fleet, both processes): a bad one fails before anything is opened.
+        checked = check_startup_files(settings)
+        fleet_cfg = checked.fleet
         if is_sqlite(settings.database_url):
             await asyncio.to_thread(upgrade, settings.database_url)
         engine = make_engine(settings.database_url)
@@ -85,9 +95,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         state.store = StoreHandle(engine=engine, writer=writer, slos=list(fleet_cfg.slos))
         upstream = Upstream(clock=clock)
         await upstream.start()
-        pdir = settings.processes_dir or default_processes_dir()
-        process = load_process(pdir / settings.request_process, SERVICES, engine=settings.engine,
-                               required=REQUIRED_TASKS)
+        process = checked.request_process
         state.process = process
         log.info("request process %s runs on the %s executor%s", process.path.name, process.mode,
                  f" (outside the compiled subset: {process.compiled_problems})" if process.compiled_problems else "")
@@ -104,9 +112,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         await obs.start()
         # Node health: node_health.bpmn on SpiffWorkflow every health.interval_s; the first round
         # runs before ready (Envoy's cluster warming); state changes go to node_events.
-        check_health_config(fleet_cfg)
-        health_process = load_process(pdir / fleet_cfg.health.process, SERVICES, engine="spiff",
-                                      required=HEALTH_REQUIRED_TASKS)
+        health_process = checked.health_process
         events = state.events = EventWriter(engine, clock=clock)
         await events.start()
         monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,

@@ -29,9 +29,11 @@ exception type.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 __all__ = [
+    "DEFAULT_RETRY_ON_STATUS",
     "ClientError",
     "ConfigError",
     "Forbidden",
@@ -53,6 +55,10 @@ __all__ = [
 ]
 
 
+# Upstream statuses worth another node by default (the fleet file's ``retry.retry_on_status``).
+DEFAULT_RETRY_ON_STATUS: tuple[int, ...] = (429, 502, 503, 504)
+
+
 class InferlbError(Exception):
     """Base of every error inferlb raises on purpose."""
 
@@ -67,6 +73,7 @@ class ConfigError(InferlbError):
     def __init__(self, message: str, *, source: str | None = None, path: str | None = None) -> None:
         self.source = source
         self.path = path
+        self.message = message
         where = ": ".join(p for p in (source, path) if p)
         super().__init__(f"{where}: {message}" if where else message)
 
@@ -170,6 +177,11 @@ class UpstreamError(InferlbError):
         self.node = node
         super().__init__(message)
 
+    def retryable_under(self, retry_on_status: Collection[int]) -> bool:
+        """Whether another node may be tried under the fleet's ``retry.retry_on_status``; only a
+        status error depends on it."""
+        return self.retryable
+
 
 class UpstreamConnectError(UpstreamError):
     """Connection refused, reset or DNS failure before any response."""
@@ -188,7 +200,9 @@ class UpstreamTimeout(UpstreamError):
 
 
 class UpstreamStatusError(UpstreamError):
-    """The node answered ``status``; retryable for 429 and 502/503/504 only."""
+    """The node answered ``status``. ``retryable`` uses the default statuses
+    (:data:`DEFAULT_RETRY_ON_STATUS`); the gateway asks :meth:`retryable_under` with the fleet's
+    ``retry.retry_on_status``."""
 
     error_class = "upstream_status"
 
@@ -203,8 +217,11 @@ class UpstreamStatusError(UpstreamError):
         self.status = status
         self.body = body
         self.retry_after_s = retry_after_s
-        self.retryable = status in (429, 502, 503, 504)
+        self.retryable = status in DEFAULT_RETRY_ON_STATUS
         super().__init__(f"upstream answered HTTP {status}", node=node)
+
+    def retryable_under(self, retry_on_status: Collection[int]) -> bool:
+        return self.status in retry_on_status
 
 
 class UpstreamProtocolError(UpstreamError):

@@ -280,7 +280,7 @@ class Gateway:
             scope.retry_after_s = wait if scope.retry_after_s is None else min(scope.retry_after_s, wait)
         elif status is None or status >= 500:
             rt.fleet.report_failure(node)
-        kind = "retryable" if exc.retryable else "fatal"
+        kind = "retryable" if exc.retryable_under(rt.fleet_cfg.retry.retry_on_status) else "fatal"
         attempt.outcome = kind
         attempt.http_status = status
         attempt.error_class = exc.error_class if not isinstance(exc, UpstreamTimeout) else f"timeout_{exc.phase}"

@@ -7,15 +7,17 @@ Contract: :func:`load_settings` returns a fully validated :class:`Settings` or r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
-from .errors import ConfigError
+from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
 
@@ -28,6 +30,9 @@ __all__ = [
     "SLOConfig",
     "Settings",
     "TimeoutConfig",
+    "check_routing",
+    "check_url",
+    "fleet_from_mapping",
     "load_fleet_file",
     "load_settings",
 ]
@@ -35,6 +40,34 @@ __all__ = [
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _KeyPathError(ValueError):
+    """A cross-field problem that knows its key path (``nodes[3].name``), so the error can name it."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(message)
+
+
+def check_url(v: str) -> str:
+    """``v`` without a trailing slash if it is an http(s) URL with a host and, when given, a port
+    1–65535; ValueError saying what is wrong otherwise."""
+    try:
+        parts = urlsplit(v)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{v!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{v!r}: must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"{v!r}: no host")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{v!r}: port must be 1–65535")
+    if any(c.isspace() for c in v):
+        raise ValueError(f"{v!r}: contains whitespace")
+    return v.rstrip("/")
 
 
 class ModelConfig(_Strict):
@@ -68,9 +101,7 @@ class NodeConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
+        return check_url(v)
 
 
 class RoutingConfig(_Strict):
@@ -85,12 +116,24 @@ class RoutingConfig(_Strict):
 
 
 class RetryPolicy(_Strict):
-    """Retry defaults; the BPMN process may override ``max_attempts`` with a task parameter."""
+    """Retry defaults; the BPMN process may override ``max_attempts`` with a task parameter.
+
+    ``retry_on_status``: the upstream HTTP statuses after which the gateway tries another node
+    (the dispatch outcome is ``retryable``); any other non-2xx status is ``fatal``.
+    """
 
     max_attempts: int = Field(3, ge=1, le=10)
     base_backoff_s: float = Field(0.025, ge=0)     # Envoy's 25 ms
     max_backoff_s: float = Field(0.25, ge=0)       # Envoy's 10 × base
-    retry_on_status: list[int] = Field(default_factory=lambda: [429, 502, 503, 504])
+    retry_on_status: frozenset[int] = frozenset(DEFAULT_RETRY_ON_STATUS)
+
+    @field_validator("retry_on_status")
+    @classmethod
+    def _statuses(cls, v: frozenset[int]) -> frozenset[int]:
+        bad = sorted(s for s in v if not 400 <= s <= 599)
+        if bad:
+            raise ValueError(f"not an HTTP error status (400–599): {', '.join(map(str, bad))}")
+        return v
 
 
 class TimeoutConfig(_Strict):
@@ -128,21 +171,18 @@ class FleetConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> FleetConfig:
-        names = [m.name for m in self.models]
-        if len(set(names)) != len(names):
-            raise ValueError("model names must be unique")
-        nodes = [n.name for n in self.nodes]
-        if len(set(nodes)) != len(nodes):
-            raise ValueError("node names must be unique")
-        known = set(names)
+        _unique("models", [m.name for m in self.models], "model")
+        _unique("nodes", [n.name for n in self.nodes], "node")
+        known = {m.name for m in self.models}
         for i, n in enumerate(self.nodes):
-            for served in n.models:
+            for j, served in enumerate(n.models):
                 if served not in known:
-                    raise ValueError(f"nodes[{i}].models names unknown model {served!r}")
-        for mc in self.models:
-            for f in mc.fallbacks:
+                    raise _KeyPathError(f"nodes[{i}].models[{j}]", f"unknown model {served!r}")
+        for i, mc in enumerate(self.models):
+            for j, f in enumerate(mc.fallbacks):
                 if f not in known:
-                    raise ValueError(f"model {mc.name!r} falls back to unknown model {f!r}")
+                    raise _KeyPathError(f"models[{i}].fallbacks[{j}]",
+                                        f"model {mc.name!r} falls back to unknown model {f!r}")
         return self
 
     def model(self, name: str) -> ModelConfig | None:
@@ -150,6 +190,23 @@ class FleetConfig(_Strict):
             if m.name == name:
                 return m
         return None
+
+
+def _unique(key: str, names: list[str], what: str) -> None:
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in first:
+            raise _KeyPathError(f"{key}[{i}].name", f"duplicate {what} name {name!r} (also {key}[{first[name]}])")
+        first[name] = i
+
+
+def check_routing(cfg: FleetConfig) -> None:
+    """Build the configured router once (pure, no I/O) so an unknown profile, plugin or parameter
+    is a ConfigError at load time, with its key path, not at start-up inside the app."""
+    from .routing import build_router
+
+    r = cfg.routing
+    build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params, seed=r.seed)
 
 
 class Settings(BaseSettings):
@@ -168,7 +225,6 @@ class Settings(BaseSettings):
     max_body_bytes: int = 4 * 1024 * 1024
     max_json_depth: int = 64
     max_inflight: int = 4096                         # gateway-wide hard cap on requests in flight
-    store_prompts: bool = False
     audit_batch_size: int = 256
     audit_flush_interval_s: float = 0.2
     log_level: str = "INFO"
@@ -224,17 +280,39 @@ def fleet_from_mapping(raw: Any, *, source: str = "<config>") -> FleetConfig:
     if not isinstance(raw, dict):
         raise ConfigError("the top level must be a mapping with models: and nodes:", source=source)
     try:
-        return FleetConfig.model_validate(raw)
+        cfg = FleetConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         msg = first["msg"]
-        if first["type"] == "extra_forbidden":
+        path = _key_path(tuple(first["loc"]))
+        err = (first.get("ctx") or {}).get("error")
+        if isinstance(err, _KeyPathError):
+            msg, path = err.message, err.path
+        elif isinstance(err, ValueError):
+            msg = str(err)
+        elif first["type"] == "extra_forbidden":
             msg = "unknown key"
-        raise ConfigError(msg, source=source, path=_key_path(tuple(first["loc"]))) from exc
+        raise ConfigError(msg, source=source, path=path) from exc
+    try:
+        check_routing(cfg)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, source=source, path=exc.path or "routing") from exc
+    return cfg
+
+
+# Variables that once existed and asked for something inferlb does not do: turned on, they are an
+# error that says why, rather than silently ignored (turned off, they match what inferlb does).
+_REMOVED_ENV = {
+    "INFERLB_STORE_PROMPTS": "removed: inferlb never stores prompt or completion text (the audit record "
+                             "keeps sizes and token counts only); unset it",
+}
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with ``overrides`` taking precedence; ConfigError on error."""
+    for name, why in _REMOVED_ENV.items():
+        if os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off"):
+            raise ConfigError(why, source="environment", path=name)
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -1,69 +1,79 @@
 """BPMN service operations: thin adapters from an operation id to the core.
 
 ``SERVICES`` is the ONE table the workflow engine receives (``app.py`` injects it). Each entry
-says what the operation reads from the workflow data and what it writes (its result variable).
+says what the operation reads from the workflow data, its result variable, and every key that
+variable can hold (``writes``: process validation checks what conditions and scripts read against it).
 External operations have no function: the instance parks and the gateway performs them.
 """
 
 from __future__ import annotations
 
-from inferlb.engine.services import ServiceSpec, ServiceTable
+from inferlb.engine.services import ProcessContract, ServiceSpec, ServiceTable
 
 from . import admission, audit, evaluate, health, retry, routing
 
-__all__ = ["HEALTH_REQUIRED_TASKS", "REQUIRED_TASKS", "SERVICES"]
+__all__ = ["HEALTH_CONTRACT", "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
+           "REQUIRED_TASKS", "SERVICES"]
 
 SERVICES: ServiceTable = {
     "request/evaluate": ServiceSpec(
         result="evaluation", fn=evaluate.evaluate, reads=("request",),
+        writes=("ok", "model", "version", "prompt_tokens_est", "output_budget", "priority", "deadline_s",
+                "status", "code", "message", "param"),
         doc="Resolve the model, estimate prompt tokens and output budget, priority and deadline."),
     "admission/admit": ServiceSpec(
         result="admission", fn=admission.admit, reads=("evaluation", "request"),
+        writes=("admitted", "queue", "reason", "status", "retry_after_s", "code", "type", "message",
+                "record_status", "queue_wait_ms"),
         params={"max_inflight": "gateway-wide cap on admitted requests (default INFERLB_MAX_INFLIGHT)"},
         doc="Backpressure: tenant limits (429), the pool's slots; admit, queue, or shed (503 + Retry-After)."),
     "admission/wait": ServiceSpec(
-        result="queued", external=True, reads=("admission",),
+        result="queued", external=True, reads=("admission",), writes=("outcome", "waited_ms"),
         doc="External: the gateway waits in the pool's priority queue until a slot frees, the wait "
             "ends or the request is shed; then the process goes back to admit."),
     "routing/select": ServiceSpec(
         result="routing", fn=routing.select, reads=("evaluation",),
+        writes=("ok", "node", "model", "ranked", "reason"),
         doc="Filter → score → pick over live node snapshots; skips nodes already tried."),
     "upstream/dispatch": ServiceSpec(
         result="outcome", external=True, reads=("routing",),
+        writes=("kind", "status", "error_class", "node", "retry_after_s", "tried"),
         doc="External: the gateway sends the request to routing['node'] and streams the answer."),
     "retry/backoff": ServiceSpec(
         result="retry", fn=retry.backoff, reads=("outcome", "evaluation"),
+        writes=("retry", "delay_s", "attempt", "reason"),
         params={"max_attempts": "attempts per request, all nodes and fallbacks together (default 3)"},
         doc="Full-jitter exponential backoff; no retry past max_attempts, the deadline or the pool's "
             "retry budget."),
     "clock/wait": ServiceSpec(
-        result="waited", external=True, params={"seconds": "how long the async layer waits"},
+        result="waited", external=True, writes=("seconds",), params={"seconds": "how long the async layer waits"},
         doc="External: the gateway waits (never the engine)."),
     "routing/fallback": ServiceSpec(
-        result="fallback", fn=routing.fallback, reads=("evaluation",),
+        result="fallback", fn=routing.fallback, reads=("evaluation",), writes=("ok", "model", "reason"),
         doc="Switch to the next model of the model's fallback list."),
     "audit/record": ServiceSpec(
         result="result", fn=audit.record, reads=("evaluation", "admission", "routing", "outcome", "tags"),
+        writes=("status", "http_status", "retry_after_s", "error"),
         doc="Decide the final status and hand the audit record to the batched writer."),
     # node_health.bpmn (one monitoring round; the scope is a HealthScope)
     "health/probe": ServiceSpec(
-        result="probe", external=True,
+        result="probe", external=True, writes=("samples", "count"),
         doc="External: the monitor probes / scrapes every node concurrently; writes {samples: [...]}."),
     "health/assess": ServiceSpec(
-        result="assessment", fn=health.assess, reads=("probe",),
+        result="assessment", fn=health.assess, reads=("probe",), writes=("nodes", "stale_after_s"),
         params={"stale_after_s": "samples older than this are unknown (default health.probe.stale_after_s)"},
         doc="Pure: each node's newest sample per source → ok / loading / fail / stale, load, GPU report."),
     "health/isolate": ServiceSpec(
-        result="isolated", fn=health.isolate, reads=("probe", "assessment"),
+        result="isolated", fn=health.isolate, reads=("probe", "assessment"), writes=("events", "count"),
         params={"unhealthy_threshold": "failed probes in a row before down",
                 "hardware": "act on GPU faults (default true)", "outliers": "run the outlier sweep (default true)"},
         doc="Keep the samples; take nodes out: loading, down, hardware eject / drain, outlier ejections."),
     "health/restore": ServiceSpec(
-        result="restored", fn=health.restore,
+        result="restored", fn=health.restore, writes=("events", "count"),
         params={"healthy_threshold": "good probes in a row before a down / loading node is back"},
         doc="Bring nodes back: cooldown over, ejection over (half-open), probes good, throttling cleared."),
     "health/record": ServiceSpec(
-        result="recorded", fn=health.record,
+        result="recorded", fn=health.record, writes=("count", "dropped"),
         doc="Hand every queued node state change to the event writer (table node_events)."),
 }
 
@@ -82,3 +92,17 @@ HEALTH_REQUIRED_TASKS: dict[str, str] = {
     "health/isolate": "isolate",
     "health/record": "record",
 }
+
+# The data every instance starts with (name -> the keys it holds; None: free keys). The request
+# process's ``request`` is what ``Gateway.handle`` builds; ``tags`` is the process author's own.
+REQUEST_START_DATA: dict[str, tuple[str, ...] | None] = {
+    "request": ("id", "endpoint", "model", "stream", "tenant", "priority", "max_tokens", "prompt_bytes",
+                "deadline_s", "key_id"),
+    "tags": None,
+}
+
+# What ``HealthMonitor.run_once`` starts each node-health round with.
+HEALTH_START_DATA: dict[str, tuple[str, ...] | None] = {"round": None, "nodes": None}
+
+REQUEST_CONTRACT = ProcessContract(REQUIRED_TASKS, REQUEST_START_DATA)
+HEALTH_CONTRACT = ProcessContract(HEALTH_REQUIRED_TASKS, HEALTH_START_DATA)

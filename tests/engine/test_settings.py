@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from inferlb.engine.errors import ConfigError
-from inferlb.engine.settings import load_fleet_file, load_settings
+from inferlb.engine.settings import Settings, load_fleet_file, load_settings
+from inferlb.engine.startup import check_journal_dir
 
 GOOD = """
 models: [{name: m, fallbacks: [s]}, {name: s}]
@@ -32,7 +33,29 @@ def test_good_file(tmp_path: Path) -> None:
      "nodes[0].capacity_tokens", "greater than 0"),
     ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m], colour: red}]",
      "nodes[0].colour", "unknown key"),
-    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [zz]}]", "", "unknown model 'zz'"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [zz]}]", "nodes[0].models[0]",
+     "unknown model 'zz'"),
+    ("models: [{name: m, fallbacks: [q]}]\nnodes: [{name: a, url: 'http://x', models: [m]}]",
+     "models[0].fallbacks[0]", "unknown model 'q'"),
+    # URLs: http(s), a host, a numeric port 1-65535.
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://127.0.0.1:notaport', models: [m]}]",
+     "nodes[0].url", "'http://127.0.0.1:notaport' is not a valid URL"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://127.0.0.1:0', models: [m]}]", "nodes[0].url", "port must be"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://h:70000', models: [m]}]", "nodes[0].url", "not a valid URL"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http:///v1', models: [m]}]", "nodes[0].url", "no host"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'ftp://x', models: [m]}]", "nodes[0].url", "http:// or https://"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: '10.0.0.1:8000', models: [m]}]", "nodes[0].url",
+     "http:// or https://"),
+    # Duplicates name the entry and the earlier one.
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}, {name: b, url: 'http://y', models: [m]},"
+     " {name: a, url: 'http://z', models: [m]}]", "nodes[2].name", "duplicate node name 'a' (also nodes[0])"),
+    ("models: [{name: m}, {name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]", "models[1].name",
+     "duplicate model name 'm' (also models[0])"),
+    # The routing profile is checked when the file is read, not inside the app at start-up.
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\nrouting: {profile: fastest}",
+     "routing.profile", "unknown routing profile 'fastest'"),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\nretry: {retry_on_status: [503, 200]}",
+     "retry.retry_on_status", "not an HTTP error status (400–599): 200"),
     ("models: [{name: m}]\n", "nodes", "Field required"),
     ("- just\n- a list\n", "", "top level must be a mapping"),
     ("models: [{name: m\n", "", "not valid YAML"),
@@ -60,3 +83,37 @@ def test_env_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERLB_ENGINE", "warp")
     with pytest.raises(ConfigError, match="INFERLB_ENGINE"):
         load_settings()
+
+
+def test_url_keeps_a_base_path_and_drops_the_trailing_slash(tmp_path: Path) -> None:
+    p = tmp_path / "f.yaml"
+    p.write_text("models: [{name: m}]\nnodes: [{name: a, url: 'https://gpu-1.internal:8443/vllm/', models: [m]}]\n")
+    assert load_fleet_file(p).nodes[0].url == "https://gpu-1.internal:8443/vllm"
+
+
+def test_retry_on_status_default_and_override(tmp_path: Path) -> None:
+    p = tmp_path / "f.yaml"
+    p.write_text("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n")
+    assert load_fleet_file(p).retry.retry_on_status == {429, 502, 503, 504}
+    p.write_text("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n"
+                 "retry: {retry_on_status: [500, 503]}\n")
+    assert load_fleet_file(p).retry.retry_on_status == {500, 503}
+
+
+def test_store_prompts_is_gone_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """INFERLB_STORE_PROMPTS was read by nothing: asking for stored prompts is an error that says
+    inferlb never stores them; turned off it matches what inferlb does."""
+    monkeypatch.setenv("INFERLB_STORE_PROMPTS", "false")
+    load_settings()
+    monkeypatch.setenv("INFERLB_STORE_PROMPTS", "true")
+    with pytest.raises(ConfigError, match="INFERLB_STORE_PROMPTS: removed: inferlb never stores prompt"):
+        load_settings()
+    assert "store_prompts" not in Settings.model_fields
+
+
+def test_journal_dir_is_probed(tmp_path: Path) -> None:
+    check_journal_dir(tmp_path / "new" / "journal")
+    assert (tmp_path / "new" / "journal").is_dir() and not list((tmp_path / "new" / "journal").iterdir())
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"INFERLB_JOURNAL_DIR: the audit journal directory .* is not writable"):
+        check_journal_dir(tmp_path / "file" / "journal")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from openai import OpenAI
 
 from ..support import ROOT, free_port
@@ -72,4 +73,102 @@ def test_validate_reports_executor_and_problems(tmp_path: Path) -> None:
     assert timer.returncode == 0 and "executor spiff" in timer.stdout and "wait_timer" in timer.stdout
     bad = subprocess.run([*CLI, "validate", str(ROOT / "tests/processes/fixtures/broken_unknown_op.bpmn")],
                          env=_env(tmp_path), capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "mystery" in bad.stdout and "nope/unknown" in bad.stdout
+    assert bad.returncode == 1
+    _one_line(bad.stderr, str(ROOT / "tests/processes/fixtures/broken_unknown_op.bpmn"), "mystery", "nope/unknown")
+
+
+FIXTURES = ROOT / "tests" / "processes" / "fixtures"
+GOOD_FLEET = "models: [{name: m}]\nnodes: [{name: a, url: 'http://127.0.0.1:9', models: [m]}]\n"
+
+
+def _one_line(stderr: str, *needles: str) -> str:
+    """The whole of stderr is one line naming every needle (file, element or key path, problem)."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=tmp, env={**_env(tmp), **(env or {})}, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _processes(tmp: Path, request_file: str) -> Path:
+    """A processes directory with ``request_file`` as its request process."""
+    pdir = tmp / "processes"
+    pdir.mkdir()
+    if request_file == "truncated":   # a file cut short: not even XML
+        cut = (ROOT / "processes" / "inference_request.bpmn").read_bytes()[:3000]
+        (pdir / "inference_request.bpmn").write_bytes(cut)
+    else:
+        (pdir / "inference_request.bpmn").write_bytes((FIXTURES / request_file).read_bytes())
+    (pdir / "node_health.bpmn").write_bytes((ROOT / "processes" / "node_health.bpmn").read_bytes())
+    return pdir
+
+
+def test_validate_names_the_element_a_typo_is_in(tmp_path: Path) -> None:
+    path = str(FIXTURES / "typo_retry_key.bpmn")
+    r = _run(tmp_path, "validate", path)
+    assert r.returncode == 1
+    _one_line(r.stderr, path, "gw_retry", "retry['retyr']")
+
+
+@pytest.mark.parametrize(("fleet", "needles"), [
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://127.0.0.1:notaport', models: [m]}]\n",
+     ["nodes[0].url", "notaport"]),
+    ("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}, {name: a, url: 'http://y', models: [m]}]\n",
+     ["nodes[1].name", "duplicate node name 'a'"]),
+    (GOOD_FLEET + "routing: {profile: fastest}\n", ["routing.profile", "unknown routing profile 'fastest'"]),
+    (GOOD_FLEET + "health: {process: nope.bpmn}\n", ["nope.bpmn", "cannot read"]),
+    (GOOD_FLEET + "health: {nodes: {zz: {}}}\n", ["health.nodes.zz", "unknown node 'zz'"]),
+    ("models: [{name: m\nnodes: []\n", ["not valid YAML"]),
+])
+def test_validate_config_one_line_per_bad_file(tmp_path: Path, fleet: str, needles: list[str]) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(fleet)
+    r = _run(tmp_path, "validate", "--config", str(cfg))
+    assert r.returncode != 0
+    _one_line(r.stderr, str(cfg) if "nope.bpmn" not in needles else "nope.bpmn", *needles)
+
+
+def test_validate_config_checks_the_processes_too(tmp_path: Path) -> None:
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(GOOD_FLEET)
+    ok = _run(tmp_path, "validate", "--config", str(cfg))
+    assert ok.returncode == 0, ok.stderr
+    assert "executor compiled" in ok.stdout and "node_health.bpmn" in ok.stdout
+    pdir = _processes(tmp_path, "typo_routing_key.bpmn")
+    bad = _run(tmp_path, "validate", "--config", str(cfg), env={"INFERLB_PROCESSES_DIR": str(pdir)})
+    assert bad.returncode != 0
+    _one_line(bad.stderr, str(pdir / "inference_request.bpmn"), "gw_routed", "routing['okk']")
+
+
+@pytest.mark.parametrize(("fleet", "process", "env", "needles"), [
+    (GOOD_FLEET + "routing: {profile: fastest}\n", None, {}, ["fleet.yaml", "routing.profile", "fastest"]),
+    (GOOD_FLEET, "typo_variable_name.bpmn", {}, ["inference_request.bpmn", "gw_admitted", "'admision'"]),
+    (GOOD_FLEET, "missing_dispatch.bpmn", {}, ["inference_request.bpmn", "dispatch", "missing required task"]),
+    (GOOD_FLEET, "truncated", {}, ["inference_request.bpmn", "(file)", "XMLSyntaxError"]),
+    (GOOD_FLEET, None, {"INFERLB_JOURNAL_DIR": "{tmp}/a-file/journal"},
+     ["INFERLB_JOURNAL_DIR", "a-file/journal", "not writable"]),
+])
+def test_serve_fails_with_one_line(tmp_path: Path, fleet: str, process: str | None, env: dict[str, str],
+                                   needles: list[str]) -> None:
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(fleet)
+    (tmp_path / "a-file").write_text("")
+    env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
+    if process is not None:
+        env["INFERLB_PROCESSES_DIR"] = str(_processes(tmp_path, process))
+    r = _run(tmp_path, "serve", "--config", str(cfg), "--port", str(free_port()), env=env)
+    assert r.returncode != 0
+    _one_line(r.stderr, *needles)
+
+
+def test_demo_with_a_bad_process_fails_with_one_line(tmp_path: Path) -> None:
+    pdir = _processes(tmp_path, "typo_retry_key.bpmn")
+    r = _run(tmp_path, "demo", "--port", str(free_port()), env={"INFERLB_PROCESSES_DIR": str(pdir)})
+    assert r.returncode != 0
+    _one_line(r.stderr, str(pdir / "inference_request.bpmn"), "gw_retry", "retry['retyr']")

@@ -16,10 +16,11 @@ from typing import Any
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
 from ..errors import ProcessError, ProcessValidationError
-from ..services import ServiceTable
+from ..services import ServiceTable, StartData
 from .base import ProcessExecutor, ScriptEnv
 from .compiled import CompiledExecutor, plan_problems
-from .parser import OperationTask, element_tags, make_parser
+from .datacheck import data_problems
+from .parser import OperationTask, element_tags, make_parser, sequence_flows
 from .spiff import SpiffExecutor
 
 __all__ = ["ProcessDefinition", "load_process"]
@@ -67,9 +68,13 @@ def load_process(
     engine: str = "auto",
     required: dict[str, str] | None = None,
     env: ScriptEnv | None = None,
+    start_data: StartData | None = None,
 ) -> ProcessDefinition:
     """Parse, validate and build the executor. Raises ProcessValidationError listing
-    ``(element id, problem)`` for unknown operations, missing required tasks, unsupported elements."""
+    ``(element id, problem)`` for unknown operations, missing required tasks, unsupported elements
+    and, when ``start_data`` (the variables every instance starts with, name -> keys or None) is
+    given, every name or constant key a condition, script or parameter reads that nothing in the
+    process writes (see :mod:`.datacheck`). Reads the file; changes nothing."""
     p = Path(path)
     parser = make_parser()
     try:
@@ -100,10 +105,12 @@ def load_process(
     for op, eid in (required or {}).items():
         if op not in ops_seen.values():
             problems.append((eid, f"missing required task: a service task with operation {op!r}"))
+    env = env or ScriptEnv()
+    if start_data is not None and not problems:
+        problems.extend(data_problems(spec, services, start_data, sequence_flows(str(p)), env.globals))
     if problems:
         raise ProcessValidationError(str(p), problems)
 
-    env = env or ScriptEnv()
     compiled_problems = plan_problems(spec)
     if engine == "compiled" and compiled_problems:
         raise ProcessValidationError(str(p), [(e, f"outside the compiled subset: {r}") for e, r in compiled_problems])

@@ -17,7 +17,8 @@ from SpiffWorkflow.bpmn.specs.defaults import ServiceTask
 from SpiffWorkflow.spiff.parser.process import VALIDATOR, SpiffBpmnParser
 from SpiffWorkflow.spiff.parser.task_spec import SpiffTaskParser
 
-__all__ = ["CAMUNDA_NS", "InferlbParser", "OperationTask", "OperationTaskParser", "make_parser"]
+__all__ = ["CAMUNDA_NS", "InferlbParser", "OperationTask", "OperationTaskParser", "element_tags", "make_parser",
+           "sequence_flows"]
 
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
 
@@ -115,4 +116,15 @@ def element_tags(path: str) -> list[tuple[str, str]]:
             if not isinstance(el.tag, str):
                 continue
             out.append((el.get("id") or "?", etree.QName(el).localname))
+    return out
+
+
+def sequence_flows(path: str) -> dict[tuple[str, str], str]:
+    """(source id, target id) -> sequence flow id, for every flow of every process in the file."""
+    tree = etree.parse(path)
+    out: dict[tuple[str, str], str] = {}
+    for flow in tree.getroot().iter(full_tag("sequenceFlow")):
+        src, tgt, fid = flow.get("sourceRef"), flow.get("targetRef"), flow.get("id")
+        if src and tgt and fid:
+            out.setdefault((src, tgt), fid)
     return out
