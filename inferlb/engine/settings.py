@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     fleet: FleetConfig | None = None                 # set directly in tests / demo instead of a file
     # INFERLB_AUTH, INFERLB_ADMIN_KEY, INFERLB_REDIS_URL, INFERLB_REDIS_PREFIX (engine/admission/config.py)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+
+    # The OpenAI routes' input caps and the scrape token (engine/api).
+    max_n: int = Field(8, ge=1, le=128)              # INFERLB_MAX_N: most choices ('n') per request
+    metrics_token: SecretStr | None = None           # INFERLB_METRICS_TOKEN: a bearer token for /metrics only
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""
