@@ -117,8 +117,11 @@ audit database: {db}   engine: INFERLB_ENGINE={engine}
   open http://{host}:{port}/dashboard                             # latency, SLO, cost and node-state charts
   curl -s http://{host}:{port}/metrics                              # Prometheus metrics
 
-Authentication is OFF in the demo (tenant API keys are not configured). Ctrl-C stops it.
+{auth} Ctrl-C stops it.
 """
+_AUTH_ON = ("Authentication is ON: the OpenAI routes want a tenant key (inferlb keys create), the others\n"
+            "the admin key (INFERLB_ADMIN_KEY), sent as 'Authorization: Bearer <key>'.")
+_AUTH_OFF = "Authentication is OFF: every route above answers anyone (INFERLB_AUTH=on turns it on)."
 
 
 async def _demo(args: argparse.Namespace) -> None:
@@ -128,7 +131,8 @@ async def _demo(args: argparse.Namespace) -> None:
         urls = {name: node.url for name, node in sim.nodes.items()}
         settings = _settings(args, fleet=demo_fleet(urls))
         banner = _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(urls.values()),
-                                db=settings.database_url, engine=settings.engine)
+                                db=settings.database_url, engine=settings.engine,
+                                auth=_AUTH_ON if settings.admission.auth else _AUTH_OFF)
         await _serve(settings, banner)
 
 
