@@ -32,6 +32,7 @@ from .api import admin, audit, health, openai
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
+from .api import schema as openapi_schema
 from .errors import ClientError
 from .gateway import Gateway
 from .health.monitor import HealthMonitor, check_health_config
@@ -135,6 +136,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
+    openapi_schema.install(app)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
 
     @app.exception_handler(ClientError)
     async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
