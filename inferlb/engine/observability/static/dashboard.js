@@ -201,7 +201,9 @@
       `${new Date(r.until * 1000).toISOString().slice(0, 16)}Z, ${r.bucket}s buckets`;
     const w = { since: r.since.toFixed(3), until: r.until.toFixed(3) };
     const b = { ...w, bucket: `${r.bucket}s` };
-    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, hist] = await Promise.all([
+    // One call first: without a key (auth on) only it is refused, not nine (failures are rate-limited).
+    const hist = await getJSON("/dashboard/node-states");
+    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal] = await Promise.all([
       getJSON("/reports/sla", { ...b, group_by: "none" }),
       getJSON("/reports/sla", { ...b, group_by: "model" }),
       getJSON("/reports/sla", { ...b, group_by: "node" }),
@@ -210,7 +212,6 @@
       getJSON("/reports/sla", { ...w, group_by: "none" }),
       getJSON("/reports/sla", { ...w, group_by: "model" }),
       getJSON("/reports/cost", { ...w, group_by: "tenant" }),
-      getJSON("/dashboard/node-states"),
     ]);
     while (plots.length) plots.pop().destroy();
     const xs = axis(r);
