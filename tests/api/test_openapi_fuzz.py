@@ -38,7 +38,7 @@ HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp: Path) -> AsyncIterator[tuple[str, Any]]:
+async def gateway(tmp: Path, **over: Any) -> AsyncIterator[tuple[str, Any]]:
     async with SimFleet(fast_specs(2)) as sim:
         fleet = fleet_from_mapping({
             "models": [{"name": "m", "max_output_tokens": 16, "default_max_tokens": 4},
@@ -47,7 +47,8 @@ async def gateway(tmp: Path) -> AsyncIterator[tuple[str, Any]]:
             "routing": {"profile": "round-robin", "seed": 1},
             "timeouts": {"connect_s": 1.0, "first_token_s": 2.0, "idle_s": 2.0, "total_s": 10.0},
         })
-        settings = settings_for(tmp, fleet, admission=AdmissionSettings(auth=False, admin_key=ADMIN, redis_url=None))
+        settings = settings_for(tmp, fleet, admission=AdmissionSettings(auth=False, admin_key=ADMIN, redis_url=None),
+                                **over)
         async with running_gateway(settings) as (base, app):
             yield base, app
 
@@ -70,6 +71,14 @@ async def test_openapi_documents_bodies_and_the_400_envelope(tmp_path: Path) -> 
     schemas = doc["components"]["schemas"]
     assert "HTTPValidationError" not in schemas
     assert set(schemas["ErrorBody"]["required"]) == {"message", "type", "param", "code"}
+
+
+async def test_the_documented_n_cap_is_the_setting(tmp_path: Path) -> None:
+    async with gateway(tmp_path, max_n=3) as (base, _app), httpx.AsyncClient(base_url=base) as http:
+        doc = (await http.get("/openapi.json")).json()
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body["properties"]["n"]["maximum"] == 3, path
 
 
 async def test_a_framework_validation_error_is_the_documented_400(tmp_path: Path) -> None:

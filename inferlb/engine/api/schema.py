@@ -18,6 +18,7 @@ document, once, with one where
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
@@ -170,8 +171,20 @@ def _error(status: int) -> dict[str, Any]:
     return {"description": _ERROR_TEXT.get(status, "Error"), "content": {"application/json": {"schema": _ERROR_REF}}}
 
 
+def _bodies(max_n: int) -> dict[str, dict[str, Any]]:
+    """:data:`REQUEST_BODIES` with this gateway's cap on ``n`` (``Settings.max_n``)."""
+    out = copy.deepcopy(REQUEST_BODIES)
+    for body in out.values():
+        n = body.get("properties", {}).get("n")
+        if n is not None:
+            n["maximum"] = max_n
+    return out
+
+
 def build(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document for ``app``, with the bodies and errors described in the module docstring."""
+    settings = getattr(app.state, "settings", None)
+    bodies = _bodies(int(getattr(settings, "max_n", DEFAULT_MAX_N)))
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
@@ -183,7 +196,7 @@ def build(app: FastAPI) -> dict[str, Any]:
         for method, op in ops.items():
             responses: dict[str, Any] = op.setdefault("responses", {})
             responses.pop("422", None)
-            body = REQUEST_BODIES.get(path) if method == "post" else None
+            body = bodies.get(path) if method == "post" else None
             statuses: tuple[int, ...] = (400,)
             if path.startswith(_GUARDED):
                 statuses = (400, 401, 403, 404) if "{" in path else (400, 401, 403)
