@@ -126,8 +126,18 @@ audit database: {db}   engine: INFERLB_ENGINE={engine}
   open http://{host}:{port}/dashboard                             # latency, SLO, cost and node-state charts
   curl -s http://{host}:{port}/metrics                              # Prometheus metrics
 
-Authentication is OFF in the demo (tenant API keys are not configured). Ctrl-C stops it.
+{auth} Ctrl-C stops it.
 """
+_AUTH_ON = ("Authentication is ON: the OpenAI routes want a tenant key (inferlb keys create), the others\n"
+            "the admin key (INFERLB_ADMIN_KEY), sent as 'Authorization: Bearer <key>'.")
+_AUTH_OFF = "Authentication is OFF: every route above answers anyone (INFERLB_AUTH=on turns it on)."
+
+
+def demo_banner(settings: Settings, nodes: list[str]) -> str:
+    """The demo's start-up text; its last line says whether tenant auth is on (env or fleet file)."""
+    auth = settings.admission.auth or (settings.fleet is not None and settings.fleet.admission.auth)
+    return _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(nodes), db=settings.database_url,
+                          engine=settings.engine, auth=_AUTH_ON if auth else _AUTH_OFF)
 
 
 async def _demo(args: argparse.Namespace) -> None:
@@ -136,9 +146,7 @@ async def _demo(args: argparse.Namespace) -> None:
     async with SimFleet(demo_specs()) as sim:
         urls = {name: node.url for name, node in sim.nodes.items()}
         settings = _settings(args, fleet=demo_fleet(urls))
-        banner = _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(urls.values()),
-                                db=settings.database_url, engine=settings.engine)
-        await _serve(settings, banner)
+        await _serve(settings, demo_banner(settings, list(urls.values())))
 
 
 def _one_line(text: str) -> str:

@@ -33,6 +33,7 @@ from .api import admin, audit, edge, health, openai
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
+from .api import schema as openapi_schema
 from .errors import ClientError
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
@@ -143,6 +144,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
     edge.install(app, settings.cors_allow_origins)    # HEAD, clients gone mid-body, CORS
+    openapi_schema.install(app)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
 
     @app.exception_handler(ClientError)
     async def _client_error(request: Request, exc: ClientError) -> JSONResponse:

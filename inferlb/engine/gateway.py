@@ -55,6 +55,7 @@ class IncomingRequest:
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
+    n: int = 1                           # choices asked for: admission and TPM count n × the output budget
     prompt_bytes: int = 0
     prompt_text: str | None = None
     tenant: str | None = None
@@ -104,7 +105,8 @@ class Gateway:
         data: dict[str, Any] = {
             "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
                         "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,
-                        "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s, "key_id": req.key_id},
+                        "n": req.n, "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s,
+                        "key_id": req.key_id},
             "tags": {},
         }
         inst = self.process.executor.start(data, scope)
@@ -404,14 +406,16 @@ class Gateway:
             rec.tags = {**rec.tags, "workflow_error": str(exc)[:500]}
             self.rt.submit(rec)
 
-    def reject(self, endpoint: str, model: str, status: int, code: str | None, tenant: str | None = None) -> str:
-        """Audit a request rejected before its process started (invalid input); returns its id."""
+    def reject(self, endpoint: str, model: str, status: int, code: str | None, tenant: str | None = None,
+               tags: dict[str, Any] | None = None) -> str:
+        """Audit a request rejected before its process started (invalid input); returns its id.
+        ``model`` is stored as given: the API layer bounds it (engine/api/labels.py)."""
         rid = uuid.uuid4().hex
         now = round(self.rt.clock.time(), 6)
         self.rt.submit(RequestRecord(request_id=rid, received_at=now, endpoint=endpoint,
                                      model_requested=model[:256], tenant=tenant, status="rejected_invalid",
                                      http_status=status, error_class=code or "invalid_request",
-                                     last_byte_at=now, engine=self.process.mode))
+                                     last_byte_at=now, engine=self.process.mode, tags=tags or {}))
         return rid
 
     def _workflow_failed(self, scope: RequestScope, exc: WorkflowRuntimeError) -> Response:

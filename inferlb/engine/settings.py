@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
@@ -247,6 +247,9 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [o.strip() for o in v.split(",") if o.strip()]
         return v
+    # The OpenAI routes' input caps and the scrape token (engine/api).
+    max_n: int = Field(8, ge=1, le=128)              # INFERLB_MAX_N: most choices ('n') per request
+    metrics_token: SecretStr | None = None           # INFERLB_METRICS_TOKEN: a bearer token for /metrics only
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""

@@ -97,7 +97,7 @@ HEALTH_REQUIRED_TASKS: dict[str, str] = {
 # process's ``request`` is what ``Gateway.handle`` builds; ``tags`` is the process author's own.
 REQUEST_START_DATA: dict[str, tuple[str, ...] | None] = {
     "request": ("id", "endpoint", "model", "stream", "tenant", "priority", "max_tokens", "prompt_bytes",
-                "deadline_s", "key_id"),
+                "deadline_s", "key_id", "n"),
     "tags": None,
 }
 

@@ -54,7 +54,8 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
         "model": model.name,
         "version": model.version,
         "prompt_tokens_est": prompt_est,
-        "output_budget": output,
+        # n choices each generate up to the per-choice budget (the context check above is per choice).
+        "output_budget": output * int(req.get("n") or 1),
         "priority": rec.priority,
         "deadline_s": round(budget, 3),
     }

@@ -36,11 +36,11 @@ def _fleet(urls: dict[str, str], admission: dict[str, Any] | None = None, price:
 
 @contextlib.asynccontextmanager
 async def gateway(tmp: Path, *, auth: bool = True, admin: str | None = ADMIN, admission: dict[str, Any] | None = None,
-                  price: float = 1.0) -> AsyncIterator[tuple[str, Any, httpx.AsyncClient]]:
+                  price: float = 1.0, **over: Any) -> AsyncIterator[tuple[str, Any, httpx.AsyncClient]]:
     async with SimFleet(fast_specs(2)) as sim:
         urls = {n: node.url for n, node in sim.nodes.items()}
         settings = settings_for(tmp, _fleet(urls, admission, price),
-                                admission=AdmissionSettings(auth=auth, admin_key=admin, redis_url=None))
+                                admission=AdmissionSettings(auth=auth, admin_key=admin, redis_url=None), **over)
         async with running_gateway(settings) as (base, app), httpx.AsyncClient(base_url=base, timeout=10) as http:
             yield base, app, http
 
@@ -157,3 +157,51 @@ async def test_spent_budget_gives_insufficient_quota(tmp_path: Path) -> None:
         await app.state.admission_service.refresh_keys()
         spent = (await http.get(f"/admin/keys/{r.json()['id']}", headers=admin_headers())).json()["spent"]
         assert spent > 0.0001
+
+
+SCRAPE = "scrape-" + "z" * 32
+
+
+def _code(r: httpx.Response) -> str | None:
+    code: str | None = r.json()["error"]["code"]
+    return code
+
+
+async def test_metrics_and_dashboard_data_need_the_admin_key_when_auth_is_on(tmp_path: Path) -> None:
+    async with gateway(tmp_path, metrics_token=SCRAPE) as (_base, _app, http):
+        tenant = (await http.post("/admin/keys", headers=admin_headers(), json={"tenant": "acme"})).json()["key"]
+        for path in ("/metrics", "/dashboard/node-states", "/reports/sla"):
+            none = await http.get(path)
+            assert none.status_code == 401 and "error" in none.json(), (path, none.text)
+            wrong = await http.get(path, headers=admin_headers("not-a-key"))
+            assert wrong.status_code == 401, (path, wrong.text)
+            as_tenant = await http.get(path, headers=admin_headers(tenant))
+            assert as_tenant.status_code == 403, (path, as_tenant.text)
+            as_admin = await http.get(path, headers=admin_headers())
+            assert as_admin.status_code == 200, (path, as_admin.text)
+        # The scrape token reads /metrics and nothing else.
+        scraped = await http.get("/metrics", headers=admin_headers(SCRAPE))
+        assert scraped.status_code == 200 and "inferlb_requests_total" in scraped.text
+        for path in ("/dashboard/node-states", "/reports/sla", "/audit/requests", "/admin/fleet"):
+            assert (await http.get(path, headers=admin_headers(SCRAPE))).status_code == 401, path
+        # The page and its assets hold no data: public, so the browser can load the sign-in form.
+        page = await http.get("/dashboard")
+        assert page.status_code == 200 and 'id="login"' in page.text
+        assert (await http.get("/dashboard/assets/dashboard.js")).status_code == 200
+
+
+async def test_metrics_with_auth_on_and_no_secret_configured_is_403(tmp_path: Path) -> None:
+    async with gateway(tmp_path, admin=None) as (_base, _app, http):
+        r = await http.get("/metrics", headers=admin_headers("anything"))
+        assert r.status_code == 403 and _code(r) == "metrics_token_unset", r.text
+
+
+async def test_auth_off_leaves_metrics_open_unless_a_scrape_token_is_set(tmp_path: Path) -> None:
+    async with gateway(tmp_path, auth=False, admin=None) as (_base, _app, http):
+        assert (await http.get("/metrics")).status_code == 200
+        assert (await http.get("/dashboard/node-states")).status_code == 200
+    (tmp_path / "token").mkdir()
+    async with gateway(tmp_path / "token", auth=False, admin=None, metrics_token=SCRAPE) as (_base, _app, http):
+        assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/metrics", headers=admin_headers(SCRAPE))).status_code == 200
+        assert (await http.get("/dashboard/node-states")).status_code == 200

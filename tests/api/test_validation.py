@@ -276,7 +276,8 @@ CHAT_CASES = [
     ),
     # V-24 n
     ("V-24-n-zero", {"n": 0}, "n", "integer_below_min_value"),
-    ("V-24-n-over-cap", {"n": 129}, "n", "integer_above_max_value"),
+    ("V-24-n-over-cap", {"n": 9}, "n", "integer_above_max_value"),
+    ("V-tools-empty", {"tools": []}, "tools", "empty_array"),
     ("V-24-n-bool", {"n": True}, "n", TYPE),
     ("V-24-n-float", {"n": 2.0}, "n", TYPE),
     # V-25 stream
@@ -439,6 +440,8 @@ def test_v24_n_cap_is_configurable() -> None:
     with pytest.raises(InvalidRequest) as info:
         validate_chat(_chat(n=9), max_n=8)
     assert info.value.param == "n"
+    assert validate_chat(_chat(n=8)).n == 8              # the default cap is 8
+    assert validate_chat(_chat(n=20), max_n=32).n == 20
 
 
 # -- completions and embeddings ------------------------------------------------------------------
@@ -623,7 +626,7 @@ def test_stream_without_usage_and_tool_choice_modes() -> None:
     assert validate_chat(_chat(tool_choice="none")).stream is False
     assert validate_chat(_chat(tools=[_TOOL], tool_choice="required")).n == 1
     assert validate_chat(_chat(response_format={"type": "json_object"})).n == 1
-    assert validate_chat(_chat(stop="END", tools=[])).n == 1
+    assert validate_chat(_chat(stop="END", tools=[_TOOL])).n == 1
 
 
 @pytest.mark.parametrize(

@@ -205,13 +205,13 @@ async def test_metrics_endpoint_under_real_sdk_traffic(tmp_path: Path) -> None:
     total = sum(s.value for s in fams["inferlb_requests"].samples if s.name == "inferlb_requests_total")
     assert total == 7
     statuses = {s.labels["status"] for s in fams["inferlb_requests"].samples}
-    assert {"ok", "rejected"} <= statuses
+    assert {"ok", "rejected_invalid"} <= statuses     # an unknown model is refused before its process
     models = {s.labels["model"] for s in fams["inferlb_requests"].samples}
     assert models == {"m", "emb", "other"}            # the unknown model name is not a label value
     ttft = [s for s in fams["inferlb_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert sum(s.value for s in ttft) == 1             # the one streamed request
     engine = [s for s in fams["inferlb_engine_seconds"].samples if s.name.endswith("_count")]
-    assert sum(s.value for s in engine) == 7           # every request ran its process to the end
+    assert sum(s.value for s in engine) == 6           # every request but the unknown model's ran its process
     for name in ("inferlb_node_inflight_requests", "inferlb_node_state", "inferlb_queue_depth",
                  "inferlb_audit_pending_records", "inferlb_audit_spool_bytes", "inferlb_node_ejections",
                  "inferlb_ready", "inferlb_build_info", "process_cpu_seconds"):

@@ -66,7 +66,7 @@ async def test_gateway_data_matches_the_declared_keys(tmp_path: Path) -> None:
             await sim.stop_node("n0")   # round-robin: the next requests meet it, fail over, retry
             for _ in range(3):
                 assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-    assert len(instances) == 6
+    assert len(instances) == 5   # the unknown model is answered by the API layer: no instance starts
     for inst in instances:
         _collect(seen, inst.data)
     # Every variable of the request path was seen, the retry loop's included.

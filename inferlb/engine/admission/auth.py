@@ -12,7 +12,12 @@ Contract:
 * :func:`require_admin` guards the admin API: the admin key (``INFERLB_ADMIN_KEY``, compared in
   constant time) passes; a valid tenant key gets 403; anything else 401; with no admin key
   configured every call gets 403. :func:`require_admin_when_auth` applies it only while tenant
-  auth is on (the other admin and audit routes stay open in the auth-off demo).
+  auth is on (the other admin and audit routes stay open in the auth-off demo); the dashboard's
+  data route (``/dashboard/node-states``) is guarded by it too.
+* :func:`require_metrics_reader` guards ``/metrics`` (its labels name tenants): open while auth
+  is off and no metrics token is set; otherwise the admin key or the metrics token
+  (``INFERLB_METRICS_TOKEN``, for a Prometheus scrape job that should not hold the admin key)
+  passes, a tenant key gets 403, anything else 401 (limited per address like every failure).
 * :func:`identify` turns headers and the key into the request's tenant, priority class and
   deadline: the tenant is the key's (the ``x-inferlb-tenant`` header is only a label when auth is
   off); the class is the ``x-inferlb-priority`` header or the default class, capped at the key's
@@ -27,13 +32,14 @@ import hmac
 from dataclasses import dataclass
 
 from fastapi import Request
+from pydantic import SecretStr
 
 from ..errors import Forbidden, InvalidRequest, ModelNotFound, RateLimited, Unauthorized
 from .controller import AdmissionController
 from .keys import ApiKey
 
 __all__ = ["Identity", "authenticate", "bearer_token", "controller_of", "identify", "require_admin",
-           "require_admin_when_auth"]
+           "require_admin_when_auth", "require_metrics_reader"]
 
 
 def controller_of(request: Request) -> AdmissionController:
@@ -90,7 +96,7 @@ async def require_admin(request: Request) -> None:
     token = bearer_token(request)
     if admin is None:
         raise Forbidden("The admin API is disabled: set INFERLB_ADMIN_KEY", code="admin_disabled")
-    if token is not None and hmac.compare_digest(_digest(token), _digest(admin.get_secret_value())):
+    if token is not None and _matches(token, admin):
         return
     if token is not None and ctl.keys.lookup(token, ctl.clock.time()) is not None:
         raise Forbidden("Tenant API keys cannot use the admin API")
@@ -101,6 +107,31 @@ async def require_admin_when_auth(request: Request) -> None:
     """:func:`require_admin`, but only while tenant authentication is on."""
     if controller_of(request).auth_on:
         await require_admin(request)
+
+
+def _matches(token: str, secret: SecretStr | None) -> bool:
+    return secret is not None and hmac.compare_digest(_digest(token), _digest(secret.get_secret_value()))
+
+
+async def require_metrics_reader(request: Request) -> None:
+    """Dependency of ``/metrics``; see the module docstring."""
+    ctl = controller_of(request)
+    settings = getattr(request.app.state, "settings", None)
+    scrape: SecretStr | None = getattr(settings, "metrics_token", None)
+    if not ctl.auth_on and scrape is None:
+        return
+    token = bearer_token(request)
+    admin = ctl.env.admin_key
+    if token is not None:
+        if _matches(token, scrape) or _matches(token, admin):
+            return
+        if ctl.keys.lookup(token, ctl.clock.time()) is not None:
+            raise Forbidden("Tenant API keys cannot read /metrics: use the admin key or INFERLB_METRICS_TOKEN")
+    if admin is None and scrape is None:
+        raise Forbidden("Metrics are protected while auth is on: set INFERLB_METRICS_TOKEN or INFERLB_ADMIN_KEY",
+                        code="metrics_token_unset")
+    raise _refuse(request, ctl, "A metrics token or the admin key is required: "
+                                "'Authorization: Bearer <INFERLB_METRICS_TOKEN>'")
 
 
 @dataclass(frozen=True)

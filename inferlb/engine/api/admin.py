@@ -4,7 +4,9 @@
 cooldown, slow start), load in flight and as scraped, and its last sample per source with its age;
 plus the models in panic mode, the health monitor's status and the latest node events.
 ``GET /admin/fleet/events?node=&limit=&since=``: node state changes, newest first (table
-``node_events``).
+``node_events``). ``since`` takes what the reports take (epoch seconds, ISO-8601 or a look-back
+like ``1h``) and is checked by the same validator (:func:`~inferlb.engine.store.queries.parse_time`):
+a non-finite or out-of-range time is a 400 ``invalid_time``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi import APIRouter, Query, Request
 
 from ..errors import StoreError
 from ..store.events import recent_events
+from ..store.queries import parse_time
 from .deps import GatewayDep
 
 __all__ = ["router"]
@@ -53,6 +56,7 @@ async def fleet(gw: GatewayDep, request: Request) -> dict[str, Any]:
 @router.get("/admin/fleet/events")
 async def fleet_events(request: Request, node: str | None = None,
                        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-                       since: float | None = None) -> dict[str, Any]:
-    """Node state changes, newest first; ``since`` is epoch seconds."""
-    return {"events": await _events(request, node=node, limit=limit, since=since)}
+                       since: str | None = None) -> dict[str, Any]:
+    """Node state changes, newest first; ``since`` as in the reports (epoch seconds, ISO-8601, ``1h``)."""
+    t = parse_time(since, param="since")
+    return {"events": await _events(request, node=node, limit=limit, since=t)}

@@ -7,6 +7,11 @@ forbids it (``default-src 'self'``). Only the files named in :data:`ASSETS` are 
 from the client reaches the file system). The page draws its charts from ``/reports/sla``,
 ``/reports/cost`` and ``GET /dashboard/node-states`` (the in-memory state history of
 ``app.state.observability``; empty when there is none).
+
+Authentication: the page and its assets are public (they hold no data); every data route it calls
+needs the admin key while auth is on (``/reports/*`` and ``/dashboard/node-states``). On a 401/403
+the page asks for the key once, keeps it in the tab's ``sessionStorage`` (never a cookie, so other
+sites cannot make the browser send it) and sends it as ``Authorization: Bearer`` on its fetches.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import functools
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from ..admission.auth import require_admin_when_auth
 from ..errors import ClientError
 
 __all__ = ["ASSETS", "CSP", "router"]
@@ -65,7 +71,7 @@ async def asset(name: str) -> Response:
                     headers={"x-content-type-options": "nosniff", "cache-control": "public, max-age=300"})
 
 
-@router.get("/dashboard/node-states")
+@router.get("/dashboard/node-states", dependencies=[Depends(require_admin_when_auth)])
 async def node_states(request: Request) -> dict[str, Any]:
     """Node states sampled by this gateway since it started (oldest first)."""
     obs = getattr(request.app.state, "observability", None)

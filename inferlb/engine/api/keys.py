@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse
 from ..admission.auth import controller_of, require_admin
 from ..errors import ClientError, InvalidRequest, StoreError
 from ..store.keys import create_key, get_key, list_keys, revoke_key
+from ..store.queries import parse_time
 
 __all__ = ["KeyNotFound", "NewKey", "router"]
 
@@ -81,10 +82,12 @@ async def create(body: NewKey, request: Request) -> JSONResponse:
     if unknown:
         raise InvalidRequest(f"unknown models: {', '.join(unknown)}", param="models")
     now = ctl.clock.time()
+    # The expiry is a time like any other: the one validator refuses what the database cannot hold.
+    expires_at = parse_time(now + body.expires_in_s, param="expires_in_s") if body.expires_in_s else None
     key, secret = await _db(create_key, _engine(request), tenant=body.tenant, now=now, name=body.name,
                             models=body.models, priority_ceiling=body.priority_ceiling, rpm=body.rpm,
                             tpm=body.tpm, max_parallel=body.max_parallel, budget=body.budget,
-                            expires_at=now + body.expires_in_s if body.expires_in_s else None)
+                            expires_at=expires_at)
     ctl.keys.put(key)
     return JSONResponse({**key.public(), "key": secret}, status_code=201)
 

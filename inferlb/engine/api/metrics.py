@@ -5,18 +5,21 @@ Contract: reads ``request.app.state.observability`` (an
 the OpenAI envelope when metrics are disabled in the fleet file. The handler is ``async``: the
 scrape-time gauges read the fleet's live counters, which only the event loop mutates, so reading
 them on the loop gives a consistent snapshot (a scrape costs well under a millisecond per node).
+Who may read it: :func:`~inferlb.engine.admission.auth.require_metrics_reader` (open while auth is
+off and no ``INFERLB_METRICS_TOKEN`` is set; else that token or the admin key).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from ..admission.auth import require_metrics_reader
 from ..errors import ClientError
 
 __all__ = ["MetricsDisabled", "router"]
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_metrics_reader)])
 
 
 class MetricsDisabled(ClientError):

@@ -19,9 +19,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from ..admission.auth import identify
-from ..errors import ClientError, InvalidRequest, PayloadTooLarge
+from ..errors import ClientError, InvalidRequest, ModelNotFound, PayloadTooLarge
 from ..gateway import Gateway, IncomingRequest
 from .deps import GatewayDep
+from .labels import clean_text, model_label
 from .validation import (
     ValidatedRequest,
     parse_json_body,
@@ -90,22 +91,32 @@ def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
     return wait
 
 
+def _rejected(gw: Gateway, endpoint: str, model: str | None, err: ClientError) -> JSONResponse:
+    """Audit a request refused before its process started and answer it. The stored model is
+    bounded (engine/api/labels.py): a name the fleet does not serve is grouped as one."""
+    label = model_label(model, gw.rt.fleet.models)
+    tags = {"model_sent": clean_text(model)} if model is not None and label != model else None
+    rid = gw.reject(endpoint, label, err.status, err.code, tags=tags)
+    return JSONResponse(err.envelope(), status_code=err.status, headers={**(err.headers or {}), "x-request-id": rid})
+
+
 async def _run(request: Request, gw: Gateway, endpoint: str,
-               validate: Callable[[dict[str, Any], bool], ValidatedRequest]) -> Response:
+               validate: Callable[[dict[str, Any], bool, int], ValidatedRequest]) -> Response:
     settings = request.app.state.settings
-    model_hint = "?"
+    model_hint: str | None = None
     try:
         who = identify(request, *_headers(request))   # tenant, priority class, deadline, key
         body = await _parse(await read_body(request, settings.max_body_bytes), settings)
         m = body.get("model")
-        model_hint = m if isinstance(m, str) else "?"
-        v = validate(body, gw.rt.estimator.wants_text(model_hint))
+        model_hint = m if isinstance(m, str) else None
+        v = validate(body, gw.rt.estimator.wants_text(model_hint or "?"), settings.max_n)
         who.check_model(v.model)
+        if v.model not in gw.rt.fleet.models:
+            raise ModelNotFound(v.model)
     except ClientError as err:
-        gw.reject(endpoint, model_hint, err.status, err.code)
-        return JSONResponse(err.envelope(), status_code=err.status)
+        return _rejected(gw, endpoint, model_hint, err)
     inc = IncomingRequest(endpoint=endpoint, model=v.model, body=v.body, stream=v.stream,
-                          include_usage=v.include_usage, max_tokens=v.max_tokens,
+                          include_usage=v.include_usage, max_tokens=v.max_tokens, n=v.n,
                           prompt_bytes=v.prompt_bytes + 4 * v.prompt_token_ids, prompt_text=v.prompt_text,
                           tenant=who.tenant, priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id)
     return await gw.handle(inc, _disconnect_waiter(request))
@@ -113,17 +124,17 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, gw: GatewayDep) -> Response:
-    return await _run(request, gw, "chat", lambda b, t: validate_chat(b, want_text=t))
+    return await _run(request, gw, "chat", lambda b, t, n: validate_chat(b, want_text=t, max_n=n))
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, gw: GatewayDep) -> Response:
-    return await _run(request, gw, "completions", lambda b, t: validate_completions(b, want_text=t))
+    return await _run(request, gw, "completions", lambda b, t, n: validate_completions(b, want_text=t, max_n=n))
 
 
 @router.post("/v1/embeddings")
 async def embeddings(request: Request, gw: GatewayDep) -> Response:
-    return await _run(request, gw, "embeddings", lambda b, t: validate_embeddings(b, want_text=t))
+    return await _run(request, gw, "embeddings", lambda b, t, _n: validate_embeddings(b, want_text=t))
 
 
 @router.post("/v1/predict/{model}")
@@ -135,10 +146,11 @@ async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
         who = identify(request, *_headers(request))
         who.check_model(model)
         raw = await read_body(request, settings.max_body_bytes)
+        if model not in gw.rt.fleet.models:
+            raise ModelNotFound(model)
         body = validate_predict(await _parse(raw, settings))
     except ClientError as err:
-        gw.reject("predict", model, err.status, err.code)
-        return JSONResponse(err.envelope(), status_code=err.status)
+        return _rejected(gw, "predict", model, err)
     inc = IncomingRequest(endpoint="predict", model=model, body=body, prompt_bytes=len(raw), tenant=who.tenant,
                           priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id)
     return await gw.handle(inc, _disconnect_waiter(request))

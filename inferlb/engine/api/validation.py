@@ -82,7 +82,7 @@ __all__ = [
 
 DEFAULT_MAX_MESSAGES: Final = 2048
 DEFAULT_MAX_ITEMS: Final = 2048  # batch size of a prompt / input list
-DEFAULT_MAX_N: Final = 128
+DEFAULT_MAX_N: Final = 8   # Settings.max_n (INFERLB_MAX_N) overrides it per gateway
 _NUMBER_MAX_CHARS: Final = 4300  # Python's default int_max_str_digits
 _DIMENSIONS_MAX: Final = 65536
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -362,7 +362,7 @@ def check_response_format(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def check_tools(body: dict[str, Any]) -> tuple[set[str] | None, list[dict[str, Any]]]:
-    """``tools``: at most 128 ``{"type": "function", "function": {"name", "parameters"?}}``.
+    """``tools``: 1 to 128 ``{"type": "function", "function": {"name", "parameters"?}}`` (``[]`` is a 400).
 
     Returns ``(names, schemas)``: the declared function names (``None`` when ``tools`` is
     absent) and the ``parameters`` objects, which are opaque JSON Schemas.
@@ -372,6 +372,9 @@ def check_tools(body: dict[str, Any]) -> tuple[set[str] | None, list[dict[str, A
         return None, []
     if type(value) is not list:
         raise _type_error("tools", "an array", value)
+    if not value:
+        # OpenAI's own rule ("[] is too short - 'tools'"): an empty list is not "no tools".
+        raise _bad("'tools' must not be empty: omit it or list at least one tool", "tools", "empty_array")
     if len(value) > TOOLS_MAX:
         raise _bad(f"'tools' takes at most {TOOLS_MAX} tools", "tools", "array_above_max_length")
     names: set[str] = set()

@@ -2,10 +2,12 @@
 // the page says it has drawn everything, takes a full-page screenshot and prints one JSON line:
 // the HTTP status, console errors / page errors / failed requests, requests to other origins,
 // and what each chart drew (series, points, inked pixels of each canvas).
-// usage: node dashboard.mjs URL SCREENSHOT.png [timeout_ms]
+// With ADMIN_KEY given, a page that asks for the key (auth on) is signed in through its form and
+// the key it then sends is reported (askedForKey, keyStored).
+// usage: node dashboard.mjs URL SCREENSHOT.png [timeout_ms] [ADMIN_KEY]
 import { chromium } from "playwright-core";
 
-const [url, shot, timeoutArg] = process.argv.slice(2);
+const [url, shot, timeoutArg, adminKey] = process.argv.slice(2);
 const timeout = Number(timeoutArg || 30000);
 const origin = new URL(url).origin;
 const browser = await chromium.launch({
@@ -32,6 +34,16 @@ try {
   const resp = await page.goto(url, { waitUntil: "load", timeout });
   await page.waitForFunction(() => window.inferlbDashboard && window.inferlbDashboard.ready === true, null,
                              { timeout });
+  const askedForKey = await page.evaluate(() => window.inferlbDashboard.needsKey && !document.getElementById("login").hidden);
+  const bearer = [];
+  if (adminKey && askedForKey) {
+    page.on("request", (r) => { if (r.url().includes("/reports/") || r.url().includes("/dashboard/node-states")) bearer.push(r.headers().authorization || ""); });
+    await page.fill("#login input[name=key]", adminKey);
+    await page.click("#login button[type=submit]");
+    await page.waitForFunction(() => window.inferlbDashboard.ready === true && !window.inferlbDashboard.needsKey,
+                               null, { timeout });
+  }
+  const keyStored = await page.evaluate(() => sessionStorage.getItem("inferlb.adminKey") !== null);
   const drawn = await page.evaluate(() => {
     const inked = [...document.querySelectorAll(".chart")].map((el) => {
       const c = el.querySelector("canvas");
@@ -51,7 +63,8 @@ try {
     };
   });
   await page.screenshot({ path: shot, fullPage: true });
-  console.log(JSON.stringify({ status: resp.status(), consoleErrors, warnings, external, ...drawn }));
+  console.log(JSON.stringify({ status: resp.status(), consoleErrors, warnings, external, askedForKey, keyStored,
+                                bearer, ...drawn }));
 } finally {
   await browser.close();
 }

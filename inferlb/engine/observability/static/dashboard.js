@@ -3,6 +3,9 @@
 // or ISO-8601); bucket (30s, 5m, 1h, ...; chosen from the window when absent); refresh (seconds,
 // 0 = off; default 60). When everything is drawn, window.inferlbDashboard.ready is true and
 // .charts says how many series and points each chart got (the browser test reads it).
+// With authentication on, the data routes want the admin key: on a 401/403 the page shows its
+// sign-in form (.needsKey is true), keeps the key in this tab's sessionStorage and sends it as
+// "Authorization: Bearer" on every fetch.
 (() => {
   "use strict";
 
@@ -12,7 +15,8 @@
   const WINDOWS = { "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
   const UNIT = { s: 1, m: 60, h: 3600, d: 86400, w: 604800 };
   const params = new URLSearchParams(location.search);
-  const dash = { ready: false, charts: {}, errors: [] };
+  const dash = { ready: false, needsKey: false, charts: {}, errors: [] };
+  const KEY_ITEM = "inferlb.adminKey";
   window.inferlbDashboard = dash;
   const plots = [];
 
@@ -46,9 +50,33 @@
   async function getJSON(path, query) {
     const url = new URL(path, location.origin);
     for (const [k, v] of Object.entries(query || {})) url.searchParams.set(k, String(v));
-    const resp = await fetch(url, { headers: { accept: "application/json" } });
+    const headers = { accept: "application/json" };
+    const key = sessionStorage.getItem(KEY_ITEM);
+    if (key) headers.authorization = `Bearer ${key}`;
+    const resp = await fetch(url, { headers, credentials: "omit" });
+    if (resp.status === 401 || resp.status === 403) {
+      let message = `HTTP ${resp.status}`;
+      try { message = (await resp.json()).error.message; } catch (_) { /* keep the status */ }
+      throw new AuthError(message, Boolean(key));
+    }
     if (!resp.ok) throw new Error(`${url.pathname}${url.search}: HTTP ${resp.status}`);
     return resp.json();
+  }
+
+  class AuthError extends Error {
+    constructor(message, hadKey) {
+      super(message);
+      this.hadKey = hadKey;
+    }
+  }
+
+  function askForKey(err) {
+    dash.needsKey = true;
+    const form = $("login");
+    form.hidden = false;
+    $("login-why").textContent = err.hadKey ? `That key was refused: ${err.message}` :
+      "Authentication is on: sign in with the admin key (kept in this tab only).";
+    form.elements.key.focus();
   }
 
   const fmt = {
@@ -173,7 +201,9 @@
       `${new Date(r.until * 1000).toISOString().slice(0, 16)}Z, ${r.bucket}s buckets`;
     const w = { since: r.since.toFixed(3), until: r.until.toFixed(3) };
     const b = { ...w, bucket: `${r.bucket}s` };
-    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, hist] = await Promise.all([
+    // One call first: without a key (auth on) only it is refused, not nine (failures are rate-limited).
+    const hist = await getJSON("/dashboard/node-states");
+    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal] = await Promise.all([
       getJSON("/reports/sla", { ...b, group_by: "none" }),
       getJSON("/reports/sla", { ...b, group_by: "model" }),
       getJSON("/reports/sla", { ...b, group_by: "node" }),
@@ -182,7 +212,6 @@
       getJSON("/reports/sla", { ...w, group_by: "none" }),
       getJSON("/reports/sla", { ...w, group_by: "model" }),
       getJSON("/reports/cost", { ...w, group_by: "tenant" }),
-      getJSON("/dashboard/node-states"),
     ]);
     while (plots.length) plots.pop().destroy();
     const xs = axis(r);
@@ -230,10 +259,16 @@
   }
 
   async function refresh() {
+    dash.ready = false;
+    $("logout").hidden = !sessionStorage.getItem(KEY_ITEM);
     try {
       await load();
+      dash.needsKey = false;
+      $("login").hidden = true;
+      $("error").hidden = true;
     } catch (err) {
-      fail(err);
+      if (err instanceof AuthError) askForKey(err);
+      else fail(err);
     }
     dash.ready = true;
     document.body.dataset.ready = "1";
@@ -246,6 +281,17 @@
       next.set("window", ev.target.elements.window.value);
       for (const k of ["since", "until", "bucket"]) next.delete(k);
       location.search = next.toString();
+    });
+    $("login").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const key = ev.target.elements.key.value.trim();
+      ev.target.elements.key.value = "";
+      if (key) sessionStorage.setItem(KEY_ITEM, key);
+      refresh();
+    });
+    $("logout").addEventListener("click", () => {
+      sessionStorage.removeItem(KEY_ITEM);
+      refresh();
     });
     refresh();
     const every = Number(params.get("refresh") ?? 60);
