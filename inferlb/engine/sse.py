@@ -1,19 +1,22 @@
-"""Server-sent events from a node, read incrementally and cheaply (pure: no I/O).
+"""Server-sent events from a node, relayed to the client incrementally and cheaply (pure: no I/O).
 
-The gateway relays a node's stream byte for byte; on the side it needs three facts: how many
-events went by, whether the stream ended with ``[DONE]`` or an in-band error, and the ``usage``
-numbers. Parsing every chunk's JSON would cost a few µs per token, so:
+The gateway relays a node's stream event by event; on the side it needs a few facts: how many
+content events went by (the tokens sent when a stream is cut before its usage chunk), whether the
+stream ended with ``[DONE]`` or an in-band error, and the ``usage`` numbers. Parsing every chunk's
+JSON would cost a few µs per token, so:
 
-- :class:`SSEDecoder` splits arbitrary byte chunks into complete ``data:`` payloads (the WHATWG
-  event-stream rules: ``\\n``, ``\\r\\n`` or ``\\r`` line ends, a blank line ends an event, several
-  ``data:`` lines join with ``\\n``, ``:`` comments and ``event:``/``id:``/``retry:`` fields pass).
+- :class:`SSERelay` splits arbitrary byte chunks at event boundaries (a blank line) and returns
+  the whole events to forward, keeping the partial tail. Line ends may be ``\n``, ``\r\n`` or
+  ``\r`` (the WHATWG event-stream rules; forwarded as ``\n``); ``:`` comments and
+  ``event:``/``id:``/``retry:`` fields pass; several ``data:`` lines of one event join with ``\n``.
   A line with no known field (for instance a JSON line missing its ``data:``) is an
-  :class:`~inferlb.engine.errors.UpstreamProtocolError`, as is an event over ``max_event_bytes``.
-- :func:`check_payload` is the cheap validity check: ``[DONE]`` or text that starts with ``{``
-  and ends with ``}``. That catches cut or garbled lines, the usual failure, without a parse.
+  :class:`~inferlb.engine.errors.UpstreamProtocolError`, and so is an event, or an unfinished tail,
+  over ``max_event_bytes``: a node that never sends a blank line cannot grow the gateway's memory.
+- :func:`check_payload` is the cheap validity check of each ``data`` payload: ``[DONE]`` or text
+  that starts with ``{`` and ends with ``}``. That catches cut or garbled lines, the usual failure,
+  without a parse.
 - :func:`extract_usage` parses only the ``usage`` value (``raw_decode`` from the key onwards),
   and only when the payload names it; :func:`extract_error` only when the payload names ``error``.
-- :class:`StreamScanner` combines them. With ``strict_json=True`` it parses every payload fully.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from .errors import UpstreamProtocolError
 
 __all__ = [
     "DONE",
-    "SSEDecoder",
-    "StreamScanner",
+    "MAX_EVENT_BYTES",
+    "SSERelay",
     "Usage",
     "check_payload",
     "extract_error",
@@ -39,6 +42,7 @@ DONE = b"[DONE]"
 _FIELDS = frozenset({b"event", b"id", b"retry"})
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 _DECODER = json.JSONDecoder()
+MAX_EVENT_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,80 +55,6 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
-
-
-class SSEDecoder:
-    """Feed raw bytes with :meth:`feed`; get the ``data`` payload of each completed event.
-
-    Bounded memory: an event (or a line) longer than ``max_event_bytes`` raises
-    :class:`UpstreamProtocolError` instead of growing the buffer.
-    """
-
-    __slots__ = ("_buf", "_data", "_data_len", "max_event_bytes")
-
-    def __init__(self, *, max_event_bytes: int = 8 * 1024 * 1024) -> None:
-        self.max_event_bytes = max_event_bytes
-        self._buf = b""
-        self._data: list[bytes] = []
-        self._data_len = 0
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """Payloads of the events completed by ``chunk`` (possibly none), in order."""
-        if not chunk:
-            return []
-        buf = self._buf + chunk if self._buf else chunk
-        if b"\r" in buf:
-            # A trailing CR may be the first half of a CRLF split across chunks: keep it back.
-            held = buf.endswith(b"\r")
-            if held:
-                buf = buf[:-1]
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-            if held:
-                buf += b"\r"
-        lines = buf.split(b"\n")
-        self._buf = lines.pop()  # the unfinished line (b"" when chunk ended on a line end)
-        out: list[bytes] = []
-        for line in lines:
-            self._line(line, out)
-        if len(self._buf) + self._data_len > self.max_event_bytes:
-            raise UpstreamProtocolError(f"SSE event over {self.max_event_bytes} bytes")
-        return out
-
-    def close(self) -> list[bytes]:
-        """End of stream: an event not closed by a blank line is dropped, per the SSE rules.
-
-        Returns the payloads completed by a trailing lone CR, if any.
-        """
-        out: list[bytes] = []
-        if self._buf.endswith(b"\r"):
-            self._line(self._buf[:-1], out)
-        self._buf = b""
-        self._data.clear()
-        self._data_len = 0
-        return out
-
-    @property
-    def pending(self) -> bool:
-        """True when bytes of an unfinished event are buffered (the stream stopped mid-event)."""
-        return bool(self._buf.strip(b"\r")) or bool(self._data)
-
-    def _line(self, line: bytes, out: list[bytes]) -> None:
-        if not line:
-            if self._data:
-                out.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
-                self._data.clear()
-                self._data_len = 0
-            return
-        if line.startswith(b"data:"):
-            value = line[6:] if line.startswith(b"data: ") else line[5:]
-            self._data.append(value)
-            self._data_len += len(value) + 1
-            return
-        if line.startswith(b":"):
-            return  # comment / keep-alive
-        name = line.split(b":", 1)[0]
-        if name not in _FIELDS:
-            raise UpstreamProtocolError(f"malformed SSE line: {line[:80]!r}")
 
 
 def check_payload(payload: bytes) -> None:
@@ -185,59 +115,146 @@ def extract_error(payload: bytes) -> dict[str, Any] | None:
     return None
 
 
-class StreamScanner:
-    """Watches a relayed stream: counts events, notes ``[DONE]``, in-band errors and usage.
+def _no_choices(payload: bytes) -> bool:
+    """True for a usage-only chunk (``"choices": []``), which the client did not ask for."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("choices") == []
 
-    ``feed`` raises :class:`UpstreamProtocolError` on a malformed line or payload; the caller
-    treats that like a cut (RELIABILITY §5.6). After ``[DONE]`` further events are a protocol
-    error too, since a client would never see them.
+
+class SSERelay:
+    """Feed a node's body chunks with :meth:`feed`; get back the whole events to forward.
+
+    Per event: comments and ``event:``/``id:``/``retry:`` lines pass unchecked; a ``data`` payload
+    gets :func:`check_payload`; only payloads that name ``"error"`` or ``"usage"`` are parsed. A
+    usage-only chunk is dropped when ``hide_usage`` (the gateway asked for usage on the client's
+    behalf). After the stream: :attr:`done` (``[DONE]`` seen), :attr:`usage` (the last usage
+    seen), :attr:`content_events` (data events other than ``[DONE]``, usage-only chunks and the
+    role-only opening chunk: about one per token on vLLM / SGLang / the emulator, plus the closing
+    ``finish_reason`` chunk), :attr:`incomplete` (bytes of an unfinished event are held back).
+
+    :meth:`feed` raises :class:`UpstreamProtocolError` on a malformed line or payload, an in-band
+    error event, or an event over ``max_event_bytes``; the good events of the same chunk that came
+    before the bad one are then in :attr:`unsent`, still to forward.
     """
 
-    __slots__ = ("_decoder", "done", "error", "events", "strict_json", "usage")
+    __slots__ = ("_parts", "_size", "content_events", "done", "hide_usage", "max_event_bytes", "unsent",
+                 "usage")
 
-    def __init__(self, *, strict_json: bool = False, max_event_bytes: int = 8 * 1024 * 1024) -> None:
-        self._decoder = SSEDecoder(max_event_bytes=max_event_bytes)
-        self.strict_json = strict_json
-        self.events = 0                       # data events, [DONE] excluded
+    def __init__(self, *, hide_usage: bool = False, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.hide_usage = hide_usage
+        self.max_event_bytes = max_event_bytes
+        self._parts: list[bytes] = []    # the unfinished tail, in pieces (joined once a line ends)
+        self._size = 0
         self.done = False
-        self.usage: Usage | None = None       # the last usage seen (vLLM may send it on every chunk)
-        self.error: dict[str, Any] | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        for payload in self._decoder.feed(chunk):
-            self._payload(payload)
-
-    def close(self) -> None:
-        """End of body: processes a trailing event, if a lone CR completed one."""
-        for payload in self._decoder.close():
-            self._payload(payload)
+        self.usage: Usage | None = None
+        self.content_events = 0
+        self.unsent = b""
 
     @property
-    def complete(self) -> bool:
-        """The stream ended properly: ``[DONE]`` seen and no error event."""
-        return self.done and self.error is None
+    def incomplete(self) -> bool:
+        """True when bytes of an unfinished event are held (the stream stopped mid-event)."""
+        return any(p.strip() for p in self._parts)
 
-    def _payload(self, payload: bytes) -> None:
-        if self.done:
-            raise UpstreamProtocolError("data after [DONE]")
+    def feed(self, chunk: bytes) -> bytes:
+        """The events completed by ``chunk`` (possibly b""), each ending in a blank line."""
+        if not chunk:
+            return b""
+        self._size += len(chunk)
+        if b"\n" not in chunk and b"\r" not in chunk:
+            # No line end: nothing can complete; keep the piece (linear, however small the chunks).
+            self._parts.append(chunk)
+            if self._size > self.max_event_bytes:
+                raise UpstreamProtocolError(f"SSE event over {self.max_event_bytes} bytes")
+            return b""
+        if self._parts:
+            self._parts.append(chunk)
+            buf = b"".join(self._parts)
+            self._parts = []
+        else:
+            buf = chunk
+        if b"\r" in buf:
+            # A trailing CR may be the first half of a CRLF split across chunks: keep it back.
+            held = buf.endswith(b"\r")
+            if held:
+                buf = buf[:-1]
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            if held:
+                buf += b"\r"
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            tail, events = buf, b""
+        else:
+            tail, events = buf[cut + 2:], buf[:cut + 2]
+        if tail:
+            self._parts.append(tail)
+        self._size = len(tail)
+        if self._size > self.max_event_bytes:
+            raise UpstreamProtocolError(f"SSE event over {self.max_event_bytes} bytes")
+        if not events:
+            return b""
+        return self._relay(events)
+
+    def finish(self) -> bytes:
+        """End of the body: the events a held trailing CR completes (a lone-CR stream), if any.
+        Whatever is still held afterwards is an unfinished event (:attr:`incomplete`)."""
+        if not self._parts or not self._parts[-1].endswith(b"\r"):
+            return b""
+        return self.feed(b"\n")
+
+    def _relay(self, events: bytes) -> bytes:
+        out = bytearray()
+        for ev in events.split(b"\n\n"):
+            if not ev:
+                continue
+            try:
+                if len(ev) > self.max_event_bytes:
+                    raise UpstreamProtocolError(f"SSE event over {self.max_event_bytes} bytes")
+                payload = self._payload(ev)
+                if payload is not None and not self._data(payload):
+                    continue
+            except UpstreamProtocolError:
+                self.unsent = bytes(out)
+                raise
+            out += ev
+            out += b"\n\n"
+        return bytes(out)
+
+    @staticmethod
+    def _payload(ev: bytes) -> bytes | None:
+        """The event's data (None for an event without data lines); checks every line's field."""
+        if b"\n" not in ev:   # the usual case: one line
+            if ev.startswith(b"data:"):
+                return ev[6:] if ev.startswith(b"data: ") else ev[5:]
+            if ev.startswith(b":") or ev.split(b":", 1)[0] in _FIELDS:
+                return None
+            raise UpstreamProtocolError(f"malformed SSE line: {ev[:80]!r}")
+        data: list[bytes] = []
+        for line in ev.split(b"\n"):
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+            elif line.startswith(b":") or line.split(b":", 1)[0] in _FIELDS:
+                continue
+            else:
+                raise UpstreamProtocolError(f"malformed SSE line: {line[:80]!r}")
+        return b"\n".join(data) if data else None
+
+    def _data(self, payload: bytes) -> bool:
+        """Notes what ``payload`` says; False when its event is not forwarded."""
         if payload.strip() == DONE:
             self.done = True
-            return
-        self.events += 1
-        if self.strict_json:
-            obj = _loads(payload)
-            if not isinstance(obj, dict):
-                raise UpstreamProtocolError("SSE data is not a JSON object")
-            if "usage" in obj and obj["usage"] is not None:
-                self.usage = _as_usage(obj["usage"])
-            err = obj.get("error")
-            if isinstance(err, dict | str):
-                self.error = err if isinstance(err, dict) else {"message": err}
-            return
+            return True
         check_payload(payload)
-        usage = extract_usage(payload)
-        if usage is not None:
-            self.usage = usage
-        error = extract_error(payload)
-        if error is not None:
-            self.error = error
+        if b'"error"' in payload and extract_error(payload) is not None:
+            raise UpstreamProtocolError("the node sent an in-band error event")
+        if b'"usage"' in payload:
+            usage = extract_usage(payload)
+            if usage is not None:
+                self.usage = usage
+                if _no_choices(payload):
+                    return not self.hide_usage
+        if b'"role"' not in payload:   # a chat stream's opening chunk carries the role, no token
+            self.content_events += 1
+        return True

@@ -225,12 +225,19 @@ class UpstreamResponse:
             self._resp.release()  # the body is complete: the connection can be reused
         return data
 
-    async def aclose(self) -> None:
-        """Close the connection now, unless the body was read to the end (then it is pooled)."""
+    def close(self) -> None:
+        """Close the connection now, unless the body was read to the end (then it is pooled).
+
+        Safe to call while another task waits in :meth:`chunks`: that read then fails with
+        :class:`UpstreamConnectError` (how the gateway stops streams at shutdown)."""
         if self._closed:
             return
         self._closed = True
         _release_or_close(self._resp)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, for ``async with`` and awaiting callers."""
+        self.close()
 
     async def __aenter__(self) -> UpstreamResponse:
         return self

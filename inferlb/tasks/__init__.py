@@ -30,7 +30,8 @@ SERVICES: ServiceTable = {
         doc="Filter → score → pick over live node snapshots; skips nodes already tried."),
     "upstream/dispatch": ServiceSpec(
         result="outcome", external=True, reads=("routing",),
-        doc="External: the gateway sends the request to routing['node'] and streams the answer."),
+        doc="External: the gateway sends the request to the node route picked (routing['node']) and "
+            "streams the answer."),
     "retry/backoff": ServiceSpec(
         result="retry", fn=retry.backoff, reads=("outcome", "evaluation"),
         params={"max_attempts": "attempts per request, all nodes and fallbacks together (default 3)"},

@@ -17,7 +17,12 @@ def _reject(status: int, code: str, message: str, param: str | None = None) -> d
 
 
 def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Reads ``request``; writes ``evaluation`` (see processes/README.md)."""
+    """Reads ``request``; writes ``evaluation`` (see processes/README.md).
+
+    The output budget and the deadline are computed here only: routing, admission and the gateway
+    (node load, timeouts) use ``evaluation["output_budget"]`` / ``scope.output_budget`` and
+    ``scope.deadline_at``, also after a fallback to another model; the audit row keeps the deadline.
+    """
     req = data["request"]
     rt = scope.rt
     model = rt.fleet.models.get(req["model"])
@@ -43,12 +48,14 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     deadline_s = req.get("deadline_s")
     budget = min(float(deadline_s), timeout) if deadline_s else timeout
     scope.deadline_at = scope.received_mono + budget
+    scope.output_budget = output
     scope.model = model.name
     scope.models_tried = [model.name]
     rec = scope.record
     rec.prompt_tokens_est = prompt_est
     rec.model_version = model.version
     rec.priority = req.get("priority") or DEFAULT_PRIORITY
+    rec.deadline_at = round(rec.received_at + budget, 6)
     return {
         "ok": True,
         "model": model.name,

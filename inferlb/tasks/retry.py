@@ -8,7 +8,9 @@ admission controller refuses it: the model pool's retry budget (retries ≤ 10 %
 a sliding window, with a small floor) is spent, or the pool is saturated and the request's
 priority class gives up retries under saturation. A refused retry also caps the request's
 attempts where they are, so ``routing/fallback`` does not turn it into another attempt: over a
-total outage backend attempts ÷ client requests stay ≤ 1.1 (RELIABILITY B3).
+total outage backend attempts ÷ client requests stay ≤ 1.1 (RELIABILITY B3). When no untried
+node of the model takes traffic, there is nothing to retry on: no retry, and the budget is not
+spent (``routing/fallback`` may still switch model).
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ def backoff_delay(retry_number: int, base_s: float, cap_s: float, u: float) -> f
     return float(u * min(cap_s, (2**retry_number - 1) * base_s))
 
 
+def _another_node(scope: RequestScope) -> bool:
+    """True when a node of the current model that this request has not tried takes traffic now."""
+    fleet = scope.rt.fleet
+    tried = scope.tried
+    for name in fleet.serving.get(scope.model, ()):
+        if name not in tried and fleet.available(fleet.nodes[name], fleet.clock.monotonic()):
+            return True
+    return False
+
+
 def backoff(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Reads ``outcome``, ``evaluation`` (its priority); param ``max_attempts``; writes ``retry``."""
     rt = scope.rt
@@ -41,6 +53,9 @@ def backoff(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, A
     if attempt >= max_attempts:
         return {"retry": False, "delay_s": 0.0, "attempt": attempt,
                 "reason": f"{attempt} attempts made (max {max_attempts})"}
+    if not _another_node(scope):
+        # Nothing left to retry on: say so without spending the pool's retry budget.
+        return {"retry": False, "delay_s": 0.0, "attempt": attempt, "reason": "no other available node"}
     delay = round(backoff_delay(attempt, policy.base_backoff_s, policy.max_backoff_s, rt.rng.random()), 6)
     if rt.clock.monotonic() + delay >= scope.deadline_at:
         return {"retry": False, "delay_s": 0.0, "attempt": attempt, "reason": "deadline would pass"}

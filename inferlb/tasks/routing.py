@@ -12,7 +12,10 @@ __all__ = ["fallback", "select"]
 
 
 def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Reads ``evaluation``; writes ``routing``. Nodes already tried for this request are skipped."""
+    """Reads ``evaluation``; writes ``routing``. Nodes already tried for this request are skipped.
+
+    The pick is the dispatch target (``scope.decision``; ``routing["node"]`` is the same name, for
+    the process's conditions). Every decision is kept in the audit record (``decisions``)."""
     rt = scope.rt
     ev = data["evaluation"]
     req = RouteRequest(
@@ -24,8 +27,11 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     )
     decision = rt.router.decide(req, rt.fleet.views())
     scope.decision = decision
-    scope.record.decision = decision.to_json()
-    scope.record.routed_at = round(rt.clock.time(), 6)
+    rec = scope.record
+    rec.decision = decision.to_json()
+    # One entry per decision; ``begin_attempt`` fills in the attempt it picked the node for.
+    rec.decisions.append({"attempt": None, "model": scope.model, **rec.decision})
+    rec.routed_at = round(rt.clock.time(), 6)
     node = decision.pick
     if node is None:
         reasons = sorted({f"{e.node}: {e.reason}" for e in decision.eliminated})

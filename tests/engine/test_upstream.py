@@ -17,7 +17,7 @@ from inferlb.engine.errors import (
     UpstreamTimeout,
 )
 from inferlb.engine.settings import TimeoutConfig
-from inferlb.engine.sse import StreamScanner, Usage, extract_usage
+from inferlb.engine.sse import SSERelay, Usage, extract_usage
 from inferlb.engine.types import ManualClock
 from inferlb.engine.upstream import Upstream, parse_retry_after, strip_hop_by_hop
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
@@ -63,13 +63,16 @@ async def test_stream_happy_path(upstream: Upstream, node: EmulatedNode) -> None
         assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
         assert resp.first_chunk.startswith(b"data: ")
         assert resp.started_at <= resp.headers_at <= resp.first_chunk_at
-        scanner = StreamScanner(strict_json=True)
-        scanner.feed(resp.first_chunk)
+        relay = SSERelay()
+        relayed = [relay.feed(resp.first_chunk)]
         async for chunk in resp.chunks():
-            scanner.feed(chunk)
+            relayed.append(relay.feed(chunk))
+        relayed.append(relay.finish())
         assert resp.eof
-    assert scanner.complete and scanner.usage == Usage(2, 5)
-    assert scanner.events == 1 + 5 + 1 + 1
+    assert relay.done and not relay.incomplete and relay.usage == Usage(2, 5)
+    assert relay.content_events == 5 + 1   # tokens, finish (not the role, usage and [DONE] chunks)
+    events = b"".join(relayed).split(b"\n\n")
+    assert all(json.loads(e[6:]) for e in events[:-2] if e) and events[-2] == b"data: [DONE]"
     assert node.stats.completed == 1 and node.stats.attempts == {"rid-1": 1}
 
 
