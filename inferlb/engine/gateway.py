@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
+from .endpoints import node_path
 from .errors import (
     UpstreamError,
     UpstreamProtocolError,
@@ -41,8 +42,6 @@ log = logging.getLogger("inferlb.gateway")
 
 Performer = Callable[[RequestScope, ExternalCall], Awaitable[dict[str, Any]]]
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
-          "responses": "/v1/responses"}
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -156,7 +155,7 @@ class Gateway:
             body["priority"] = self.rt.admission.node_priority(scope.record.priority)
         if req.endpoint != "predict":
             body["model"] = model.upstream_name or model.name
-        if req.stream and not req.include_usage:
+        if req.stream and not req.include_usage and req.endpoint != "responses":
             # Ask for usage so streamed requests are accounted; the usage chunk is not forwarded.
             opts = dict(body.get("stream_options") or {})
             opts["include_usage"] = True
@@ -175,8 +174,7 @@ class Gateway:
                    "x-inferlb-attempt": str(scope.attempts)}
         if node.api_key:
             headers["authorization"] = f"Bearer {node.api_key}"
-        path = (f"/v2/models/{model.upstream_name or model.name}/infer" if req.endpoint == "predict"
-                else _PATHS[req.endpoint])
+        path = node_path(req.endpoint, model.upstream_name or model.name)
         rt.fleet.acquire(node_name, tokens)
         released = False
         try:
@@ -272,7 +270,7 @@ class Gateway:
         rt = self.rt
         rec = scope.record
         resp, attempt = c.resp, c.attempt
-        relay = SSERelay(hide_usage=not req.include_usage)
+        relay = SSERelay(hide_usage=not req.include_usage, responses=req.endpoint == "responses")
         live = _Live(resp)
         self._live.add(live)
         outcome: dict[str, Any] | None = None

@@ -76,8 +76,11 @@ def _loads(payload: bytes) -> Any:
 def _as_usage(value: Any) -> Usage | None:
     if not isinstance(value, dict):
         return None  # "usage": null on ordinary chunks
-    prompt = value.get("prompt_tokens")
-    completion = value.get("completion_tokens", 0)  # embeddings report prompt tokens only
+    if "prompt_tokens" not in value and "input_tokens" in value:   # the Responses API's names
+        prompt, completion = value.get("input_tokens"), value.get("output_tokens", 0)
+    else:
+        prompt = value.get("prompt_tokens")
+        completion = value.get("completion_tokens", 0)  # embeddings report prompt tokens only
     if isinstance(prompt, bool) or isinstance(completion, bool):
         raise UpstreamProtocolError("usage counts must be integers")
     if not isinstance(prompt, int) or not isinstance(completion, int) or prompt < 0 or completion < 0:
@@ -86,7 +89,8 @@ def _as_usage(value: Any) -> Usage | None:
 
 
 def extract_usage(payload: bytes) -> Usage | None:
-    """``usage`` of an OpenAI stream chunk or JSON body, or None when absent / null.
+    """``usage`` of an OpenAI stream chunk or JSON body, or None when absent / null. The
+    Responses API's ``input_tokens`` / ``output_tokens`` count as prompt / completion tokens.
 
     Only the value after the ``"usage"`` key is decoded; a payload that does not name it costs one
     substring search. An unescaped ``"usage"`` followed by ``:`` can only be a key, since quotes
@@ -105,13 +109,23 @@ def extract_usage(payload: bytes) -> Usage | None:
 
 
 def extract_error(payload: bytes) -> dict[str, Any] | None:
-    """The ``error`` object of an in-band error event (``{"error": {...}}``), else None."""
+    """The ``error`` object of an in-band error event (``{"error": {...}}``, or the Responses API's
+    ``error`` / ``response.failed`` events), else None."""
     if b'"error"' not in payload:
         return None
     obj = _loads(payload)
-    if isinstance(obj, dict) and isinstance(obj.get("error"), dict | str):
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("error"), dict | str):
         err = obj["error"]
         return err if isinstance(err, dict) else {"message": err}
+    kind = obj.get("type")
+    if kind == "error":   # the Responses API's error event: {"type": "error", "code", "message"}
+        return {"message": obj.get("message"), "code": obj.get("code")}
+    if kind == "response.failed":
+        resp = obj.get("response")
+        err = resp.get("error") if isinstance(resp, dict) else None
+        return err if isinstance(err, dict) else {"message": "response.failed"}
     return None
 
 
@@ -138,13 +152,19 @@ class SSERelay:
     :meth:`feed` raises :class:`UpstreamProtocolError` on a malformed line or payload, an in-band
     error event, or an event over ``max_event_bytes``; the good events of the same chunk that came
     before the bad one are then in :attr:`unsent`, still to forward.
+
+    ``responses=True`` reads a Responses API stream (typed events, no ``[DONE]``): it is done at
+    ``response.completed`` or ``response.incomplete``, its content events are the
+    ``response.output_text.delta`` ones, and its usage comes with the final response.
     """
 
-    __slots__ = ("_parts", "_size", "content_events", "done", "hide_usage", "max_event_bytes", "unsent",
-                 "usage")
+    __slots__ = ("_parts", "_size", "content_events", "done", "hide_usage", "max_event_bytes", "responses",
+                 "unsent", "usage")
 
-    def __init__(self, *, hide_usage: bool = False, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+    def __init__(self, *, hide_usage: bool = False, responses: bool = False,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.hide_usage = hide_usage
+        self.responses = responses
         self.max_event_bytes = max_event_bytes
         self._parts: list[bytes] = []    # the unfinished tail, in pieces (joined once a line ends)
         self._size = 0
@@ -247,6 +267,8 @@ class SSERelay:
             self.done = True
             return True
         check_payload(payload)
+        if self.responses:
+            return self._responses_data(payload)
         if b'"error"' in payload and extract_error(payload) is not None:
             raise UpstreamProtocolError("the node sent an in-band error event")
         if b'"usage"' in payload:
@@ -257,4 +279,17 @@ class SSERelay:
                     return not self.hide_usage
         if b'"role"' not in payload:   # a chat stream's opening chunk carries the role, no token
             self.content_events += 1
+        return True
+
+    def _responses_data(self, payload: bytes) -> bool:
+        if b'"response.output_text.delta"' in payload:
+            self.content_events += 1
+            return True
+        if b'"error"' in payload and extract_error(payload) is not None:
+            raise UpstreamProtocolError("the node sent an in-band error event")
+        if b'"response.completed"' in payload or b'"response.incomplete"' in payload:
+            self.done = True
+            usage = extract_usage(payload)
+            if usage is not None:
+                self.usage = usage
         return True

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inferlb.engine.endpoints import serves
 from inferlb.engine.scope import RequestScope
 
 __all__ = ["backoff", "backoff_delay"]
@@ -32,8 +33,10 @@ def _another_node(scope: RequestScope) -> bool:
     """True when a node of the current model that this request has not tried takes traffic now."""
     fleet = scope.rt.fleet
     tried = scope.tried
+    endpoint = scope.record.endpoint
     for name in fleet.serving.get(scope.model, ()):
-        if name not in tried and fleet.available(fleet.nodes[name], fleet.clock.monotonic()):
+        st = fleet.nodes[name]
+        if name not in tried and serves(endpoint, st.cfg.kind) and fleet.available(st, fleet.clock.monotonic()):
             return True
     return False
 

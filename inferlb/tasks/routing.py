@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inferlb.engine.endpoints import serves
 from inferlb.engine.routing import RouteRequest
 from inferlb.engine.scope import RequestScope
 
@@ -23,7 +24,7 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         prompt_tokens=int(ev["prompt_tokens_est"]),
         output_tokens=int(ev["output_budget"]),
         priority=ev.get("priority"),
-        exclude=frozenset(scope.tried),
+        exclude=frozenset(scope.tried) | _not_serving(scope),
     )
     decision = rt.router.decide(req, rt.fleet.views())
     scope.decision = decision
@@ -38,6 +39,14 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         return {"ok": False, "node": None, "model": scope.model, "ranked": [],
                 "reason": "no node can serve: " + "; ".join(reasons) if reasons else "no node serves the model"}
     return {"ok": True, "node": node, "model": scope.model, "ranked": decision.ranked, "reason": "picked"}
+
+
+def _not_serving(scope: RequestScope) -> frozenset[str]:
+    """Nodes whose kind does not serve the request's endpoint (only the Responses API is partial)."""
+    endpoint = scope.record.endpoint
+    if endpoint != "responses":
+        return frozenset()
+    return frozenset(n.name for n in scope.rt.fleet_cfg.nodes if not serves(endpoint, n.kind))
 
 
 def fallback(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ..admission.auth import identify
 from ..errors import ClientError, InvalidRequest, PayloadTooLarge
 from ..gateway import Gateway, IncomingRequest
 from .deps import GatewayDep
+from .responses import validate_responses
 from .validation import (
     ValidatedRequest,
     parse_json_body,
@@ -124,6 +125,12 @@ async def completions(request: Request, gw: GatewayDep) -> Response:
 @router.post("/v1/embeddings")
 async def embeddings(request: Request, gw: GatewayDep) -> Response:
     return await _run(request, gw, "embeddings", lambda b, t: validate_embeddings(b, want_text=t))
+
+
+@router.post("/v1/responses")
+async def responses(request: Request, gw: GatewayDep) -> Response:
+    """The OpenAI Responses API, forwarded like chat to nodes whose kind serves it."""
+    return await _run(request, gw, "responses", lambda b, t: validate_responses(b, want_text=t))
 
 
 @router.post("/v1/predict/{model}")
