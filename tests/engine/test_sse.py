@@ -157,3 +157,29 @@ def test_relay_rejects_malformed_json() -> None:
     with pytest.raises(UpstreamProtocolError):
         relay_all(r, [emulator_stream(5, malformed_at=2)])
     assert r.content_events == 2   # the tokens relayed before the bad event
+
+
+RESPONSES = (
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1","status":"in_progress",'
+    b'"error":null,"usage":null}}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"tok0 "}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"tok1 "}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_1","status":'
+    b'"completed","error":null,"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}}\n\n'
+)
+
+
+def test_responses_stream_ends_at_completed_with_its_usage() -> None:
+    r = SSERelay(responses=True)
+    assert relay_all(r, [RESPONSES[i:i + 9] for i in range(0, len(RESPONSES), 9)]) == RESPONSES
+    assert r.done and r.content_events == 2 and r.usage == Usage(3, 2)
+    cut = SSERelay(responses=True)
+    relay_all(cut, [RESPONSES[:RESPONSES.index(b"event: response.completed")]])
+    assert not cut.done and cut.content_events == 2
+
+
+def test_responses_error_events_are_in_band_errors() -> None:
+    for ev in (b'event: error\ndata: {"type":"error","code":"server_error","message":"boom"}\n\n',
+               b'event: response.failed\ndata: {"type":"response.failed","response":{"error":{"code":"x"}}}\n\n'):
+        with pytest.raises(UpstreamProtocolError, match="in-band"):
+            SSERelay(responses=True).feed(ev)
