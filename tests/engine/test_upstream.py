@@ -290,3 +290,28 @@ async def test_redirects_are_not_followed(upstream: Upstream) -> None:
 async def test_requires_start() -> None:
     with pytest.raises(RuntimeError, match="start"):
         await Upstream().open("http://127.0.0.1:1/", b"", headers={}, timeouts=FAST, node="x")
+
+
+async def test_idle_watchdog_only_times_out_a_waiting_read(upstream: Upstream, node: EmulatedNode) -> None:
+    # One watchdog per response, not a timeout per chunk: when it fires with no read waiting (the
+    # gateway is still handing the last chunk to a slow client) nothing is closed; a later read
+    # re-arms it. Fired early (before its due time) it re-arms instead of closing.
+    resp = await upstream.open(url(node), chat(stream=True, max_tokens=20), headers=HEADERS, timeouts=FAST,
+                               node="n1")
+    async with resp:
+        it = resp.chunks()
+        await it.__anext__()
+        resp._watchdog()            # no read waiting
+        assert not resp._closed and resp._timer is None
+        rest = [c async for c in it]
+        assert resp.eof and b"[DONE]" in (rest[-1] if rest else resp.first_chunk)
+        assert resp._timer is None  # disarmed at the end of the body
+    resp = await upstream.open(url(node), chat(stream=True, max_tokens=3), headers=HEADERS, timeouts=FAST,
+                               node="n1")
+    async with resp:
+        resp._read_at = resp._loop.time()
+        resp._watchdog()            # a read started just now: not idle yet
+        assert not resp._closed and resp._timer is not None
+        resp._read_at = None
+        body = await resp.read_rest()
+    assert body.endswith(b"data: [DONE]\n\n")
