@@ -180,6 +180,9 @@ class SSERelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """The events completed by ``chunk`` (possibly b""), each ending in a blank line."""
+        if not self._parts and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+            # The usual case: the chunk is whole events (a node writes one event per write).
+            return self._relay(chunk)
         if not chunk:
             return b""
         self._size += len(chunk)
@@ -225,22 +228,33 @@ class SSERelay:
         return self.feed(b"\n")
 
     def _relay(self, events: bytes) -> bytes:
-        out = bytearray()
-        for ev in events.split(b"\n\n"):
+        """Check each event of ``events`` (whole events); returns what to forward: ``events``
+        itself unless an event is dropped."""
+        parts = events.split(b"\n\n")
+        kept: list[bytes] | None = None      # built only once an event is dropped
+        for i in range(len(parts) - 1):      # the last part is b"" (events end with a blank line)
+            ev = parts[i]
             if not ev:
                 continue
             try:
                 if len(ev) > self.max_event_bytes:
                     raise UpstreamProtocolError(f"SSE event over {self.max_event_bytes} bytes")
-                payload = self._payload(ev)
-                if payload is not None and not self._data(payload):
-                    continue
+                if ev.startswith(b"data: ") and b"\n" not in ev:   # the usual event: one data line
+                    forward = self._data(ev[6:])
+                else:
+                    payload = self._payload(ev)
+                    forward = True if payload is None else self._data(payload)
             except UpstreamProtocolError:
-                self.unsent = bytes(out)
+                good = parts[:i] if kept is None else kept
+                self.unsent = b"".join(e + b"\n\n" for e in good if e)
                 raise
-            out += ev
-            out += b"\n\n"
-        return bytes(out)
+            if not forward and kept is None:
+                kept = parts[:i]
+            elif forward and kept is not None:
+                kept.append(ev)
+        if kept is None:
+            return events
+        return b"".join(e + b"\n\n" for e in kept if e)
 
     @staticmethod
     def _payload(ev: bytes) -> bytes | None:
