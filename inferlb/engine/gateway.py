@@ -139,7 +139,8 @@ class Gateway:
         t = self.timeouts
         output_tokens = scope.output_budget
         first = t.first_token_s if stream else t.first_token_s + output_tokens * t.per_output_token_s
-        first = self.first_byte.wait_s(node, stream=stream, output_tokens=output_tokens, configured_s=first)
+        first = self.first_byte.wait_s(node, stream=stream, output_tokens=output_tokens, configured_s=first,
+                                       prompt_tokens=int(scope.record.prompt_tokens_est or 0))
         if left >= t.total_s and first == t.first_token_s:
             return t
         return TimeoutConfig.model_construct(
@@ -221,7 +222,8 @@ class Gateway:
         ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
         rt.fleet.report_success(node, completion_tokens=rec.completion_tokens or 0, decode_s=decode_s, ttfb_s=ttfb)
         if ttfb is not None:
-            self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0)
+            self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0,
+                                    prompt_tokens=int(rec.prompt_tokens or rec.prompt_tokens_est or 0))
         price = rt.fleet.nodes[node].cfg.price_per_hour
         if price and rec.last_byte_at is not None:
             # A first estimate: node price × occupied seconds, shared by the requests in flight on it.

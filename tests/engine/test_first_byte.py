@@ -51,3 +51,12 @@ def test_window_forgets_old_samples_and_ignores_nonsense() -> None:
     b.observe("n", stream=True, ttfb_s=-1.0, completion_tokens=0)
     b.observe("n", stream=False, ttfb_s=1.0, completion_tokens=0)   # no tokens: no per-token sample
     assert len(b.nodes["n"].ttft.samples) == 10 and not b.nodes["n"].per_token.samples
+
+
+def test_a_longer_prompt_than_usual_scales_the_wait() -> None:
+    b = FirstByteBudget(k=4.0, floor_s=0.1, min_samples=20, refresh_every=1)
+    for _ in range(20):
+        b.observe("n", stream=True, ttfb_s=0.5, completion_tokens=0, prompt_tokens=1000)
+    assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, prompt_tokens=500) == pytest.approx(2.0)
+    assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, prompt_tokens=8000) == pytest.approx(16.0)
+    assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, prompt_tokens=100_000) == 60.0
