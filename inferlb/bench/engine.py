@@ -2,7 +2,8 @@
 
 The shipped ``inference_request.bpmn`` is loaded once per executor (``compiled``, ``spiff``)
 with the real service table, and instances are driven the way the gateway drives them, with a
-scripted dispatch in place of the upstream call (as ``tests/processes/harness.py`` does):
+scripted dispatch in place of the upstream call (as ``tests/processes/harness.py`` does, with the
+gateway's own ``begin_request`` and ``begin_attempt``):
 
 * ``ok``: one dispatch answers 200;
 * ``retry``: the first node answers 503, the backoff is computed, the second node answers 200;
@@ -27,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferlb.engine.scope import RequestScope, Runtime, build_runtime
+from inferlb.engine.scope import IncomingRequest, Runtime, begin_request, build_runtime
 from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.store.records import RequestRecord
 from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition, load_process
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
@@ -99,28 +100,23 @@ class _Driver:
         """One request, start to end; returns its final status."""
         self.clock.advance(self.gap_s)
         self._seq += 1
-        rid = f"req-{self._seq}"
         clock = self.clock
-        rec = RequestRecord(request_id=rid, received_at=clock.time(), endpoint="chat", model_requested="m")
-        scope = RequestScope(rt=self.rt, record=rec, received_mono=clock.monotonic())
-        data = {"request": {"id": rid, "endpoint": "chat", "model": "m", "stream": False, "tenant": None,
-                            "priority": None, "max_tokens": 32, "prompt_bytes": 400, "deadline_s": None},
-                "tags": {}}
+        req = IncomingRequest(endpoint="chat", model="m", body={}, max_tokens=32, prompt_bytes=400,
+                              request_id=f"req-{self._seq}")
+        scope, data = begin_request(self.rt, req, engine=self.definition.mode)
+        rec = scope.record
         inst = self.definition.executor.start(data, scope)
         rec.workflow_path = inst.path
         plays = iter(self.scenario.outcomes)
         call = inst.advance()
         while call is not None:
             if call.operation == "upstream/dispatch":
-                assert scope.decision is not None and scope.decision.pick is not None
-                node = scope.decision.pick
-                scope.attempts += 1
-                scope.tried.append(node)
+                attempt = scope.begin_attempt()
+                node = attempt.node
                 out = dict(next(plays))
                 out["node"] = node
                 out["tried"] = list(scope.tried)
-                rec.attempts.append(AttemptRecord(number=scope.attempts, node=node, model=scope.model,
-                                                  started_at=clock.time(), outcome=out["kind"]))
+                attempt.outcome, attempt.error_class = out["kind"], out.get("error_class")
                 if out["kind"] == "ok":
                     rec.node = node
                 inst.complete(out)

@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
+from .endpoints import node_path
 from .errors import (
     UpstreamError,
     UpstreamProtocolError,
@@ -27,42 +28,22 @@ from .errors import (
     UpstreamTimeout,
     WorkflowRuntimeError,
 )
-from .scope import RequestScope, Runtime
+from .first_byte import FirstByteBudget
+from .scope import IncomingRequest, RequestScope, Runtime, begin_request
 from .settings import ModelConfig, NodeConfig, TimeoutConfig
-from .sse import DONE, check_payload, extract_error, extract_usage
+from .sse import SSERelay, extract_usage
 from .store.records import AttemptRecord, RequestRecord
 from .upstream import Upstream, UpstreamResponse
 from .workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
 
-__all__ = ["Gateway", "IncomingRequest", "Performer"]
+__all__ = ["Gateway", "IncomingRequest", "Performer"]   # IncomingRequest lives in scope.py
 
 log = logging.getLogger("inferlb.gateway")
 
 Performer = Callable[[RequestScope, ExternalCall], Awaitable[dict[str, Any]]]
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-@dataclass
-class IncomingRequest:
-    """What the API layer hands over after validating the client's input."""
-
-    endpoint: str                        # chat | completions | embeddings | predict
-    model: str
-    body: dict[str, Any]                 # forwarded to the node (model name rewritten per attempt)
-    stream: bool = False
-    include_usage: bool = False
-    max_tokens: int | None = None
-    n: int = 1                           # choices asked for: admission and TPM count n × the output budget
-    prompt_bytes: int = 0
-    prompt_text: str | None = None
-    tenant: str | None = None
-    priority: str | None = None
-    deadline_s: float | None = None
-    request_id: str | None = None
-    key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
 
 
 def _error_response(result: dict[str, Any], request_id: str) -> Response:
@@ -90,6 +71,9 @@ class Gateway:
         # Extra external operations (beyond dispatch and waits), e.g. waiting in an admission
         # queue: ``await performer(scope, call)`` returns the task's result. Wired by app.py.
         self.performers: dict[str, Performer] = dict(performers or {})
+        # Per-node first-byte statistics: a hung node costs a few of its usual TTFTs, not first_token_s.
+        self.first_byte = FirstByteBudget()
+        self._live: set[_Live] = set()     # streams relaying now (stop_streams ends them)
 
     # ------------------------------------------------------------------ entry point
 
@@ -97,18 +81,9 @@ class Gateway:
                      ) -> Response:
         """Run the request's process; returns the response (streaming ones keep running)."""
         rt = self.rt
-        rid = req.request_id or uuid.uuid4().hex
-        rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
-                            model_requested=req.model, tenant=req.tenant, stream=req.stream,
-                            engine=self.process.mode)
-        scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text)
-        data: dict[str, Any] = {
-            "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
-                        "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,
-                        "n": req.n, "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s,
-                        "key_id": req.key_id},
-            "tags": {},
-        }
+        scope, data = begin_request(rt, req, engine=self.process.mode)
+        rec = scope.record
+        rid = rec.request_id
         inst = self.process.executor.start(data, scope)
         rec.workflow_path = inst.path
         body_out: bytes | None = None
@@ -156,12 +131,16 @@ class Gateway:
 
     # ------------------------------------------------------------------ dispatch (external task)
 
-    def _attempt_timeouts(self, scope: RequestScope, stream: bool, output_tokens: int) -> TimeoutConfig:
+    def _attempt_timeouts(self, scope: RequestScope, stream: bool, node: str) -> TimeoutConfig:
         """This attempt's timeouts: never past the request deadline; a non-streamed answer gets
-        time to generate before its first byte."""
+        time to generate before its first byte; the first-byte wait is bounded by what ``node``
+        usually takes (:class:`FirstByteBudget`)."""
         left = max(0.001, scope.deadline_at - self.rt.clock.monotonic())
         t = self.timeouts
+        output_tokens = scope.output_budget
         first = t.first_token_s if stream else t.first_token_s + output_tokens * t.per_output_token_s
+        first = self.first_byte.wait_s(node, stream=stream, output_tokens=output_tokens, configured_s=first,
+                                       prompt_tokens=int(scope.record.prompt_tokens_est or 0))
         if left >= t.total_s and first == t.first_token_s:
             return t
         return TimeoutConfig.model_construct(
@@ -177,7 +156,7 @@ class Gateway:
             body["priority"] = self.rt.admission.node_priority(scope.record.priority)
         if req.endpoint != "predict":
             body["model"] = model.upstream_name or model.name
-        if req.stream and not req.include_usage:
+        if req.stream and not req.include_usage and req.endpoint != "responses":
             # Ask for usage so streamed requests are accounted; the usage chunk is not forwarded.
             opts = dict(body.get("stream_options") or {})
             opts["include_usage"] = True
@@ -187,30 +166,22 @@ class Gateway:
     async def _dispatch(self, scope: RequestScope, req: IncomingRequest
                         ) -> _Committed | tuple[dict[str, Any], bytes | None]:
         rt = self.rt
-        decision = scope.decision
-        assert decision is not None and decision.pick is not None
-        node_name = decision.pick
+        attempt = scope.begin_attempt()
+        node_name = attempt.node
         node = rt.fleet.nodes[node_name].cfg
         model = rt.fleet.models[scope.model]
-        scope.attempts += 1
-        scope.tried.append(node_name)
-        attempt = AttemptRecord(number=scope.attempts, node=node_name, model=model.name,
-                                started_at=round(rt.clock.time(), 6))
-        scope.record.attempts.append(attempt)
-        output_tokens = int(req.max_tokens or model.default_max_tokens)
-        tokens = int(scope.record.prompt_tokens_est or 0) + output_tokens
+        tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_budget
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
                    "x-inferlb-attempt": str(scope.attempts)}
         if node.api_key:
             headers["authorization"] = f"Bearer {node.api_key}"
-        path = (f"/v2/models/{model.upstream_name or model.name}/infer" if req.endpoint == "predict"
-                else _PATHS[req.endpoint])
+        path = node_path(req.endpoint, model.upstream_name or model.name)
         rt.fleet.acquire(node_name, tokens)
         released = False
         try:
             resp = await self.upstream.open(
                 node.url + path, self._upstream_body(scope, req, model, node), headers=headers,
-                timeouts=self._attempt_timeouts(scope, req.stream, output_tokens), node=node_name)
+                timeouts=self._attempt_timeouts(scope, req.stream, node_name), node=node_name)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
                 released = True   # the stream releases it when it ends
@@ -250,6 +221,9 @@ class Gateway:
         decode_s = (rec.last_byte_at or 0) - (attempt.first_byte_at or 0)
         ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
         rt.fleet.report_success(node, completion_tokens=rec.completion_tokens or 0, decode_s=decode_s, ttfb_s=ttfb)
+        if ttfb is not None:
+            self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0,
+                                    prompt_tokens=int(rec.prompt_tokens or rec.prompt_tokens_est or 0))
         price = rt.fleet.nodes[node].cfg.price_per_hour
         if price and rec.last_byte_at is not None:
             # A first estimate: node price × occupied seconds, shared by the requests in flight on it.
@@ -298,8 +272,9 @@ class Gateway:
         rt = self.rt
         rec = scope.record
         resp, attempt = c.resp, c.attempt
-        framer = _EventFramer()
-        hide_usage = not req.include_usage
+        relay = SSERelay(hide_usage=not req.include_usage, responses=req.endpoint == "responses")
+        live = _Live(resp)
+        self._live.add(live)
         outcome: dict[str, Any] | None = None
         try:
             chunk: bytes | None = resp.first_chunk
@@ -307,10 +282,10 @@ class Gateway:
             while True:
                 if chunk:
                     try:
-                        out = self._scan_chunk(scope, framer, chunk, hide_usage)
+                        out = relay.feed(chunk)
                     except UpstreamProtocolError:
-                        if framer.sent:
-                            yield framer.sent
+                        if relay.unsent:
+                            yield relay.unsent
                         raise
                     if out:
                         if rec.first_byte_at is None:
@@ -320,68 +295,65 @@ class Gateway:
                     chunk = await it.__anext__()
                 except StopAsyncIteration:
                     break
-            if framer.tail.strip() or not framer.done:
+            last = relay.finish()
+            if last:
+                yield last
+            if live.stopped is not None:
+                raise UpstreamProtocolError("the stream was stopped")   # closed by stop_streams
+            if relay.incomplete or not relay.done:
                 raise UpstreamProtocolError("the stream ended without [DONE]")
             rec.last_byte_at = round(rt.clock.time(), 6)
+            self._count_tokens(rec, relay)
             self._learn(scope, req, c.node, attempt)
             outcome = self._ok_outcome(scope, attempt, c.node)
         except UpstreamError as exc:
-            rt.fleet.report_failure(c.node)
             rec.last_byte_at = round(rt.clock.time(), 6)
+            self._count_tokens(rec, relay)
+            if live.stopped is not None:
+                error_class = live.stopped
+                message = "The gateway is shutting down; the response is incomplete"
+            else:
+                rt.fleet.report_failure(c.node)
+                error_class = f"midstream_{exc.error_class}"
+                message = "The model server failed mid-stream; the response is incomplete"
             attempt.outcome = "midstream_error"
-            attempt.error_class = exc.error_class
+            attempt.error_class = error_class
             attempt.ended_at = rec.last_byte_at
-            rec.error_class = exc.error_class
+            rec.error_class = error_class
             rec.node = c.node
-            outcome = {"kind": "midstream_error", "status": 200, "error_class": exc.error_class, "node": c.node,
+            outcome = {"kind": "midstream_error", "status": 200, "error_class": error_class, "node": c.node,
                        "retry_after_s": None, "tried": list(scope.tried)}
-            yield _sse_error("The model server failed mid-stream; the response is incomplete", "upstream_error")
+            yield _sse_error(message, error_class if live.stopped is not None else "upstream_error")
         finally:
+            self._live.discard(live)
             rt.fleet.release(c.node, c.tokens)
             await resp.aclose()
             if outcome is None:   # cancelled: the client went away
                 rec.last_byte_at = round(rt.clock.time(), 6)
+                self._count_tokens(rec, relay)
                 outcome = self._closed_outcome(scope, attempt)
             self._complete_after_commit(scope, inst, outcome)
 
-    def _scan_chunk(self, scope: RequestScope, framer: _EventFramer, chunk: bytes, hide_usage: bool) -> bytes:
-        """Forward whole SSE events. Each event gets a cheap validity check (RELIABILITY §5.6);
-        only events that name ``usage`` or ``error`` are parsed. Raises UpstreamProtocolError on
-        a malformed event or an in-band error event, after the good events before it were sent
-        (``framer.sent``)."""
-        events = framer.feed(chunk)
-        if not events:
-            return b""
-        out = bytearray()
-        for ev in events.split(b"\n\n"):
-            if not ev:
-                continue
-            if not ev.startswith(b"data:"):
-                if ev.startswith((b":", b"event:", b"id:", b"retry:")):
-                    out += ev + b"\n\n"
-                    continue
-                framer.sent = bytes(out)
-                raise UpstreamProtocolError("SSE line without a field name")
-            payload = ev[5:].strip()
-            if payload == DONE:
-                framer.done = True
-            else:
-                try:
-                    check_payload(payload)
-                    if b'"error"' in payload and extract_error(payload) is not None:
-                        raise UpstreamProtocolError("the node sent an in-band error event")
-                    if b'"usage"' in payload:
-                        usage = extract_usage(payload)
-                        if usage is not None:
-                            scope.record.prompt_tokens = usage.prompt_tokens
-                            scope.record.completion_tokens = usage.completion_tokens
-                            if hide_usage and _no_choices(payload):
-                                continue
-                except UpstreamProtocolError:
-                    framer.sent = bytes(out)
-                    raise
-            out += ev + b"\n\n"
-        return bytes(out)
+    @staticmethod
+    def _count_tokens(rec: RequestRecord, relay: SSERelay) -> None:
+        """Completion tokens: the node's usage when it sent one, else the content events relayed."""
+        if relay.usage is not None:
+            rec.prompt_tokens = relay.usage.prompt_tokens
+            rec.completion_tokens = relay.usage.completion_tokens
+        elif rec.completion_tokens is None and relay.content_events:
+            rec.completion_tokens = relay.content_events
+
+    def stop_streams(self, reason: str = "server_shutting_down") -> int:
+        """End every stream still relaying: each client gets one SSE error event with code
+        ``reason`` (no ``[DONE]``), and its audit record the tokens sent so far and error class
+        ``reason``. Returns how many streams were stopped. For the end of a drain."""
+        stopped = 0
+        for live in list(self._live):
+            if live.stopped is None:
+                live.stopped = reason
+                live.resp.close()   # wakes the relay's pending read with an error
+                stopped += 1
+        return stopped
 
     def _complete_after_commit(self, scope: RequestScope, inst: Instance, outcome: dict[str, Any]) -> None:
         """Finish the instance after the commit point; no further dispatch is possible."""
@@ -438,36 +410,6 @@ class Gateway:
             self.rt.submit(rec)
 
 
-class _EventFramer:
-    """Splits a byte stream at SSE event boundaries (blank line); keeps the partial tail."""
-
-    __slots__ = ("done", "sent", "tail")
-
-    def __init__(self) -> None:
-        self.tail = b""
-        self.sent = b""      # good events of a block that failed part-way, still to forward
-        self.done = False    # [DONE] seen
-
-    def feed(self, chunk: bytes) -> bytes:
-        buf = self.tail + chunk if self.tail else chunk
-        if b"\r\n" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        cut = buf.rfind(b"\n\n")
-        if cut < 0:
-            self.tail = buf
-            return b""
-        self.tail = buf[cut + 2:]
-        return buf[:cut + 2]
-
-
-def _no_choices(payload: bytes) -> bool:
-    try:
-        doc = json.loads(payload)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("choices") == []
-
-
 class _Closed:
     """Set by the disconnect watcher before it cancels the request's task."""
 
@@ -500,3 +442,13 @@ class _Committed:
     attempt: AttemptRecord
     node: str
     tokens: int
+
+
+class _Live:
+    """A stream relaying now; ``stopped`` is the reason :meth:`Gateway.stop_streams` gave."""
+
+    __slots__ = ("resp", "stopped")
+
+    def __init__(self, resp: UpstreamResponse) -> None:
+        self.resp = resp
+        self.stopped: str | None = None

@@ -2,11 +2,23 @@
 
 The workflow data holds small JSON control values; everything else about a request (the audit
 record being built, the routing decision, nodes tried) lives in its scope, outside the engine.
+
+One home per per-request concept (every driver of the request process uses these: the gateway,
+``tests/processes/harness.py`` and ``inferlb/bench/engine.py``):
+
+- :func:`begin_request` builds the scope, its audit record and the process's start data
+  (``request`` and ``tags``) from an :class:`IncomingRequest`;
+- ``request/evaluate`` computes the output budget (:attr:`RequestScope.output_budget`) and the
+  deadline (:attr:`RequestScope.deadline_at`, also ``RequestRecord.deadline_at``) once;
+- ``routing/select`` records its pick in :attr:`RequestScope.decision`: that pick is the dispatch
+  target (the ``routing`` variable is the process's copy, read by its conditions);
+- :meth:`RequestScope.begin_attempt` starts one attempt against that target.
 """
 
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,11 +27,31 @@ from .admission import AdmissionController
 from .fleet import Fleet
 from .routing import Decision, Router
 from .settings import FleetConfig, Settings
-from .store.records import RequestRecord
+from .store.records import AttemptRecord, RequestRecord
 from .tokens import TokenEstimator
 from .types import Clock
 
-__all__ = ["RequestScope", "Runtime", "build_runtime"]
+__all__ = ["IncomingRequest", "RequestScope", "Runtime", "begin_request", "build_runtime"]
+
+
+@dataclass
+class IncomingRequest:
+    """What the API layer hands over after validating the client's input."""
+
+    endpoint: str                        # chat | completions | embeddings | responses | predict
+    model: str
+    body: dict[str, Any]                 # forwarded to the node (model name rewritten per attempt)
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    n: int = 1                           # choices asked for: admission and TPM count n × the output budget
+    prompt_bytes: int = 0
+    prompt_text: str | None = None
+    tenant: str | None = None
+    priority: str | None = None
+    deadline_s: float | None = None
+    request_id: str | None = None
+    key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
 
 
 @dataclass
@@ -51,9 +83,53 @@ class RequestScope:
     tried: list[str] = field(default_factory=list)
     attempts: int = 0
     max_attempts: int = 3
-    decision: Decision | None = None
+    decision: Decision | None = None             # the last routing decision; its pick is the dispatch target
+    output_budget: int = 0                       # output tokens, computed once by request/evaluate
     last_outcome: dict[str, Any] | None = None
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
+
+
+    def begin_attempt(self) -> AttemptRecord:
+        """Start the next attempt against the node the last routing decision picked.
+
+        Counts the attempt, remembers the node as tried (routing skips it from now on) and appends
+        its :class:`AttemptRecord` to the audit record; the decision that chose the node is kept
+        with the attempt number in ``record.decisions``. Raises ValueError without a pick.
+        """
+        decision = self.decision
+        if decision is None or decision.pick is None:
+            raise ValueError("no routing decision picked a node for this attempt")
+        node = decision.pick
+        self.attempts += 1
+        self.tried.append(node)
+        rec = self.record
+        if rec.decisions and rec.decisions[-1].get("attempt") is None:
+            rec.decisions[-1]["attempt"] = self.attempts
+        attempt = AttemptRecord(number=self.attempts, node=node, model=self.model,
+                                started_at=round(self.rt.clock.time(), 6))
+        rec.attempts.append(attempt)
+        return attempt
+
+
+def begin_request(rt: Runtime, req: IncomingRequest, *, engine: str | None = None
+                  ) -> tuple[RequestScope, dict[str, Any]]:
+    """The request's scope (with its audit record) and the process's start data.
+
+    The start data is ``{"request": {...}, "tags": {}}`` as processes/README.md describes it; this
+    is the only place that builds it.
+    """
+    rid = req.request_id or uuid.uuid4().hex
+    rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
+                        model_requested=req.model, tenant=req.tenant, stream=req.stream, engine=engine)
+    scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text)
+    data: dict[str, Any] = {
+        "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
+                    "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,
+                    "n": req.n, "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s,
+                    "key_id": req.key_id},
+        "tags": {},
+    }
+    return scope, data
 
 
 def build_runtime(

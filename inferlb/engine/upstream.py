@@ -146,8 +146,8 @@ class UpstreamResponse:
     """
 
     __slots__ = (
-        "_closed", "_eof", "_resp", "_timeouts", "_total_deadline", "first_chunk", "first_chunk_at",
-        "headers", "headers_at", "node", "started_at", "status",
+        "_closed", "_eof", "_loop", "_read_at", "_resp", "_timed_out", "_timeouts", "_timer", "_total_deadline",
+        "first_chunk", "first_chunk_at", "headers", "headers_at", "node", "started_at", "status",
     )
 
     def __init__(
@@ -159,6 +159,10 @@ class UpstreamResponse:
         self._total_deadline = total_deadline  # event-loop time
         self._eof = not first_chunk
         self._closed = False
+        self._loop = asyncio.get_running_loop()
+        self._read_at: float | None = None           # loop time the pending read started
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed_out: str | None = None           # "idle" | "total" once the watchdog fired
         self.status: int = resp.status
         self.headers: Mapping[str, str] = resp.headers
         self.first_chunk = first_chunk
@@ -199,38 +203,82 @@ class UpstreamResponse:
         raise UpstreamProtocolError(f"response body over {max_bytes} bytes", node=self.node)
 
     async def _next_chunk(self) -> bytes:
-        """The next body chunk, or b"" at the end of the body."""
+        """The next body chunk, or b"" at the end of the body.
+
+        The idle and total timers are one watchdog per response (:meth:`_watchdog`), not a timeout
+        context per chunk: a read only notes when it started, and the watchdog, when it fires,
+        closes the connection if a read has waited ``idle_s`` (or the total deadline passed).
+        """
         if self._eof:
             return b""
         if self._closed:
+            if self._timed_out is not None:
+                raise UpstreamTimeout(f"{self._timed_out} timeout", phase=self._timed_out, node=self.node)
             raise UpstreamConnectError("response already closed", node=self.node)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         now = loop.time()
         if now >= self._total_deadline:
             await self.aclose()
             raise UpstreamTimeout("total timeout", phase="total", node=self.node)
-        idle_deadline = now + self._timeouts.idle_s
-        phase = "idle" if idle_deadline < self._total_deadline else "total"
+        self._read_at = now
+        if self._timer is None:
+            self._timer = loop.call_at(min(now + self._timeouts.idle_s, self._total_deadline), self._watchdog)
         try:
-            async with asyncio.timeout_at(min(idle_deadline, self._total_deadline)):
-                data = await self._resp.content.readany()
-        except TimeoutError as exc:
-            await self.aclose()
-            raise UpstreamTimeout(f"{phase} timeout", phase=phase, node=self.node) from exc
+            data = await self._resp.content.readany()
         except _FOREIGN as exc:
+            self._read_at = None
+            if self._timed_out is not None:
+                raise UpstreamTimeout(f"{self._timed_out} timeout", phase=self._timed_out, node=self.node) from exc
             await self.aclose()
             raise _map_error(exc, self.node) from exc
+        except BaseException:
+            self._read_at = None
+            raise
+        self._read_at = None
+        if self._timed_out is not None:   # closed by the watchdog as the read returned
+            raise UpstreamTimeout(f"{self._timed_out} timeout", phase=self._timed_out, node=self.node)
         if not data:
             self._eof = True
+            self._disarm()
             self._resp.release()  # the body is complete: the connection can be reused
         return data
 
-    async def aclose(self) -> None:
-        """Close the connection now, unless the body was read to the end (then it is pooled)."""
+    def _watchdog(self) -> None:
+        """The idle / total timer: closes the connection when a read has waited too long."""
+        self._timer = None
+        if self._closed or self._eof:
+            return
+        started = self._read_at
+        if started is None:
+            return   # no read waiting (the client is slow to take the last chunk): re-armed by the next read
+        idle_at = started + self._timeouts.idle_s
+        due = min(idle_at, self._total_deadline)
+        now = self._loop.time()
+        if now < due:
+            self._timer = self._loop.call_at(due, self._watchdog)
+            return
+        self._timed_out = "idle" if idle_at < self._total_deadline else "total"
+        self.close()
+
+    def _disarm(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def close(self) -> None:
+        """Close the connection now, unless the body was read to the end (then it is pooled).
+
+        Safe to call while another task waits in :meth:`chunks`: that read then fails with
+        :class:`UpstreamConnectError` (how the gateway stops streams at shutdown)."""
         if self._closed:
             return
         self._closed = True
+        self._disarm()
         _release_or_close(self._resp)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, for ``async with`` and awaiting callers."""
+        self.close()
 
     async def __aenter__(self) -> UpstreamResponse:
         return self

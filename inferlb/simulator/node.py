@@ -3,8 +3,9 @@
 Contract:
 
 - Inference endpoints (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-  ``/v2/models/{model}/infer``) count in :class:`NodeStats`; probes and ``/sim/*`` do not, so a
-  gateway's health checks never disturb attempt counts.
+  ``/v1/responses`` (:mod:`.responses`), ``/v2/models/{model}/infer``) count in
+  :class:`NodeStats`; probes and ``/sim/*`` do not, so a gateway's health checks never disturb
+  attempt counts.
 - ``stats.live`` is exact: a request is live from arrival until its handler ends, and a client
   disconnect cancels the handler (``handler_cancellation=True``) so the count drops within one
   event-loop turn of the TCP close, as vLLM aborts a generation when its client goes away.
@@ -37,6 +38,7 @@ from aiohttp import web
 from inferlb.engine.types import Clock, SystemClock
 
 from . import openai_format as fmt
+from . import responses
 from .batching import BatchCore
 from .control import NodeControl
 from .driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
@@ -252,6 +254,7 @@ class EmulatedNode:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v2/models/{model}/infer", self._v2_infer)
         NodeControl(self).add_routes(app)
 
@@ -302,6 +305,8 @@ class EmulatedNode:
                     return await self._generate(request, body, chat=kind == "chat")
                 if kind == "embedding":
                     return await self._embed(body)
+                if kind == "responses":
+                    return await self._respond(request, body)
                 return await self._infer_v2(request, body)
             except _BadRequest as exc:
                 return self._error(exc.status, exc.message, code=exc.code, param=exc.param)
@@ -490,4 +495,17 @@ class EmulatedNode:
 
     async def _v2_infer(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "v2")
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "responses")
+
+    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        model = self._model_of(body)
+        if "input" not in body:
+            raise _BadRequest(400, "input is required", param="input")
+        n, _ = self._output_tokens({"max_tokens": body.get("max_output_tokens")})
+        resp = await responses.respond(request, body, model=model, n=n, latency=self._latency,
+                                       created=int(self._clock.time()))
+        self.stats.completed += 1
+        return resp
 

@@ -38,7 +38,8 @@ SERVICES: ServiceTable = {
     "upstream/dispatch": ServiceSpec(
         result="outcome", external=True, reads=("routing",),
         writes=("kind", "status", "error_class", "node", "retry_after_s", "tried"),
-        doc="External: the gateway sends the request to routing['node'] and streams the answer."),
+        doc="External: the gateway sends the request to the node route picked (routing['node']) and "
+            "streams the answer."),
     "retry/backoff": ServiceSpec(
         result="retry", fn=retry.backoff, reads=("outcome", "evaluation"),
         writes=("retry", "delay_s", "attempt", "reason"),

@@ -10,6 +10,10 @@ from inferlb.engine.scope import RequestScope
 __all__ = ["final_result", "record"]
 
 
+# Attempt error classes that mean "nothing listens there": the node is out, not failing.
+_UNREACHABLE = frozenset({"connect_error", "timeout_connect"})
+
+
 def _err(status: int, kind: str, code: str, message: str, etype: str = "server_error",
          param: str | None = None, retry_after: float | None = None) -> dict[str, Any]:
     return {"status": kind, "http_status": status, "retry_after_s": retry_after,
@@ -39,11 +43,20 @@ def final_result(scope: RequestScope, data: Mapping[str, Any]) -> dict[str, Any]
     if out is not None and out.get("kind") == "client_closed":
         return _err(499, "client_closed", "client_closed", "The client closed the connection")
     if out is not None and out.get("kind") == "midstream_error":
+        if out.get("error_class") == "server_shutting_down":
+            return _err(200, "server_shutting_down", "server_shutting_down",
+                        "The gateway shut down before the response was complete")
         return _err(200, "upstream_error_midstream", "upstream_error", "The model server failed mid-response")
     if out is None:
         routing = data.get("routing") or {}
         return _err(503, "no_healthy_upstream", "no_healthy_upstream",
                     f"No node can serve the model now: {routing.get('reason', 'unknown')}",
+                    retry_after=scope.retry_after_s or 1.0)
+    attempts = scope.record.attempts
+    if out.get("kind") == "retryable" and attempts and all(a.error_class in _UNREACHABLE for a in attempts):
+        # No node was reachable at all: the nodes are out, not failing (a 502 would blame one).
+        return _err(503, "no_healthy_upstream", "no_healthy_upstream",
+                    f"No node of the model could be reached ({len(attempts)} tried)",
                     retry_after=scope.retry_after_s or 1.0)
     if out.get("kind") == "fatal" and out.get("status") and 400 <= int(out["status"]) < 500:
         return _err(int(out["status"]), "upstream_rejected", "upstream_rejected",

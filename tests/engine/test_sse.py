@@ -1,15 +1,13 @@
-"""The incremental SSE decoder and the cheap usage / error extraction (pure, no I/O)."""
+"""The SSE relay the gateway runs (split, check, usage, bounds) and the cheap usage / error
+extraction (pure, no I/O)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from inferlb.engine.errors import UpstreamProtocolError
 from inferlb.engine.sse import (
-    SSEDecoder,
-    StreamScanner,
+    SSERelay,
     Usage,
     check_payload,
     extract_error,
@@ -27,64 +25,80 @@ STREAM = (
 )
 
 
-def feed_all(decoder: SSEDecoder, chunks: list[bytes]) -> list[bytes]:
-    out: list[bytes] = []
-    for c in chunks:
-        out.extend(decoder.feed(c))
-    out.extend(decoder.close())
-    return out
+def relay_all(relay: SSERelay, chunks: list[bytes]) -> bytes:
+    return b"".join(relay.feed(c) for c in chunks) + relay.finish()
 
 
-def test_any_chunking_gives_the_same_payloads() -> None:
-    whole = feed_all(SSEDecoder(), [STREAM])
-    assert len(whole) == 4 and whole[-1] == b"[DONE]"
-    assert json.loads(whole[0])["choices"][0]["delta"]["content"] == "a"
-    bytewise = feed_all(SSEDecoder(), [STREAM[i:i + 1] for i in range(len(STREAM))])
-    assert bytewise == whole
-    for size in (2, 3, 7, 64):
-        assert feed_all(SSEDecoder(), [STREAM[i:i + size] for i in range(0, len(STREAM), size)]) == whole
+def test_any_chunking_forwards_the_same_events() -> None:
+    r = SSERelay()
+    whole = relay_all(r, [STREAM])
+    assert whole == STREAM
+    assert r.done and not r.incomplete and r.usage == Usage(3, 2) and r.content_events == 2
+    for size in (1, 2, 3, 7, 64):
+        r = SSERelay()
+        assert relay_all(r, [STREAM[i:i + size] for i in range(0, len(STREAM), size)]) == whole
+        assert r.done and r.usage == Usage(3, 2) and r.content_events == 2
+
+
+def test_usage_only_chunk_is_hidden_when_the_client_did_not_ask() -> None:
+    r = SSERelay(hide_usage=True)
+    out = relay_all(r, [STREAM])
+    assert b'"completion_tokens":2' not in out and out.endswith(b"data: [DONE]\n\n")
+    assert r.usage == Usage(3, 2)   # still counted
 
 
 @pytest.mark.parametrize("eol", [b"\r\n", b"\r", b"\n"])
 def test_line_endings(eol: bytes) -> None:
     raw = STREAM.replace(b"\n", eol)
-    whole = feed_all(SSEDecoder(), [raw])
-    bytewise = feed_all(SSEDecoder(), [raw[i:i + 1] for i in range(len(raw))])
-    assert whole == bytewise == feed_all(SSEDecoder(), [STREAM])
+    whole = relay_all(SSERelay(), [raw])
+    assert whole == relay_all(SSERelay(), [raw[i:i + 1] for i in range(len(raw))]) == STREAM
 
 
 def test_crlf_split_across_chunks_is_one_line_end() -> None:
-    d = SSEDecoder()
-    assert d.feed(b"data: x\r") == []
-    assert d.feed(b"\n\r") == []
-    assert d.feed(b"\n") == [b"x"]
+    r = SSERelay()
+    assert r.feed(b'data: {"a":1}\r') == b""
+    assert r.feed(b"\n\r") == b""
+    assert r.feed(b"\n") == b'data: {"a":1}\n\n'
 
 
-def test_multiline_data_and_no_space() -> None:
-    assert feed_all(SSEDecoder(), [b"data:one\ndata: two\n\n"]) == [b"one\ntwo"]
+def test_multiline_data_is_one_payload() -> None:
+    r = SSERelay()
+    assert r.feed(b'data:{"a":\ndata: 1}\n\n') == b'data:{"a":\ndata: 1}\n\n'
+    assert r.content_events == 1
 
 
-def test_unfinished_event_is_dropped_and_reported() -> None:
-    d = SSEDecoder()
-    assert d.feed(b'data: {"a":1}\n\ndata: {"b"') == [b'{"a":1}']
-    assert d.pending
-    assert d.close() == []
-    assert not d.pending
+def test_unfinished_event_is_held_and_reported() -> None:
+    r = SSERelay()
+    assert r.feed(b'data: {"a":1}\n\ndata: {"b"') == b'data: {"a":1}\n\n'
+    assert r.incomplete and not r.done
 
 
-def test_line_without_field_is_a_protocol_error() -> None:
+def test_line_without_field_is_a_protocol_error_after_the_good_events() -> None:
+    r = SSERelay()
     with pytest.raises(UpstreamProtocolError, match="malformed SSE line"):
-        SSEDecoder().feed(b'{"id": 1}\n\n')
+        r.feed(b'data: {"a":1}\n\n{"id": 1}\n\n')
+    assert r.unsent == b'data: {"a":1}\n\n'
+
+
+def test_in_band_error_event_is_a_protocol_error() -> None:
+    r = SSERelay()
+    with pytest.raises(UpstreamProtocolError, match="in-band error"):
+        r.feed(b'data: {"error": {"message": "oom", "code": "internal_error"}}\n\n')
 
 
 def test_event_size_is_bounded() -> None:
-    d = SSEDecoder(max_event_bytes=100)
+    # A node that never sends a blank line: the tail may not grow past the bound.
+    r = SSERelay(max_event_bytes=100)
     with pytest.raises(UpstreamProtocolError, match="over 100 bytes"):
-        d.feed(b"data: " + b"x" * 200)
-    d = SSEDecoder(max_event_bytes=100)
-    with pytest.raises(UpstreamProtocolError):
         for _ in range(20):
-            d.feed(b"data: " + b"x" * 20 + b"\n")  # many lines, one event
+            r.feed(b"data: " + b"x" * 20)            # no line end at all
+    r = SSERelay(max_event_bytes=100)
+    with pytest.raises(UpstreamProtocolError, match="over 100 bytes"):
+        for _ in range(20):
+            r.feed(b"data: " + b"x" * 20 + b"\n")   # many lines, one event
+    r = SSERelay(max_event_bytes=100)
+    with pytest.raises(UpstreamProtocolError, match="over 100 bytes"):
+        r.feed(b"data: {" + b"x" * 200 + b"}\n\n")   # one whole event in one chunk
 
 
 def test_check_payload() -> None:
@@ -129,32 +143,43 @@ def emulator_stream(n: int, *, malformed_at: int | None = None) -> bytes:
     return b"".join(parts)
 
 
-def test_scanner_counts_and_finds_usage() -> None:
+def test_relay_counts_content_and_finds_usage() -> None:
     raw = emulator_stream(5)
-    for strict in (False, True):
-        s = StreamScanner(strict_json=strict)
-        for i in range(0, len(raw), 13):
-            s.feed(raw[i:i + 13])
-        s.close()
-        assert s.done and s.complete
-        assert s.events == 1 + 5 + 1 + 1  # role, tokens, finish, usage
-        assert s.usage == Usage(3, 5)
+    r = SSERelay()
+    out = relay_all(r, [raw[i:i + 13] for i in range(0, len(raw), 13)])
+    assert out == raw and r.done
+    assert r.content_events == 5 + 1   # tokens, finish (not the role chunk nor the usage chunk)
+    assert r.usage == Usage(3, 5)
 
 
-def test_scanner_rejects_malformed_json() -> None:
+def test_relay_rejects_malformed_json() -> None:
+    r = SSERelay()
     with pytest.raises(UpstreamProtocolError):
-        StreamScanner().feed(emulator_stream(5, malformed_at=2))
-    # A corruption in the middle passes the cheap check; strict mode parses and catches it.
-    raw = b'data: {"choices": [}\n\n'
-    StreamScanner().feed(raw)
-    with pytest.raises(UpstreamProtocolError):
-        StreamScanner(strict_json=True).feed(raw)
+        relay_all(r, [emulator_stream(5, malformed_at=2)])
+    assert r.content_events == 2   # the tokens relayed before the bad event
 
 
-def test_scanner_error_event_and_data_after_done() -> None:
-    s = StreamScanner()
-    s.feed(b'data: {"error": {"message": "oom", "code": "internal_error"}}\n\n')
-    assert s.error == {"message": "oom", "code": "internal_error"} and not s.complete
-    s = StreamScanner()
-    with pytest.raises(UpstreamProtocolError, match="after"):
-        s.feed(b"data: [DONE]\n\ndata: {}\n\n")
+RESPONSES = (
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1","status":"in_progress",'
+    b'"error":null,"usage":null}}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"tok0 "}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"tok1 "}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_1","status":'
+    b'"completed","error":null,"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}}\n\n'
+)
+
+
+def test_responses_stream_ends_at_completed_with_its_usage() -> None:
+    r = SSERelay(responses=True)
+    assert relay_all(r, [RESPONSES[i:i + 9] for i in range(0, len(RESPONSES), 9)]) == RESPONSES
+    assert r.done and r.content_events == 2 and r.usage == Usage(3, 2)
+    cut = SSERelay(responses=True)
+    relay_all(cut, [RESPONSES[:RESPONSES.index(b"event: response.completed")]])
+    assert not cut.done and cut.content_events == 2
+
+
+def test_responses_error_events_are_in_band_errors() -> None:
+    for ev in (b'event: error\ndata: {"type":"error","code":"server_error","message":"boom"}\n\n',
+               b'event: response.failed\ndata: {"type":"response.failed","response":{"error":{"code":"x"}}}\n\n'):
+        with pytest.raises(UpstreamProtocolError, match="in-band"):
+            SSERelay(responses=True).feed(ev)

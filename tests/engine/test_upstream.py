@@ -17,7 +17,7 @@ from inferlb.engine.errors import (
     UpstreamTimeout,
 )
 from inferlb.engine.settings import TimeoutConfig
-from inferlb.engine.sse import StreamScanner, Usage, extract_usage
+from inferlb.engine.sse import SSERelay, Usage, extract_usage
 from inferlb.engine.types import ManualClock
 from inferlb.engine.upstream import Upstream, parse_retry_after, strip_hop_by_hop
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
@@ -63,13 +63,16 @@ async def test_stream_happy_path(upstream: Upstream, node: EmulatedNode) -> None
         assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
         assert resp.first_chunk.startswith(b"data: ")
         assert resp.started_at <= resp.headers_at <= resp.first_chunk_at
-        scanner = StreamScanner(strict_json=True)
-        scanner.feed(resp.first_chunk)
+        relay = SSERelay()
+        relayed = [relay.feed(resp.first_chunk)]
         async for chunk in resp.chunks():
-            scanner.feed(chunk)
+            relayed.append(relay.feed(chunk))
+        relayed.append(relay.finish())
         assert resp.eof
-    assert scanner.complete and scanner.usage == Usage(2, 5)
-    assert scanner.events == 1 + 5 + 1 + 1
+    assert relay.done and not relay.incomplete and relay.usage == Usage(2, 5)
+    assert relay.content_events == 5 + 1   # tokens, finish (not the role, usage and [DONE] chunks)
+    events = b"".join(relayed).split(b"\n\n")
+    assert all(json.loads(e[6:]) for e in events[:-2] if e) and events[-2] == b"data: [DONE]"
     assert node.stats.completed == 1 and node.stats.attempts == {"rid-1": 1}
 
 
@@ -287,3 +290,28 @@ async def test_redirects_are_not_followed(upstream: Upstream) -> None:
 async def test_requires_start() -> None:
     with pytest.raises(RuntimeError, match="start"):
         await Upstream().open("http://127.0.0.1:1/", b"", headers={}, timeouts=FAST, node="x")
+
+
+async def test_idle_watchdog_only_times_out_a_waiting_read(upstream: Upstream, node: EmulatedNode) -> None:
+    # One watchdog per response, not a timeout per chunk: when it fires with no read waiting (the
+    # gateway is still handing the last chunk to a slow client) nothing is closed; a later read
+    # re-arms it. Fired early (before its due time) it re-arms instead of closing.
+    resp = await upstream.open(url(node), chat(stream=True, max_tokens=20), headers=HEADERS, timeouts=FAST,
+                               node="n1")
+    async with resp:
+        it = resp.chunks()
+        await it.__anext__()
+        resp._watchdog()            # no read waiting
+        assert not resp._closed and resp._timer is None
+        rest = [c async for c in it]
+        assert resp.eof and b"[DONE]" in (rest[-1] if rest else resp.first_chunk)
+        assert resp._timer is None  # disarmed at the end of the body
+    resp = await upstream.open(url(node), chat(stream=True, max_tokens=3), headers=HEADERS, timeouts=FAST,
+                               node="n1")
+    async with resp:
+        resp._read_at = resp._loop.time()
+        resp._watchdog()            # a read started just now: not idle yet
+        assert not resp._closed and resp._timer is not None
+        resp._read_at = None
+        body = await resp.read_rest()
+    assert body.endswith(b"data: [DONE]\n\n")

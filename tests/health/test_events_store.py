@@ -30,7 +30,7 @@ def test_migration_0003_creates_the_table_the_code_uses(fresh_db: str) -> None:
     try:
         with engine.connect() as conn:
             assert "node_events" in inspect(conn).get_table_names()
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0003"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0004"
             only = MetaData()
             NODE_EVENTS.to_metadata(only)
             diff = [d for d in compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), only)

@@ -54,6 +54,21 @@ async def test_refused_node_is_retried_elsewhere(tmp_path: Path) -> None:  # C-0
         assert nodes[0] == "n0" and len(nodes) == 2 and nodes[1] != "n0"
         assert [a["outcome"] for a in rec["attempts"]] == ["retryable", "ok"]
         assert rec["node"] == nodes[1] and rec["status"] == "ok"
+        # one routing decision per attempt, through the database (issue 13 item 13)
+        assert [(d["attempt"], d["pick"]) for d in rec["decisions"]] == [(1, nodes[0]), (2, nodes[1])]
+        assert rec["deadline_at"] == pytest.approx(rec["received_at"] + 10.0)
+
+
+async def test_all_nodes_down_is_503_no_healthy_upstream_with_retry_after(tmp_path: Path) -> None:
+    async with stack(tmp_path) as (sim, client, app):
+        for name in list(sim.nodes):
+            await sim.stop_node(name)
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "no_healthy_upstream"
+        rec = await audit_of(client, app, r.headers["x-request-id"])
+        assert rec["status"] == "no_healthy_upstream" and rec["http_status"] == 503
+        assert {a["error_class"] for a in rec["attempts"]} == {"connect_error"}
 
 
 async def test_all_nodes_503_makes_exactly_three_attempts(tmp_path: Path) -> None:  # C-09, B3 per request
@@ -130,6 +145,8 @@ async def test_midstream_drop_ends_with_error_event_and_no_retry(tmp_path: Path)
         rec = await audit_of(client, app, r.headers["x-request-id"])
         assert rec["status"] == "upstream_error_midstream"
         assert len(rec["attempts"]) == 1
+        # the node was cut before its usage chunk: the tokens the client got are counted
+        assert rec["error_class"] == "midstream_connect_error" and rec["completion_tokens"] == 3
 
 
 async def test_malformed_sse_is_a_cut(tmp_path: Path) -> None:  # C-07

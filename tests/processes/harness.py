@@ -5,6 +5,11 @@ final data, the visited path and the submitted audit records. With ``queue="gran
 pool is saturated first, so admission queues the request; the scripted ``admission/wait``
 performer then ends one of the requests holding a slot (50 ms later), whose slot goes to the
 queued request. ``queue="expire"`` lets the wait run out instead (3 s later).
+
+The request goes through the gateway's own code for everything but the HTTP call: the start data
+and the scope come from :func:`~inferlb.engine.scope.begin_request`, each dispatch starts with
+:meth:`~inferlb.engine.scope.RequestScope.begin_attempt` (the node the last routing decision
+picked, as in the gateway).
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferlb.engine.scope import RequestScope, build_runtime
+from inferlb.engine.scope import IncomingRequest, RequestScope, begin_request, build_runtime
 from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.store.records import RequestRecord
 from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import TIMER_OPERATION, load_process
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
@@ -48,15 +53,15 @@ class Result:
     queue_waits: int = 0
 
 
-def make_request(model: str = "m", **over: Any) -> dict[str, Any]:
-    req = {"id": "req-1", "endpoint": "chat", "model": model, "stream": False, "tenant": None,
-           "priority": None, "max_tokens": 16, "prompt_bytes": 400, "deadline_s": None}
-    req.update(over)
-    return req
+def make_request(model: str = "m", **over: Any) -> IncomingRequest:
+    fields: dict[str, Any] = {"request_id": "req-1", "endpoint": "chat", "model": model, "body": {},
+                              "max_tokens": 16, "prompt_bytes": 400}
+    fields.update(over)
+    return IncomingRequest(**fields)
 
 
 def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], *,
-                 request: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
+                 request: IncomingRequest | None = None, fleet: dict[str, Any] | None = None,
                  max_inflight: int = 1000, queue: str | None = None) -> Result:
     clock = ManualClock()
     records: list[RequestRecord] = []
@@ -66,26 +71,23 @@ def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], 
     definition = load_process(path, SERVICES, engine=engine, required=REQUIRED_TASKS)
     assert definition.mode == engine
     req = request or make_request()
-    rec = RequestRecord(request_id=req["id"], received_at=clock.time(), endpoint=req["endpoint"],
-                        model_requested=req["model"])
-    scope = RequestScope(rt=rt, record=rec, received_mono=clock.monotonic())
-    fillers = _saturate(rt, clock, req["model"]) if queue else []
-    inst = definition.executor.start({"request": req, "tags": {}}, scope)
+    scope, start = begin_request(rt, req, engine=definition.mode)
+    rec = scope.record
+    fillers = _saturate(rt, clock, req.model) if queue else []
+    inst = definition.executor.start(start, scope)
     rec.workflow_path = inst.path
     res = Result(data={}, path=inst.path, records=records)
     plays = list(outcomes)
     call = inst.advance()
     while call is not None:
         if call.operation == "upstream/dispatch":
-            node = _current_routing(inst)["node"]
+            attempt = scope.begin_attempt()
+            node = attempt.node
             res.dispatched.append(node)
-            scope.attempts += 1
-            scope.tried.append(node)
             out = dict(plays.pop(0))
             out.setdefault("node", node)
             out["tried"] = list(scope.tried)
-            rec.attempts.append(AttemptRecord(number=scope.attempts, node=node, model=scope.model,
-                                              started_at=clock.time(), outcome=out["kind"]))
+            attempt.outcome, attempt.error_class = out["kind"], out.get("error_class")
             inst.complete(out)
         elif call.operation == "admission/wait":
             res.queue_waits += 1
@@ -124,11 +126,3 @@ def _saturate(rt: Any, clock: ManualClock, model: str) -> list[RequestRecord]:
             return fillers
         fillers.append(rec)
     raise AssertionError("the pool never saturated")
-
-
-def _current_routing(inst: Any) -> dict[str, Any]:
-    """The latest ``routing`` value, whichever executor runs the instance."""
-    if hasattr(inst, "wf"):
-        task = inst._parked_task
-        return dict(task.data["routing"])
-    return dict(inst.data["routing"])

@@ -66,3 +66,24 @@ def test_missing_required_task_is_reported() -> None:
     with pytest.raises(ProcessValidationError) as ei:
         load_process(FIXTURES / "missing_dispatch.bpmn", SERVICES, required=REQUIRED_TASKS)
     assert any(eid == "dispatch" and "upstream/dispatch" in msg for eid, msg in ei.value.problems)
+
+
+@pytest.mark.parametrize("engine", ["compiled", "spiff"])
+def test_every_routing_decision_is_kept_with_its_attempt(engine: str) -> None:
+    res = run_scenario(MAIN, engine, [RETRY, RETRY, OK])
+    rec = res.records[0]
+    assert [(d["attempt"], d["pick"]) for d in rec.decisions] == list(enumerate(res.dispatched, start=1))
+    assert [a.node for a in rec.attempts] == res.dispatched and len(set(res.dispatched)) == 3
+    assert rec.deadline_at is not None and rec.deadline_at > rec.received_at
+
+
+@pytest.mark.parametrize("engine", ["compiled", "spiff"])
+def test_a_refused_node_with_no_other_left_spends_no_retry(engine: str) -> None:
+    fleet = {"models": [{"name": "m"}], "nodes": [{"name": "a", "url": "http://127.0.0.1:1", "models": ["m"]}]}
+    refused = {"kind": "retryable", "status": None, "error_class": "connect_error", "retry_after_s": None}
+    res = run_scenario(MAIN, engine, [refused], fleet=fleet)
+    assert res.data["retry"] == {"retry": False, "delay_s": 0.0, "attempt": 1, "reason": "no other available node"}
+    assert res.waits == []
+    result = res.data["result"]
+    assert result["http_status"] == 503 and result["error"]["code"] == "no_healthy_upstream"
+    assert result["retry_after_s"] >= 1

@@ -23,6 +23,7 @@ from ..errors import ClientError, InvalidRequest, ModelNotFound, PayloadTooLarge
 from ..gateway import Gateway, IncomingRequest
 from .deps import GatewayDep
 from .labels import clean_text, model_label
+from .responses import validate_responses
 from .validation import (
     ValidatedRequest,
     parse_json_body,
@@ -135,6 +136,12 @@ async def completions(request: Request, gw: GatewayDep) -> Response:
 @router.post("/v1/embeddings")
 async def embeddings(request: Request, gw: GatewayDep) -> Response:
     return await _run(request, gw, "embeddings", lambda b, t, _n: validate_embeddings(b, want_text=t))
+
+
+@router.post("/v1/responses")
+async def responses(request: Request, gw: GatewayDep) -> Response:
+    """The OpenAI Responses API, forwarded like chat to nodes whose kind serves it."""
+    return await _run(request, gw, "responses", lambda b, t, _n: validate_responses(b, want_text=t))
 
 
 @router.post("/v1/predict/{model}")

@@ -106,7 +106,7 @@ class ValidatedRequest:
     carry usage). ``body`` is the client's own dict (not copied, nothing removed).
     """
 
-    endpoint: Literal["chat", "completions", "embeddings"]
+    endpoint: Literal["chat", "completions", "embeddings", "responses"]
     model: str
     stream: bool
     include_usage: bool

@@ -17,6 +17,8 @@ Contract:
   exactly these tables and indexes, and a test compares the two.
 * ``api_keys`` (migration ``0002_api_keys``, with ``requests.queue_wait_ms``) holds tenant keys
   as SHA-256 digests; see :mod:`inferlb.engine.admission.keys`.
+* Migration ``0004_decisions_deadline`` adds ``requests.decisions`` (every routing decision of the
+  request, each with the attempt it picked a node for) and ``requests.deadline_at_us``.
 """
 
 from __future__ import annotations
@@ -120,6 +122,9 @@ class RequestRow(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Double)
     # Time spent in the gateway's admission queue (migration 0002); null when never queued.
     queue_wait_ms: Mapped[float | None] = mapped_column(Double)
+    # Migration 0004: every routing decision with its attempt number, and the request's deadline.
+    decisions: Mapped[list[dict[str, Any]] | None] = mapped_column(json_type())
+    deadline_at_us: Mapped[int | None] = mapped_column(BigInteger)
 
     attempts: Mapped[list[AttemptRow]] = relationship(
         back_populates="request",

@@ -54,7 +54,11 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_est: float | None = None     # currency units (config price per hour × occupied seconds)
-    decision: dict[str, Any] | None = None   # candidates, eliminations with reasons, scores, pick
+    decision: dict[str, Any] | None = None   # the last routing decision: candidates, eliminations, scores, pick
+    # Every routing decision of the request, in order, each with ``"attempt"`` (the number of the
+    # attempt it picked the node for; null when it picked none) and ``"model"``.
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    deadline_at: float | None = None  # epoch s: when the request's time runs out (evaluate)
     workflow_path: list[str] = field(default_factory=list)  # BPMN element ids in visit order
     tags: dict[str, Any] = field(default_factory=dict)      # set by process scripts (``tags`` data)
     engine: str | None = None         # compiled | spiff

@@ -151,6 +151,8 @@ def record_rows(rec: RequestRecord) -> tuple[dict[str, Any], list[dict[str, Any]
         "e2e_ms": _ms_between(received, last),
         "ttft_ms": _ms_between(received, first),
         "queue_wait_ms": rec.queue_wait_ms,
+        "decisions": _clean_json(list(rec.decisions)),
+        "deadline_at_us": to_us(rec.deadline_at),
     }
     return row, sorted(attempts.values(), key=lambda r: int(r["number"]))
 
