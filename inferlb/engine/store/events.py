@@ -34,7 +34,8 @@ from ..health.types import NodeEvent
 from ..types import Clock, SystemClock
 from .db import describe_db_error
 from .models import Base, from_us, json_type, to_us
-from .writer import _clean_json, _clean_str
+from .rows import clean_json as _clean_json
+from .rows import clean_str as _clean_str
 
 __all__ = ["NODE_EVENTS", "EventWriter", "insert_events", "recent_events"]
 
