@@ -101,6 +101,7 @@ class Gateway:
                             model_requested=req.model, tenant=req.tenant, stream=req.stream,
                             engine=self.process.mode)
         scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text)
+        await rt.begin(rec)   # the audit journal's start entry, durable; AuditUnavailable (503) when it cannot be
         data: dict[str, Any] = {
             "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
                         "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,

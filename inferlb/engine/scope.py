@@ -7,7 +7,7 @@ record being built, the routing decision, nodes tried) lives in its scope, outsi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,10 @@ from .tokens import TokenEstimator
 from .types import Clock
 
 __all__ = ["RequestScope", "Runtime", "build_runtime"]
+
+
+async def _no_begin(record: RequestRecord) -> None:
+    """No audit journal (benchmarks, tests of the core): nothing to do at a request's start."""
 
 
 @dataclass
@@ -35,6 +39,9 @@ class Runtime:
     rng: random.Random
     submit: Callable[[RequestRecord], None]      # the audit writer's non-blocking submit
     admission: AdmissionController               # slots, queue, tenant limits, retry budget
+    # The audit writer's begin: journals a request's start; raises AuditUnavailable (503) when the
+    # request could not be audited. Awaited once, at the top of Gateway.handle.
+    begin: Callable[[RequestRecord], Awaitable[None]] = field(default=_no_begin)
 
 
 @dataclass
@@ -63,6 +70,7 @@ def build_runtime(
     clock: Clock,
     submit: Callable[[RequestRecord], None],
     seed: int | None = None,
+    begin: Callable[[RequestRecord], Awaitable[None]] | None = None,
 ) -> Runtime:
     """Wire fleet, router and estimator for one app (or one test)."""
     from .routing import build_router
@@ -79,4 +87,5 @@ def build_runtime(
     admission = AdmissionController(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
                                     env=settings.admission)
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
-                   clock=clock, rng=random.Random(seed), submit=admission.wrap_submit(submit), admission=admission)
+                   clock=clock, rng=random.Random(seed), submit=admission.wrap_submit(submit), admission=admission,
+                   begin=begin or _no_begin)
