@@ -36,8 +36,11 @@ _IN_CHUNK = 500  # ids per DELETE … IN (…): far below SQLite's and PostgreSQ
 
 
 def clean_str(s: str) -> str:
+    """``s`` as both databases store it: NUL becomes U+FFFD, lone surrogates are replaced."""
     if "\x00" in s:
         s = s.replace("\x00", "\ufffd")
+    if s.isascii():   # the common case: no surrogate possible, no encode needed
+        return s
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates: neither database's UTF-8 encoding accepts them
@@ -50,12 +53,23 @@ def _clean_opt(s: str | None) -> str | None:
 
 
 def clean_json(v: Any) -> Any:
-    if v is None or isinstance(v, bool | int):
+    """``v`` with strings cleaned (:func:`clean_str`) and non-finite floats as null."""
+    t = type(v)   # exact types first: this runs for every value of every record
+    if t is str:
+        return clean_str(v)
+    if t is int or t is bool or v is None:
         return v
+    if t is dict:
+        return {(k if type(k) is str and k.isascii() and "\x00" not in k else clean_str(str(k))): clean_json(x)
+                for k, x in v.items()}
+    if t is list:
+        return [clean_json(x) for x in v]
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, str):
         return clean_str(v)
+    if isinstance(v, bool | int):
+        return v
     if isinstance(v, dict):
         return {clean_str(str(k)): clean_json(x) for k, x in v.items()}
     if isinstance(v, list | tuple):
@@ -130,6 +144,25 @@ def _insert_stmt(conn: Connection) -> Any:
     raise StoreError(f"unsupported database dialect {name!r} (use SQLite or PostgreSQL)")
 
 
+_STATEMENTS: dict[str, tuple[Any, Any]] = {}
+
+
+def _statements(conn: Connection) -> tuple[Any, Any]:
+    """(upsert, insert-if-absent) for the connection's dialect, built once: the constructs are
+    immutable, and building the 30-column upsert per batch cost more than executing it."""
+    name = conn.dialect.name
+    got = _STATEMENTS.get(name)
+    if got is None:
+        stmt = _insert_stmt(conn)
+        upsert = stmt.on_conflict_do_update(
+            index_elements=[_REQUESTS.c.request_id],
+            set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name != "request_id"},
+        )
+        got = _STATEMENTS[name] = (upsert, _insert_stmt(conn).on_conflict_do_nothing(
+            index_elements=[_REQUESTS.c.request_id]))
+    return got
+
+
 def upsert_records(conn: Connection, records: Sequence[RequestRecord]) -> None:
     """Upsert ``records`` (requests + their attempts) on ``conn``; the caller owns the transaction."""
     latest: dict[str, RequestRecord] = {}
@@ -148,17 +181,12 @@ def upsert_records(conn: Connection, records: Sequence[RequestRecord]) -> None:
         row, attempts = record_rows(rec)
         rows.append(row)
         attempt_rows.extend(attempts)
+    upsert, insert_if_absent = _statements(conn)
     if unknown:
-        stmt = _insert_stmt(conn).on_conflict_do_nothing(index_elements=[_REQUESTS.c.request_id])
-        conn.execute(stmt, [record_rows(r)[0] for r in unknown.values()])
+        conn.execute(insert_if_absent, [record_rows(r)[0] for r in unknown.values()])
     if not rows:
         return
-    stmt = _insert_stmt(conn)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[_REQUESTS.c.request_id],
-        set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name != "request_id"},
-    )
-    conn.execute(stmt, rows)
+    conn.execute(upsert, rows)
     ids = [r["request_id"] for r in rows]
     for i in range(0, len(ids), _IN_CHUNK):
         conn.execute(delete(_ATTEMPTS).where(_ATTEMPTS.c.request_id.in_(ids[i : i + _IN_CHUNK])))
