@@ -114,7 +114,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         check_health_config(fleet_cfg)
         health_process = load_process(pdir / fleet_cfg.health.process, SERVICES, engine="spiff",
                                       required=HEALTH_REQUIRED_TASKS)
-        events = state.events = EventWriter(engine, clock=clock)
+        events = state.events = EventWriter(engine, clock=clock, journal_dir=settings.journal_dir)
         await events.start()
         monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,
                                                 prober=Prober(fleet_cfg.nodes, fleet_cfg.health, clock),
