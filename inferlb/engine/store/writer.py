@@ -15,18 +15,15 @@ Contract:
   at most ``batch_size`` records in ONE transaction each, as an idempotent upsert keyed on
   ``request_id`` (:func:`~inferlb.engine.store.rows.upsert_records`): the last submission of a
   request wins and replays cannot duplicate rows. Records leave memory only after their commit.
-* **Every database call is bounded**: it runs on the writer's own database thread and is awaited
-  for at most ``db_timeout_s``. A call past it (a hung server: connection open, no replies) counts as
-  a failed flush; while it has not returned, no other call is started (the one thread keeps the
-  writes in order) and every flush fails at once. The engine bounds the same calls on the server
-  side (:func:`~inferlb.engine.store.db.make_engine`).
+* **Every database call is bounded** (:class:`~inferlb.engine.store.batches.BatchWriter`: one
+  thread, each call awaited for at most ``db_timeout_s``; a hung server counts as a failed flush).
 * On a database failure the queued records are appended to the local spool
   (:mod:`~inferlb.engine.store.journal`, fsynced) and the database is retried with capped
   exponential backoff (``retry_base_s · 2^(n-1)`` up to ``retry_max_s``, timed by the injected
   clock). The spool is replayed in order before anything newer, then truncated.
 * A batch that fails with a *data* error is written record by record; records rejected again are
-  quarantined (``quarantine.jsonl``), the rest committed. Any other error means the database is
-  unusable: the batch is spooled and retried, never quarantined. Strings are cleaned before writing.
+  quarantined (``quarantine.jsonl``), the rest committed (``BatchWriter``). Any other error means
+  the database is unusable: the batch is spooled and retried, never quarantined.
 * **Limits.** :meth:`refusal` says why a new request cannot be audited: the journal cannot be
   written, or the backlog (records queued + spooled) is at ``max_records`` or the spool at
   ``max_bytes``. With ``on_full="closed"`` (the default) :meth:`begin` then raises
@@ -35,7 +32,7 @@ Contract:
   counted in ``records_unrecorded``. Journal errors are logged at most once per
   ``error_log_interval_s`` (with the number suppressed) and cleared as soon as a write succeeds.
 * Errors from the database are mapped to :class:`~inferlb.engine.errors.StoreError` in
-  :meth:`_write_sync`, the one boundary; they only ever surface through :meth:`backlog` and logs.
+  ``BatchWriter``, the one boundary; they only ever surface through :meth:`backlog` and logs.
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ import contextlib
 import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,10 +50,10 @@ from sqlalchemy.engine import Engine
 
 from ..errors import AuditUnavailable, StoreError
 from ..types import Clock, SystemClock
-from .db import describe_db_error
+from .batches import BatchWriter
 from .journal import Journal
 from .records import RequestRecord
-from .rows import is_record_error, record_rows, upsert_records
+from .rows import record_rows, upsert_records
 from .wal import Wal, start_entry
 
 __all__ = ["AuditWriter", "record_rows", "upsert_records"]
@@ -65,13 +61,6 @@ __all__ = ["AuditWriter", "record_rows", "upsert_records"]
 log = logging.getLogger(__name__)
 
 _Item = tuple[RequestRecord, int]   # a record and its write-ahead segment (-1: not journaled)
-
-
-@dataclass
-class _Outcome:
-    written: int = 0
-    error: StoreError | None = None
-    quarantined: list[tuple[RequestRecord, str]] = field(default_factory=list)
 
 
 class _Throttle:
@@ -123,15 +112,14 @@ class AuditWriter:
             raise ValueError("flush_interval_s must be > 0")
         if db_timeout_s <= 0:
             raise ValueError("db_timeout_s must be > 0")
-        self._engine = engine
         self._journal = Journal(journal_dir)
+        self._batches = BatchWriter(engine, self._journal, timeout_s=db_timeout_s)
         self._wal = Wal(journal_dir, segment_bytes=wal_segment_bytes)
         self._batch_size = batch_size
         self._flush_interval_s = flush_interval_s
         self._clock: Clock = clock or SystemClock()
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
-        self._db_timeout_s = db_timeout_s
         self._wal_commit_interval_s = max(0.0, wal_commit_interval_s)
         self._max_records, self._max_bytes, self._on_full = max_records, max_bytes, on_full
         self._pending: collections.deque[_Item] = collections.deque()
@@ -143,12 +131,8 @@ class AuditWriter:
         self._wal_lock = asyncio.Lock()
         self._wal_task: asyncio.Task[None] | None = None
         self._wal_error: str | None = None
-        # One thread each: journal I/O never waits behind a hung database call, and the database
-        # thread runs one call at a time (in order, and a hung call cannot take more threads).
+        # Its own thread: journal I/O never waits behind a hung database call (BatchWriter's thread).
         self._io = ThreadPoolExecutor(1, thread_name_prefix="inferlb-audit-journal")
-        self._db = ThreadPoolExecutor(1, thread_name_prefix="inferlb-audit-db")
-        self._db_busy: asyncio.Future[_Outcome] | None = None
-        self._db_busy_since = 0.0
         self._lock = asyncio.Lock()        # one flush at a time (background task, tests, close)
         self._wake = asyncio.Event()       # set when a full batch is waiting
         self._idle = asyncio.Event()       # set when nothing is pending or spooled
@@ -352,7 +336,7 @@ class AuditWriter:
         self._closed = True
         self._idle.set()
         self._io.shutdown(wait=True)
-        self._db.shutdown(wait=False)   # a hung call must not hold the shutdown
+        self._batches.close()
 
     # -- write-ahead log ------------------------------------------------------------------------------
 
@@ -470,7 +454,7 @@ class AuditWriter:
             batch, end = await loop.run_in_executor(self._io, self._journal.read_batch, self._batch_size)
             if not batch:
                 break
-            outcome = await self._db_write(batch)
+            outcome = await self._batches.write(batch)
             if outcome.error is not None:
                 self._on_failure(outcome.error)
                 await self._spool_pending()
@@ -484,7 +468,7 @@ class AuditWriter:
         todo = len(self._pending)
         while todo > 0:
             items = list(itertools.islice(self._pending, min(todo, self._batch_size)))
-            outcome = await self._db_write([rec for rec, _ in items])
+            outcome = await self._batches.write([rec for rec, _ in items])
             if outcome.error is not None:
                 self._on_failure(outcome.error)
                 await self._spool_pending()
@@ -501,61 +485,6 @@ class AuditWriter:
         if self._journal_error is not None and not self._pending:
             self._journal_recovered("spool")   # nothing needs the spool any more
         return written
-
-    async def _db_write(self, batch: list[RequestRecord]) -> _Outcome:
-        """``_write_sync`` on the database thread, awaited for at most ``db_timeout_s``."""
-        loop = asyncio.get_running_loop()
-        busy = self._db_busy
-        if busy is not None and not busy.done():
-            return _Outcome(error=StoreError(
-                f"a database call has not returned for {loop.time() - self._db_busy_since:.1f}s "
-                "(the database does not answer)"))
-        fut = loop.run_in_executor(self._db, self._write_sync, batch)
-        self._db_busy, self._db_busy_since = fut, loop.time()
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), self._db_timeout_s)
-        except TimeoutError:
-            return _Outcome(error=StoreError(
-                f"the database did not answer within {self._db_timeout_s:g}s (db_timeout_s)"))
-
-    def _write_sync(self, batch: list[RequestRecord]) -> _Outcome:
-        """Runs in the database thread: the batch in one transaction, or isolate records it rejects."""
-        try:
-            with self._engine.begin() as conn:
-                upsert_records(conn, batch)
-        except Exception as exc:
-            if not is_record_error(exc):
-                return self._fail(exc)
-            return self._isolate(batch)
-        return _Outcome(written=len(batch))
-
-    def _isolate(self, batch: list[RequestRecord]) -> _Outcome:
-        """One transaction per record: commit the good ones, quarantine those with bad data."""
-        out = _Outcome()
-        for rec in batch:
-            try:
-                with self._engine.begin() as conn:
-                    upsert_records(conn, [rec])
-            except Exception as exc:
-                if not is_record_error(exc):
-                    return self._fail(exc)  # committed ones are rewritten later: the upsert absorbs it
-                out.quarantined.append((rec, describe_db_error(exc)))
-            else:
-                out.written += 1
-        if out.quarantined:
-            try:
-                self._journal.quarantine(out.quarantined)
-            except OSError as exc:
-                return self._fail(exc)
-        for rec, why in out.quarantined:
-            log.error("audit record %s rejected by the database, quarantined: %s", rec.request_id, why)
-        return out
-
-    @staticmethod
-    def _fail(exc: BaseException) -> _Outcome:
-        err = StoreError(describe_db_error(exc))
-        err.__cause__ = exc
-        return _Outcome(error=err)
 
     def _on_failure(self, err: StoreError) -> None:
         self._failed_flushes += 1
