@@ -3,6 +3,8 @@ a hung database, a journal that cannot be written, the high-water mark."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -15,17 +17,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from inferlb.engine.errors import AuditUnavailable
 from inferlb.engine.store import journal as journal_mod
 from inferlb.engine.store import wal as wal_mod
-from inferlb.engine.store.db import make_engine
+from inferlb.engine.store.db import make_engine, upgrade
 from inferlb.engine.store.queries import get_request
 from inferlb.engine.store.records import RequestRecord
 from inferlb.engine.store.wal import Wal, recover, start_entry
 from inferlb.engine.store.writer import AuditWriter
 from inferlb.engine.types import ManualClock
+from tests.store.conftest import count_rows
 from tests.store.test_audit_writer import _table_missing
 from tests.support import ROOT
 
@@ -36,7 +39,7 @@ _CRASHER = r"""
 import asyncio, os, signal, sys
 sys.path.insert(0, sys.argv[3])
 from tests.store.conftest import _record
-from inferlb.engine.store.db import make_engine
+from inferlb.engine.store.db import make_engine, upgrade
 from inferlb.engine.store.writer import AuditWriter
 
 async def main():
@@ -172,6 +175,81 @@ async def test_a_hung_database_is_bounded_spooled_and_reported(
     await w.close(timeout_s=1)
     assert w.backlog()["records_dropped"] == 0
     engine.dispose()
+
+
+class _Proxy:
+    """A TCP relay to PostgreSQL that can stop forwarding (the server hangs, connections stay open)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.target = 0, port
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> _Proxy:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.target)
+        self.writers += [w, uw]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    await self.flowing.wait()      # hung: hold every byte, answer nothing
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(r, uw), pipe(ur, w))
+
+    def reset_all(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        self.reset_all()
+        self.flowing.set()
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.postgres
+async def test_a_database_that_hangs_on_a_pooled_connection_is_bounded_then_recovers(
+    request: pytest.FixtureRequest, tmp_path: Path, make_record: MakeRecord
+) -> None:
+    url = make_url(request.getfixturevalue("pg_schema_factory")())
+    upgrade(url)
+    proxy = await _Proxy(url.port or 5432).start()
+    engine = make_engine(url.set(port=proxy.port))
+    w = AuditWriter(engine, journal_dir=tmp_path / "j", clock=ManualClock(), db_timeout_s=0.3)
+    try:
+        await w.start(background=False)
+        w.submit(make_record(1))
+        assert await w.flush_once() == 1           # the pool now holds an open connection
+        proxy.flowing.clear()                      # the server stops answering; the connection stays open
+        w.submit(make_record(2))
+        assert await w.flush_once(force=True) == 0
+        b = w.backlog()
+        assert (b["spooled"], b["state"]) == (1, "degraded") and "did not answer within 0.3s" in b["reason"]
+        proxy.reset_all()                          # e.g. the server restarts: the hung call fails
+        proxy.flowing.set()
+        busy = w._batches._busy                    # the call left running on the database thread
+        assert busy is not None
+        await asyncio.wait_for(asyncio.shield(busy), 30)
+        assert await w.flush_once(force=True) == 1
+        assert w.backlog()["state"] == "ok" and w.backlog()["spooled"] == 0
+        direct = make_engine(url)
+        assert count_rows(direct) == 2
+        direct.dispose()
+    finally:
+        await w.close(timeout_s=2)
+        await proxy.close()
+        engine.dispose()
 
 
 @pytest.mark.postgres
