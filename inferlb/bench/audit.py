@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m inferlb.bench.audit", description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--commit-interval-ms", type=float, default=2.0)
+    p.add_argument("--commit-interval-ms", type=float, default=0.0)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--dir", type=Path, help="where the journal and databases go (default: a temporary directory)")
     a = p.parse_args(argv)

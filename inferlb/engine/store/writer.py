@@ -5,7 +5,9 @@ Contract:
 * **Write-ahead.** :meth:`AuditWriter.begin` journals a request's *start* entry and returns once
   it is fsynced; :meth:`AuditWriter.submit` queues its finished record for the write-ahead log
   (:mod:`~inferlb.engine.store.wal`). A journal task group-commits what arrived (one ``write`` +
-  ``fsync`` in the journal thread every ``wal_commit_interval_s`` at most, never on the event loop);
+  ``fsync`` in the journal thread, never on the event loop: a commit starts when the previous one
+  ended, so everything that arrived meanwhile shares its fsync; ``wal_commit_interval_s`` > 0 also
+  spaces commits at least that far apart, fewer fsyncs for more latency);
   only then does a record count as handed over and join the database queue. After a crash (even
   SIGKILL) :meth:`start` recovers every finished record and marks every started-but-unfinished
   request ``unknown_outcome`` (such a row never replaces a real one).
@@ -42,6 +44,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -99,7 +102,7 @@ class AuditWriter:
         retry_base_s: float = 0.5,
         retry_max_s: float = 30.0,
         db_timeout_s: float = 10.0,
-        wal_commit_interval_s: float = 0.002,
+        wal_commit_interval_s: float = 0.0,
         wal_segment_bytes: int = 4 * 1024 * 1024,
         max_records: int = 100_000,
         max_bytes: int = 256 * 1024 * 1024,
@@ -341,11 +344,17 @@ class AuditWriter:
     # -- write-ahead log ------------------------------------------------------------------------------
 
     async def _run_wal(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -math.inf
         while not self._closing:
             await self._wal_wake.wait()
-            if self._wal_commit_interval_s:
-                await asyncio.sleep(self._wal_commit_interval_s)   # let a group gather: one fsync for all
+            # At most one commit per interval: an idle log commits at once (latency = one fsync),
+            # a busy one gathers a group for each fsync.
+            wait = last + self._wal_commit_interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             self._wal_wake.clear()
+            last = loop.time()
             try:
                 await self._commit_wal()
             except Exception:  # the task must outlive any bug in one commit
