@@ -269,12 +269,13 @@ def test_postgres_connections_get_a_statement_timeout_and_keep_the_url_options(
 # -- the journal cannot be written; the high-water mark --------------------------------------------------
 
 
-def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(fd: int, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+def _raise_enospc(fd: int, data: bytes) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(journal_mod, "_write_all", full)
-    monkeypatch.setattr(wal_mod, "_write_all", full)
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal_mod, "_write_all", _raise_enospc)
+    monkeypatch.setattr(wal_mod, "_write_all", _raise_enospc)
 
 
 async def test_an_unwritable_journal_fails_closed_logs_rarely_and_recovers(
@@ -345,3 +346,25 @@ async def test_fail_open_serves_and_counts_what_it_cannot_record(
     assert w.accepting() and b["records_unrecorded"] == 1 and b["spooled"] == 2 and b["state"] == "degraded"
     await w.close()
     bad.dispose()
+
+
+async def test_a_spool_that_failed_while_the_database_is_away_recovers_by_itself(
+    engine: Engine, tmp_path: Path, make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    w = AuditWriter(engine, journal_dir=tmp_path / "j", clock=clock)
+    await w.start(background=False)
+    with _table_missing(engine):
+        w.submit(make_record(1))
+        await w.flush_once()                     # journaled in the log, then spooled: database away
+        monkeypatch.setattr(journal_mod, "_write_all", _raise_enospc)
+        w.submit(make_record(2))
+        await w.flush_once()                     # backing off: the spool append fails
+        assert w.backlog()["journal_error"] and not w.accepting()
+        monkeypatch.undo()                       # space is freed; the database is still away
+        await w.flush_once()                     # nothing new arrived, yet the spool is tried again
+        b = w.backlog()
+        assert b["journal_error"] is None and w.accepting() and b["spooled"] == 2 and b["state"] == "degraded"
+    clock.advance(60)
+    assert await w.flush_once() == 2
+    await w.close()
