@@ -362,7 +362,7 @@ async def test_a_spool_that_failed_while_the_database_is_away_recovers_by_itself
         await w.flush_once()                     # backing off: the spool append fails
         assert w.backlog()["journal_error"] and not w.accepting()
         monkeypatch.undo()                       # space is freed; the database is still away
-        await w.flush_once()                     # nothing new arrived, yet the spool is tried again
+        await w.flush_once()                     # record 2, kept in memory, is spooled at the next try
         b = w.backlog()
         assert b["journal_error"] is None and w.accepting() and b["spooled"] == 2 and b["state"] == "degraded"
     clock.advance(60)

@@ -505,10 +505,8 @@ class AuditWriter:
                     self._consecutive_failures, delay, err)
 
     async def _spool_pending(self) -> None:
-        if not self._pending and self._journal_error is None:
+        if not self._pending:
             return
-        # With nothing to spool, an empty append still tells whether the spool takes writes again
-        # (requests are refused meanwhile, so nothing else would ever try it).
         items = list(self._pending)
         try:
             await asyncio.get_running_loop().run_in_executor(self._io, self._journal.append,
