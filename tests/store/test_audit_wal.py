@@ -368,3 +368,22 @@ async def test_a_spool_that_failed_while_the_database_is_away_recovers_by_itself
     clock.advance(60)
     assert await w.flush_once() == 2
     await w.close()
+
+
+async def test_a_spool_error_is_cleared_when_the_database_takes_the_records(
+    engine: Engine, tmp_path: Path, make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    w = AuditWriter(engine, journal_dir=tmp_path / "j", clock=clock)
+    await w.start(background=False)
+    monkeypatch.setattr(journal_mod, "_write_all", _raise_enospc)   # the spool's disk stays full
+    with _table_missing(engine):
+        w.submit(make_record(1))
+        await w.flush_once()
+        assert w.backlog()["journal_error"] and w.backlog()["pending"] == 1 and not w.accepting()
+    clock.advance(60)
+    assert await w.flush_once() == 1             # the database is back: nothing needs the spool now
+    b = w.backlog()
+    assert b["journal_error"] is None and b["healthy"] and w.accepting()
+    monkeypatch.undo()
+    await w.close()
