@@ -89,9 +89,15 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         fleet_cfg = checked.fleet
         if is_sqlite(settings.database_url):
             await asyncio.to_thread(upgrade, settings.database_url)
-        engine = make_engine(settings.database_url)
+        engine = make_engine(settings.database_url, connect_timeout_s=settings.database_connect_timeout_s,
+                             statement_timeout_ms=settings.database_statement_timeout_ms,
+                             busy_timeout_ms=settings.database_busy_timeout_ms)
         writer = AuditWriter(engine, journal_dir=settings.journal_dir, batch_size=settings.audit_batch_size,
-                             flush_interval_s=settings.audit_flush_interval_s, clock=clock)
+                             flush_interval_s=settings.audit_flush_interval_s, clock=clock,
+                             db_timeout_s=settings.audit_db_timeout_s,
+                             wal_commit_interval_s=settings.audit_wal_commit_interval_s,
+                             max_records=settings.audit_max_records, max_bytes=settings.audit_max_bytes,
+                             on_full=settings.audit_on_full)
         await writer.start()
         state.store = StoreHandle(engine=engine, writer=writer, slos=list(fleet_cfg.slos))
         upstream = Upstream(clock=clock)
@@ -103,7 +109,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         # Metrics and traces are fed by the audit submit: every request ends there, rejections too.
         obs = state.observability = Observability(fleet_cfg, clock=clock)
         obs.instrument(process)
-        rt = build_runtime(settings, fleet_cfg, clock=clock, submit=obs.wrap_submit(writer.submit))
+        # writer.begin journals each request's start (fsynced) and refuses it (503) when it cannot be audited.
+        rt = build_runtime(settings, fleet_cfg, clock=clock, submit=obs.wrap_submit(writer.submit), begin=writer.begin)
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait})
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
@@ -114,7 +121,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         # Node health: node_health.bpmn on SpiffWorkflow every health.interval_s; the first round
         # runs before ready (Envoy's cluster warming); state changes go to node_events.
         health_process = checked.health_process
-        events = state.events = EventWriter(engine, clock=clock)
+        events = state.events = EventWriter(engine, clock=clock, journal_dir=settings.journal_dir)
         await events.start()
         monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,
                                                 prober=Prober(fleet_cfg.nodes, fleet_cfg.health, clock),

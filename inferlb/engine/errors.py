@@ -17,7 +17,8 @@ exception type.
     │   ├── PayloadTooLarge         413
     │   ├── Unauthorized            401 invalid_api_key (missing, unknown, revoked or expired key)
     │   ├── Forbidden               403 permission_denied (e.g. a tenant key on an admin route)
-    │   └── RateLimited             429 with Retry-After (e.g. repeated failed authentication)
+    │   ├── RateLimited             429 with Retry-After (e.g. repeated failed authentication)
+    │   └── AuditUnavailable        503 audit_unavailable with Retry-After (the audit journal is full)
     ├── UpstreamError               one attempt against a node failed (data for the retry logic)
     │   ├── UpstreamConnectError    could not connect / connection reset before a response
     │   ├── UpstreamTimeout         connect / first-token / idle / total timeout (``phase``)
@@ -34,6 +35,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_RETRY_ON_STATUS",
+    "AuditUnavailable",
     "ClientError",
     "ConfigError",
     "Forbidden",
@@ -164,6 +166,18 @@ class RateLimited(ClientError):
 
     def __init__(self, message: str, *, retry_after_s: float, code: str = "rate_limit_exceeded") -> None:
         super().__init__(message, code=code)
+        self.headers = {"retry-after": str(max(1, math.ceil(retry_after_s)))}
+
+
+class AuditUnavailable(ClientError):
+    """503 raised before a request's process starts: its audit record could not be kept (the
+    audit journal is past its high-water mark or cannot be written), so it is not served."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message, code="audit_unavailable")
         self.headers = {"retry-after": str(max(1, math.ceil(retry_after_s)))}
 
 

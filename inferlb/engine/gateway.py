@@ -84,6 +84,7 @@ class Gateway:
         scope, data = begin_request(rt, req, engine=self.process.mode)
         rec = scope.record
         rid = rec.request_id
+        await rt.begin(rec)   # the audit journal's start entry, durable; AuditUnavailable (503) when it cannot be
         inst = self.process.executor.start(data, scope)
         rec.workflow_path = inst.path
         body_out: bytes | None = None

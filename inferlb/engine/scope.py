@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,10 @@ class IncomingRequest:
     key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
 
 
+async def _no_begin(record: RequestRecord) -> None:
+    """No audit journal (benchmarks, tests of the core): nothing to do at a request's start."""
+
+
 @dataclass
 class Runtime:
     """Shared by all requests of one app (one event loop)."""
@@ -67,6 +71,9 @@ class Runtime:
     rng: random.Random
     submit: Callable[[RequestRecord], None]      # the audit writer's non-blocking submit
     admission: AdmissionController               # slots, queue, tenant limits, retry budget
+    # The audit writer's begin: journals a request's start; raises AuditUnavailable (503) when the
+    # request could not be audited. Awaited once, at the top of Gateway.handle.
+    begin: Callable[[RequestRecord], Awaitable[None]] = field(default=_no_begin)
 
 
 @dataclass
@@ -139,6 +146,7 @@ def build_runtime(
     clock: Clock,
     submit: Callable[[RequestRecord], None],
     seed: int | None = None,
+    begin: Callable[[RequestRecord], Awaitable[None]] | None = None,
 ) -> Runtime:
     """Wire fleet, router and estimator for one app (or one test)."""
     from .routing import build_router
@@ -155,4 +163,5 @@ def build_runtime(
     admission = AdmissionController(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
                                     env=settings.admission)
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
-                   clock=clock, rng=random.Random(seed), submit=admission.wrap_submit(submit), admission=admission)
+                   clock=clock, rng=random.Random(seed), submit=admission.wrap_submit(submit), admission=admission,
+                   begin=begin or _no_begin)

@@ -80,7 +80,7 @@ async def test_a_database_failure_keeps_the_events_and_retries_with_backoff(tmp_
         assert await w.flush_once() == 0      # still backing off (2 s, timed by the injected clock)
         clock.advance(2.0)
         assert await w.flush_once() == 2
-        assert w.backlog() == {"pending": 0, "written": 2, "dropped": 0, "consecutive_failures": 0,
+        assert w.backlog() == {"pending": 0, "spooled": 0, "written": 2, "dropped": 0, "consecutive_failures": 0,
                                "last_error": w.backlog()["last_error"]}
         assert len(recent_events(engine)) == 2
     finally:
@@ -94,3 +94,30 @@ async def test_the_queue_is_bounded_and_counts_what_it_drops(tmp_path: object) -
     w.submit([ev(i) for i in range(5)])
     assert w.backlog()["pending"] == 3 and w.dropped == 2
     engine.dispose()
+
+
+async def test_with_a_journal_failed_events_are_spooled_not_held_and_survive_a_restart(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/late.db"
+    journal = f"{tmp_path}/journal"
+    engine = make_engine(url)                 # not migrated yet: every write fails
+    clock = ManualClock()
+    w = EventWriter(engine, clock=clock, journal_dir=journal, max_pending=2)
+    await w.start()
+    try:
+        w.submit([ev(1), ev(2)])
+        assert await w.flush_once() == 0
+        w.submit([ev(3), ev(4)])
+        assert await w.flush_once() == 0       # backing off: spooled at once, nothing held in memory
+        assert w.backlog()["pending"] == 0 and w.backlog()["spooled"] == 4 and w.dropped == 0
+    finally:
+        await w.close(timeout_s=2)             # the database is still away: the spool keeps them
+    upgrade(url)
+    again = EventWriter(engine, clock=clock, journal_dir=journal)
+    await again.start()                        # adopts the spool of the writer that went away
+    try:
+        assert await again.flush_once() == 4
+        assert [r["evidence"]["i"] for r in recent_events(engine)] == [4, 3, 2, 1]
+        assert again.backlog()["spooled"] == 0
+    finally:
+        await again.close()
+        engine.dispose()

@@ -270,6 +270,8 @@ _BACKLOG_COUNTERS = (
     ("records_written", "inferlb_audit_records_written", "Audit records committed to the database"),
     ("records_dropped", "inferlb_audit_records_dropped", "Audit records that could not be kept"),
     ("failed_flushes", "inferlb_audit_failed_flushes", "Audit writer flushes that failed"),
+    ("records_unrecorded", "inferlb_audit_records_unrecorded",
+     "Requests served without an audit record (audit.on_full=open, past the high-water mark)"),
 )
 
 

@@ -8,6 +8,10 @@ Contract:
   ``foreign_keys=ON`` on every new connection. PostgreSQL uses psycopg 3: ``postgresql://`` and
   ``postgres://`` are rewritten to ``postgresql+psycopg://``; connections are pre-pinged so a
   restarted server does not fail the first batch after it returns.
+* Every database call is bounded: PostgreSQL gets ``connect_timeout`` (unless the URL sets one),
+  a server-side ``statement_timeout`` (added to any ``options`` the URL carries) and TCP
+  keepalives; SQLite gets ``busy_timeout``. A server that accepts and then never answers is not
+  bounded by the server-side timeout: the audit writer bounds each call on its side as well.
 * :func:`upgrade` runs ``alembic upgrade head`` programmatically against ``url``; the URL is handed to
   ``migrations/env.py`` through ``config.attributes["url"]``, never through alembic.ini.
 * :func:`migrations_dir` finds the repository's ``migrations/`` (editable install) or the copy a
@@ -41,6 +45,8 @@ __all__ = [
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 # Bound how long a flush waits for an unreachable PostgreSQL before it spools (libpq default: forever).
 _PG_CONNECT_TIMEOUT_S = 5
+# Server-side bound on one statement (PostgreSQL default: none); a batch upsert takes milliseconds.
+_PG_STATEMENT_TIMEOUT_MS = 5_000
 
 
 def describe_db_error(exc: BaseException) -> str:
@@ -74,8 +80,23 @@ def _sqlite_in_memory(u: URL) -> bool:
     return u.database in (None, "", ":memory:") or (u.query.get("mode") == "memory")
 
 
-def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
-    """A sync engine for ``url`` (SQLite or PostgreSQL), configured as the module docstring says."""
+def _pg_options(u: URL, statement_timeout_ms: int) -> str:
+    """The URL's own ``options`` (e.g. a ``search_path``) plus the statement timeout."""
+    given = u.query.get("options")
+    parts = [given] if isinstance(given, str) else list(given or ())
+    if statement_timeout_ms > 0 and not any("statement_timeout" in p for p in parts):
+        parts.append(f"-c statement_timeout={int(statement_timeout_ms)}")
+    return " ".join(parts)
+
+
+def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = _PG_CONNECT_TIMEOUT_S,
+                statement_timeout_ms: int = _PG_STATEMENT_TIMEOUT_MS,
+                busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> Engine:
+    """A sync engine for ``url`` (SQLite or PostgreSQL), configured as the module docstring says.
+
+    ``connect_timeout_s`` and ``statement_timeout_ms`` apply to PostgreSQL (0: no statement
+    timeout), ``busy_timeout_ms`` to SQLite.
+    """
     u = normalize_url(url)
     kwargs: dict[str, Any] = {"echo": echo, "future": True}
     backend = u.get_backend_name()
@@ -96,7 +117,7 @@ def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
                 if not memory:
                     cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
-                cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
                 cur.execute("PRAGMA foreign_keys=ON")
             finally:
                 cur.close()
@@ -104,8 +125,14 @@ def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
         return engine
     if backend == "postgresql":
         kwargs["pool_pre_ping"] = True
+        connect_args: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                                        "keepalives_count": 3}
         if "connect_timeout" not in u.query:
-            kwargs["connect_args"] = {"connect_timeout": _PG_CONNECT_TIMEOUT_S}
+            connect_args["connect_timeout"] = max(1, int(connect_timeout_s))
+        options = _pg_options(u, statement_timeout_ms)
+        if options:
+            connect_args["options"] = options
+        kwargs["connect_args"] = connect_args
     try:
         return create_engine(u, **kwargs)
     except (SQLAlchemyError, ImportError) as exc:

@@ -1,4 +1,5 @@
-"""The audit writer's local spool: an append-only, fsynced JSON-lines file of RequestRecords.
+"""The audit writer's local spool: an append-only, fsynced JSON-lines file of RequestRecords
+(:class:`Journal`; the generic :class:`Spool` also keeps node events, ``store/events.py``).
 
 Contract (all methods are synchronous and thread-safe; the writer calls them via ``to_thread``):
 
@@ -27,18 +28,19 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .records import RequestRecord
 
-__all__ = ["QUARANTINE_FILE", "Journal", "dump_record", "load_record"]
+__all__ = ["QUARANTINE_FILE", "Journal", "Spool", "dump_record", "load_record"]
 
 QUARANTINE_FILE = "quarantine.jsonl"
 _PREFIX = "audit-"
 _SUFFIX = ".jsonl"
 _ADOPT_CHUNK = 1000
+T = TypeVar("T")
 
 
 def dump_record(record: RequestRecord) -> bytes:
@@ -75,10 +77,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-class Journal:
-    """One writer's spool file. See the module docstring for the contract."""
+class Spool(Generic[T]):
+    """One writer's spool file of ``T`` items (one JSON line each, ``dump``/``load``). See the
+    module docstring for the contract; ``prefix`` names the files (``<prefix><pid>-<random>.jsonl``)."""
 
-    def __init__(self, directory: Path | str) -> None:
+    def __init__(self, directory: Path | str, *, prefix: str, dump: Callable[[T], bytes],
+                 load: Callable[[bytes], T | None]) -> None:
+        self._prefix, self._dump, self._load = prefix, dump, load
         self.directory = Path(directory)
         self.path: Path | None = None
         self._fd: int | None = None
@@ -97,7 +102,7 @@ class Journal:
         """Create and lock the own file, then adopt orphan journals. Raises OSError."""
         with self._lock:
             self.directory.mkdir(parents=True, exist_ok=True)
-            name = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(4)}{_SUFFIX}"
+            name = f"{self._prefix}{os.getpid()}-{secrets.token_hex(4)}{_SUFFIX}"
             tmp = self.directory / (name + ".new")
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
             # Lock before the name becomes visible to adopters (they only look at *.jsonl).
@@ -108,7 +113,7 @@ class Journal:
             self._fd = fd
             # ``*.new`` files are never adopted: they hold nothing, and one may be a starting
             # writer's file in the instant before it is locked and renamed.
-            for orphan in sorted(self.directory.glob(f"{_PREFIX}*{_SUFFIX}")):
+            for orphan in sorted(self.directory.glob(f"{self._prefix}*{_SUFFIX}")):
                 if orphan != self.path:
                     self._adopt(orphan)
 
@@ -127,10 +132,10 @@ class Journal:
                     return  # adopted and replaced while we waited
             except FileNotFoundError:
                 return
-            records: list[RequestRecord] = []
+            records: list[T] = []
             with os.fdopen(os.dup(fd), "rb") as fh:
                 for line in fh:
-                    rec = load_record(line)
+                    rec = self._load(line)
                     if rec is None:
                         self.corrupt_lines += 1
                         continue
@@ -161,15 +166,15 @@ class Journal:
 
     # -- spool ------------------------------------------------------------------------------------
 
-    def append(self, records: Sequence[RequestRecord]) -> None:
+    def append(self, records: Sequence[T]) -> None:
         """Append ``records`` and fsync; on error leave the file as it was and raise OSError."""
         with self._lock:
             self._append_locked(records)
 
-    def _append_locked(self, records: Sequence[RequestRecord]) -> None:
+    def _append_locked(self, records: Sequence[T]) -> None:
         if self._fd is None:
             raise OSError("journal is not open")
-        data = b"".join(dump_record(r) for r in records)
+        data = b"".join(self._dump(r) for r in records)
         before = os.fstat(self._fd).st_size
         try:
             _write_all(self._fd, data)
@@ -189,15 +194,15 @@ class Journal:
                 offset += len(line)
                 yield line, offset
 
-    def read_batch(self, limit: int) -> tuple[list[RequestRecord], int]:
+    def read_batch(self, limit: int) -> tuple[list[T], int]:
         """Up to ``limit`` records from the consume position, and the offset just after them."""
         with self._lock:
-            out: list[RequestRecord] = []
+            out: list[T] = []
             end = self._read_offset
             if self.spooled == 0:
                 return out, end
             for line, end in self._lines_from(self._read_offset):
-                rec = load_record(line)
+                rec = self._load(line)
                 if rec is None:
                     if end > self._scanned:  # a retried batch must not count the same line twice
                         self.corrupt_lines += 1
@@ -228,6 +233,14 @@ class Journal:
             self.size = 0
             self._read_offset = self._scanned = 0
             return True
+
+
+
+class Journal(Spool[RequestRecord]):
+    """The audit writer's spool of request records, with the quarantine of rejected ones."""
+
+    def __init__(self, directory: Path | str) -> None:
+        super().__init__(directory, prefix=_PREFIX, dump=dump_record, load=load_record)
 
     # -- quarantine -------------------------------------------------------------------------------
 

@@ -2,34 +2,39 @@
 
 Contract:
 
-* :meth:`AuditWriter.submit` never blocks and never raises: it appends to an in-memory queue (call
-  it from the event loop thread). A record submitted after :meth:`close` cannot be persisted any
-  more; it is counted in ``records_dropped`` and logged: the only way that counter moves, with a
-  journal that cannot be written at close.
+* **Write-ahead.** :meth:`AuditWriter.begin` journals a request's *start* entry and returns once
+  it is fsynced; :meth:`AuditWriter.submit` queues its finished record for the write-ahead log
+  (:mod:`~inferlb.engine.store.wal`). A journal task group-commits what arrived (one ``write`` +
+  ``fsync`` in the journal thread, never on the event loop: a commit starts when the previous one
+  ended, so everything that arrived meanwhile shares its fsync; ``wal_commit_interval_s`` > 0 also
+  spaces commits at least that far apart, fewer fsyncs for more latency);
+  only then does a record count as handed over and join the database queue. After a crash (even
+  SIGKILL) :meth:`start` recovers every finished record and marks every started-but-unfinished
+  request ``unknown_outcome`` (such a row never replaces a real one).
+* :meth:`submit` never blocks and never raises (call it from the event loop thread). A record
+  submitted after :meth:`close` is counted in ``records_dropped`` and logged.
 * Flushing (the background task, or :meth:`flush_once` called directly by tests) writes batches of
-  at most ``batch_size`` records through ``asyncio.to_thread``, ONE transaction per batch, as an
-  idempotent upsert keyed on ``request_id`` (``INSERT … ON CONFLICT DO UPDATE`` on requests; the
-  request's attempts are deleted and re-inserted). A re-submitted request therefore replaces its
-  row (the last submission wins), and replays after a crash cannot duplicate rows. Records leave
-  memory only after their commit.
-* On a database failure the batch and everything queued behind it are appended to the local
-  journal (:mod:`~inferlb.engine.store.journal`, fsynced) and the database is retried with capped
+  at most ``batch_size`` records in ONE transaction each, as an idempotent upsert keyed on
+  ``request_id`` (:func:`~inferlb.engine.store.rows.upsert_records`): the last submission of a
+  request wins and replays cannot duplicate rows. Records leave memory only after their commit.
+* **Every database call is bounded** (:class:`~inferlb.engine.store.batches.BatchWriter`: one
+  thread, each call awaited for at most ``db_timeout_s``; a hung server counts as a failed flush).
+* On a database failure the queued records are appended to the local spool
+  (:mod:`~inferlb.engine.store.journal`, fsynced) and the database is retried with capped
   exponential backoff (``retry_base_s · 2^(n-1)`` up to ``retry_max_s``, timed by the injected
-  clock). Until the journal is drained, new records are spooled behind it on every flush, so
-  order is kept and the newest version of a request is written last. When the database answers
-  again the journal is replayed in order, then truncated.
-* A record the database rejects on its own would block everything behind it. When a batch fails
-  with a *data* error (integrity or data errors, values the driver cannot bind, such as an
-  out-of-range integer), its records are written one by one; the ones that fail with a data error
-  again are *quarantined* (kept in ``quarantine.jsonl`` with the error, counted in
-  ``backlog()["quarantined"]``) and the rest are committed. Any other error (connection, missing
-  table, permissions) means the database is unusable: the batch is spooled and retried, never
-  quarantined. Strings are cleaned before writing: NUL becomes U+FFFD (PostgreSQL rejects it in
-  text and jsonb) and non-finite floats in JSON become null.
-* :meth:`start` opens the journal (adopting journals left by crashed processes) and replays it;
-  :meth:`close` flushes within ``timeout_s`` and spools whatever could not be written.
+  clock). The spool is replayed in order before anything newer, then truncated.
+* A batch that fails with a *data* error is written record by record; records rejected again are
+  quarantined (``quarantine.jsonl``), the rest committed (``BatchWriter``). Any other error means
+  the database is unusable: the batch is spooled and retried, never quarantined.
+* **Limits.** :meth:`refusal` says why a new request cannot be audited: the journal cannot be
+  written, or the backlog (records queued + spooled) is at ``max_records`` or the spool at
+  ``max_bytes``. With ``on_full="closed"`` (the default) :meth:`begin` then raises
+  :class:`~inferlb.engine.errors.AuditUnavailable` (503 ``audit_unavailable`` with Retry-After);
+  with ``on_full="open"`` requests are served, and records that cannot be kept past the mark are
+  counted in ``records_unrecorded``. Journal errors are logged at most once per
+  ``error_log_interval_s`` (with the number suppressed) and cleared as soon as a write succeeds.
 * Errors from the database are mapped to :class:`~inferlb.engine.errors.StoreError` in
-  :meth:`_write_sync`, the one boundary; they only ever surface through :meth:`backlog` and logs.
+  ``BatchWriter``, the one boundary; they only ever surface through :meth:`backlog` and logs.
 """
 
 from __future__ import annotations
@@ -40,179 +45,51 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import delete, insert
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
-from ..errors import StoreError
+from ..errors import AuditUnavailable, StoreError
 from ..types import Clock, SystemClock
-from .db import describe_db_error
+from .batches import BatchWriter
 from .journal import Journal
-from .models import ATTEMPTS as _ATTEMPTS
-from .models import REQUESTS as _REQUESTS
-from .models import to_us
 from .records import RequestRecord
+from .rows import record_rows, upsert_records
+from .wal import Wal, start_entry
 
 __all__ = ["AuditWriter", "record_rows", "upsert_records"]
 
 log = logging.getLogger(__name__)
 
-_IN_CHUNK = 500  # ids per DELETE … IN (…): far below SQLite's and PostgreSQL's parameter limits
+_Item = tuple[RequestRecord, int]   # a record and its write-ahead segment (-1: not journaled)
 
 
-# -- record → rows ---------------------------------------------------------------------------------
+class _Throttle:
+    """At most one log line per ``interval_s`` (injected clock); counts what it held back."""
 
+    def __init__(self, clock: Clock, interval_s: float) -> None:
+        self._clock, self._interval_s = clock, interval_s
+        self._next_at: float | None = None
+        self.suppressed = 0
 
-def _clean_str(s: str) -> str:
-    if "\x00" in s:
-        s = s.replace("\x00", "\ufffd")
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: neither database's UTF-8 encoding accepts them
-        s = s.encode("utf-8", "replace").decode("utf-8")
-    return s
+    def due(self) -> int | None:
+        """The number suppressed since the last line when a line is due now; None otherwise."""
+        now = self._clock.monotonic()
+        if self._next_at is not None and now < self._next_at:
+            self.suppressed += 1
+            return None
+        self._next_at = now + self._interval_s
+        n, self.suppressed = self.suppressed, 0
+        return n
 
-
-def _clean_opt(s: str | None) -> str | None:
-    return None if s is None else _clean_str(str(s))
-
-
-def _clean_json(v: Any) -> Any:
-    if v is None or isinstance(v, bool | int):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, str):
-        return _clean_str(v)
-    if isinstance(v, dict):
-        return {_clean_str(str(k)): _clean_json(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_clean_json(x) for x in v]
-    return _clean_str(str(v))
-
-
-def _ms_between(start_us: int | None, end_us: int | None) -> float | None:
-    return None if start_us is None or end_us is None else (end_us - start_us) / 1000.0
-
-
-def record_rows(rec: RequestRecord) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The ``requests`` row and ``request_attempts`` rows for one record (cleaned, µs timestamps)."""
-    received = to_us(rec.received_at) or 0
-    first = to_us(rec.first_byte_at)
-    last = to_us(rec.last_byte_at)
-    attempts: dict[int, dict[str, Any]] = {}
-    for a in rec.attempts:
-        # A repeated attempt number would violate the primary key; the later entry wins.
-        attempts[int(a.number)] = {
-            "request_id": _clean_str(rec.request_id),
-            "number": int(a.number),
-            "node": _clean_str(str(a.node)),
-            "model": _clean_str(str(a.model)),
-            "started_at_us": to_us(a.started_at) or 0,
-            "ended_at_us": to_us(a.ended_at),
-            "outcome": _clean_str(str(a.outcome)),
-            "http_status": a.http_status,
-            "error_class": _clean_opt(a.error_class),
-            "first_byte_at_us": to_us(a.first_byte_at),
-        }
-    row = {
-        "request_id": _clean_str(rec.request_id),
-        "received_at_us": received,
-        "endpoint": _clean_str(str(rec.endpoint)),
-        "model_requested": _clean_str(str(rec.model_requested)),
-        "tenant": _clean_opt(rec.tenant),
-        "model_served": _clean_opt(rec.model_served),
-        "model_version": _clean_opt(rec.model_version),
-        "node": _clean_opt(rec.node),
-        "priority": _clean_opt(rec.priority),
-        "stream": bool(rec.stream),
-        "status": _clean_str(str(rec.status)),
-        "http_status": rec.http_status,
-        "error_class": _clean_opt(rec.error_class),
-        "admitted_at_us": to_us(rec.admitted_at),
-        "routed_at_us": to_us(rec.routed_at),
-        "first_byte_at_us": first,
-        "last_byte_at_us": last,
-        "prompt_tokens_est": rec.prompt_tokens_est,
-        "prompt_tokens": rec.prompt_tokens,
-        "completion_tokens": rec.completion_tokens,
-        "cost_est": rec.cost_est,
-        "decision": _clean_json(rec.decision),
-        "workflow_path": _clean_json(list(rec.workflow_path)),
-        "tags": _clean_json(dict(rec.tags)),
-        "engine": _clean_opt(rec.engine),
-        "attempt_count": len(attempts),
-        "e2e_ms": _ms_between(received, last),
-        "ttft_ms": _ms_between(received, first),
-        "queue_wait_ms": rec.queue_wait_ms,
-        "decisions": _clean_json(list(rec.decisions)),
-        "deadline_at_us": to_us(rec.deadline_at),
-    }
-    return row, sorted(attempts.values(), key=lambda r: int(r["number"]))
-
-
-def upsert_records(conn: Connection, records: Sequence[RequestRecord]) -> None:
-    """Upsert ``records`` (requests + their attempts) on ``conn``; the caller owns the transaction."""
-    latest: dict[str, RequestRecord] = {}
-    for rec in records:  # ON CONFLICT cannot touch one row twice in a statement: last version wins
-        latest.pop(rec.request_id, None)
-        latest[rec.request_id] = rec
-    rows: list[dict[str, Any]] = []
-    attempt_rows: list[dict[str, Any]] = []
-    for rec in latest.values():
-        row, attempts = record_rows(rec)
-        rows.append(row)
-        attempt_rows.extend(attempts)
-    if not rows:
-        return
-    name = conn.dialect.name
-    if name == "postgresql":
-        stmt: Any = postgresql.insert(_REQUESTS)
-    elif name == "sqlite":
-        stmt = sqlite.insert(_REQUESTS)
-    else:
-        raise StoreError(f"unsupported database dialect {name!r} (use SQLite or PostgreSQL)")
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[_REQUESTS.c.request_id],
-        set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name != "request_id"},
-    )
-    conn.execute(stmt, rows)
-    ids = [r["request_id"] for r in rows]
-    for i in range(0, len(ids), _IN_CHUNK):
-        conn.execute(delete(_ATTEMPTS).where(_ATTEMPTS.c.request_id.in_(ids[i : i + _IN_CHUNK])))
-    if attempt_rows:
-        conn.execute(insert(_ATTEMPTS), attempt_rows)
-
-
-def _is_record_error(exc: BaseException) -> bool:
-    """True when the data of a record is at fault, not the database (which stays usable)."""
-    if isinstance(exc, sa_exc.IntegrityError | sa_exc.DataError):
-        return True
-    if isinstance(exc, sa_exc.DBAPIError):
-        return False  # operational, programming (missing table, permissions), interface errors
-    if isinstance(exc, sa_exc.StatementError):  # the driver could not bind a value
-        exc = exc.orig if exc.orig is not None else exc
-    return isinstance(exc, OverflowError | TypeError | ValueError | UnicodeError)
-
-
-# -- the writer ------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Outcome:
-    written: int = 0
-    error: StoreError | None = None
-    quarantined: list[tuple[RequestRecord, str]] = field(default_factory=list)
+    def reset(self) -> None:
+        self._next_at, self.suppressed = None, 0
 
 
 class AuditWriter:
-    """Batched, journaled audit writer. See the module docstring for the contract."""
+    """Write-ahead, batched audit writer. See the module docstring for the contract."""
 
     def __init__(
         self,
@@ -224,21 +101,43 @@ class AuditWriter:
         clock: Clock | None = None,
         retry_base_s: float = 0.5,
         retry_max_s: float = 30.0,
+        db_timeout_s: float = 10.0,
+        wal_commit_interval_s: float = 0.0,
+        wal_segment_bytes: int = 4 * 1024 * 1024,
+        max_records: int = 100_000,
+        max_bytes: int = 256 * 1024 * 1024,
+        on_full: Literal["closed", "open"] = "closed",
+        error_log_interval_s: float = 60.0,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
-        self._engine = engine
+        if db_timeout_s <= 0:
+            raise ValueError("db_timeout_s must be > 0")
         self._journal = Journal(journal_dir)
+        self._batches = BatchWriter(engine, self._journal, timeout_s=db_timeout_s)
+        self._wal = Wal(journal_dir, segment_bytes=wal_segment_bytes)
         self._batch_size = batch_size
         self._flush_interval_s = flush_interval_s
         self._clock: Clock = clock or SystemClock()
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
-        self._pending: collections.deque[RequestRecord] = collections.deque()
+        self._wal_commit_interval_s = max(0.0, wal_commit_interval_s)
+        self._max_records, self._max_bytes, self._on_full = max_records, max_bytes, on_full
+        self._pending: collections.deque[_Item] = collections.deque()
+        # Waiting for the next group commit of the write-ahead log.
+        self._wal_starts: list[tuple[str, bytes]] = []
+        self._wal_finished: list[RequestRecord] = []
+        self._wal_waiters: list[asyncio.Future[bool]] = []
+        self._wal_wake = asyncio.Event()
+        self._wal_lock = asyncio.Lock()
+        self._wal_task: asyncio.Task[None] | None = None
+        self._wal_error: str | None = None
+        # Its own thread: journal I/O never waits behind a hung database call (BatchWriter's thread).
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="inferlb-audit-journal")
         self._lock = asyncio.Lock()        # one flush at a time (background task, tests, close)
-        self._wake = asyncio.Event()       # set by submit() when a full batch is waiting
+        self._wake = asyncio.Event()       # set when a full batch is waiting
         self._idle = asyncio.Event()       # set when nothing is pending or spooled
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
@@ -250,62 +149,117 @@ class AuditWriter:
         self._retry_at = 0.0
         self._last_error: str | None = None
         self._journal_error: str | None = None
+        self._journal_log = _Throttle(self._clock, error_log_interval_s)
+        self._full_log = _Throttle(self._clock, error_log_interval_s)
         self._written = 0
         self._dropped = 0
+        self._unrecorded = 0
+        self._recovered = 0
 
     # -- public API ---------------------------------------------------------------------------------
 
     def submit(self, record: RequestRecord) -> None:
-        """Queue ``record`` for writing. Never blocks, never raises."""
+        """Queue ``record`` for the write-ahead log and the database. Never blocks, never raises."""
         if self._closed:
             self._dropped += 1
             log.error("audit record %s submitted after the writer closed; it cannot be stored",
                       getattr(record, "request_id", "?"))
             return
-        self._pending.append(record)
+        if self._on_full == "open" and self._backlog_full() is not None:
+            self._unrecorded += 1
+            if (n := self._full_log.due()) is not None:
+                log.error("audit backlog full (%s): request %s served without an audit record "
+                          "(%d more not logged)", self._backlog_full(), record.request_id, n)
+            return
+        self._wal_finished.append(record)
         self._idle.clear()
-        if len(self._pending) >= self._batch_size:
-            self._wake.set()
+        self._wal_wake.set()
+
+    async def begin(self, record: RequestRecord) -> None:
+        """Journal ``record``'s start entry; return once it is durable.
+
+        Raises AuditUnavailable when the request cannot be audited and ``on_full`` is ``closed``.
+        """
+        why = self.refusal()
+        if why is not None:
+            if self._on_full == "closed":
+                raise AuditUnavailable(f"The gateway cannot record this request: {why}",
+                                       retry_after_s=max(1.0, self._flush_interval_s * 5))
+            return
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._wal_starts.append((record.request_id, start_entry(record)))
+        self._wal_waiters.append(fut)
+        if self._wal_task is None:
+            await self._commit_wal()
+        else:
+            self._wal_wake.set()
+        if not await fut and self._on_full == "closed":
+            raise AuditUnavailable(f"The gateway cannot record this request: {self._wal_error}",
+                                   retry_after_s=max(1.0, self._flush_interval_s * 5))
+
+    def refusal(self) -> str | None:
+        """Why a new request could not be audited now (None: it can). Cheap: no I/O."""
+        if self._closed:
+            return "the audit writer is closed"
+        if self._wal_error is not None:
+            return f"the audit journal cannot be written ({self._wal_error})"
+        if self._journal_error is not None:
+            return f"the audit spool cannot be written ({self._journal_error})"
+        return self._backlog_full()
+
+    def accepting(self) -> bool:
+        """True when a new request is served (it can be audited, or ``on_full`` is ``open``)."""
+        return self._on_full == "open" or self.refusal() is None
 
     async def start(self, *, background: bool = True) -> None:
-        """Open the journal, replay what a previous run left, and (by default) start the flush task.
+        """Open the spool and the write-ahead log, store what a stopped process left, and (by
+        default) start the background tasks.
 
         Raises StoreError when the journal directory cannot be used: the gateway must not serve
-        requests it could not spool.
+        requests it could not journal.
         """
         if self._started:
             return
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.to_thread(self._journal.open)
+            await loop.run_in_executor(self._io, self._journal.open)
+            recovered = await loop.run_in_executor(self._io, self._wal.open)
+            if recovered.records:
+                await loop.run_in_executor(self._io, self._journal.append, recovered.records)
+            await loop.run_in_executor(self._io, self._wal.remove, recovered.paths)
         except OSError as exc:
             raise StoreError(f"cannot open the audit journal in {self._journal.directory}: {exc}") from exc
         self._started = True
+        self._recovered = len(recovered.records)
+        if recovered.paths:
+            log.warning("recovered the audit write-ahead log of a stopped process: %d finished records, "
+                        "%d requests in flight marked %s, %d torn lines skipped", recovered.finished,
+                        recovered.unknown, "unknown_outcome", recovered.corrupt_lines)
         if self._journal.spooled:
             log.info("replaying %d audit records from the journal", self._journal.spooled)
             await self.flush_once(force=True)
         if background:
+            self._wal_task = asyncio.create_task(self._run_wal(), name="inferlb-audit-wal")
             self._task = asyncio.create_task(self._run(), name="inferlb-audit-writer")
 
     async def flush_once(self, *, force: bool = False) -> int:
-        """Write what is spooled, then what is queued; return the number of records committed.
+        """Commit the write-ahead log, then write what is spooled and queued; the number committed.
 
         While backing off after a failure (and unless ``force``), the database is not tried:
-        queued records are only moved to the journal.
+        queued records are only moved to the spool.
         """
+        await self._commit_wal()
         async with self._lock:
             try:
                 return await self._flush_locked(force)
             finally:
-                if not self._pending and not self._journal.spooled:
-                    self._idle.set()
-                else:
-                    self._idle.clear()
+                self._set_idle()
 
     async def wait_caught_up(self, timeout_s: float) -> bool:
         """Wait until nothing is pending or spooled (the background task must run); False on timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._pending or self._journal.spooled:
+        while self._pending or self._wal_finished or self._journal.spooled:
             self._wake.set()
             try:
                 await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
@@ -317,8 +271,10 @@ class AuditWriter:
         """What is not yet in the database, and how the writer is doing (for /admin and metrics)."""
         now = self._clock.monotonic()
         backing_off = self._consecutive_failures > 0
+        refusal = self.refusal()
+        healthy = not backing_off and refusal is None
         return {
-            "pending": len(self._pending),
+            "pending": len(self._pending) + len(self._wal_finished),
             "spooled": self._journal.spooled,
             "spool_bytes": self._journal.size,
             "quarantined": self._journal.quarantined,
@@ -326,28 +282,37 @@ class AuditWriter:
             "consecutive_failures": self._consecutive_failures,
             "next_retry_in_s": max(0.0, self._retry_at - now) if backing_off else 0.0,
             "last_error": self._last_error,
-            "journal_error": self._journal_error,
+            "journal_error": self._wal_error or self._journal_error,
             "journal_corrupt_lines": self._journal.corrupt_lines,
             "records_written": self._written,
             "records_dropped": self._dropped,
-            "healthy": not backing_off and self._journal_error is None,
+            "records_unrecorded": self._unrecorded,
+            "records_recovered": self._recovered,
+            "healthy": healthy,
+            "accepting": self.accepting(),
+            # ok; degraded: serving, records wait in the journal; unavailable: requests refused.
+            "state": "ok" if healthy else ("degraded" if self.accepting() else "unavailable"),
+            "reason": refusal or (self._last_error if backing_off else None),
         }
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the task, flush within ``timeout_s`` (one forced try), spool the rest, release the journal."""
+        """Stop the tasks, flush within ``timeout_s`` (one forced try), spool the rest, release the
+        journal. Records neither written nor spooled stay in the write-ahead log for the next start."""
         if self._closed:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            done, _ = await asyncio.wait({self._task}, timeout=max(0.0, deadline - loop.time()))
-            if not done:
-                self._task.cancel()
-                await asyncio.wait({self._task})
-            self._task = None
-        if not self._started and self._pending:
+        self._wal_wake.set()
+        for task in (self._wal_task, self._task):
+            if task is not None:
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+                if not done:
+                    task.cancel()
+                    await asyncio.wait({task})
+        self._wal_task = self._task = None
+        if not self._started and (self._wal_finished or self._pending):
             with contextlib.suppress(StoreError):  # records queued before start(): still store them
                 await self.start(background=False)
         if self._started:
@@ -357,18 +322,114 @@ class AuditWriter:
                     await asyncio.wait_for(self.flush_once(force=True), remaining)
                 except TimeoutError:
                     log.warning("audit flush did not finish within %.1fs at close; spooling", timeout_s)
+            await self._commit_wal()
             async with self._lock:
                 await self._spool_pending()
-                await asyncio.to_thread(self._journal.close)
-        if self._pending:
-            # Neither the database nor the journal took them, and the process is going away.
-            self._dropped += len(self._pending)
-            log.error("%d audit records could not be stored or spooled at close", len(self._pending))
-            self._pending.clear()
+                await loop.run_in_executor(self._io, self._journal.close)
+                await loop.run_in_executor(self._io, self._wal.close)
+        lost = sum(1 for _, seq in self._pending if seq < 0) + len(self._wal_finished)
+        if lost:
+            # Neither the database nor a journal took them, and the process is going away.
+            self._dropped += lost
+            log.error("%d audit records could not be stored or journaled at close", lost)
+        elif self._pending:
+            log.warning("%d audit records stay in the write-ahead log for the next start", len(self._pending))
+        self._pending.clear()
+        self._wal_finished.clear()
         self._closed = True
         self._idle.set()
+        self._io.shutdown(wait=True)
+        self._batches.close()
+
+    # -- write-ahead log ------------------------------------------------------------------------------
+
+    async def _run_wal(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -math.inf
+        while not self._closing:
+            await self._wal_wake.wait()
+            # At most one commit per interval: an idle log commits at once (latency = one fsync),
+            # a busy one gathers a group for each fsync.
+            wait = last + self._wal_commit_interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._wal_wake.clear()
+            last = loop.time()
+            try:
+                await self._commit_wal()
+            except Exception:  # the task must outlive any bug in one commit
+                log.exception("audit journal commit failed unexpectedly")
+
+    async def _commit_wal(self) -> None:
+        """One group commit: what ``begin``/``submit`` queued goes to the log, then to the database queue."""
+        async with self._wal_lock:
+            starts, finished, waiters = self._wal_starts, self._wal_finished, self._wal_waiters
+            self._wal_starts, self._wal_finished, self._wal_waiters = [], [], []
+            seq, ok = -1, False
+            try:
+                if not starts and not finished:
+                    ok = True
+                elif self._started:
+                    seq = await asyncio.get_running_loop().run_in_executor(self._io, self._wal.write, starts,
+                                                                           finished)
+                    ok = True
+            except OSError as exc:
+                self._journal_failed("wal", exc, len(finished))
+            finally:
+                # Even when not journaled the records stay queued for the database (never lost silently).
+                self._pending.extend((r, seq) for r in finished)
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(ok)
+            if ok and (starts or finished):
+                self._journal_recovered("wal")
+            if len(self._pending) >= self._batch_size:
+                self._wake.set()
 
     # -- internals ----------------------------------------------------------------------------------
+
+    def _backlog_full(self) -> str | None:
+        records = len(self._pending) + len(self._wal_finished) + self._journal.spooled
+        if records >= self._max_records:
+            return f"audit backlog at {records} records (limit {self._max_records})"
+        if self._journal.size >= self._max_bytes:
+            return f"audit spool at {self._journal.size} bytes (limit {self._max_bytes})"
+        return None
+
+    def _set_idle(self) -> None:
+        if not self._pending and not self._wal_finished and not self._journal.spooled:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    def _journal_failed(self, which: str, exc: OSError, records: int) -> None:
+        err = f"{type(exc).__name__}: {exc}"
+        if which == "wal":
+            self._wal_error = err
+        else:
+            self._journal_error = err
+        if (n := self._journal_log.due()) is not None:
+            log.error("cannot write the audit %s (%d records kept in memory; %d similar errors not logged): %s",
+                      "write-ahead log" if which == "wal" else "spool", records, n, err)
+
+    def _journal_recovered(self, which: str) -> None:
+        if which == "wal" and self._wal_error is not None:
+            log.warning("the audit write-ahead log is writable again")
+            self._wal_error = None
+        elif which == "spool" and self._journal_error is not None:
+            log.warning("the audit spool is writable again")
+            self._journal_error = None
+        if self._wal_error is None and self._journal_error is None:
+            self._journal_log.reset()
+
+    async def _probe_wal(self) -> None:
+        """While the log cannot be written nothing new arrives (requests are refused): try it again."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._io, self._wal.probe)
+        except OSError as exc:
+            self._journal_failed("wal", exc, 0)
+        else:
+            self._journal_recovered("wal")
 
     async def _run(self) -> None:
         while not self._closing:
@@ -378,22 +439,31 @@ class AuditWriter:
             if self._closing:
                 break
             try:
+                if self._wal_error is not None:
+                    await self._probe_wal()
                 await self.flush_once()
             except Exception:  # the task must outlive any bug in one flush
                 log.exception("audit flush failed unexpectedly")
+
+    def _release(self, items: list[_Item]) -> None:
+        """Their records are in the database or the spool: the write-ahead log may let them go."""
+        for seq, group in itertools.groupby(seq for _, seq in items):
+            if seq >= 0:
+                self._wal.release(seq, sum(1 for _ in group))
 
     async def _flush_locked(self, force: bool) -> int:
         written = 0
         if self._consecutive_failures and not force and self._clock.monotonic() < self._retry_at:
             await self._spool_pending()
             return 0
+        loop = asyncio.get_running_loop()
         # The journal holds older records than the queue: replay it first so the last
         # submission of a request is also the last one written.
         while self._journal.spooled:
-            batch, end = await asyncio.to_thread(self._journal.read_batch, self._batch_size)
+            batch, end = await loop.run_in_executor(self._io, self._journal.read_batch, self._batch_size)
             if not batch:
                 break
-            outcome = await asyncio.to_thread(self._write_sync, batch)
+            outcome = await self._batches.write(batch)
             if outcome.error is not None:
                 self._on_failure(outcome.error)
                 await self._spool_pending()
@@ -402,64 +472,28 @@ class AuditWriter:
             written += outcome.written
             self._written += outcome.written
         if not self._journal.spooled and self._journal.size:
-            await asyncio.to_thread(self._journal.truncate_if_drained)
+            await loop.run_in_executor(self._io, self._journal.truncate_if_drained)
         # Only what was queued when this flush began: under steady load a flush still ends.
         todo = len(self._pending)
         while todo > 0:
-            batch = list(itertools.islice(self._pending, min(todo, self._batch_size)))
-            outcome = await asyncio.to_thread(self._write_sync, batch)
+            items = list(itertools.islice(self._pending, min(todo, self._batch_size)))
+            outcome = await self._batches.write([rec for rec, _ in items])
             if outcome.error is not None:
                 self._on_failure(outcome.error)
                 await self._spool_pending()
                 return written
-            for _ in batch:
+            for _ in items:
                 self._pending.popleft()
-            todo -= len(batch)
+            self._release(items)
+            todo -= len(items)
             written += outcome.written
             self._written += outcome.written
         if self._consecutive_failures:
             log.warning("audit database reachable again after %d failed flushes", self._consecutive_failures)
         self._consecutive_failures = 0
+        if self._journal_error is not None and not self._pending:
+            self._journal_recovered("spool")   # nothing needs the spool any more
         return written
-
-    def _write_sync(self, batch: list[RequestRecord]) -> _Outcome:
-        """Runs in a worker thread: the batch in one transaction, or isolate records it rejects."""
-        try:
-            with self._engine.begin() as conn:
-                upsert_records(conn, batch)
-        except Exception as exc:
-            if not _is_record_error(exc):
-                return self._fail(exc)
-            return self._isolate(batch)
-        return _Outcome(written=len(batch))
-
-    def _isolate(self, batch: list[RequestRecord]) -> _Outcome:
-        """One transaction per record: commit the good ones, quarantine those with bad data."""
-        out = _Outcome()
-        for rec in batch:
-            try:
-                with self._engine.begin() as conn:
-                    upsert_records(conn, [rec])
-            except Exception as exc:
-                if not _is_record_error(exc):
-                    return self._fail(exc)  # committed ones are rewritten later: the upsert absorbs it
-                out.quarantined.append((rec, describe_db_error(exc)))
-            else:
-                out.written += 1
-        if out.quarantined:
-            try:
-                self._journal.quarantine(out.quarantined)
-            except OSError as exc:
-                return self._fail(exc)
-        for rec, why in out.quarantined:
-            log.error("audit record %s rejected by the database, quarantined: %s", rec.request_id, why)
-        return out
-
-    @staticmethod
-    def _fail(exc: BaseException) -> _Outcome:
-        err = StoreError(describe_db_error(exc))
-        err.__cause__ = exc
-        return _Outcome(error=err)
 
     def _on_failure(self, err: StoreError) -> None:
         self._failed_flushes += 1
@@ -473,14 +507,14 @@ class AuditWriter:
     async def _spool_pending(self) -> None:
         if not self._pending:
             return
-        records = list(self._pending)
+        items = list(self._pending)
         try:
-            await asyncio.to_thread(self._journal.append, records)
+            await asyncio.get_running_loop().run_in_executor(self._io, self._journal.append,
+                                                             [rec for rec, _ in items])
         except OSError as exc:
-            self._journal_error = f"{type(exc).__name__}: {exc}"
-            log.error("cannot spool %d audit records to the journal (kept in memory): %s",
-                      len(records), self._journal_error)
+            self._journal_failed("spool", exc, len(items))
             return
-        self._journal_error = None
-        for _ in records:
+        self._journal_recovered("spool")
+        for _ in items:
             self._pending.popleft()
+        self._release(items)
