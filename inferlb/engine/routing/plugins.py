@@ -92,18 +92,19 @@ class HasCapacity:
         kept: list[NodeView] = []
         out: list[Elimination] = []
         room = self.p.token_headroom
-        fits_somewhere = any(req.tokens <= n.capacity_tokens * room for n in nodes)
+        tokens = req.tokens
+        fits_somewhere = any(tokens <= n.capacity_tokens * room for n in nodes)
         for n in nodes:
             if n.inflight_requests >= n.max_concurrency:
                 out.append(Elimination(n.name, self.type_name, f"{n.inflight_requests} requests in flight (max)"))
-            elif fits_somewhere and req.tokens > n.capacity_tokens * room:
+            elif fits_somewhere and tokens > n.capacity_tokens * room:
                 out.append(Elimination(n.name, self.type_name,
-                                       f"{req.tokens} tokens never fit capacity {n.capacity_tokens}"))
-            elif n.inflight_tokens > 0 and n.inflight_tokens + req.tokens > n.capacity_tokens * self.p.token_headroom:
+                                       f"{tokens} tokens never fit capacity {n.capacity_tokens}"))
+            elif n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room:
                 # An idle node always takes a request, even one larger than its budget.
                 out.append(Elimination(
                     n.name, self.type_name,
-                    f"{n.inflight_tokens}+{req.tokens} tokens over capacity {n.capacity_tokens}"))
+                    f"{n.inflight_tokens}+{tokens} tokens over capacity {n.capacity_tokens}"))
             else:
                 kept.append(n)
         return kept, out
@@ -125,6 +126,10 @@ class OutstandingTokens:
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return max(0.0, 1.0 - (node.inflight_tokens + req.tokens) / node.capacity_tokens)
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        t = req.tokens
+        return [max(0.0, 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) for n in nodes]
+
 
 class QueueDepth:
     """1 / (1 + waiting requests) from the node's metrics (in-flight requests when unknown)."""
@@ -139,6 +144,10 @@ class QueueDepth:
         waiting = node.waiting if node.waiting is not None else max(0, node.inflight_requests - 1)
         return 1.0 / (1.0 + waiting)
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [1.0 / (1.0 + (w if (w := n.waiting) is not None else max(0, n.inflight_requests - 1)))
+                for n in nodes]
+
 
 class KVCacheScorer:
     """1 − KV-cache use (0..1) from node metrics; 0.5 when unknown."""
@@ -152,6 +161,9 @@ class KVCacheScorer:
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return 0.5 if node.kv_usage is None else max(0.0, min(1.0, 1.0 - node.kv_usage))
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [0.5 if (kv := n.kv_usage) is None else max(0.0, min(1.0, 1.0 - kv)) for n in nodes]
+
 
 class DecodeSpeedParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -164,8 +176,14 @@ class DecodeSpeed:
     finish *this* request's decode at the speed it showed lately (``tokens_per_s``, the gateway's
     EWMA of per-request decode speed, which already reflects the node's batch load). Long requests
     are steered to fast nodes while short ones hardly care, so slow nodes take the short work.
-    Until a node's speed is learned it is assumed slow-ish (``unknown_tokens_per_s``), so a new
-    node learns on short requests instead of being handed a long one. Reads ``tokens_per_s``."""
+    Reads ``tokens_per_s``.
+
+    A node whose speed is not learned yet is scored as fast as the fastest candidate that has one
+    (``score_all``, what the router calls): optimism under uncertainty, so at low load it wins its
+    share of the ties and learns its speed from one answer. Assumed slow, it would lose every
+    request at low load to the first node that learned and never learn its own; assumed average
+    (the median), it would still lose every tie to the faster nodes. ``unknown_tokens_per_s``
+    applies when no candidate has a speed, or when one node is scored alone (``score``)."""
 
     type_name = "decode-speed"
     Params = DecodeSpeedParams
@@ -179,6 +197,12 @@ class DecodeSpeed:
             speed = self.p.unknown_tokens_per_s
         ref = self.p.reference_s
         return ref / (ref + req.output_tokens / speed)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        known = [s for n in nodes if (s := n.tokens_per_s) is not None and s > 0]
+        prior = max(known) if known else self.p.unknown_tokens_per_s
+        ref, out = self.p.reference_s, req.output_tokens
+        return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
 
 
 class StaticWeightParams(BaseModel):
@@ -210,6 +234,9 @@ class LeastRequests:
 
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return 1.0 / (1.0 + node.inflight_requests)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [1.0 / (1.0 + n.inflight_requests) for n in nodes]
 
 
 # ---------------------------------------------------------------- pickers
