@@ -49,6 +49,8 @@ class Healthy:
 
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
         kept = [n for n in nodes if n.healthy]
+        if len(kept) == len(nodes):
+            return kept, []
         out = [Elimination(n.name, self.type_name, n.unhealthy_reason or "unhealthy") for n in nodes if not n.healthy]
         return kept, out
 
@@ -63,9 +65,11 @@ class ServesModel:
         pass
 
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
-        kept = [n for n in nodes if req.model in n.models]
-        out = [Elimination(n.name, self.type_name, f"does not serve {req.model}")
-               for n in nodes if req.model not in n.models]
+        model = req.model
+        kept = [n for n in nodes if model in n.models]
+        if len(kept) == len(nodes):
+            return kept, []
+        out = [Elimination(n.name, self.type_name, f"does not serve {model}") for n in nodes if model not in n.models]
         return kept, out
 
 
