@@ -278,20 +278,24 @@ def test_a_non_streamed_answer_gives_a_sane_decode_speed() -> None:
 
 def test_at_low_load_every_node_gets_traffic_and_learns_its_speed() -> None:
     # Requests one at a time: a node whose speed is unknown must not lose every tie to the first
-    # node that learned one (it would never learn its own).
+    # node that learned one (it would never learn its own); it learns on short requests, and a
+    # long one never goes to a node whose speed is unknown while a known one can take it.
     from inferlb.engine.routing import RouteRequest, build_router
 
     f, _ = make(3)
     true_speed = {"n0": 30.0, "n1": 60.0, "n2": 90.0}
     router = build_router("token-aware", seed=3)
     served = dict.fromkeys(f.nodes, 0)
-    for _ in range(30):
-        pick = router.decide(RouteRequest("m", 100, 256), f.views()).pick
+    for i in range(40):
+        out = 900 if i % 4 == 3 else 128
+        pick = router.decide(RouteRequest("m", 100, out), f.views()).pick
         assert pick is not None
+        if out > 256 and any(st.tokens_per_s is not None for st in f.nodes.values()):
+            assert f.nodes[pick].tokens_per_s is not None, i
         served[pick] += 1
-        f.acquire(pick, 356)
-        f.report_success(pick, stream=True, completion_tokens=256, ttfb_s=0.1, e2e_s=0.1 + 255 / true_speed[pick])
-        f.release(pick, 356)
+        f.acquire(pick, 100 + out)
+        f.report_success(pick, stream=True, completion_tokens=out, ttfb_s=0.1, e2e_s=0.1 + (out - 1) / true_speed[pick])
+        f.release(pick, 100 + out)
     assert all(st.tokens_per_s is not None for st in f.nodes.values()), served
     assert {n: round(st.tokens_per_s or 0) for n, st in f.nodes.items()} == {"n0": 30, "n1": 60, "n2": 90}
     assert max(served, key=lambda n: served[n]) == "n2"          # and then the fastest takes the work

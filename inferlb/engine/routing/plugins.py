@@ -173,6 +173,7 @@ class DecodeSpeedParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reference_s: float = Field(10.0, gt=0)   # the predicted decode time that scores 0.5
     unknown_tokens_per_s: float = Field(20.0, gt=0)   # assumed until a node's speed is learned
+    optimistic_max_tokens: int = Field(256, ge=0)     # up to this output: unknown = fastest known
 
 
 class DecodeSpeed:
@@ -182,12 +183,15 @@ class DecodeSpeed:
     are steered to fast nodes while short ones hardly care, so slow nodes take the short work.
     Reads ``tokens_per_s``.
 
-    A node whose speed is not learned yet is scored as fast as the fastest candidate that has one
-    (``score_all``, what the router calls): optimism under uncertainty, so at low load it wins its
-    share of the ties and learns its speed from one answer. Assumed slow, it would lose every
-    request at low load to the first node that learned and never learn its own; assumed average
-    (the median), it would still lose every tie to the faster nodes. ``unknown_tokens_per_s``
-    applies when no candidate has a speed, or when one node is scored alone (``score``)."""
+    A node whose speed is not learned yet is, for a request of at most ``optimistic_max_tokens``
+    output tokens, scored as fast as the fastest candidate that has one (``score_all``, what the
+    router calls): optimism under uncertainty, so at low load it wins its share of the ties and
+    learns its speed from one short answer. Assumed slow, it would lose every request at low load
+    to the first node that learned and never learn its own; assumed average (the median), it
+    would still lose every tie to the faster nodes. A longer request assumes it slow-ish
+    (``unknown_tokens_per_s``): a cold slow GPU must not learn on a 1,024-token answer
+    (docs/benchmarks.md). ``unknown_tokens_per_s`` also applies when no candidate has a speed, or
+    when one node is scored alone (``score``)."""
 
     type_name = "decode-speed"
     Params = DecodeSpeedParams
@@ -203,8 +207,9 @@ class DecodeSpeed:
         return ref / (ref + req.output_tokens / speed)
 
     def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
-        known = [s for n in nodes if (s := n.tokens_per_s) is not None and s > 0]
-        prior = max(known) if known else self.p.unknown_tokens_per_s
+        prior = self.p.unknown_tokens_per_s
+        if req.output_tokens <= self.p.optimistic_max_tokens:
+            prior = max((s for n in nodes if (s := n.tokens_per_s) is not None and s > 0), default=prior)
         ref, out = self.p.reference_s, req.output_tokens
         return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
 
