@@ -93,12 +93,17 @@ class HasCapacity:
         self.p = params or HasCapacityParams()
 
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
-        kept: list[NodeView] = []
-        out: list[Elimination] = []
         room = self.p.token_headroom
         tokens = req.tokens
         fits_somewhere = any(tokens <= n.capacity_tokens * room for n in nodes)
-        for n in nodes:
+        kept: list[NodeView] = [n for n in nodes if n.inflight_requests < n.max_concurrency
+                and not (fits_somewhere and tokens > n.capacity_tokens * room)
+                and not (n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room)]
+        if len(kept) == len(nodes):
+            return kept, []
+        kept = []
+        out: list[Elimination] = []
+        for n in nodes:   # the same rules, in order, now naming why
             if n.inflight_requests >= n.max_concurrency:
                 out.append(Elimination(n.name, self.type_name, f"{n.inflight_requests} requests in flight (max)"))
             elif fits_somewhere and tokens > n.capacity_tokens * room:

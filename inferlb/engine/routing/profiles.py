@@ -129,12 +129,13 @@ class Router:
             total_w = self._total_w
             totals = [t / total_w for t in totals]
             keys.append("total")
-            d.scores = {n.name: dict(zip(keys, row, strict=True))
-                        for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
+            d.score_keys = tuple(keys)
+            d.score_rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
             scored = list(zip(live, totals, strict=True))
         else:
             scored = [(n, 0.0) for n in live]
-            d.scores = {n.name: {"total": 0.0} for n in live}
+            d.score_keys = ("total",)
+            d.score_rows = {n.name: (0.0,) for n in live}
         d.ranked = self.picker.rank(scored, self.rng)
         return d
 

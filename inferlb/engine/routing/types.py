@@ -88,12 +88,19 @@ class Decision:
     profile: str
     candidates: list[str]
     eliminated: list[Elimination] = field(default_factory=list)
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    score_keys: tuple[str, ...] = ()                                    # scorer type names, then "total"
+    score_rows: dict[str, tuple[float, ...]] = field(default_factory=dict)   # node → its scores, in that order
     ranked: list[str] = field(default_factory=list)
     picker: str = ""
     offered: int = 0
     sampled: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        """Per scored node: each scorer's score and the weighted ``total`` (built when read)."""
+        keys = self.score_keys
+        return {n: dict(zip(keys, row, strict=True)) for n, row in self.score_rows.items()}
 
     @property
     def pick(self) -> str | None:
@@ -110,6 +117,7 @@ class Decision:
             for e in self.eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
         top = self.ranked[:JSON_SCORED]
+        keys, rows = self.score_keys, self.score_rows
         return {
             "profile": self.profile,
             "offered": self.offered or len(self.candidates),
@@ -119,7 +127,7 @@ class Decision:
             "eliminated": [{"node": e.node, "by": e.by, "reason": e.reason}
                            for e in self.eliminated[:JSON_ELIMINATED]],
             "eliminated_counts": counts,
-            "scores": {n: {k: round(v, 4) for k, v in self.scores[n].items()} for n in top if n in self.scores},
+            "scores": {n: {k: round(v, 4) for k, v in zip(keys, rows[n], strict=True)} for n in top if n in rows},
             "ranked": self.ranked[:JSON_RANKED],
             "ranked_total": len(self.ranked),
             "picker": self.picker,
