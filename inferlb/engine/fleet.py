@@ -205,9 +205,7 @@ class Fleet:
             if dirty:
                 for name in list(dirty):
                     self._rebuild(name, now)
-                dirty.clear()
-                if self._rebuild_all:       # a rebuild ended a slow start, or a test set a state
-                    self._rebuild_everything(now)
+                dirty.clear()   # a rebuild may set a field (slow start over): that node is current
         return NodeList(self._views, {m: list(v) for m, v in self._by_model.items()})
 
     def _rebuild_everything(self, now: float) -> None:
