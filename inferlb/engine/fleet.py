@@ -1,8 +1,9 @@
 """Nodes and their live state as the gateway sees it.
 
 The gateway (one event loop) mutates :class:`NodeState` counters on dispatch start/end and on
-outcomes; routing reads immutable :class:`~inferlb.engine.routing.NodeView` snapshots built by
-:meth:`Fleet.views`; the node-health process (``processes/node_health.bpmn``, through
+outcomes; routing reads immutable :class:`~inferlb.engine.routing.NodeView` snapshots from
+:meth:`Fleet.views`, kept up to date incrementally (a node's view is rebuilt when its state
+changes, not per request); the node-health process (``processes/node_health.bpmn``, through
 :mod:`inferlb.engine.health.isolation`) moves nodes between states on its sweeps. Time comes from
 the injected clock.
 
@@ -36,15 +37,16 @@ What routing sees (:meth:`Fleet.views`):
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .health.config import HealthConfig
 from .health.rules import ejection_seconds, slow_start_factor
 from .health.types import NodeEvent, Sample
-from .routing.types import NodeView
+from .routing.types import NodeList, NodeView
 from .settings import FleetConfig, ModelConfig, NodeConfig
 from .types import Clock
 
@@ -86,23 +88,42 @@ class NodeState:
     hw_baseline: dict[str, Any] | None = None
     hw_findings: list[dict[str, Any]] = field(default_factory=list)
     hw_at: float | None = None            # when the last good GPU report was taken
-    # this outlier interval
+    # this outlier interval; two latency measures, never mixed (health/rules.py: latency_outliers)
     iv_requests: int = 0
     iv_successes: int = 0
-    iv_ttfb: list[float] = field(default_factory=list)
-    ttfb_baseline: float | None = None
-    baseline_intervals: int = 0
+    iv_ttft: list[float] = field(default_factory=list)   # streamed: time to first token (s)
+    iv_tpot: list[float] = field(default_factory=list)   # non-streamed: time per output token (s)
+    ttft_baseline: float | None = None
+    ttft_intervals: int = 0               # intervals that taught ttft_baseline
+    tpot_baseline: float | None = None
+    tpot_intervals: int = 0
+    ttft_ewma: float | None = None        # streamed TTFT, the prefill estimate for non-streamed answers
+
+    # The fleet that caches this node's routing view: told of every attribute set (see Fleet.views).
+    _owner: ClassVar[Fleet | None] = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        owner = self._owner
+        if owner is not None:
+            if name == "state":
+                owner._rebuild_all = True   # panic mode reads every node's state
+            else:
+                owner._dirty.add(self.cfg.name)
 
     def unhealthy_reason(self, now: float) -> str | None:
-        """Why routing skips this node now (None: it takes traffic)."""
+        """Why routing skips this node now (None: it takes traffic). The text does not change with
+        time alone, so a routing snapshot holds it until the node's state changes; the timers
+        themselves are in :meth:`Fleet.describe`."""
         if now < self.cooldown_until:
-            return f"cooling down for {self.cooldown_until - now:.1f}s more (429 Retry-After)"
+            return "cooling down after a 429 (Retry-After)"
         s = self.state
         if s in ("healthy", "half_open", "cooldown"):
             return None
         if s == "ejected":
-            return (f"ejected for {max(0.0, self.ejected_until - now):.1f}s more after {self.ejections} "
-                    f"ejection(s): {self.reason}")
+            length = self.evidence.get("ejection_s")
+            span = f"for {length:g}s " if isinstance(length, int | float) else ""
+            return f"ejected {span}after {self.ejections} ejection(s): {self.reason}"
         return f"{s}: {self.reason}"
 
 
@@ -124,6 +145,20 @@ class Fleet:
         self._events: collections.deque[NodeEvent] = collections.deque(maxlen=_MAX_EVENTS)
         self.events_dropped = 0
         self.last_outlier_sweep = now
+        # The routing snapshot, kept up to date incrementally (views()).
+        self._names = list(self.nodes)
+        self._pos = {name: i for i, name in enumerate(self._names)}
+        self._views: list[NodeView] = []
+        self._model_pos: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+        self._by_model: dict[str, list[NodeView]] = {}
+        self._dirty: set[str] = set()
+        self._rebuild_all = True
+        self._panic: set[str] = set()
+        self._expiry: list[tuple[float, str]] = []      # heap: when a view changes with time alone
+        self._expires: dict[str, float] = {}
+        self._ramping: set[str] = set()                 # in slow start: rebuilt on every views()
+        for st in self.nodes.values():
+            object.__setattr__(st, "_owner", self)
 
     # ------------------------------------------------------------------ routing snapshots
 
@@ -145,40 +180,111 @@ class Fleet:
                 out.add(model)
         return out
 
-    def views(self) -> list[NodeView]:
+    def views(self) -> NodeList:
+        """The routing snapshot: one :class:`NodeView` per node (configured order), and by model.
+
+        Kept incrementally: a node's view is rebuilt only when one of its fields was set (every
+        :class:`NodeState` attribute set marks it; :meth:`touch` for in-place changes), when a
+        timer of its own runs out (a 429 cooldown, its metrics going stale), or on every call
+        while it ramps up in slow start; a state change anywhere rebuilds all (panic mode reads
+        every node's state). The lists returned are the caller's own copies.
+        """
         now = self.clock.monotonic()
-        panic = self.panic_models(now) if self.health.outlier.panic_threshold_percent > 0 else set()
+        if self._rebuild_all:
+            self._rebuild_everything(now)
+        else:
+            dirty = self._dirty
+            heap = self._expiry
+            while heap and heap[0][0] <= now:
+                at, name = heapq.heappop(heap)
+                if self._expires.get(name) == at:
+                    del self._expires[name]
+                    dirty.add(name)
+            if self._ramping:
+                dirty.update(self._ramping)
+            if dirty:
+                for name in list(dirty):
+                    self._rebuild(name, now)
+                dirty.clear()   # a rebuild may set a field (slow start over): that node is current
+        return NodeList(self._views, {m: list(v) for m, v in self._by_model.items()})
+
+    def _rebuild_everything(self, now: float) -> None:
+        self._rebuild_all = False
+        self._expiry, self._expires = [], {}
+        self._panic = self.panic_models(now) if self.health.outlier.panic_threshold_percent > 0 else set()
+        self._views = [self._view(name, st, now) for name, st in self.nodes.items()]
+        self._by_model = {m: [] for m in self.serving}
+        self._model_pos = collections.defaultdict(list)
+        for i, name in enumerate(self._names):
+            for m in self._model_sets[name]:
+                lst = self._by_model.setdefault(m, [])
+                self._model_pos[name].append((m, len(lst)))
+                lst.append(self._views[i])
+        self._dirty.clear()
+
+    def _rebuild(self, name: str, now: float) -> None:
+        v = self._view(name, self.nodes[name], now)
+        self._views[self._pos[name]] = v
+        by_model = self._by_model
+        for m, i in self._model_pos[name]:
+            by_model[m][i] = v
+
+    def _view(self, name: str, st: NodeState, now: float) -> NodeView:
+        """Build ``name``'s view at ``now`` and note when time alone would change it."""
+        panic = self._panic
+        models = self._model_sets[name]
+        reason = st.unhealthy_reason(now)
+        healthy = reason is None
+        if not healthy and panic and st.state in _PANIC_ELIGIBLE and not st.hardware_fault \
+                and now >= st.cooldown_until and models & panic:
+            models, healthy, reason = models & panic, True, None
+        cap, conc, weight = st.cfg.capacity_tokens, st.cfg.max_concurrency, st.cfg.weight
+        ramping = False
+        if st.state == "half_open":
+            conc = max(1, self.health.circuit.half_open_requests)
+        elif st.slow_start_at is not None:
+            f = slow_start_factor(now - st.slow_start_at, self.health.slow_start)
+            if f >= 1.0:
+                st.slow_start_at = None
+            else:
+                ramping = True
+                cap, conc, weight = max(1, round(cap * f)), max(1, math.ceil(conc * f)), weight * f
+        if ramping:
+            self._ramping.add(name)
+        else:
+            self._ramping.discard(name)
         stale = self.health.stale_after_s
-        out = []
-        for name, st in self.nodes.items():
-            models = self._model_sets[name]
-            reason = st.unhealthy_reason(now)
-            healthy = reason is None
-            if not healthy and panic and st.state in _PANIC_ELIGIBLE and not st.hardware_fault \
-                    and now >= st.cooldown_until and models & panic:
-                models, healthy, reason = models & panic, True, None
-            cap, conc, weight = st.cfg.capacity_tokens, st.cfg.max_concurrency, st.cfg.weight
-            if st.state == "half_open":
-                conc = max(1, self.health.circuit.half_open_requests)
-            elif st.slow_start_at is not None:
-                f = slow_start_factor(now - st.slow_start_at, self.health.slow_start)
-                if f >= 1.0:
-                    st.slow_start_at = None
-                else:
-                    cap, conc, weight = max(1, round(cap * f)), max(1, math.ceil(conc * f)), weight * f
-            waiting: int | None = None
-            kv: float | None = None
-            if st.load is not None and st.load.age(now) <= stale:
-                waiting, kv = st.load.values.get("waiting"), st.load.values.get("kv_usage")
-            elif st.samples and all(s.age(now) > stale for s in st.samples.values()):
+        waiting: int | None = None
+        kv: float | None = None
+        until = math.inf
+        if now < st.cooldown_until:
+            until = st.cooldown_until
+        if st.load is not None and st.load.age(now) <= stale:
+            waiting, kv = st.load.values.get("waiting"), st.load.values.get("kv_usage")
+            until = min(until, math.nextafter(st.load.taken_at + stale, math.inf))
+        elif st.samples:
+            newest = max(s.taken_at for s in st.samples.values())
+            if now - newest > stale:
                 waiting, kv = conc, 1.0   # only stale data: assume the worst for routing
-            out.append(NodeView(
-                name=name, models=models, capacity_tokens=cap, max_concurrency=conc, weight=weight,
-                inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
-                waiting=waiting, kv_usage=kv, healthy=healthy, unhealthy_reason=reason,
-                tokens_per_s=st.tokens_per_s,
-            ))
-        return out
+            else:
+                until = min(until, math.nextafter(newest + stale, math.inf))
+        if until != math.inf:
+            if self._expires.get(name) != until:   # a busy node is rebuilt often, its timers rarely move
+                self._expires[name] = until
+                heapq.heappush(self._expiry, (until, name))
+        else:
+            self._expires.pop(name, None)
+        return NodeView(
+            name=name, models=models, capacity_tokens=cap, max_concurrency=conc, weight=weight,
+            inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
+            waiting=waiting, kv_usage=kv, healthy=healthy, unhealthy_reason=reason,
+            tokens_per_s=st.tokens_per_s,
+        )
+
+    def touch(self, node: str) -> None:
+        """``node``'s live state changed in a way attribute sets do not show (a dict updated in
+        place): rebuild its routing view on the next :meth:`views`."""
+        self._dirty.add(node)
 
     # ------------------------------------------------------------------ the request path
 
@@ -193,17 +299,41 @@ class Fleet:
         st.inflight_requests = max(0, st.inflight_requests - 1)
         st.inflight_tokens = max(0, st.inflight_tokens - tokens)
 
-    def report_success(self, node: str, *, completion_tokens: int = 0, decode_s: float = 0.0,
-                       ttfb_s: float | None = None) -> None:
-        """A request answered. ``ttfb_s`` (time to first byte) feeds the latency-outlier rule."""
+    def report_success(self, node: str, *, stream: bool = True, completion_tokens: int = 0,
+                       ttfb_s: float | None = None, e2e_s: float | None = None) -> None:
+        """A request answered by ``node``. Times are seconds from the attempt's start (taken after
+        admission and routing, when the request is handed to the node's connection, so the
+        gateway's own queue is not in them): ``ttfb_s`` to the first byte, ``e2e_s`` to the last.
+
+        * Streamed: ``ttfb_s`` is the time to first token: the latency rule's ``ttft`` measure;
+          decode speed = (``completion_tokens`` − 1) / (``e2e_s`` − ``ttfb_s``).
+        * Not streamed: the first byte comes with the whole answer, so ``ttfb_s`` says nothing
+          about prefill and is not used. ``e2e_s / completion_tokens`` is the ``tpot`` measure;
+          decode speed = ``completion_tokens`` / (``e2e_s`` − the node's streamed TTFT EWMA, the
+          prefill estimate). With no streamed sample yet the estimate is 0: the prefill counts as
+          decode, so the speed is under-estimated, never over-estimated.
+
+        The decode speed is an EWMA (0.8 old, 0.2 new) read by the ``decode-speed`` scorer.
+        """
         st = self.nodes[node]
         st.consecutive_failures = 0
         st.iv_requests += 1
         st.iv_successes += 1
-        if ttfb_s is not None and ttfb_s >= 0 and len(st.iv_ttfb) < _MAX_TTFB_SAMPLES:
-            st.iv_ttfb.append(ttfb_s)
-        if completion_tokens > 1 and decode_s > 0:
-            speed = completion_tokens / decode_s
+        speed: float | None = None
+        if stream:
+            if ttfb_s is not None and math.isfinite(ttfb_s) and ttfb_s >= 0:
+                if len(st.iv_ttft) < _MAX_TTFB_SAMPLES:
+                    st.iv_ttft.append(ttfb_s)
+                st.ttft_ewma = ttfb_s if st.ttft_ewma is None else 0.8 * st.ttft_ewma + 0.2 * ttfb_s
+                if e2e_s is not None and completion_tokens > 1 and e2e_s - ttfb_s > 0:
+                    speed = (completion_tokens - 1) / (e2e_s - ttfb_s)
+        elif e2e_s is not None and math.isfinite(e2e_s) and e2e_s > 0 and completion_tokens > 0:
+            if len(st.iv_tpot) < _MAX_TTFB_SAMPLES:
+                st.iv_tpot.append(e2e_s / completion_tokens)
+            decode_s = e2e_s - (st.ttft_ewma or 0.0)
+            if completion_tokens > 1 and decode_s > 0:
+                speed = completion_tokens / decode_s
+        if speed is not None:
             st.tokens_per_s = speed if st.tokens_per_s is None else 0.8 * st.tokens_per_s + 0.2 * speed
         if st.state == "half_open":
             st.half_open_successes += 1
@@ -337,7 +467,8 @@ class Fleet:
                 "capacity_tokens": st.cfg.capacity_tokens, "effective_capacity_tokens": v.capacity_tokens,
                 "waiting": v.waiting, "kv_usage": v.kv_usage, "requests_total": st.requests_total,
                 "failures_total": st.failures_total, "tokens_per_s": st.tokens_per_s,
-                "ttfb_baseline_s": st.ttfb_baseline, "hardware": st.hw_findings,
+                "ttft_baseline_s": st.ttft_baseline,
+                "tpot_baseline_s": st.tpot_baseline, "hardware": st.hw_findings,
                 "samples": {src: {**s.to_json(), "age_s": round(s.age(now), 3)} for src, s in st.samples.items()},
             })
         return out

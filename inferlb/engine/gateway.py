@@ -219,9 +219,10 @@ class Gateway:
         rt = self.rt
         if rec.prompt_tokens and req.prompt_bytes and req.prompt_text is None:
             rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens)
-        decode_s = (rec.last_byte_at or 0) - (attempt.first_byte_at or 0)
         ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
-        rt.fleet.report_success(node, completion_tokens=rec.completion_tokens or 0, decode_s=decode_s, ttfb_s=ttfb)
+        e2e = (rec.last_byte_at - attempt.started_at) if rec.last_byte_at is not None else None
+        rt.fleet.report_success(node, stream=req.stream, completion_tokens=rec.completion_tokens or 0,
+                                ttfb_s=ttfb, e2e_s=e2e)
         if ttfb is not None:
             self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0,
                                     prompt_tokens=int(rec.prompt_tokens or rec.prompt_tokens_est or 0))

@@ -247,3 +247,55 @@ def test_inflight_accounting() -> None:
     f.release("n0", 300)
     f.release("n0", 200)
     assert f.inflight_total() == 0
+
+
+# ---- learned decode speed (issue 13 item 11)
+
+
+def test_decode_speed_is_learned_from_streamed_timings() -> None:
+    f, _ = make()
+    assert f.nodes["n0"].tokens_per_s is None
+    # 101 tokens: the first at 0.2 s, the other 100 in the next 2 s.
+    f.report_success("n0", stream=True, completion_tokens=101, ttfb_s=0.2, e2e_s=2.2)
+    assert f.nodes["n0"].tokens_per_s == pytest.approx(50.0)
+    f.report_success("n0", stream=True, completion_tokens=101, ttfb_s=0.2, e2e_s=1.2)   # 100 tokens/s
+    assert f.nodes["n0"].tokens_per_s == pytest.approx(0.8 * 50 + 0.2 * 100)
+    assert view(f, "n0").tokens_per_s == pytest.approx(60.0)   # what routing reads
+
+
+def test_a_non_streamed_answer_gives_a_sane_decode_speed() -> None:
+    # The issue: first byte == last byte for a non-streamed answer, so "decode time" was ~0 and
+    # the learned speed 793,168 tokens/s. Now: e2e minus the prefill estimate (streamed TTFT).
+    f, _ = make()
+    f.report_success("n0", stream=False, completion_tokens=100, ttfb_s=2.2, e2e_s=2.2)
+    assert f.nodes["n0"].tokens_per_s == pytest.approx(100 / 2.2)     # no prefill estimate: under, not over
+    f.report_success("n1", stream=True, completion_tokens=101, ttfb_s=0.2, e2e_s=2.2)
+    f.report_success("n1", stream=False, completion_tokens=100, ttfb_s=2.2, e2e_s=2.2)
+    assert f.nodes["n1"].tokens_per_s == pytest.approx(50.0)
+    f.report_success("n2", stream=False, completion_tokens=1, ttfb_s=0.3, e2e_s=0.3)    # too short to say
+    assert f.nodes["n2"].tokens_per_s is None
+
+
+def test_at_low_load_every_node_gets_traffic_and_learns_its_speed() -> None:
+    # Requests one at a time: a node whose speed is unknown must not lose every tie to the first
+    # node that learned one (it would never learn its own); it learns on short requests, and a
+    # long one never goes to a node whose speed is unknown while a known one can take it.
+    from inferlb.engine.routing import RouteRequest, build_router
+
+    f, _ = make(3)
+    true_speed = {"n0": 30.0, "n1": 60.0, "n2": 90.0}
+    router = build_router("token-aware", seed=3)
+    served = dict.fromkeys(f.nodes, 0)
+    for i in range(40):
+        out = 900 if i % 4 == 3 else 128
+        pick = router.decide(RouteRequest("m", 100, out), f.views()).pick
+        assert pick is not None
+        if out > 256 and any(st.tokens_per_s is not None for st in f.nodes.values()):
+            assert f.nodes[pick].tokens_per_s is not None, i
+        served[pick] += 1
+        f.acquire(pick, 100 + out)
+        f.report_success(pick, stream=True, completion_tokens=out, ttfb_s=0.1, e2e_s=0.1 + (out - 1) / true_speed[pick])
+        f.release(pick, 100 + out)
+    assert all(st.tokens_per_s is not None for st in f.nodes.values()), served
+    assert {n: round(st.tokens_per_s or 0) for n, st in f.nodes.items()} == {"n0": 30, "n1": 60, "n2": 90}
+    assert max(served, key=lambda n: served[n]) == "n2"          # and then the fastest takes the work

@@ -1,5 +1,5 @@
 """The sweeps with an injected clock: probe thresholds, loading, hardware eject / drain, the outlier
-interval (success rate, latency vs own baseline), and every way back."""
+interval (success rate, latency vs own baseline and peers), and every way back."""
 
 from __future__ import annotations
 
@@ -194,13 +194,13 @@ def test_latency_outlier_against_its_own_baseline() -> None:
             _traffic(f, n, 20, 0, ttfb=0.05)
         clock.advance(10)
         assert outlier_sweep(f) == []
-    assert f.nodes["n0"].ttfb_baseline == pytest.approx(0.05)
+    assert f.nodes["n0"].ttft_baseline == pytest.approx(0.05)
     for n in f.nodes:
         _traffic(f, n, 20, 0, ttfb=0.05 if n != "n2" else 0.4)
     clock.advance(10)
     assert outlier_sweep(f) == ["n2"]
     assert f.take_events()[-1].evidence["rule"] == "latency"
-    assert f.nodes["n2"].ttfb_baseline == pytest.approx(0.05)   # an outlier interval does not teach
+    assert f.nodes["n2"].ttft_baseline == pytest.approx(0.05)   # an outlier interval does not teach
 
 
 def test_a_slow_fleet_is_judged_per_node_not_against_peers() -> None:
@@ -210,3 +210,65 @@ def test_a_slow_fleet_is_judged_per_node_not_against_peers() -> None:
             _traffic(f, n, 20, 0, ttfb=0.05 if n != "n1" else 0.6)   # n1 is simply a slower GPU
         clock.advance(10)
         assert outlier_sweep(f) == []
+
+
+# ---- the latency rule compares like with like, and a node with its peers (issue 13 item 10)
+
+
+def _streamed(f: Fleet, node: str, n: int, ttft: float, tokens: int = 64, tpot: float = 0.02) -> None:
+    for _ in range(n):
+        f.report_success(node, stream=True, completion_tokens=tokens, ttfb_s=ttft, e2e_s=ttft + tokens * tpot)
+
+
+def _unary(f: Fleet, node: str, n: int, ttft: float, tokens: int = 64, tpot: float = 0.02) -> None:
+    for _ in range(n):
+        e2e = ttft + tokens * tpot   # the first byte comes with the whole answer
+        f.report_success(node, stream=False, completion_tokens=tokens, ttfb_s=e2e, e2e_s=e2e)
+
+
+def _intervals(f: Fleet, clock: ManualClock, count: int, traffic: Any) -> list[str]:
+    ejected: list[str] = []
+    for _ in range(count):
+        for n in f.nodes:
+            traffic(n)
+        clock.advance(10)
+        ejected += outlier_sweep(f)
+    return ejected
+
+
+def test_clients_switching_to_stream_false_eject_nobody() -> None:
+    # The issue's demo: streamed chats for 45 s, then identical chats with stream: false for 90 s.
+    # A non-streamed answer's first byte comes after the whole generation (here 1.33 s, 27 × the
+    # streamed TTFT of 50 ms): it must not be judged against the streamed baseline.
+    f, clock = make(3)
+    speed = {"n0": 0.015, "n1": 0.02, "n2": 0.02}     # n0 is the fastest node
+    assert _intervals(f, clock, 5, lambda n: _streamed(f, n, 20, 0.05, tpot=speed[n])) == []
+    assert f.nodes["n0"].ttft_baseline == pytest.approx(0.05)
+    assert _intervals(f, clock, 9, lambda n: _unary(f, n, 20, 0.05, tpot=speed[n])) == []
+    assert all(st.state == "healthy" for st in f.nodes.values())
+    assert f.nodes["n0"].ttft_baseline == pytest.approx(0.05)     # streamed baseline untouched
+    assert f.nodes["n0"].tpot_baseline == pytest.approx((0.05 + 64 * 0.015) / 64)
+
+
+def test_a_saturated_gateway_slowing_every_node_alike_ejects_nobody() -> None:
+    # The issue: at c=64 every TTFT measured in the gateway grew from 0.047 s to 0.171 s, over
+    # 3 × each node's baseline; the peers were just as slow, so the node is not the outlier.
+    f, clock = make(3)
+    assert _intervals(f, clock, 3, lambda n: _streamed(f, n, 20, 0.047)) == []
+    assert _intervals(f, clock, 3, lambda n: _streamed(f, n, 20, 0.171)) == []
+    assert all(st.state == "healthy" for st in f.nodes.values())
+
+
+def test_one_node_slow_against_its_peers_is_ejected_streamed_or_not() -> None:
+    f, clock = make(3)
+    assert _intervals(f, clock, 3, lambda n: _streamed(f, n, 20, 0.05)) == []
+    assert _intervals(f, clock, 1, lambda n: _streamed(f, n, 20, 0.05 if n != "n1" else 0.4)) == ["n1"]
+    ev = [e for e in f.take_events() if e.to_state == "ejected"][-1]
+    assert ev.evidence["measure"] == "ttft" and ev.evidence["peer_median_s"] == pytest.approx(0.05)
+    assert "its peers' median 0.05s" in ev.reason
+
+    g, gclock = make(3)                             # not streamed: judged per output token
+    assert _intervals(g, gclock, 3, lambda n: _unary(g, n, 20, 0.05)) == []
+    assert _intervals(g, gclock, 1, lambda n: _unary(g, n, 20, 0.05, tpot=0.02 if n != "n2" else 0.1)) == ["n2"]
+    ev = [e for e in g.take_events() if e.to_state == "ejected"][-1]
+    assert ev.evidence["measure"] == "tpot" and ev.evidence["rule"] == "latency"

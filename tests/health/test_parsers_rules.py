@@ -10,10 +10,11 @@ from inferlb.engine.health.config import HardwareConfig, OutlierConfig, SlowStar
 from inferlb.engine.health.gpu import throttle_names
 from inferlb.engine.health.prometheus import parse_dcgm, parse_sglang, parse_tgi, parse_vllm
 from inferlb.engine.health.rules import (
+    LatencyStats,
     ejection_seconds,
     failure_percentage_outliers,
     hardware_findings,
-    latency_outlier,
+    latency_outliers,
     slow_start_factor,
     success_rate_outliers,
 )
@@ -99,12 +100,25 @@ def test_failure_percentage_when_enforced() -> None:
     assert list(failure_percentage_outliers(stats, cfg)) == ["e"]
 
 
-def test_latency_against_own_baseline() -> None:
-    cfg = OutlierConfig()
-    assert latency_outlier(0.31, 0.1, 20, 3, cfg) is not None
-    assert latency_outlier(0.29, 0.1, 20, 3, cfg) is None
-    assert latency_outlier(0.9, 0.1, 19, 3, cfg) is None      # too few requests
-    assert latency_outlier(0.9, 0.1, 20, 2, cfg) is None      # baseline not learned yet
+def test_latency_against_own_baseline_and_peers() -> None:
+    cfg = OutlierConfig()                    # factor 3 × own baseline, 2 × the peers' median
+    peer = LatencyStats(0.1, 20, 0.1, 3)
+
+    def judged(me: LatencyStats, *peers: LatencyStats) -> bool:
+        stats = {"me": me} | {f"p{i}": p for i, p in enumerate(peers)}
+        return "me" in latency_outliers("ttft", stats, cfg)
+
+    assert judged(LatencyStats(0.31, 20, 0.1, 3), peer, peer)
+    assert not judged(LatencyStats(0.29, 20, 0.1, 3), peer, peer)         # within 3 × its baseline
+    assert not judged(LatencyStats(0.9, 19, 0.1, 3), peer, peer)          # too few requests
+    assert not judged(LatencyStats(0.9, 20, 0.1, 2), peer, peer)          # baseline not learned yet
+    slow_peer = LatencyStats(0.5, 20, 0.1, 3)
+    assert not judged(LatencyStats(0.9, 20, 0.1, 3), slow_peer, slow_peer)   # all slow: within 2 × peers
+    assert not judged(LatencyStats(0.9, 20, 0.1, 3))                     # no peer to compare with
+    assert not judged(LatencyStats(0.9, 20, 0.1, 3), LatencyStats(0.1, 19, 0.1, 3))   # peer too few requests
+    ev = latency_outliers("tpot", {"me": LatencyStats(0.9, 20, 0.1, 3), "p": peer}, cfg)["me"]
+    assert ev == {"rule": "latency", "measure": "tpot", "median_s": 0.9, "baseline_s": 0.1, "factor": 3.0,
+                  "peer_median_s": 0.1, "peer_factor": 2.0, "peers": 1, "requests": 20}
 
 
 def _agent(count: int = 0, last: int | None = None, unc: int = 0, throttle: list[str] | None = None,

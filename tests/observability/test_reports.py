@@ -107,3 +107,33 @@ def test_cli_report_cost_and_sla(seeded: Engine, db_url: str, tmp_path: Path, ca
     assert len(data) == 4 and {d["model"] for d in data} == {"llama-3-8b", "qwen-14b"}
     assert main(["report", "sla", *common, "--group-by", "region"]) == 2
     assert "group_by" in capsys.readouterr().err
+
+
+def test_ttft_percentiles_count_streamed_requests_only_and_group_by_stream(engine: Engine) -> None:
+    # A non-streamed answer's first byte comes with its last: its "TTFT" is the whole generation
+    # (3 s here) and must not enter the TTFT percentiles (issue 13 item 12), nor fail a TTFT SLO.
+    from inferlb.engine.settings import SLOConfig
+    from inferlb.engine.store.ledger import cost_report
+    from inferlb.engine.store.writer import upsert_records
+    from tests.store.conftest import T0, _record
+
+    recs = []
+    for i in range(20):
+        t = T0 + i + 0.123457
+        streamed = i % 2 == 0
+        first = t + (0.1 if streamed else 3.0)
+        recs.append(_record(i, stream=streamed, first_byte_at=round(first, 6), last_byte_at=round(t + 3.0, 6),
+                            attempts=[]))
+    with engine.begin() as conn:
+        upsert_records(conn, recs)
+    slos = [SLOConfig(model="*", ttft_max_s=0.5, e2e_max_s=5.0)]
+    (row,) = sla_report(engine, group_by="model", slos=slos)
+    assert row["count"] == 20 and row["ttft_count"] == 10
+    assert row["ttft_p99_ms"] == pytest.approx(100.0, abs=1.0)       # streamed only: 100 ms, not 3 s
+    assert row["e2e_p50_ms"] == pytest.approx(3000.0, abs=1.0)
+    assert row["slo_attainment"] == 1.0                              # the TTFT target is for streams
+    by_stream = sla_report(engine, group_by="stream", slos=slos)
+    assert [(r["stream"], r["count"], r["ttft_count"]) for r in by_stream] == [(False, 10, 0), (True, 10, 10)]
+    assert by_stream[0]["ttft_p50_ms"] is None and by_stream[1]["ttft_p50_ms"] == pytest.approx(100.0, abs=1.0)
+    cost = cost_report(engine, prices={"gpu-a": 3.6}, group_by="stream", until=T0 + 30)   # same keys for cost
+    assert [(r["stream"], r["requests"]) for r in cost["data"] if r["kind"] == "usage"] == [(False, 10), (True, 10)]

@@ -159,7 +159,7 @@ def test_sla_report_by_model(engine: Engine, make_record: MakeRecord) -> None:
         "model": "m1", "count": 13, "ok": 10, "errors": 2, "client_errors": 1,
         "error_rate": round(2 / 12, 6),
         "e2e_p50_ms": 550.0, "e2e_p95_ms": 955.0, "e2e_p99_ms": 991.0,
-        "ttft_p50_ms": 55.0, "ttft_p95_ms": 95.5, "ttft_p99_ms": 99.1,
+        "ttft_p50_ms": 55.0, "ttft_p95_ms": 95.5, "ttft_p99_ms": 99.1, "ttft_count": 10,
         "slo_attainment": 0.5,  # 6 of the 12 eligible requests finished within 600 ms
         "slo_p95_met": True,
     }

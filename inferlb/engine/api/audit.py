@@ -10,7 +10,7 @@ here or in the queries, so bad input raises a :class:`~inferlb.engine.errors.Cli
 database calls never block the event loop.
 
 Reports take ``since``/``until`` (epoch seconds, ISO-8601 or a look-back like ``24h``), ``group_by``
-(``model``, ``version``, ``node``, ``tenant``, ``priority``, comma-separated, or ``none``),
+(``model``, ``version``, ``node``, ``tenant``, ``priority``, ``stream``, comma-separated, or ``none``),
 ``bucket`` (``5m``, ``1h``, …) and ``format`` (``json``, the default, or ``csv``, served as
 ``text/csv`` with a header line). Node prices for ``/reports/cost`` come from the app's
 observability hub (``app.state.observability.prices``); without one every node costs 0.

@@ -82,9 +82,14 @@ class OutlierConfig(_Strict):
     failure_percentage_minimum_hosts: int = Field(5, ge=1)
     failure_percentage_request_volume: int = Field(50, ge=1)
     enforcing_failure_percentage: int = Field(0, ge=0, le=100)
-    # [P] Latency against the node's OWN learned baseline (time to first byte, RELIABILITY §1.7):
-    # eject when an interval's median is over factor × baseline with enough requests.
+    # [P] Latency, like with like: streamed time to first token and non-streamed time per output
+    # token are two measures, never mixed. A node is ejected when an interval's median is over
+    # latency_factor × its OWN learned baseline AND over latency_peer_factor × the median of its
+    # peers (the other nodes of a model, same measure, same interval), with enough requests
+    # (health/rules.py: latency_outliers).
     latency_factor: float = Field(3.0, gt=1)
+    latency_peer_factor: float = Field(2.0, gt=1)
+    latency_minimum_peers: int = Field(1, ge=1)        # peers with enough requests before judging
     latency_request_volume: int = Field(20, ge=1)
     latency_baseline_intervals: int = Field(3, ge=1)   # intervals learned before judging
     enforcing_latency: int = Field(100, ge=0, le=100)

@@ -11,8 +11,9 @@ transition methods (so every change is an audit event) and return the events the
   ``hardware.ejection_s`` (not limited by the ejection share, never offered in panic mode);
   throttling from ``hardware.drain_on`` → ``draining``;
 * every ``outlier.interval_s``: Envoy's success-rate and failure-percentage rules per model, and
-  the latency rule against each node's own baseline; then the interval counters reset and every
-  node that stayed healthy has its ejection multiplier decremented (Envoy).
+  the latency rule (like with like, against the node's own baseline and its peers); then the
+  interval counters reset and every node that stayed healthy has its ejection multiplier
+  decremented (Envoy).
 
 :func:`restore`: a cooldown that ran out → ``healthy`` (no slow start); an ejection that ran out
 → ``half_open`` (or ``down`` / ``loading`` when the probes say so); ``down`` / ``loading`` with
@@ -27,7 +28,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..fleet import Fleet, NodeState
-from .rules import failure_percentage_outliers, hardware_findings, latency_outlier, success_rate_outliers
+from .rules import (
+    LatencyStats,
+    failure_percentage_outliers,
+    hardware_findings,
+    latency_outliers,
+    success_rate_outliers,
+)
 from .types import NodeEvent, Sample
 
 __all__ = ["isolate", "observe", "outlier_sweep", "restore"]
@@ -46,6 +53,7 @@ def observe(fleet: Fleet, samples: Iterable[dict[str, Any]]) -> int:
         old = st.samples.get(s.source)
         if old is None or s.taken_at >= old.taken_at:
             st.samples[s.source] = s
+            fleet.touch(s.node)
         if s.source == "metrics" and s.ok:
             st.load = s
         n += 1
@@ -138,29 +146,64 @@ def outlier_sweep(fleet: Fleet, *, force: bool = False) -> list[str]:
         if _enforced(fleet, cfg.enforcing_failure_percentage):
             for n, ev in failure_percentage_outliers(group, cfg).items():
                 found.setdefault(n, ev)
-    for n, st in live.items():
-        median = statistics.median(st.iv_ttfb) if st.iv_ttfb else None
-        lat = latency_outlier(median, st.ttfb_baseline, len(st.iv_ttfb), st.baseline_intervals, cfg)
-        if lat is not None and _enforced(fleet, cfg.enforcing_latency):
-            found.setdefault(n, lat)
-        elif median is not None and len(st.iv_ttfb) >= cfg.latency_request_volume:
-            st.ttfb_baseline = median if st.ttfb_baseline is None else 0.7 * st.ttfb_baseline + 0.3 * median
-            st.baseline_intervals += 1
+    _latency(fleet, live, found)
     ejected = []
     # Worst first, so the ejection share cap keeps the healthiest nodes in.
     for n, ev in sorted(found.items(), key=lambda kv: kv[1].get("success_rate", 100.0)):
         what = {"success_rate": f"success rate {ev.get('success_rate')}% under {ev.get('threshold')}%",
                 "failure_percentage": f"{ev.get('failure_percent')}% of requests failed",
-                "latency": f"time to first byte {ev.get('median_ttfb_s')}s over {cfg.latency_factor}× "
-                           f"its baseline {ev.get('baseline_ttfb_s')}s"}[ev["rule"]]
+                "latency": f"{_MEASURES.get(ev.get('measure', ''), 'latency')} {ev.get('median_s')}s over "
+                           f"{ev.get('factor')}× its baseline {ev.get('baseline_s')}s and "
+                           f"{ev.get('peer_factor')}× its peers' median {ev.get('peer_median_s')}s"}[ev["rule"]]
         if fleet.eject(n, f"outlier: {what}", ev):
             ejected.append(n)
     for n, st in fleet.nodes.items():
         if n not in ejected and st.state in ("healthy", "cooldown") and st.backoff > 0:
             st.backoff -= 1   # Envoy: a host healthy for an interval sheds one step of its multiplier
         st.iv_requests = st.iv_successes = 0
-        st.iv_ttfb = []
+        st.iv_ttft = []
+        st.iv_tpot = []
     return ejected
+
+
+_MEASURES = {"ttft": "time to first token (streamed)", "tpot": "time per output token (not streamed)"}
+
+
+def _latency_stats(st: NodeState, measure: str) -> LatencyStats:
+    samples = st.iv_ttft if measure == "ttft" else st.iv_tpot
+    median = statistics.median(samples) if samples else None
+    if measure == "ttft":
+        return LatencyStats(median, len(samples), st.ttft_baseline, st.ttft_intervals)
+    return LatencyStats(median, len(samples), st.tpot_baseline, st.tpot_intervals)
+
+
+def _latency(fleet: Fleet, live: dict[str, NodeState], found: dict[str, dict[str, Any]]) -> None:
+    """The latency rule per model (peers) and measure; then each node not found slow teaches its
+    baselines with this interval's medians (an outlier interval teaches nothing)."""
+    cfg = fleet.health.outlier
+    slow: dict[str, dict[str, Any]] = {}
+    for measure in ("ttft", "tpot"):
+        stats = {n: _latency_stats(st, measure) for n, st in live.items()}
+        for names in fleet.serving.values():
+            group = {n: stats[n] for n in names if n in stats}
+            for n, ev in latency_outliers(measure, group, cfg).items():
+                slow.setdefault(n, ev)
+    for n, ev in slow.items():
+        if _enforced(fleet, cfg.enforcing_latency):
+            found.setdefault(n, ev)
+    for n, st in live.items():
+        if n in slow:
+            continue
+        for measure in ("ttft", "tpot"):
+            s = _latency_stats(st, measure)
+            if s.median_s is None or s.requests < cfg.latency_request_volume:
+                continue
+            if measure == "ttft":
+                st.ttft_baseline = s.median_s if st.ttft_baseline is None else 0.7 * st.ttft_baseline + 0.3 * s.median_s
+                st.ttft_intervals += 1
+            else:
+                st.tpot_baseline = s.median_s if st.tpot_baseline is None else 0.7 * st.tpot_baseline + 0.3 * s.median_s
+                st.tpot_intervals += 1
 
 
 def _enforced(fleet: Fleet, percent: int) -> bool:

@@ -7,8 +7,13 @@
   requests in the interval, only when at least ``minimum_hosts`` qualify; eject those whose success
   rate is below ``mean − stdev_factor × stdev``.
 * :func:`failure_percentage_outliers`: hosts at or above a fixed failure percentage.
-* :func:`latency_outlier`: an interval median time-to-first-byte over ``factor ×`` the node's own
-  baseline, with enough requests.
+* :func:`latency_outliers`: one latency measure (streamed time to first token, or the time per
+  output token of non-streamed answers: never mixed) judged in one interval, like with like. A node
+  is an outlier only when its interval median is over ``latency_factor ×`` its own learned
+  baseline AND over ``latency_peer_factor ×`` the median of its peers' medians in the same
+  interval. The first condition spares a node that is simply a slower GPU; the second spares every
+  node when the whole fleet is slow at once (the gateway itself saturated, or a traffic change),
+  since nothing is gained by ejecting one of several equally slow nodes.
 * :func:`hardware_findings`: what a GPU report says compared with the previous one (new Xid, new
   uncorrected ECC errors, a lost GPU, failed row remapping → eject; throttling or temperature →
   drain) and the baseline to keep for the next comparison.
@@ -18,16 +23,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import HardwareConfig, OutlierConfig, SlowStartConfig
 from .gpu import xid_name
 
 __all__ = [
+    "LatencyStats",
     "ejection_seconds",
     "failure_percentage_outliers",
     "hardware_findings",
-    "latency_outlier",
+    "latency_outliers",
     "slow_start_factor",
     "success_rate_outliers",
 ]
@@ -73,16 +79,40 @@ def failure_percentage_outliers(stats: dict[str, tuple[int, int]], cfg: OutlierC
     return out
 
 
-def latency_outlier(median_s: float | None, baseline_s: float | None, requests: int, intervals_learned: int,
-                    cfg: OutlierConfig) -> dict[str, Any] | None:
-    if median_s is None or baseline_s is None or not math.isfinite(median_s) or baseline_s <= 0:
-        return None
-    if requests < cfg.latency_request_volume or intervals_learned < cfg.latency_baseline_intervals:
-        return None
-    if median_s <= cfg.latency_factor * baseline_s:
-        return None
-    return {"rule": "latency", "median_ttfb_s": round(median_s, 6), "baseline_ttfb_s": round(baseline_s, 6),
-            "factor": cfg.latency_factor, "requests": requests}
+class LatencyStats(NamedTuple):
+    """One node's figures for one latency measure: this interval's median and sample count, and
+    the baseline learned from earlier intervals (with how many intervals taught it)."""
+
+    median_s: float | None
+    requests: int
+    baseline_s: float | None
+    intervals_learned: int
+
+
+def latency_outliers(measure: str, stats: dict[str, LatencyStats], cfg: OutlierConfig
+                     ) -> dict[str, dict[str, Any]]:
+    """``stats``: node → its :class:`LatencyStats` for ``measure`` (``"ttft"`` or ``"tpot"``), the
+    nodes being peers (they serve one model). Returns node → evidence for the outliers."""
+    qualified = {n: s for n, s in stats.items()
+                 if s.median_s is not None and math.isfinite(s.median_s) and s.requests >= cfg.latency_request_volume}
+    out: dict[str, dict[str, Any]] = {}
+    for n, s in qualified.items():
+        assert s.median_s is not None
+        if s.baseline_s is None or s.baseline_s <= 0 or s.intervals_learned < cfg.latency_baseline_intervals:
+            continue
+        if s.median_s <= cfg.latency_factor * s.baseline_s:
+            continue
+        peers = [p.median_s for m, p in qualified.items() if m != n and p.median_s is not None]
+        if len(peers) < cfg.latency_minimum_peers:
+            continue   # no peers to compare with: a slow node and a slow gateway look the same
+        peer_median = statistics.median(peers)
+        if s.median_s <= cfg.latency_peer_factor * peer_median:
+            continue
+        out[n] = {"rule": "latency", "measure": measure, "median_s": round(s.median_s, 6),
+                  "baseline_s": round(s.baseline_s, 6), "factor": cfg.latency_factor,
+                  "peer_median_s": round(peer_median, 6), "peer_factor": cfg.latency_peer_factor,
+                  "peers": len(peers), "requests": s.requests}
+    return out
 
 
 def _gpu_key(g: dict[str, Any], i: int) -> str:

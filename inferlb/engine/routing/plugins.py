@@ -49,6 +49,8 @@ class Healthy:
 
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
         kept = [n for n in nodes if n.healthy]
+        if len(kept) == len(nodes):
+            return kept, []
         out = [Elimination(n.name, self.type_name, n.unhealthy_reason or "unhealthy") for n in nodes if not n.healthy]
         return kept, out
 
@@ -63,9 +65,11 @@ class ServesModel:
         pass
 
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
-        kept = [n for n in nodes if req.model in n.models]
-        out = [Elimination(n.name, self.type_name, f"does not serve {req.model}")
-               for n in nodes if req.model not in n.models]
+        model = req.model
+        kept = [n for n in nodes if model in n.models]
+        if len(kept) == len(nodes):
+            return kept, []
+        out = [Elimination(n.name, self.type_name, f"does not serve {model}") for n in nodes if model not in n.models]
         return kept, out
 
 
@@ -89,21 +93,27 @@ class HasCapacity:
         self.p = params or HasCapacityParams()
 
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
-        kept: list[NodeView] = []
-        out: list[Elimination] = []
         room = self.p.token_headroom
-        fits_somewhere = any(req.tokens <= n.capacity_tokens * room for n in nodes)
-        for n in nodes:
+        tokens = req.tokens
+        fits_somewhere = any(tokens <= n.capacity_tokens * room for n in nodes)
+        kept: list[NodeView] = [n for n in nodes if n.inflight_requests < n.max_concurrency
+                and not (fits_somewhere and tokens > n.capacity_tokens * room)
+                and not (n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room)]
+        if len(kept) == len(nodes):
+            return kept, []
+        kept = []
+        out: list[Elimination] = []
+        for n in nodes:   # the same rules, in order, now naming why
             if n.inflight_requests >= n.max_concurrency:
                 out.append(Elimination(n.name, self.type_name, f"{n.inflight_requests} requests in flight (max)"))
-            elif fits_somewhere and req.tokens > n.capacity_tokens * room:
+            elif fits_somewhere and tokens > n.capacity_tokens * room:
                 out.append(Elimination(n.name, self.type_name,
-                                       f"{req.tokens} tokens never fit capacity {n.capacity_tokens}"))
-            elif n.inflight_tokens > 0 and n.inflight_tokens + req.tokens > n.capacity_tokens * self.p.token_headroom:
+                                       f"{tokens} tokens never fit capacity {n.capacity_tokens}"))
+            elif n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room:
                 # An idle node always takes a request, even one larger than its budget.
                 out.append(Elimination(
                     n.name, self.type_name,
-                    f"{n.inflight_tokens}+{req.tokens} tokens over capacity {n.capacity_tokens}"))
+                    f"{n.inflight_tokens}+{tokens} tokens over capacity {n.capacity_tokens}"))
             else:
                 kept.append(n)
         return kept, out
@@ -125,6 +135,10 @@ class OutstandingTokens:
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return max(0.0, 1.0 - (node.inflight_tokens + req.tokens) / node.capacity_tokens)
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        t = req.tokens
+        return [max(0.0, 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) for n in nodes]
+
 
 class QueueDepth:
     """1 / (1 + waiting requests) from the node's metrics (in-flight requests when unknown)."""
@@ -139,6 +153,10 @@ class QueueDepth:
         waiting = node.waiting if node.waiting is not None else max(0, node.inflight_requests - 1)
         return 1.0 / (1.0 + waiting)
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [1.0 / (1.0 + (w if (w := n.waiting) is not None else max(0, n.inflight_requests - 1)))
+                for n in nodes]
+
 
 class KVCacheScorer:
     """1 − KV-cache use (0..1) from node metrics; 0.5 when unknown."""
@@ -152,11 +170,15 @@ class KVCacheScorer:
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return 0.5 if node.kv_usage is None else max(0.0, min(1.0, 1.0 - node.kv_usage))
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [0.5 if (kv := n.kv_usage) is None else max(0.0, min(1.0, 1.0 - kv)) for n in nodes]
+
 
 class DecodeSpeedParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reference_s: float = Field(10.0, gt=0)   # the predicted decode time that scores 0.5
     unknown_tokens_per_s: float = Field(20.0, gt=0)   # assumed until a node's speed is learned
+    optimistic_max_tokens: int = Field(256, ge=0)     # up to this output: unknown = fastest known
 
 
 class DecodeSpeed:
@@ -164,8 +186,17 @@ class DecodeSpeed:
     finish *this* request's decode at the speed it showed lately (``tokens_per_s``, the gateway's
     EWMA of per-request decode speed, which already reflects the node's batch load). Long requests
     are steered to fast nodes while short ones hardly care, so slow nodes take the short work.
-    Until a node's speed is learned it is assumed slow-ish (``unknown_tokens_per_s``), so a new
-    node learns on short requests instead of being handed a long one. Reads ``tokens_per_s``."""
+    Reads ``tokens_per_s``.
+
+    A node whose speed is not learned yet is, for a request of at most ``optimistic_max_tokens``
+    output tokens, scored as fast as the fastest candidate that has one (``score_all``, what the
+    router calls): optimism under uncertainty, so at low load it wins its share of the ties and
+    learns its speed from one short answer. Assumed slow, it would lose every request at low load
+    to the first node that learned and never learn its own; assumed average (the median), it
+    would still lose every tie to the faster nodes. A longer request assumes it slow-ish
+    (``unknown_tokens_per_s``): a cold slow GPU must not learn on a 1,024-token answer
+    (docs/benchmarks.md). ``unknown_tokens_per_s`` also applies when no candidate has a speed, or
+    when one node is scored alone (``score``)."""
 
     type_name = "decode-speed"
     Params = DecodeSpeedParams
@@ -179,6 +210,13 @@ class DecodeSpeed:
             speed = self.p.unknown_tokens_per_s
         ref = self.p.reference_s
         return ref / (ref + req.output_tokens / speed)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        prior = self.p.unknown_tokens_per_s
+        if req.output_tokens <= self.p.optimistic_max_tokens:
+            prior = max((s for n in nodes if (s := n.tokens_per_s) is not None and s > 0), default=prior)
+        ref, out = self.p.reference_s, req.output_tokens
+        return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
 
 
 class StaticWeightParams(BaseModel):
@@ -210,6 +248,9 @@ class LeastRequests:
 
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return 1.0 / (1.0 + node.inflight_requests)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [1.0 / (1.0 + n.inflight_requests) for n in nodes]
 
 
 # ---------------------------------------------------------------- pickers

@@ -2,6 +2,8 @@
 
 Built-in profiles:
 
+Every profile but ``round-robin`` samples 16 candidates on larger fleets (see :class:`Router`).
+
 - ``token-aware`` (default): healthy, serves-model, has-capacity; outstanding-tokens ×1.0,
   queue-depth ×0.5, kv-cache ×0.5, decode-speed ×1.0 (long requests to nodes that decode fast
   under their current load; see docs/benchmarks.md for what it changed); max-score.
@@ -31,63 +33,118 @@ class ProfileSpec:
     filters: tuple[str, ...]
     scorers: dict[str, float] = field(default_factory=dict)
     picker: str = "max-score"
+    sample: int = 0     # power-of-k: consider k random nodes of the model's pool (0: all)
 
+
+# k = 16 for the score-based profiles: figures and the cost in routing quality in
+# docs/benchmarks.md ("Routing decision cost"). A fleet of at most k nodes is never sampled.
+SAMPLE = 16
 
 PROFILES: dict[str, ProfileSpec] = {
     "token-aware": ProfileSpec(("healthy", "serves-model", "has-capacity"),
                                {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5,
-                                "decode-speed": 1.0}),
-    "least-connections": ProfileSpec(("healthy", "serves-model"), {"least-requests": 1.0}),
+                                "decode-speed": 1.0}, sample=SAMPLE),
+    "least-connections": ProfileSpec(("healthy", "serves-model"), {"least-requests": 1.0}, sample=SAMPLE),
     "round-robin": ProfileSpec(("healthy", "serves-model"), {}, "round-robin"),
     "power-of-two": ProfileSpec(("healthy", "serves-model", "has-capacity"),
-                                {"outstanding-tokens": 1.0}, "power-of-two"),
-    "weighted": ProfileSpec(("healthy", "serves-model"), {"static-weight": 1.0}, "weighted-random"),
+                                {"outstanding-tokens": 1.0}, "power-of-two", sample=SAMPLE),
+    "weighted": ProfileSpec(("healthy", "serves-model"), {"static-weight": 1.0}, "weighted-random", sample=SAMPLE),
 }
 
 
 class Router:
-    """Runs one profile. ``decide`` is pure apart from the picker's own state and ``rng``."""
+    """Runs one profile. ``decide`` is pure apart from the picker's own state and ``rng``.
+
+    Sampling (``sample`` = k > 0, the power-of-k-choices family): when more than k nodes could
+    serve the request, the filters, scorers and picker see k of them drawn at random (with
+    ``rng``; k draws with replacement, repeats dropped, so sometimes a few fewer), so a decision
+    costs about the same at 10 and at 1,000 nodes. When the nodes come as a
+    :class:`~inferlb.engine.routing.types.NodeList` and the profile filters by model, the draw is
+    from the model's own pool. When no sampled node passes the filters, every node is considered,
+    so sampling never turns a servable request away.
+    """
 
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]],
-                 picker: Picker, rng: random.Random) -> None:
+                 picker: Picker, rng: random.Random, sample: int = 0) -> None:
         self.name = name
         self.filters = filters
         self.scorers = scorers
         self.picker = picker
         self.rng = rng
+        self.sample = sample
+        self._by_model = any(f.type_name == "serves-model" for f in filters)
+        self._total_w = sum(w for _, w in scorers) or 1.0
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
-        d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name)
-        live = []
-        for n in nodes:
-            if n.name in req.exclude:
-                d.eliminated.append(Elimination(n.name, "retry", "already tried for this request"))
-            else:
-                live.append(n)
+        pool: list[NodeView] = nodes
+        counts: dict[str, int] = {}
+        by_model = getattr(nodes, "by_model", None) if self._by_model else None
+        if by_model is not None:
+            pool = by_model.get(req.model, [])
+            if len(nodes) > len(pool):
+                counts["serves-model"] = len(nodes) - len(pool)
+        k = self.sample
+        size = len(pool)
+        if 0 < k < size:
+            # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
+            rnd = self.rng.random
+            picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
+            d = self._decide(req, picked, len(nodes), dict(counts), len(picked))
+            if d.ranked:
+                return d
+        return self._decide(req, pool, len(nodes), counts, None)
+
+    def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
+                sampled: int | None) -> Decision:
+        d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name, offered=offered,
+                     sampled=sampled, counts=counts)
+        live = nodes
+        if req.exclude:
+            live = []
+            for n in nodes:
+                if n.name in req.exclude:
+                    d.eliminated.append(Elimination(n.name, "retry", "already tried for this request"))
+                else:
+                    live.append(n)
         for f in self.filters:
             if not live:
                 break
             live, out = f.apply(req, live)
             d.eliminated.extend(out)
+        for e in d.eliminated:
+            counts[e.by] = counts.get(e.by, 0) + 1
         if not live:
             return d
-        total_w = sum(w for _, w in self.scorers) or 1.0
-        scored: list[tuple[NodeView, float]] = []
-        for n in live:
-            parts = {s.type_name: s.score(req, n) for s, _ in self.scorers}
-            total = sum(parts[s.type_name] * w for s, w in self.scorers) / total_w if self.scorers else 0.0
-            parts["total"] = total
-            d.scores[n.name] = parts
-            scored.append((n, total))
+        if self.scorers:
+            keys: list[str] = []
+            totals = [0.0] * len(live)
+            cols: list[list[float]] = []
+            for s, w in self.scorers:
+                batch = getattr(s, "score_all", None)
+                col = batch(req, live) if batch is not None else [s.score(req, n) for n in live]
+                keys.append(s.type_name)
+                cols.append(col)
+                totals = [t + c * w for t, c in zip(totals, col, strict=True)]
+            total_w = self._total_w
+            totals = [t / total_w for t in totals]
+            keys.append("total")
+            d.score_keys = tuple(keys)
+            d.score_rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
+            scored = list(zip(live, totals, strict=True))
+        else:
+            scored = [(n, 0.0) for n in live]
+            d.score_keys = ("total",)
+            d.score_rows = {n.name: (0.0,) for n in live}
         d.ranked = self.picker.rank(scored, self.rng)
         return d
 
 
 def build_router(profile: str, *, filters: list[str] | None = None, scorers: dict[str, float] | None = None,
                  picker: str | None = None, params: dict[str, dict[str, Any]] | None = None,
-                 seed: int | None = None) -> Router:
-    """Build a router from a profile name plus overrides; plugin errors raise ConfigError."""
+                 seed: int | None = None, sample: int | None = None) -> Router:
+    """Build a router from a profile name plus overrides; plugin errors raise ConfigError.
+    ``sample``: the power-of-k sample size (0: consider every node; default: the profile's)."""
     base = PROFILES.get(profile)
     if base is None and filters is None:
         raise ConfigError(f"unknown routing profile {profile!r} (known: {', '.join(sorted(PROFILES))})",
@@ -101,4 +158,7 @@ def build_router(profile: str, *, filters: list[str] | None = None, scorers: dic
             raise ConfigError(f"scorer weight must be ≥ 0, got {w}", path=f"routing.scorers.{n}")
         sc.append((make_plugin(n, params.get(n)), w))
     pk: Picker = make_plugin(picker or spec.picker, params.get(picker or spec.picker))
-    return Router(profile, fs, sc, pk, random.Random(seed))
+    k = spec.sample if sample is None else sample
+    if k < 0:
+        raise ConfigError(f"sample must be ≥ 0, got {k}", path="routing.sample")
+    return Router(profile, fs, sc, pk, random.Random(seed), k)

@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Decision", "Elimination", "Filter", "NodeView", "Picker", "RouteRequest", "Scorer"]
+__all__ = ["Decision", "Elimination", "Filter", "NodeList", "NodeView", "Picker", "RouteRequest", "Scorer"]
+
+# Bounds of Decision.to_json (the routing part of one audit record), whatever the fleet's size.
+JSON_NAMES = 16        # candidate names listed
+JSON_ELIMINATED = 6    # eliminations listed one by one (all are counted by filter)
+JSON_RANKED = 8        # ranked names listed
+JSON_SCORED = 4        # nodes whose per-scorer scores are listed (the best ranked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,18 @@ class NodeView:
     unhealthy_reason: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     tokens_per_s: float | None = None          # learned decode speed (EWMA)
+
+
+class NodeList(list[NodeView]):
+    """A list of node views that also carries ``by_model``: model → the views of the nodes
+    configured to serve it (same objects, same order). A router may read a model's pool from it
+    instead of scanning every node; a plain list works everywhere a NodeList does."""
+
+    __slots__ = ("by_model",)
+
+    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]]) -> None:
+        super().__init__(views)
+        self.by_model = by_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,26 +77,59 @@ class Elimination:
 
 @dataclass
 class Decision:
-    """Candidates, eliminations with reasons, per-scorer scores, the ranked pick."""
+    """Candidates, eliminations with reasons, per-scorer scores, the ranked pick.
+
+    ``candidates``: the nodes the filters saw (the sample when the router sampled);
+    ``offered``: how many nodes routing was offered; ``sampled``: the sample size, None when every
+    node was considered; ``counts``: eliminations by filter, nodes skipped for another model
+    without being looked at included.
+    """
 
     profile: str
     candidates: list[str]
     eliminated: list[Elimination] = field(default_factory=list)
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    score_keys: tuple[str, ...] = ()                                    # scorer type names, then "total"
+    score_rows: dict[str, tuple[float, ...]] = field(default_factory=dict)   # node → its scores, in that order
     ranked: list[str] = field(default_factory=list)
     picker: str = ""
+    offered: int = 0
+    sampled: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        """Per scored node: each scorer's score and the weighted ``total`` (built when read)."""
+        keys = self.score_keys
+        return {n: dict(zip(keys, row, strict=True)) for n, row in self.score_rows.items()}
 
     @property
     def pick(self) -> str | None:
         return self.ranked[0] if self.ranked else None
 
     def to_json(self) -> dict[str, Any]:
+        """The audit record's routing part, bounded whatever the fleet's size (≈ 2 KB at most with
+        node names of ~12 characters): the first :data:`JSON_NAMES` candidates, the first
+        :data:`JSON_ELIMINATED` eliminations with their reasons and the count of all of them by
+        filter, the first :data:`JSON_RANKED` ranked nodes, and the per-scorer scores of the best
+        :data:`JSON_SCORED` (rounded to 4 places). ``*_total`` fields give the full lengths of the cut lists."""
+        counts = dict(self.counts)
+        if not counts:
+            for e in self.eliminated:
+                counts[e.by] = counts.get(e.by, 0) + 1
+        top = self.ranked[:JSON_SCORED]
+        keys, rows = self.score_keys, self.score_rows
         return {
             "profile": self.profile,
-            "candidates": self.candidates,
-            "eliminated": [{"node": e.node, "by": e.by, "reason": e.reason} for e in self.eliminated],
-            "scores": self.scores,
-            "ranked": self.ranked,
+            "offered": self.offered or len(self.candidates),
+            "sampled": self.sampled,
+            "candidates": self.candidates[:JSON_NAMES],
+            "candidates_total": len(self.candidates),
+            "eliminated": [{"node": e.node, "by": e.by, "reason": e.reason}
+                           for e in self.eliminated[:JSON_ELIMINATED]],
+            "eliminated_counts": counts,
+            "scores": {n: {k: round(v, 4) for k, v in zip(keys, rows[n], strict=True)} for n in top if n in rows},
+            "ranked": self.ranked[:JSON_RANKED],
+            "ranked_total": len(self.ranked),
             "picker": self.picker,
             "pick": self.pick,
         }
@@ -93,7 +144,12 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
-    """A score in [0, 1] per node; higher is better. The profile weights scorers."""
+    """A score in [0, 1] per node; higher is better. The profile weights scorers.
+
+    A scorer may also define ``score_all(req, nodes) -> list[float]`` (one score per node, in
+    order); the router then calls it once per decision instead of ``score`` per node. It must
+    agree with ``score`` except where it documents what it reads from the other candidates.
+    """
 
     type_name: str
 

@@ -44,6 +44,7 @@ from ..observability.config import FinOpsConfig
 from ..settings import NodeConfig
 from .models import ATTEMPTS, REQUESTS
 from .queries import (
+    GROUP_BY,
     bucket_of,
     check_buckets,
     group_columns,
@@ -194,7 +195,7 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
     return ledger
 
 
-_ALL_KEYS = ("model", "version", "node", "tenant", "priority")
+_ALL_KEYS = GROUP_BY   # every report groups by the same keys (queries.GROUP_BY)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,16 +11,20 @@ Contract:
   cursor is an opaque url-safe token of the last row's position, so pages never skip or repeat a
   row even while new requests arrive. The ``model`` filter matches the requested or served model.
 * :func:`sla_report` groups by any of :data:`GROUP_BY` (``model`` = the model requested,
-  ``version``, ``node`` = the node that answered, ``tenant``, ``priority``; several at once as
+  ``version``, ``node`` = the node that answered, ``tenant``, ``priority``, ``stream`` = whether
+  the client asked for a streamed answer, true / false; several at once as
   ``"model,node"``, none as ``"none"``) and, with ``bucket`` (``5m``, ``1h``, …), by time bucket:
   buckets are aligned on the epoch (UTC) and a request falls in the bucket of its ``received_at``;
   a row's ``bucket`` is the bucket's start in epoch seconds. Per group: ``count``; ``ok``;
   ``client_errors`` (statuses caused by the client: ``rejected_invalid``, ``client_closed``);
   ``errors`` (every other non-ok status, load shedding included);
-  ``error_rate = errors / (count - client_errors)``; p50/p95/p99 of e2e latency and TTFT in ms over
-  the ok requests; ``slo_attainment`` = share of the eligible (non-client-error) requests that
-  succeeded within the ``e2e_max_s`` / ``ttft_max_s`` of the SLO for their model (exact name, else
-  ``*``), null when no request of the group has such an SLO; ``slo_p95_met`` (groups keyed by
+  ``error_rate = errors / (count - client_errors)``; p50/p95/p99 of e2e latency in ms over the ok
+  requests; p50/p95/p99 of TTFT in ms over the ok *streamed* requests only (``ttft_count`` of
+  them): a non-streamed answer's first byte comes with its last, so its "TTFT" is its whole
+  generation and would mix two quantities in one percentile; ``slo_attainment`` = share of the
+  eligible (non-client-error) requests that succeeded within the ``e2e_max_s`` of the SLO for
+  their model (exact name, else ``*``) and, streamed ones, its ``ttft_max_s``, null when no
+  request of the group has such an SLO; ``slo_p95_met`` (groups keyed by
   model only) whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles are computed
   in Python from the fetched values, identically on SQLite and PostgreSQL, with linear
   interpolation between closest ranks (numpy's default, PostgreSQL's ``percentile_cont``). Rows
@@ -72,12 +76,12 @@ __all__ = [
 
 MAX_LIMIT = 1000
 MAX_BUCKETS = 10_000
-GROUP_BY = ("model", "version", "node", "tenant", "priority")
+GROUP_BY = ("model", "version", "node", "tenant", "priority", "stream")
 CLIENT_STATUSES = frozenset({"rejected_invalid", "client_closed"})
 # The keys of every sla_report row after the group key, in order (for tables and CSV headers).
 SLA_COLUMNS = (
     "count", "ok", "errors", "client_errors", "error_rate",
-    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
+    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "ttft_count",
     "slo_attainment", "slo_p95_met",
 )
 _MAX_EPOCH = 253_402_300_800.0  # 10000-01-01: beyond what ISO-8601 can name
@@ -186,7 +190,7 @@ def group_columns() -> dict[str, ColumnElement[Any]]:
     """The ``requests`` column behind each group key."""
     t = REQUESTS.c
     return {"model": t.model_requested, "version": t.model_version, "node": t.node, "tenant": t.tenant,
-            "priority": t.priority}
+            "priority": t.priority, "stream": t.stream}
 
 
 def _none_last(v: Any) -> tuple[bool, str]:
@@ -343,10 +347,11 @@ def _slo_for(model: str, slos: Sequence[SLOConfig]) -> SLOConfig | None:
     return exact or next((s for s in slos if s.model == "*"), None)
 
 
-def _within(slo: SLOConfig, e2e_ms: float | None, ttft_ms: float | None) -> bool:
+def _within(slo: SLOConfig, e2e_ms: float | None, ttft_ms: float | None, streamed: bool) -> bool:
     if slo.e2e_max_s is not None and (e2e_ms is None or e2e_ms > slo.e2e_max_s * 1000):
         return False
-    return not (slo.ttft_max_s is not None and (ttft_ms is None or ttft_ms > slo.ttft_max_s * 1000))
+    # TTFT targets apply to streamed answers: a non-streamed one has no first token before its last.
+    return not (streamed and slo.ttft_max_s is not None and (ttft_ms is None or ttft_ms > slo.ttft_max_s * 1000))
 
 
 def _ms(v: float | None) -> float | None:
@@ -368,12 +373,12 @@ def _group_stats(keys: dict[str, Any], rows: Iterable[RowMapping], slos: Sequenc
             ok += 1
             if r["e2e_ms"] is not None:
                 e2e.append(r["e2e_ms"])
-            if r["ttft_ms"] is not None:
+            if r["ttft_ms"] is not None and r["stream"]:
                 ttft.append(r["ttft_ms"])
         slo = _slo_for(r["model_requested"], slos)
         if slo is not None and (slo.e2e_max_s is not None or slo.ttft_max_s is not None):
             slo_n += 1
-            slo_good += is_ok and _within(slo, r["e2e_ms"], r["ttft_ms"])
+            slo_good += is_ok and _within(slo, r["e2e_ms"], r["ttft_ms"], bool(r["stream"]))
     e2e.sort()
     ttft.sort()
     eligible = count - client
@@ -389,6 +394,7 @@ def _group_stats(keys: dict[str, Any], rows: Iterable[RowMapping], slos: Sequenc
     for name, values in (("e2e", e2e), ("ttft", ttft)):
         for q in (50, 95, 99):
             out[f"{name}_p{q}_ms"] = _ms(percentile(values, q / 100))
+    out["ttft_count"] = len(ttft)
     out["slo_attainment"] = round(slo_good / slo_n, 6) if slo_n else None
     out["slo_p95_met"] = None
     if keys.get("model") is not None:
@@ -420,7 +426,7 @@ def sla_report(
     t = REQUESTS.c
     cols = group_columns()
     stmt = select(*(cols[k].label(f"g_{k}") for k in keys), t.received_at_us, t.model_requested, t.status,
-                  t.e2e_ms, t.ttft_ms).where(*_window(since, until))
+                  t.e2e_ms, t.ttft_ms, t.stream).where(*_window(since, until))
     groups: dict[tuple[Any, ...], list[RowMapping]] = {}
 
     def fetch(conn: Connection) -> None:
