@@ -1,16 +1,15 @@
-"""``inferlb bench overload``: admission control under overload, on vs off (RELIABILITY B6, L-02,
+"""``inferlb bench overload``: admission control under overload, on vs off (docs/reliability.md B6, L-02,
 L-03, L-05), with an open-loop generator.
 
 What it runs, each piece in its own process so the generator's CPU stays out of the gateway's:
 
 * simulated nodes (``python -m inferlb.bench.overload nodes``): vLLM-like engines
   (continuous batching, ``max_num_seqs`` = ``--conc``; excess requests wait inside the engine
-  as they do on vLLM) when the batching model is available, else fixed-speed nodes that answer
-  429 above ``--conc``;
+  as they do on vLLM);
 * the gateway (``inferlb serve``) on a fleet file whose nodes declare ``max_concurrency`` =
   ``--conc``, with ``admission.enabled`` true or false;
 * the generator, here: Poisson arrivals at a fixed rate (open loop: a slow server does not slow
-  the arrivals; RELIABILITY §9.1), every request with a client deadline (``--deadline-s``, sent
+  the arrivals; docs/reliability.md §9.1), every request with a client deadline (``--deadline-s``, sent
   as ``x-inferlb-deadline-ms``) and a priority class drawn from the mix.
 
 Cells: *unloaded* (0.3 × S) gives the unloaded p99 and the capacity S = nodes × conc ÷ mean
@@ -40,6 +39,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+
+from inferlb.simulator.spec import BatchSpec, NodeSpec
 
 from .procs import Child, free_port, wait_http
 
@@ -191,19 +192,11 @@ async def _node_hits(urls: list[str] | None) -> int:
 # ---------------------------------------------------------------------------------- processes
 
 
-def _node_specs(n: int, conc: int, tokens: int, step_s: float) -> list[Any]:
-    from inferlb.simulator.spec import NodeSpec
-
-    try:
-        from inferlb.simulator.spec import BatchSpec  # the vLLM-like engine model, when this simulator has it
-    except ImportError:
-        BatchSpec = None
-    if BatchSpec is not None:
-        batch = BatchSpec(max_num_seqs=conc, step_base_s=step_s, step_per_seq_s=0.0, prefill_s_per_token=0.0)
-        return [NodeSpec(name=f"sim{i}", models=["m"], max_concurrency=100_000, default_output_tokens=tokens,
-                         batching=batch) for i in range(n)]
-    return [NodeSpec(name=f"sim{i}", models=["m"], base_ttft_s=step_s, tpot_s=step_s, max_concurrency=conc,
-                     default_output_tokens=tokens) for i in range(n)]
+def _node_specs(n: int, conc: int, tokens: int, step_s: float) -> list[NodeSpec]:
+    """vLLM-like engines: continuous batching with ``max_num_seqs`` = ``conc``, one step per token."""
+    batch = BatchSpec(max_num_seqs=conc, step_base_s=step_s, step_per_seq_s=0.0, prefill_s_per_token=0.0)
+    return [NodeSpec(name=f"sim{i}", models=["m"], max_concurrency=100_000, default_output_tokens=tokens,
+                     batching=batch) for i in range(n)]
 
 
 def _serve_nodes(argv: list[str]) -> int:

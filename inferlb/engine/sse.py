@@ -189,7 +189,7 @@ class StreamScanner:
     """Watches a relayed stream: counts events, notes ``[DONE]``, in-band errors and usage.
 
     ``feed`` raises :class:`UpstreamProtocolError` on a malformed line or payload; the caller
-    treats that like a cut (RELIABILITY §5.6). After ``[DONE]`` further events are a protocol
+    treats that like a cut (docs/reliability.md §5.6). After ``[DONE]`` further events are a protocol
     error too, since a client would never see them.
     """
 
