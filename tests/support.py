@@ -17,6 +17,7 @@ import uvicorn
 
 from inferlb.engine.app import create_app
 from inferlb.engine.settings import FleetConfig, Settings, fleet_from_mapping
+from inferlb.engine.types import Clock
 from inferlb.simulator import NodeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +57,9 @@ def settings_for(tmp: Path, fleet: FleetConfig, **over: Any) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(settings: Settings) -> AsyncIterator[tuple[str, Any]]:
-    """Yields (base URL, app)."""
-    app = create_app(settings)
+async def running_gateway(settings: Settings, *, clock: Clock | None = None) -> AsyncIterator[tuple[str, Any]]:
+    """Yields (base URL, app); ``clock`` is injected into the app (default: the system clock)."""
+    app = create_app(settings, clock=clock)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                             lifespan="on")

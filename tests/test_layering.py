@@ -1,4 +1,4 @@
-"""The dependency rules of ARCHITECTURE.md, enforced by walking every module's imports."""
+"""The dependency rules of docs/architecture.md, enforced by walking every module's imports."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition, load_process
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
 
-from .closed_loop import summarize
+from .loadgen.results import pcts
 
 __all__ = ["ENGINES", "SCENARIOS", "EngineScenario", "default_process_path", "measure_engine"]
 
@@ -167,5 +167,5 @@ def measure_engine(n: int = 2000, *, engines: Sequence[str] = ENGINES,
                 if time.monotonic() > t_end:
                     break
             rows.append({"engine": engine, "scenario": sc.name, "n": len(cpu), "records": drv.submitted,
-                         "cpu_us": summarize(cpu), "wall_us": summarize(wall)})
+                         "cpu_us": pcts(cpu), "wall_us": pcts(wall)})
     return {"process": str(path), "n": n, "rows": rows}

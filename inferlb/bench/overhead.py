@@ -17,8 +17,8 @@ measurements; ``inferlb sim`` nodes when that file is absent), then one target p
   own subprocess with a generated fleet file and a SQLite audit database in a temp dir.
 
 For each concurrency and stream / non-stream it runs every target (cell by cell, so all targets of
-a cell see the same machine): a warm-up, then ``--n`` measured requests from a closed-loop
-generator in its own process (:mod:`.closed_loop`). The table shows e2e p50/p99, TTFT p50/p99
+a cell see the same machine): a warm-up, then ``--n`` measured requests from the load generator in
+closed-loop mode, in its own process (:mod:`.cell`). The table shows e2e p50/p99, TTFT p50/p99
 (streams), req/s, the latency added over ``direct`` of the same cell, and the gateway's CPU seconds
 per 1,000 requests (``utime + stime`` of its process tree over the measured phase only). Before
 that, the engine alone (:mod:`.engine`): CPU µs per request of the request process for both
@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from .closed_loop import LoadSpec
+from .cell import LoadSpec
 from .engine import measure_engine
 from .procs import Child, free_port, system_busy, wait_http, workdir
 from .report import render
@@ -289,7 +289,7 @@ class _Bench:
                         watch=self._watch(target))
         if target.child is not None and not target.child.alive():
             raise RuntimeError(f"{target.mode} exited:\n{target.child.log_tail()}")
-        cmd = [PY, "-m", "inferlb.bench.closed_loop", "--spec", json.dumps(asdict(spec))]
+        cmd = [PY, "-m", "inferlb.bench.cell", "--spec", json.dumps(asdict(spec))]
         limit = 2 * cfg.max_seconds + 2 * spec.timeout_s + 30
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=_child_env(), check=False)
         if r.returncode != 0 or not r.stdout.strip():

@@ -1,27 +1,23 @@
-"""``inferlb bench overload``: admission control under overload, on vs off (RELIABILITY B6, L-02,
+"""``inferlb bench overload``: admission control under overload, on vs off (docs/reliability.md B6, L-02,
 L-03, L-05), with an open-loop generator.
 
 What it runs, each piece in its own process so the generator's CPU stays out of the gateway's:
 
-* simulated nodes (``python -m inferlb.bench.overload nodes``): vLLM-like engines
+* simulated nodes (one ``inferlb sim`` process on a generated fleet file): vLLM-like engines
   (continuous batching, ``max_num_seqs`` = ``--conc``; excess requests wait inside the engine
-  as they do on vLLM) when the batching model is available, else fixed-speed nodes that answer
-  429 above ``--conc``;
+  as they do on vLLM);
 * the gateway (``inferlb serve``) on a fleet file whose nodes declare ``max_concurrency`` =
   ``--conc``, with ``admission.enabled`` true or false;
-* the generator, here: Poisson arrivals at a fixed rate (open loop: a slow server does not slow
-  the arrivals; RELIABILITY §9.1), every request with a client deadline (``--deadline-s``, sent
-  as ``x-inferlb-deadline-ms``) and a priority class drawn from the mix.
+* the load generator (:mod:`.loadgen`) in open-loop mode: Poisson arrivals at a fixed rate (a slow
+  server does not slow the arrivals; docs/reliability.md §9.1), every request with a client
+  deadline (``--deadline-s``, sent as ``x-inferlb-deadline-ms``) and a priority class drawn from
+  the mix.
 
 Cells: *unloaded* (0.3 × S) gives the unloaded p99 and the capacity S = nodes × conc ÷ mean
 unloaded latency; then 2× and 5× S with admission on and off; then the noisy neighbour (auth on:
 tenant A sends 10× its RPM quota, tenant B 50 % of its own) against B alone. Goodput = 2xx
 answers inside the deadline, per second. The figures go to stdout (markdown with ``--markdown``)
 and, with ``--json FILE``, to a file.
-
-Kept small on purpose; what the general load generator (``inferlb bench run``, simulator/loadgen)
-could take over: the per-class mix and per-class report, ``Retry-After`` accounting, the
-tenant-key setup, and the on/off comparison.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import tempfile
@@ -38,15 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 
-from .procs import Child, free_port, wait_http
+from inferlb.engine.store.queries import percentile
 
-__all__ = ["CellResult", "Shot", "main", "run_cell", "summarize_cell"]
+from .loadgen.results import node_figures
+from .loadgen.runner import run_plan
+from .loadgen.stack import Stack
+from .loadgen.workload import PlannedRequest, Workload
+
+__all__ = ["CellResult", "Shot", "main", "plan_cell", "run_cell", "sim_fleet", "summarize_cell"]
 
 MIX = {"critical": 0.1, "interactive": 0.3, "standard": 0.4, "batch": 0.2}
-MSG = [{"role": "user", "content": "Summarise the admission control design in one line."}]
+PROMPT_TOKENS = 12
 
 
 @dataclass
@@ -71,16 +70,6 @@ class CellResult:
     node_hits: int = 0
 
 
-def _pct(vals: list[float], q: float) -> float | None:
-    if not vals:
-        return None
-    s = sorted(vals)
-    k = (len(s) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def summarize_cell(c: CellResult, deadline_s: float, capacity_rps: float | None = None,
                    tenant: str | None = None) -> dict[str, Any]:
     """Goodput, accepted / rejected latency, per class; ``tenant`` restricts to one tenant."""
@@ -94,14 +83,15 @@ def summarize_cell(c: CellResult, deadline_s: float, capacity_rps: float | None 
         "cell": c.name, "tenant": tenant, "offered_rps": round(c.offered_rps, 2), "n": len(shots),
         "goodput_rps": round(len(good) / c.duration_s, 2),
         "ok_pct": round(100 * len(ok) / len(shots), 2) if shots else None,
-        "accepted_p50_ms": _ms(_pct([s.latency_s for s in ok], 0.5)),
-        "accepted_p99_ms": _ms(_pct([s.latency_s for s in ok], 0.99)),
+        "accepted_p50_ms": _ms(percentile(sorted([s.latency_s for s in ok]), 0.5)),
+        "accepted_p99_ms": _ms(percentile(sorted([s.latency_s for s in ok]), 0.99)),
         "rejected": len(rejected),
-        "rejected_p99_ms": _ms(_pct([s.latency_s for s in rejected], 0.99)),
+        "rejected_p99_ms": _ms(percentile(sorted([s.latency_s for s in rejected]), 0.99)),
         "rejected_with_retry_after_pct": round(100 * sum(s.retry_after for s in rejected) / len(rejected), 1)
         if rejected else None,
         "other_errors": len(shots) - len(ok) - len(rejected),
-        "rejections_by_code": {code: {"n": len(v), "p50_ms": _ms(_pct(v, 0.5)), "p99_ms": _ms(_pct(v, 0.99)),
+        "rejections_by_code": {code: {"n": len(v), "p50_ms": _ms(percentile(sorted(v), 0.5)),
+                                      "p99_ms": _ms(percentile(sorted(v), 0.99)),
                                       "over_50ms": sum(x > 0.05 for x in v)}
                                for code in sorted({s.code or "?" for s in rejected})
                                for v in [[s.latency_s for s in rejected if (s.code or "?") == code]]},
@@ -115,7 +105,7 @@ def summarize_cell(c: CellResult, deadline_s: float, capacity_rps: float | None 
         if mine:
             mine_ok = [s.latency_s for s in mine if 200 <= s.status < 300]
             out["classes"][cls] = {"n": len(mine), "ok_pct": round(100 * len(mine_ok) / len(mine), 1),
-                                   "p99_ms": _ms(_pct(mine_ok, 0.99))}
+                                   "p99_ms": _ms(percentile(sorted(mine_ok), 0.99))}
     return out
 
 
@@ -126,147 +116,92 @@ def _ms(v: float | None) -> float | None:
 # ---------------------------------------------------------------------------------- generator
 
 
-async def run_cell(name: str, base: str, rate: float, duration_s: float, *, deadline_s: float, seed: int,
-                   streams: list[tuple[float, str | None, str | None]] | None = None, max_tokens: int = 30,
-                   node_urls: list[str] | None = None) -> CellResult:
-    """Open-loop Poisson arrivals. ``streams``: (rate, tenant, key) each, instead of one ``rate``."""
+def plan_cell(rate: float, duration_s: float, *, seed: int, max_tokens: int,
+              streams: list[tuple[float, str | None, str | None]] | None = None) -> list[PlannedRequest]:
+    """Poisson arrivals with a priority class drawn from :data:`MIX`. ``streams``: (rate, tenant,
+    key) each, instead of one ``rate``."""
     rng = random.Random(seed)
     classes, weights = list(MIX), list(MIX.values())
-    flows = streams or [(rate, None, None)]
-    plan: list[tuple[float, str, str | None, str | None]] = []
-    for r, tenant, key in flows:
+    out: list[PlannedRequest] = []
+    for r, tenant, key in streams or [(rate, None, None)]:
         t = rng.expovariate(r)
         while t < duration_s:
-            plan.append((t, rng.choices(classes, weights)[0], tenant, key))
+            out.append(PlannedRequest(t=t, prompt_tokens=PROMPT_TOKENS, output_tokens=max_tokens, stream=False,
+                                      tenant=tenant, priority=rng.choices(classes, weights)[0], api_key=key))
             t += rng.expovariate(r)
-    plan.sort(key=lambda p: p[0])
-    cell = CellResult(name, sum(f[0] for f in flows), duration_s)
-    start = time.monotonic()
-    timeout = aiohttp.ClientTimeout(total=deadline_s + 5)
-    before = await _node_hits(node_urls)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
-        async def one(cls: str, tenant: str | None, key: str | None) -> None:
-            headers = {"x-inferlb-priority": cls, "x-inferlb-deadline-ms": str(int(deadline_s * 1000))}
-            if key:
-                headers["authorization"] = f"Bearer {key}"
-            body = {"model": "m", "messages": MSG, "max_tokens": max_tokens}
-            t0 = time.monotonic()
-            try:
-                async with http.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
-                    raw = await resp.read()
-                    status, ra = resp.status, "retry-after" in resp.headers
-            except (TimeoutError, aiohttp.ClientError):
-                status, ra, raw = 599, False, b""
-            end = time.monotonic()
-            code = None
-            if status >= 400:
-                try:
-                    code = str(json.loads(raw)["error"]["code"])
-                except (ValueError, KeyError, TypeError):
-                    code = "unreadable" if raw else "no_answer"
-            cell.shots.append(Shot(cls, tenant, status, end - t0, ra, end - start, code))
+    out.sort(key=lambda p: p.t)
+    return out
 
-        tasks: list[asyncio.Task[None]] = []
-        for at, cls, tenant, key in plan:
-            delay = start + at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(cls, tenant, key)))
-        await asyncio.gather(*tasks)
-    cell.node_hits = await _node_hits(node_urls) - before
+
+async def run_cell(name: str, base: str, rate: float, duration_s: float, *, deadline_s: float, seed: int,
+                   streams: list[tuple[float, str | None, str | None]] | None = None, max_tokens: int = 30,
+                   nodes: dict[str, str] | None = None) -> CellResult:
+    """One cell through the load generator, open loop; ``nodes`` (name → URL) are sampled for the
+    requests that reached them."""
+    plan = plan_cell(rate, duration_s, seed=seed, max_tokens=max_tokens, streams=streams)
+    # The client waits 5 s past the deadline, so a late answer is seen (and not counted as goodput).
+    w = Workload(model="m", max_tokens="exact", timeout_s=deadline_s + 5, deadline_s=deadline_s)
+    data = await run_plan(plan, w, [base], label=name, nodes=nodes, duration_s=duration_s, sample_s=duration_s)
+    cell = CellResult(name, sum(f[0] for f in streams or [(rate, None, None)]), duration_s)
+    for o in data.outcomes:
+        status = o.status if o.status is not None else 599
+        code = o.code if status >= 400 else None
+        cell.shots.append(Shot(o.priority or "standard", o.tenant, status, o.e2e, o.retry_after, o.end,
+                               code or ("no_answer" if o.status is None else None)))
+    cell.node_hits = sum(f["requests"] for f in node_figures(data.samples).values())
     return cell
-
-
-async def _node_hits(urls: list[str] | None) -> int:
-    if not urls:
-        return 0
-    total = 0
-    async with aiohttp.ClientSession() as http:
-        for u in urls:
-            async with http.get(u + "/sim/stats") as r:
-                total += int((await r.json())["requests_total"])
-    return total
 
 
 # ---------------------------------------------------------------------------------- processes
 
 
-def _node_specs(n: int, conc: int, tokens: int, step_s: float) -> list[Any]:
-    from inferlb.simulator.spec import NodeSpec
-
-    try:
-        from inferlb.simulator.spec import BatchSpec  # the vLLM-like engine model, when this simulator has it
-    except ImportError:
-        BatchSpec = None
-    if BatchSpec is not None:
-        batch = BatchSpec(max_num_seqs=conc, step_base_s=step_s, step_per_seq_s=0.0, prefill_s_per_token=0.0)
-        return [NodeSpec(name=f"sim{i}", models=["m"], max_concurrency=100_000, default_output_tokens=tokens,
-                         batching=batch) for i in range(n)]
-    return [NodeSpec(name=f"sim{i}", models=["m"], base_ttft_s=step_s, tpot_s=step_s, max_concurrency=conc,
-                     default_output_tokens=tokens) for i in range(n)]
+def sim_fleet(n: int, conc: int, tokens: int, step_s: float) -> dict[str, Any]:
+    """The simulated-fleet file: vLLM-like engines, continuous batching with ``max_num_seqs`` =
+    ``conc``, one step per token."""
+    return {"models": ["m"], "nodes": [
+        {"name": f"sim{i}", "max_concurrency": 100_000, "default_output_tokens": tokens, "max_num_seqs": conc,
+         "step_base_s": step_s, "step_per_seq_s": 0.0, "prefill_s_per_token": 0.0} for i in range(n)]}
 
 
-def _serve_nodes(argv: list[str]) -> int:
-    from inferlb.simulator.emulator import serve_sim
+def gateway_config(node_urls: dict[str, str], args: argparse.Namespace, *, admission: bool,
+                   burst_s: float | None = None) -> dict[str, Any]:
+    """The gateway's fleet file: every node declares ``max_concurrency`` = ``--conc``."""
+    return {
+        "models": [{"name": "m", "max_output_tokens": 1024, "default_max_tokens": args.tokens}],
+        "nodes": [{"name": name, "url": u, "models": ["m"], "kind": "vllm", "max_concurrency": args.conc}
+                  for name, u in node_urls.items()],
+        "routing": {"profile": "least-connections"},
+        "timeouts": {"connect_s": 2, "first_token_s": 30, "idle_s": 30, "total_s": 60},
+        "admission": {"enabled": admission, **({"limit_burst_s": burst_s} if burst_s else {})},
+    }
 
-    spec = json.loads(argv[0])
-    specs = _node_specs(spec["n"], spec["conc"], spec["tokens"], spec["step_s"])
 
-    async def run() -> None:
-        await serve_sim(specs, ports=spec["ports"], on_ready=lambda urls: print(json.dumps(urls), flush=True))
-
-    asyncio.run(run())
-    return 0
-
-
-class Stack:
-    """Nodes (one child) and a gateway (restarted per configuration)."""
+class _Overload:
+    """The benchmark's processes (one :class:`~.loadgen.stack.Stack`): the nodes once, the gateway
+    restarted per configuration on one database (the tenant keys are written there first)."""
 
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
-        self.work = work
         self.args = args
-        self.ports = [free_port() for _ in range(args.nodes)]
-        self.node_urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        spec = {"n": args.nodes, "conc": args.conc, "tokens": args.tokens, "step_s": args.step_s, "ports": self.ports}
-        self.nodes = Child("nodes", [sys.executable, "-m", "inferlb.bench.overload", "nodes",
-                                     json.dumps(spec)], work / "nodes.log")
-        for u in self.node_urls:
-            wait_http(u + "/health", self.nodes)
-        self.gateway: Child | None = None
+        fleet = work / "sim-fleet.yaml"
+        fleet.write_text(yaml.safe_dump(sim_fleet(args.nodes, args.conc, args.tokens, args.step_s)))
+        self.stack = Stack(work, str(fleet))
+        self.node_urls = self.stack.start_nodes()
+        self.gdir = work / "gateway"
+        self.db = self.gdir / "audit.db"
         self.base = ""
-        self.db = work / "audit.db"
 
     def start_gateway(self, *, admission: bool, auth: bool = False, burst_s: float | None = None) -> str:
-        self.stop_gateway()
-        fleet = {
-            "models": [{"name": "m", "max_output_tokens": 1024, "default_max_tokens": self.args.tokens}],
-            "nodes": [{"name": f"sim{i}", "url": u, "models": ["m"], "kind": "vllm", "max_concurrency": self.args.conc}
-                      for i, u in enumerate(self.node_urls)],
-            "routing": {"profile": "least-connections"},
-            "timeouts": {"connect_s": 2, "first_token_s": 30, "idle_s": 30, "total_s": 60},
-            "admission": {"enabled": admission, **({"limit_burst_s": burst_s} if burst_s else {})},
-        }
-        cfg = self.work / "fleet.yaml"
-        cfg.write_text(yaml.safe_dump(fleet))
-        port = free_port()
-        env = {**os.environ, "INFERLB_DATABASE_URL": f"sqlite:///{self.db}", "INFERLB_JOURNAL_DIR":
-               str(self.work / "journal"), "INFERLB_LOG_LEVEL": "WARNING", "INFERLB_AUTH": "on" if auth else "off",
-               "INFERLB_AUDIT_FLUSH_INTERVAL_S": "0.5"}
-        env.pop("INFERLB_REDIS_URL", None)
-        self.gateway = Child("gateway", [sys.executable, "-m", "inferlb.cli", "serve", "--config", str(cfg),
-                                         "--port", str(port)], self.work / "gateway.log", env=env)
-        self.base = f"http://127.0.0.1:{port}"
-        wait_http(self.base + "/readyz", self.gateway)
+        env = {"INFERLB_AUTH": "on" if auth else "off", "INFERLB_AUDIT_FLUSH_INTERVAL_S": "0.5"}
+        self.base = self.stack.start_gateway_with(
+            "gateway", gateway_config(self.node_urls, self.args, admission=admission, burst_s=burst_s),
+            gdir=self.gdir, env=env)
         return self.base
 
     def stop_gateway(self) -> None:
-        if self.gateway is not None:
-            self.gateway.stop()
-            self.gateway = None
+        self.stack.stop_gateway()
 
     def close(self) -> None:
-        self.stop_gateway()
-        self.nodes.stop()
+        self.stack.close()
 
 
 def _keys(db: Path, quotas: dict[str, int]) -> dict[str, str]:
@@ -286,16 +221,16 @@ def _keys(db: Path, quotas: dict[str, int]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------- main
 
 
-def _cell(stack: Stack, name: str, rate: float, args: argparse.Namespace, seed: int, **kw: Any) -> CellResult:
+def _cell(stack: _Overload, name: str, rate: float, args: argparse.Namespace, seed: int, **kw: Any) -> CellResult:
     cell = asyncio.run(run_cell(name, stack.base, rate, args.duration, deadline_s=args.deadline_s, seed=seed,
-                                max_tokens=args.tokens, node_urls=stack.node_urls, **kw))
+                                max_tokens=args.tokens, nodes=stack.node_urls, **kw))
     time.sleep(args.settle_s)          # let the nodes drain before the next cell
     return cell
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="inferlb-overload-"))
-    stack = Stack(work, args)
+    stack = _Overload(work, args)
     out: dict[str, Any] = {"args": vars(args), "cells": []}
     try:
         stack.start_gateway(admission=True)
@@ -305,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mean = sum(ok) / len(ok)
         capacity = args.nodes * args.conc / mean
         out["capacity_rps"] = round(capacity, 2)
-        out["unloaded_p99_ms"] = _ms(_pct(ok, 0.99))
+        out["unloaded_p99_ms"] = _ms(percentile(sorted(ok), 0.99))
         out["cells"].append(summarize_cell(base, args.deadline_s, capacity))
         for mode in ("on", "off"):
             if mode == "off":       # "on" goes on with the gateway that served the unloaded cell
@@ -318,6 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for mode in ("on", "off"):
                 stack.stop_gateway()
                 stack.db.unlink(missing_ok=True)
+                stack.gdir.mkdir(parents=True, exist_ok=True)
                 keys = _keys(stack.db, {"A": max(1, round(quota_a * 60)), "B": max(1, round(quota_b * 60))})
                 stack.start_gateway(admission=mode == "on", auth=True, burst_s=args.burst_s)
                 if mode == "on":
@@ -353,8 +289,6 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["nodes"]:
-        return _serve_nodes(argv[1:])
     p = argparse.ArgumentParser(prog="inferlb bench overload", description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--conc", type=int, default=4, help="max_num_seqs per node (the gateway's max_concurrency)")

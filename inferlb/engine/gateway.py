@@ -1,7 +1,7 @@
 """One request, end to end: run its process instance, perform the external tasks (dispatch through
 :mod:`upstream`, backoff waits), stream to the client.
 
-The commit point is the first byte sent to the client (RELIABILITY.md §5): before it, every
+The commit point is the first byte sent to the client (docs/reliability.md §5): before it, every
 failure completes the ``dispatch`` task as an outcome the process may retry or fall back on;
 after it, a failure ends the stream with one SSE error event and no ``[DONE]``. Response headers
 are sent only once the node's first body chunk has arrived. A client disconnect cancels the
@@ -423,7 +423,7 @@ class _Closed:
 
 def _watch(wait_disconnect: Callable[[], Awaitable[None]], closed: _Closed) -> asyncio.Task[None]:
     """One task per request that cancels the handler when the client disconnects before the
-    response starts (RELIABILITY §5.1: the first-chunk wait must be cancellable). Cheaper than
+    response starts (docs/reliability.md §5.1: the first-chunk wait must be cancellable). Cheaper than
     racing every await against the connection: one task instead of two per wait."""
     handler = asyncio.current_task()
 

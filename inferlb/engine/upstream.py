@@ -1,11 +1,11 @@
-"""The data-path HTTP client: one attempt against one node, with the streaming timers of §5.
+"""The data-path HTTP client: one attempt against one node, with the streaming timers of docs/reliability.md §5.
 
 Chosen by measurement: an aiohttp ``ClientSession`` costs the gateway about 1 ms of CPU per request
 against 3.4–9.5 ms for httpx. aiohttp stays behind this module: every aiohttp / OS error is mapped
 here (``raise … from exc``) into :mod:`inferlb.engine.errors`, and nothing else imports aiohttp for
 the data path.
 
-Contract of :meth:`Upstream.open` (RELIABILITY.md §5):
+Contract of :meth:`Upstream.open` (docs/reliability.md §5):
 
 - It returns only once the node has answered 2xx **and** sent the first body chunk: the commit
   point. Until then nothing has reached the client, so every failure is an

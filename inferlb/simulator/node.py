@@ -395,6 +395,10 @@ class EmulatedNode:
             raise _BadRequest(400, "messages must be a list", param="messages")
         if not chat and "prompt" not in body:
             raise _BadRequest(400, "prompt is required", param="prompt")
+        try:
+            options = fmt.gen_options(body, chat=chat)
+        except fmt.OptionError as exc:
+            raise _BadRequest(400, str(exc), param=exc.param) from exc
         n, limited = self._output_tokens(body)
         natural = body.get(SIM_OUTPUT_FIELD)
         if isinstance(natural, int) and not isinstance(natural, bool) and 1 <= natural < n:
@@ -410,13 +414,14 @@ class EmulatedNode:
                 opts = body.get("stream_options")
                 include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
                 tmpl = fmt.ChunkTemplate(chat=chat, rid=rid, model=model, created=created,
-                                         fingerprint=self.spec.name, include_usage=include_usage)
+                                         fingerprint=self.spec.name, include_usage=include_usage,
+                                         options=options)
                 resp = await write_stream(request, tmpl, source, faults, self.stats, finish=finish,
                                           include_usage=include_usage, stream_interval=self.spec.stream_interval)
             else:
                 payload = fmt.completion_body(chat=chat, rid=rid, model=model, created=created,
                                               fingerprint=self.spec.name, prompt_tokens=prompt_tokens,
-                                              completion_tokens=n, finish_reason=finish)
+                                              completion_tokens=n, finish_reason=finish, options=options)
                 resp = await write_unary(request, payload, source, faults, self.stats)
         except NodeCrashed:
             # Lost in a crash: the connection is being reset; nothing more can be written.
@@ -458,7 +463,7 @@ class EmulatedNode:
         try:
             payload = fmt.embeddings_body(body, model=model, dim=self.spec.embedding_dim)
         except ValueError as exc:
-            raise _BadRequest(400, str(exc), param="input") from exc
+            raise _BadRequest(400, str(exc), param=exc.param if isinstance(exc, fmt.OptionError) else "input") from exc
         await asyncio.sleep(self._latency.ttft_s(tokens))
         self.stats.completed += 1
         return self._json(200, payload)

@@ -97,8 +97,8 @@ async def write_stream(request: web.Request, tmpl: fmt.ChunkTemplate, source: To
                     chunk = tmpl.malformed(i)
                 else:
                     chunk = tmpl.token(i)
-                if i == 0 and tmpl.is_chat:
-                    chunk = tmpl.role() + chunk
+                if i == 0:
+                    chunk = tmpl.opening() + chunk
                 buf += chunk
             sent = max(sent, have)
             await _flush(resp, buf)

@@ -8,7 +8,7 @@ admission controller refuses it: the model pool's retry budget (retries ≤ 10 %
 a sliding window, with a small floor) is spent, or the pool is saturated and the request's
 priority class gives up retries under saturation. A refused retry also caps the request's
 attempts where they are, so ``routing/fallback`` does not turn it into another attempt: over a
-total outage backend attempts ÷ client requests stay ≤ 1.1 (RELIABILITY B3). When no untried
+total outage backend attempts ÷ client requests stay ≤ 1.1 (docs/reliability.md B3). When no untried
 node of the model takes traffic, there is nothing to retry on: no retry, and the budget is not
 spent (``routing/fallback`` may still switch model).
 """

@@ -1,5 +1,5 @@
 """Tenant keys end to end over real HTTP with the real OpenAI SDK: 401/403/404/429, the admin API,
-priority ceilings and the audit record (RELIABILITY §7, S-01/S-02/S-06)."""
+priority ceilings and the audit record (docs/reliability.md §7, S-01/S-02/S-06)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_a_request_shed_by_the_gateway_gets_its_units_back() -> None:
     assert r.ctl.parallel["key_1"] == 0
 
 
-def test_retry_budget_after_a_thousand_failures() -> None:  # RELIABILITY §9.5
+def test_retry_budget_after_a_thousand_failures() -> None:  # docs/reliability.md §9.5
     b = RetryBudget(ratio=0.1, min_retries=10, window_s=10.0)
     granted = 0
     for i in range(1000):

@@ -1,5 +1,5 @@
 """Overload on the simulator over real HTTP: the queue, shedding by class, no cascade onto nodes;
-retry amplification over a total outage (RELIABILITY B3, B6, C-08, C-09, L-05/L-06 in small)."""
+retry amplification over a total outage (docs/reliability.md B3, B6, C-08, C-09, L-05/L-06 in small)."""
 
 from __future__ import annotations
 

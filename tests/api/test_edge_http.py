@@ -1,4 +1,4 @@
-"""The HTTP edge over real sockets (RELIABILITY.md hostile-input rows 4, 6, 8, 35, 37, 38): slow
+"""The HTTP edge over real sockets (docs/reliability.md hostile-input rows 4, 6, 8, 35, 37, 38): slow
 heads and bodies time out (408 or close), oversized heads are refused (431), POST bodies must be
 declared JSON (415), ``/health``, ``HEAD``, ``Allow`` on 405 and CORS preflights.
 

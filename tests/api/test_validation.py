@@ -1,4 +1,4 @@
-"""Client-input validation: RELIABILITY.md §8 rows V-01..V-31 (body-level), positives, a fuzzer.
+"""Client-input validation: docs/reliability.md §8 rows V-01..V-31 (body-level), positives, a fuzzer.
 
 Every rejection must be a ClientError with the right status and ``param``, and its message must
 carry no traceback, no Python repr and no long echo of client input (the CANARY below).

@@ -1,8 +1,13 @@
 """Harness of the health chaos tests: a real gateway (uvicorn on loopback) over simulated nodes with
 Envoy's timings scaled by 1/100 (base ejection 30 s → 0.3 s, interval 10 s → 0.1 s, max 300 s →
-3 s, slow start 60 s → 0.6 s), so each RELIABILITY §9.2 scenario runs in seconds while the rules
-under test stay the same. Waiting here is for *conditions* (a monitor round, a node state), every
-wait bounded in time."""
+3 s, slow start 60 s → 0.6 s), so each docs/reliability.md §9.2 scenario runs in seconds while the
+rules under test stay the same.
+
+The gateway runs on a :class:`~inferlb.engine.types.ManualClock`: an ejection, a cooldown or a
+slow-start window ends only when a test advances that clock (``clock_of(app).advance``), so what
+the tests assert does not depend on how fast a loaded machine runs them. Monitor rounds and
+timeouts still run on the event loop; waiting here is for *conditions* (a monitor round, a node
+state), every wait bounded, and no assertion reads the wall clock."""
 
 from __future__ import annotations
 
@@ -20,16 +25,20 @@ from sqlalchemy import text
 from inferlb.engine.fleet import Fleet
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.events import recent_events
+from inferlb.engine.types import ManualClock
 from inferlb.simulator import SimFleet
 
 from ..support import fast_specs, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
 
+# The probe timeout and the first round's are not scaled: no test here needs a probe to time out (a
+# stopped node refuses at once), and a probe that timed out on a loaded machine would take a healthy
+# node down, which can tip the fleet into panic routing.
 SCALED: dict[str, Any] = {
     "interval_s": 0.1,
-    "first_round_timeout_s": 3.0,
-    "probe": {"timeout_s": 0.5, "unhealthy_threshold": 2, "healthy_threshold": 1},
+    "first_round_timeout_s": 10.0,
+    "probe": {"timeout_s": 5.0, "unhealthy_threshold": 2, "healthy_threshold": 1},
     "outlier": {"base_ejection_s": 0.3, "max_ejection_s": 3.0, "interval_s": 0.1},
     "slow_start": {"window_s": 0.6},
 }
@@ -65,7 +74,7 @@ async def chaos_stack(tmp: Path, *, n: int = 3, profile: str = "round-robin", he
             "timeouts": {"connect_s": 0.5, "first_token_s": 2.0, "idle_s": 2.0, "total_s": 10.0, **(timeouts or {})},
             "health": cfg,
         })
-        async with running_gateway(settings_for(tmp, fleet)) as (base, app), \
+        async with running_gateway(settings_for(tmp, fleet), clock=ManualClock()) as (base, app), \
                 httpx.AsyncClient(base_url=base, timeout=10, trust_env=False) as client:
             yield sim, client, app
 
@@ -73,6 +82,20 @@ async def chaos_stack(tmp: Path, *, n: int = 3, profile: str = "round-robin", he
 def fleet_of(app: Any) -> Fleet:
     f: Fleet = app.state.gateway.rt.fleet
     return f
+
+
+def clock_of(app: Any) -> ManualClock:
+    """The gateway's injected clock."""
+    clock = fleet_of(app).clock
+    assert isinstance(clock, ManualClock)
+    return clock
+
+
+async def rounds(app: Any, n: int = 2, timeout: float = 10.0) -> None:
+    """Wait (bounded) until the health monitor has run ``n`` more rounds."""
+    mon = app.state.monitor
+    seen = mon.rounds
+    await until(lambda: mon.rounds >= seen + n, timeout, f"{n} monitor rounds")
 
 
 async def until(pred: Callable[[], bool], timeout: float, what: str) -> float:
@@ -87,9 +110,7 @@ async def until(pred: Callable[[], bool], timeout: float, what: str) -> float:
 
 async def node_events(app: Any, node: str | None = None) -> list[dict[str, Any]]:
     """The node_events rows (oldest first) once the monitor recorded what happened so far."""
-    mon = app.state.monitor
-    seen = mon.rounds
-    await until(lambda: mon.rounds >= seen + 2, 5.0, "two monitor rounds")
+    await rounds(app, 2)
     await app.state.events.flush_once(force=True)
     rows = await asyncio.to_thread(recent_events, app.state.store.engine, node=node, limit=10_000)
     return list(reversed(rows))
@@ -114,18 +135,19 @@ async def audit(client: httpx.AsyncClient, app: Any, rid: str) -> dict[str, Any]
     return body
 
 
-async def closed_loop(client: httpx.AsyncClient, *, workers: int, seconds: float, max_requests: int = 5000,
-                      body: dict[str, Any] | None = None) -> list[tuple[float, float, int, str]]:
-    """``workers`` clients sending back to back for ``seconds`` (bounded by ``max_requests``):
-    ``(start, end, status, request id)`` per request, times on the monotonic clock."""
-    out: list[tuple[float, float, int, str]] = []
-    stop_at = time.monotonic() + seconds
+async def closed_loop(client: httpx.AsyncClient, *, workers: int, requests: int,
+                      body: dict[str, Any] | None = None) -> list[tuple[int, str]]:
+    """``workers`` clients sending back to back until ``requests`` were sent:
+    ``(status, request id)`` per request. A count, not a duration, so a slow machine sends as much."""
+    out: list[tuple[int, str]] = []
+    sent = 0
 
     async def worker() -> None:
-        while time.monotonic() < stop_at and len(out) < max_requests:
-            t0 = time.monotonic()
+        nonlocal sent
+        while sent < requests:
+            sent += 1
             r = await client.post("/v1/chat/completions", json=body or CHAT)
-            out.append((t0, time.monotonic(), r.status_code, r.headers.get("x-request-id", "")))
+            out.append((r.status_code, r.headers.get("x-request-id", "")))
 
     await asyncio.gather(*(worker() for _ in range(workers)))
     return out

@@ -1,4 +1,4 @@
-"""Audit durability end to end (RELIABILITY.md B1, C-16, C-20): real HTTP, real processes.
+"""Audit durability end to end (docs/reliability.md B1, C-16, C-20): real HTTP, real processes.
 
 * A full journal fails closed: 503 ``audit_unavailable`` with Retry-After and readiness false, and
   both recover by themselves once the database takes the backlog.

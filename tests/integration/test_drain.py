@@ -1,4 +1,4 @@
-"""SIGTERM drains (RELIABILITY.md B8, C-19): a real ``inferlb serve`` process in front of emulated
+"""SIGTERM drains (docs/reliability.md B8, C-19): a real ``inferlb serve`` process in front of emulated
 nodes, streams in flight, SIGTERM.
 
 Readiness turns 503 ``draining`` while the listener stays open, new inference requests get 503

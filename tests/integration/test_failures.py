@@ -1,5 +1,5 @@
 """Node failures are expected events: retries before the first byte, never after, cooldowns,
-ejection, deadlines, client disconnects (RELIABILITY.md C-01..C-23 subset). Real HTTP everywhere:
+ejection, deadlines, client disconnects (docs/reliability.md C-01..C-23 subset). Real HTTP everywhere:
 simulated nodes and the gateway on loopback ports."""
 
 from __future__ import annotations

@@ -16,20 +16,28 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
-from ..closed_loop import percentile
+from inferlb.engine.store.queries import percentile
+
 from .runner import Outcome, RunData, Sample
 from .workload import Workload
 
-__all__ = ["is_good", "pcts", "summarize"]
+__all__ = ["is_good", "node_figures", "pcts", "summarize"]
 
 
-def pcts(values: list[float]) -> dict[str, float]:
-    """p50 / p95 / p99 / max / mean and the count (NaN when empty)."""
-    s = sorted(values)
+def _or_nan(v: float | None) -> float:
+    """NaN for "no value" (JSON-able, and shown as a dash in the reports)."""
+    return float("nan") if v is None else v
+
+
+def pcts(values: Iterable[float], scale: float = 1.0) -> dict[str, float]:
+    """p50 / p90 / p95 / p99 / max / mean (times ``scale``) and the count (NaN when empty)."""
+    s = sorted(v * scale for v in values)
     nan = float("nan")
-    return {"p50": percentile(s, 0.5), "p95": percentile(s, 0.95), "p99": percentile(s, 0.99),
+    return {"p50": _or_nan(percentile(s, 0.5)), "p90": _or_nan(percentile(s, 0.9)),
+            "p95": _or_nan(percentile(s, 0.95)), "p99": _or_nan(percentile(s, 0.99)),
             "max": s[-1] if s else nan, "mean": sum(s) / len(s) if s else nan, "n": len(s)}
 
 
@@ -39,7 +47,9 @@ def is_good(o: Outcome, w: Workload) -> bool:
     return not (o.stream and (o.ttft is None or o.ttft > w.slo.ttft_s))
 
 
-def _node_figures(samples: list[Sample]) -> dict[str, dict[str, Any]]:
+def node_figures(samples: list[Sample]) -> dict[str, dict[str, Any]]:
+    """Per node, over the run: what its counters grew by (requests, preemptions, crashes) and its
+    mean / max queue, KV use and running count."""
     by: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by[s.node].append(s)
@@ -104,7 +114,7 @@ def summarize(data: RunData, w: Workload, *, timeline_bucket_s: float = 5.0) -> 
     ttft = [o.ttft for o in ok if o.ttft is not None]
     tpot = [(o.e2e - o.ttft) / (o.tokens - 1) for o in ok if o.ttft is not None and o.tokens > 1]
     share = Counter(o.node or "?" for o in ok)
-    nodes = _node_figures(data.samples)
+    nodes = node_figures(data.samples)
     totals = {k: sum(n[k] for n in nodes.values()) for k in ("preemptions", "oom_crashes", "crashes")}
     lag = [o.lag for o in data.outcomes]
     return {
@@ -131,7 +141,7 @@ def summarize(data: RunData, w: Workload, *, timeline_bucket_s: float = 5.0) -> 
         "preemptions": totals["preemptions"],
         "oom_crashes": totals["oom_crashes"],
         "crashes": totals["crashes"],
-        "lag_p99_s": percentile(sorted(lag), 0.99) if lag else float("nan"),
+        "lag_p99_s": _or_nan(percentile(sorted(lag), 0.99)),
         "timeline": _timeline(data.outcomes, timeline_bucket_s),
         "steady": _steady(data),
         "slo": w.slo.model_dump(),

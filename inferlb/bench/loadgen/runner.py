@@ -1,7 +1,11 @@
-"""The open-loop client: sends a plan's requests at their times, whatever happened to earlier ones.
+"""The load generator: sends a plan's requests open loop (at their times, whatever happened to earlier
+ones) or closed loop (a fixed number in flight).
 
-Contract: request *i* is sent at ``start + plan[i].t`` (the send lag is recorded, so an overloaded
-generator shows in the figures instead of silently lowering the load); each is read to the end and
+Contract, open loop (``concurrency=None``): request *i* is sent at ``start + plan[i].t`` (the send
+lag is recorded, so an overloaded generator shows in the figures instead of silently lowering the
+load). Closed loop (``concurrency=c``): ``c`` workers each send the plan's next request as soon as
+their previous one has been read to the end, ``t`` is when it was sent, and none starts after
+``max_seconds``; the requests never sent are left out of the run. Either way each is read to the end and
 checked (HTTP 200, the expected number of ``tok<i>`` tokens, ``data: [DONE]`` for streams); the
 node that answered is read from ``system_fingerprint`` (the emulator puts its name there, and the
 gateway passes bytes through). Nothing waits forever: every request has the workload's
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import time
@@ -34,7 +39,8 @@ from .workload import PlannedRequest, Workload
 
 __all__ = ["Outcome", "RunData", "Sample", "run_plan"]
 
-_TOK = re.compile(rb"tok\d+ ")
+# Token text: "tok<i> " from the emulator, " tok<i>" from the peer bench's fake server.
+_TOK = re.compile(rb"tok\d+")
 _FINGERPRINT = re.compile(rb'"system_fingerprint":"([^"]{1,200})"')
 _FILLER = ("The quick brown fox jumps over the lazy dog while the load balancer routes tokens. " * 400)
 
@@ -58,6 +64,13 @@ class Outcome:
     e2e: float = 0.0
     tokens: int = 0
     node: str | None = None
+    code: str | None = None        # error.code of an error answer
+    retry_after: bool = False      # the answer carried Retry-After
+
+    @property
+    def end(self) -> float:
+        """When the answer was complete, from the start of the run."""
+        return self.t + self.lag + self.e2e
 
 
 @dataclass(slots=True)
@@ -109,8 +122,11 @@ def _expected(p: PlannedRequest, w: Workload) -> int:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, p: PlannedRequest, o: Outcome, w: Workload) -> None:
-    headers = {"content-type": "application/json", "x-inferlb-deadline-ms": str(int(w.timeout_s * 1000))}
-    if p.tenant:
+    deadline_s = w.deadline_s if w.deadline_s is not None else w.timeout_s
+    headers = {"content-type": "application/json", "x-inferlb-deadline-ms": str(int(deadline_s * 1000))}
+    if p.api_key:
+        headers["authorization"] = f"Bearer {p.api_key}"     # the key names the tenant
+    elif p.tenant:
         headers["x-inferlb-tenant"] = p.tenant
     if p.priority:
         headers["x-inferlb-priority"] = p.priority
@@ -120,14 +136,15 @@ async def _one(session: aiohttp.ClientSession, url: str, p: PlannedRequest, o: O
         async with session.post(url, data=_body(p, w), headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=w.timeout_s)) as resp:
             o.status = resp.status
+            o.retry_after = "retry-after" in resp.headers
             if resp.status != 200:
-                await resp.read()
+                o.code = _error_code(await resp.read())
                 o.error = f"http_{resp.status}"
                 return
             buf = bytearray()
             if p.stream:
                 async for chunk in resp.content.iter_any():
-                    if o.ttft is None and b"tok" in chunk:
+                    if o.ttft is None and _TOK.search(chunk):
                         o.ttft = time.monotonic() - t0
                     buf += chunk
             else:
@@ -153,6 +170,14 @@ async def _one(session: aiohttp.ClientSession, url: str, p: PlannedRequest, o: O
     finally:
         if not o.ok and o.e2e == 0.0:
             o.e2e = time.monotonic() - t0
+
+
+def _error_code(raw: bytes) -> str:
+    """``error.code`` of an OpenAI error body (``"unreadable"`` when there is none)."""
+    try:
+        return str(json.loads(raw)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return "unreadable"
 
 
 async def _sampler(nodes: dict[str, str], out: list[Sample], start: float, every_s: float,
@@ -191,11 +216,15 @@ async def _sampler(nodes: dict[str, str], out: list[Sample], start: float, every
 
 async def run_plan(requests: Sequence[PlannedRequest], w: Workload, targets: Sequence[str], *, label: str,
                    nodes: dict[str, str] | None = None, sample_s: float = 1.0, progress: bool = False,
-                   duration_s: float | None = None, cpu_watch: dict[str, int] | None = None) -> RunData:
-    """Send ``requests`` to ``targets`` (base URLs; several: client-side round robin, "direct").
+                   duration_s: float | None = None, cpu_watch: dict[str, int] | None = None,
+                   concurrency: int | None = None, max_seconds: float | None = None) -> RunData:
+    """Send ``requests`` to ``targets`` (base URLs; several: client-side round robin, "direct"),
+    open loop, or closed loop with ``concurrency`` in flight (bounded by ``max_seconds``).
     ``cpu_watch`` (name → PID) adds CPU-time readings of those process trees to each sample."""
     if not targets:
         raise ValueError("no target URL")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
     urls = [u.rstrip("/") + "/v1/chat/completions" for u in targets]
     outcomes = [Outcome(i, p.t, p.prompt_tokens, _expected(p, w), p.stream, p.tenant, p.priority)
                 for i, p in enumerate(requests)]
@@ -206,39 +235,73 @@ async def run_plan(requests: Sequence[PlannedRequest], w: Workload, targets: Seq
     sampler = asyncio.create_task(_sampler(nodes or {}, data.samples, start, sample_s, stop, cpu_watch or {},
                                            data.cpu))
     bar = _Progress(label, len(requests)) if progress else None
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    tasks: list[asyncio.Task[None]] = []
+    conn = aiohttp.TCPConnector(limit=concurrency or 0, limit_per_host=0)
     try:
         async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as session:
-            for p, o in zip(requests, outcomes, strict=True):
-                delay = start + p.t - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                o.lag = max(0.0, time.monotonic() - start - p.t)
-                tasks.append(asyncio.create_task(_one(session, urls[o.i % len(urls)], p, o, w)))
-                if bar is not None:
-                    bar.update(outcomes, len(tasks))
-            pending = {t for t in tasks if not t.done()}
-            end_by = time.monotonic() + w.timeout_s + 10.0
-            while pending and time.monotonic() < end_by:   # bounded by end_by
-                _, pending = await asyncio.wait(pending, timeout=0.5)
-                if bar is not None:
-                    bar.update(outcomes, len(tasks))
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-                for o in outcomes:
-                    if o.status is None and o.error is None and not o.ok:
-                        o.error = "timeout"
+            if concurrency is None:
+                await _open_loop(session, urls, requests, outcomes, w, start, bar)
+            else:
+                data.outcomes = await _closed_loop(session, urls, requests, outcomes, w, start, concurrency,
+                                                   max_seconds, bar)
     finally:
         data.wall_s = time.monotonic() - start
+        if concurrency is not None and duration_s is None:
+            data.duration_s = data.wall_s
         stop.set()
         with contextlib.suppress(Exception):
             await sampler
         if bar is not None:
             bar.close()
     return data
+
+
+async def _open_loop(session: aiohttp.ClientSession, urls: list[str], requests: Sequence[PlannedRequest],
+                     outcomes: list[Outcome], w: Workload, start: float, bar: _Progress | None) -> None:
+    tasks: list[asyncio.Task[None]] = []
+    for p, o in zip(requests, outcomes, strict=True):
+        delay = start + p.t - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        o.lag = max(0.0, time.monotonic() - start - p.t)
+        tasks.append(asyncio.create_task(_one(session, urls[o.i % len(urls)], p, o, w)))
+        if bar is not None:
+            bar.update(outcomes, len(tasks))
+    pending = {t for t in tasks if not t.done()}
+    end_by = time.monotonic() + w.timeout_s + 10.0
+    while pending and time.monotonic() < end_by:   # bounded by end_by
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+        if bar is not None:
+            bar.update(outcomes, len(tasks))
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+        for o in outcomes:
+            if o.status is None and o.error is None and not o.ok:
+                o.error = "timeout"
+
+
+async def _closed_loop(session: aiohttp.ClientSession, urls: list[str], requests: Sequence[PlannedRequest],
+                       outcomes: list[Outcome], w: Workload, start: float, concurrency: int,
+                       max_seconds: float | None, bar: _Progress | None) -> list[Outcome]:
+    """The outcomes of the requests sent, in plan order (each worker is bounded by the plan's length,
+    each request by ``w.timeout_s``)."""
+    todo = iter(zip(requests, outcomes, strict=True))
+    stop_at = start + max_seconds if max_seconds is not None else math.inf
+    sent: list[Outcome] = []
+
+    async def worker() -> None:
+        for p, o in todo:
+            if time.monotonic() > stop_at:
+                return
+            o.t = time.monotonic() - start
+            sent.append(o)
+            await _one(session, urls[o.i % len(urls)], p, o, w)
+            if bar is not None:
+                bar.update(outcomes, len(sent))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return sorted(sent, key=lambda o: o.i)
 
 
 class _Progress:

@@ -3,9 +3,11 @@
 Contract: everything binds 127.0.0.1 on free ports; every child is a
 :class:`~inferlb.bench.procs.Child` (own session, log file in the work dir) and
 :meth:`Stack.close` stops them all by PID, also when the benchmark fails. The gateway's fleet file
-gives each node ``capacity_tokens`` = its KV-cache size and ``max_concurrency`` = its own cap, as
-an operator would configure them from the server's start-up log; only ``routing.profile`` differs
-between the targets of a comparison.
+written by :func:`gateway_fleet` gives each node ``capacity_tokens`` = its KV-cache size and
+``max_concurrency`` = its own cap, as an operator would configure them from the server's start-up
+log; only ``routing.profile`` differs between the targets of a comparison. A benchmark with its own
+gateway configuration (``inferlb bench overload``) passes the fleet file to
+:meth:`Stack.start_gateway_with`.
 """
 
 from __future__ import annotations
@@ -116,21 +118,29 @@ class Stack:
 
     def start_gateway(self, profile: str, w: Workload, seed: int) -> str:
         """Start ``inferlb serve`` over the nodes with routing ``profile``; returns its base URL."""
+        return self.start_gateway_with(f"gateway-{profile}",
+                                       gateway_fleet(self.specs, self.node_urls, profile, w, seed))
+
+    def start_gateway_with(self, name: str, fleet: dict[str, Any], *, gdir: Path | None = None,
+                           env: dict[str, str] | None = None) -> str:
+        """Start ``inferlb serve`` on the fleet file ``fleet`` (stopping the one before); its
+        database and journal live in ``gdir`` (default: a fresh folder of the work dir), ``env``
+        adds settings. Returns its base URL once ``/readyz`` answers."""
         self.stop_gateway()
         port = free_port()
-        gdir = self.dir / f"gateway-{profile}-{self._n + 1}"
+        if gdir is None:
+            gdir = self.dir / f"{name}-{self._n + 1}"
         gdir.mkdir(parents=True, exist_ok=True)
         fleet_file = gdir / "fleet.yaml"
-        fleet_file.write_text(yaml.safe_dump(gateway_fleet(self.specs, self.node_urls, profile, w, seed),
-                                             sort_keys=False))
-        env = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
-                   INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
-                   INFERLB_LOG_LEVEL="WARNING")
-        self.gateway = self._spawn(f"gateway-{profile}", [PY, "-m", "inferlb.cli", "serve", "--config",
-                                                         str(fleet_file)], env)
+        fleet_file.write_text(yaml.safe_dump(fleet, sort_keys=False))
+        genv = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
+                    INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
+                    INFERLB_LOG_LEVEL="WARNING", **(env or {}))
+        genv.pop("INFERLB_REDIS_URL", None)    # the benchmark's gateway keeps its state in-process
+        self.gateway = self._spawn(name, [PY, "-m", "inferlb.cli", "serve", "--config", str(fleet_file)], genv)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/readyz", self.gateway, 90)
-        self.log(f"gateway ({profile}) up at {url} (pid {self.gateway.pid})")
+        self.log(f"{name} up at {url} (pid {self.gateway.pid})")
         return url
 
     def stop_gateway(self) -> None:

@@ -140,6 +140,7 @@ class Workload(_Strict):
     max_tokens: Literal["exact", "none"] | int = "exact"
     slo: SLO = SLO()
     timeout_s: float = Field(120.0, gt=0)          # the client gives up after this (not a success)
+    deadline_s: float | None = Field(None, gt=0)   # x-inferlb-deadline-ms sent (default: timeout_s)
 
     @model_validator(mode="after")
     def _mixes(self) -> Workload:
@@ -162,6 +163,7 @@ class PlannedRequest:
     priority: str | None = None
     model: str | None = None
     stream: bool = True
+    api_key: str | None = None      # sent as a bearer token (the key names the tenant)
 
 
 def _pick(rng: random.Random, mix: dict[str, float]) -> str | None:

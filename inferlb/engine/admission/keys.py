@@ -3,7 +3,7 @@
 Contract:
 
 * A key is ``sk-gw-`` followed by 43 URL-safe characters from :func:`secrets.token_urlsafe` (256
-  random bits; RELIABILITY §7 asks ≥ 128). It is shown once, when created; only its SHA-256 hex
+  random bits; docs/reliability.md §7 asks ≥ 128). It is shown once, when created; only its SHA-256 hex
   digest is stored (a fast hash is right for high-entropy secrets: nothing to brute-force) along
   with a short *hint* (prefix and last four characters) so an operator can tell keys apart.
 * :meth:`KeyCache.lookup` hashes whatever was presented and always finishes with one

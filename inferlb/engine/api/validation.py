@@ -1,6 +1,6 @@
 """Client-input validation for the OpenAI-compatible endpoints (pure: no I/O, no FastAPI).
 
-Contract (ARCHITECTURE.md, "Contracts worth keeping"; RELIABILITY.md §7, §8, §9.4):
+Contract (docs/architecture.md, "Contracts worth keeping"; docs/reliability.md §7, §8, §9.4):
 
 * Validate the fields the gateway reads (``model``, ``messages`` / ``prompt`` / ``input``,
   ``max_tokens`` and its alias ``max_completion_tokens``, ``n``, ``stream``, ``stream_options``)
@@ -21,7 +21,7 @@ Contract (ARCHITECTURE.md, "Contracts worth keeping"; RELIABILITY.md §7, §8, �
   message that names JSON types, never Python reprs or tracebacks, and echoes client text only
   clipped to ~64 characters. No other exception escapes, whatever the input.
 
-Policies for the catalog rows that leave a choice (RELIABILITY.md §8):
+Policies for the catalog rows that leave a choice (docs/reliability.md §8):
 
 * Not body-level, so not here: rows 4 (Content-Type), 5 as a cap enforced while streaming the
   body, 6–8, 32–40 (HTTP layer), 16–18 (model registry: ``model`` is an opaque string here) and
@@ -202,7 +202,7 @@ def parse_json_body(
         _fail("request body is empty; send a JSON object", None, "invalid_json")
     # Decode and parse errors are turned into messages here and raised *outside* the ``except``
     # blocks: UnicodeDecodeError.object and JSONDecodeError.doc hold the whole body, and must not
-    # ride along as ``__context__`` into a logged traceback (RELIABILITY.md §7, prompt privacy).
+    # ride along as ``__context__`` into a logged traceback (docs/reliability.md §7, prompt privacy).
     problem: tuple[str, str] | None = None
     try:
         text = raw.decode("utf-8")

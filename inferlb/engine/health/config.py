@@ -2,7 +2,7 @@
 
 Contract: pure pydantic models (no I/O, no imports of the rest of the engine), strict like the rest
 of the fleet file (unknown keys are errors, instances are frozen). Every field has a default, so a
-fleet file without the section gets Envoy's outlier-detection defaults (RELIABILITY.md §1.1) except
+fleet file without the section gets Envoy's outlier-detection defaults (docs/reliability.md §1.1) except
 where a [P] comment says why we differ.
 
 ::
@@ -72,7 +72,7 @@ class OutlierConfig(_Strict):
     base_ejection_s: float = Field(30.0, gt=0)         # × ejections in a row
     max_ejection_s: float = Field(300.0, gt=0)         # cap (or base, when larger)
     # [P] Envoy: 10 %. With 2–8 GPU nodes that is "never more than one"; the panic threshold
-    # guards against ejecting too much instead (RELIABILITY.md §1.1).
+    # guards against ejecting too much instead (docs/reliability.md §1.1).
     max_ejection_percent: float = Field(50.0, ge=0, le=100)
     success_rate_minimum_hosts: int = Field(5, ge=1)
     success_rate_request_volume: int = Field(100, ge=1)

@@ -1,6 +1,6 @@
 """The spiff executor: real SpiffWorkflow instances, tuned.
 
-Tuning (see SPIFFWORKFLOW-NOTES.md): expressions compiled once and cached (:class:`ScriptEnv`);
+Tuning (see docs/spiffworkflow-notes.md): expressions compiled once and cached (:class:`ScriptEnv`);
 our own driver loop that looks for the next READY task below the one just run instead of walking
 the whole tree; no re-scan of WAITING tasks after every completion unless the process has
 elements that wait (joins, catch events); the ``spiff`` logger at WARNING. Runs any BPMN
