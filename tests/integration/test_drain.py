@@ -24,7 +24,6 @@ import httpx
 import pytest
 import yaml
 
-from inferlb.engine.gateway import Gateway
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
 
 from ..support import ROOT, free_port
@@ -185,7 +184,6 @@ async def test_stream_outliving_the_drain_is_stopped_and_the_process_exits_0(tmp
     assert len(rows) == 1 and rows[0][0] != "ok", rows     # audited, and not as a success
 
 
-@pytest.mark.skipif(not hasattr(Gateway, "stop_streams"), reason="needs Gateway.stop_streams")
 async def test_stream_outliving_the_drain_ends_with_an_sse_error_event(tmp_path: Path) -> None:
     status, rid, text, code, log = await _outliving_stream(tmp_path)
     assert code == 0, log
