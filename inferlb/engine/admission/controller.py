@@ -131,6 +131,7 @@ class AdmissionController:
         self.spend_pending: defaultdict[str, float] = defaultdict(float)   # cost not yet in the database
         self.counters: Counter[str] = Counter()
         self._seq = itertools.count()
+        self.on_enqueue: Callable[[], None] | None = None   # the service's tick loop parks until this
 
     # ------------------------------------------------------------------ pools and saturation
 
@@ -297,6 +298,8 @@ class AdmissionController:
         q.push(t)
         hold.ticket = t
         self.counters["queued"] += 1
+        if self.on_enqueue is not None:
+            self.on_enqueue()
         self._shed_overtaken(ps, t, limit, now)
         return {"admitted": False, "queue": True, "reason": f"pool {ps.name} saturated: queued behind "
                 f"{q.ahead(hold.rank) - 1} request(s), waiting up to {max_wait:.2f}s",
@@ -389,6 +392,10 @@ class AdmissionController:
             q.settle(t, "granted", now)
             self._grant(ps, hold, now)
             ps.granted_from_queue += 1
+
+    def has_queued(self) -> bool:
+        """Whether any request waits in a gateway queue (the tick loop runs only then)."""
+        return any(ps.queue is not None and len(ps.queue) for ps in self.pools.values())
 
     def tick(self) -> None:
         """Expire overdue tickets and re-check saturation (node metrics change between requests)."""

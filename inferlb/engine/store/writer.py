@@ -237,6 +237,7 @@ class AuditWriter:
         self._pending: collections.deque[RequestRecord] = collections.deque()
         self._lock = asyncio.Lock()        # one flush at a time (background task, tests, close)
         self._wake = asyncio.Event()       # set by submit() when a full batch is waiting
+        self._work = asyncio.Event()       # set by submit(): the flush task parks on it while idle
         self._idle = asyncio.Event()       # set when nothing is pending or spooled
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
@@ -250,6 +251,7 @@ class AuditWriter:
         self._journal_error: str | None = None
         self._written = 0
         self._dropped = 0
+        self.flush_rounds = 0              # rounds of the background task (none while idle)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -262,6 +264,7 @@ class AuditWriter:
             return
         self._pending.append(record)
         self._idle.clear()
+        self._work.set()
         if len(self._pending) >= self._batch_size:
             self._wake.set()
 
@@ -339,6 +342,7 @@ class AuditWriter:
         deadline = loop.time() + timeout_s
         self._closing = True
         self._wake.set()
+        self._work.set()
         if self._task is not None:
             done, _ = await asyncio.wait({self._task}, timeout=max(0.0, deadline - loop.time()))
             if not done:
@@ -370,11 +374,19 @@ class AuditWriter:
 
     async def _run(self) -> None:
         while not self._closing:
+            if not self._pending and not self._journal.spooled:
+                # Nothing to write: park until a submit (an idle gateway must not wake 5 times a
+                # second); the first record then waits at most one flush interval, as before.
+                self._work.clear()
+                await self._work.wait()
+                if self._closing:
+                    break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval_s)
             self._wake.clear()
             if self._closing:
                 break
+            self.flush_rounds += 1
             try:
                 await self.flush_once()
             except Exception:  # the task must outlive any bug in one flush
