@@ -469,8 +469,12 @@ class AdmissionController:
 
     def sweep(self, grace_s: float = 60.0) -> int:
         """Release holds whose request is long past its deadline (a request that never ended
-        cleanly must not keep its slot forever); returns how many."""
+        cleanly must not keep its slot forever); returns how many. Also forgets the failed-
+        authentication buckets of client addresses that are within their limit again."""
         now = self.clock.monotonic()
+        # One bucket per client address that ever failed to authenticate: without this the map
+        # grows with every new address; a full bucket is the same as none.
+        self.auth_failures.forget_idle(self.clock.time(), keep_pending=False)
         stale = [h for h in self.holds.values() if now > h.deadline_at + grace_s]
         for h in stale:
             self.finished(RequestRecord(request_id=h.request_id, received_at=0.0, endpoint="", model_requested="",
