@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+SQLITE_CACHED_STATEMENTS = 16   # per connection; see make_engine
 # Bound how long a flush waits for an unreachable PostgreSQL before it spools (libpq default: forever).
 _PG_CONNECT_TIMEOUT_S = 5
 
@@ -81,9 +82,16 @@ def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
     backend = u.get_backend_name()
     if backend == "sqlite":
         memory = _sqlite_in_memory(u)
+        # sqlite3 keeps up to 128 prepared statements per connection (LRU by SQL text). A batched
+        # upsert of n records, and DELETE … IN of n ids, is a different SQL text for every n, and
+        # one for a few hundred rows is hundreds of KB: the cache alone grew the gateway's memory
+        # by tens of MB over 100 k requests. A handful of slots keeps the statements that repeat.
+        connect_args: dict[str, Any] = {"cached_statements": SQLITE_CACHED_STATEMENTS}
         if memory:
             # One shared connection, or every pooled connection would see its own empty database.
-            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+            connect_args["check_same_thread"] = False
+            kwargs["poolclass"] = StaticPool
+        kwargs["connect_args"] = connect_args
         try:
             engine = create_engine(u, **kwargs)
         except (SQLAlchemyError, ImportError) as exc:
