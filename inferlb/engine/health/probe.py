@@ -9,7 +9,7 @@ connect reads ``ConnectError: …``). A probe costs no tokens: it GETs the node 
 path (``/health``, ``/v1/models``…), never a generation. Parsing (Prometheus text, DCGM) runs in
 a worker thread, off the event loop. The client is aiohttp, like the data path's, because a
 health round runs forever on an idle gateway: three probes cost about 1 ms of CPU with aiohttp
-against about 5 ms with httpx (measured with ``python -m inferlb.bench.idle_memory``), and
+against about 5 ms with httpx (docs/benchmarks.md, the idle CPU section), and
 connections are kept alive between rounds.
 
 Sources per node (see :class:`~inferlb.engine.health.config.NodeHealthConfig`): ``probe`` (the
