@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import inspect, text
 
 from inferlb.engine.health.types import NodeEvent
@@ -120,4 +122,31 @@ async def test_with_a_journal_failed_events_are_spooled_not_held_and_survive_a_r
         assert again.backlog()["spooled"] == 0
     finally:
         await again.close()
+
+
+async def test_an_idle_event_writer_parks_until_a_submit(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/idle.db"
+    upgrade(url)
+    engine = make_engine(url)
+    # A 1 µs interval: a task that did not park would run a round on nearly every pass.
+    w = EventWriter(engine, flush_interval_s=1e-6)
+    await w.start()
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert w.flush_rounds == 0
+        w.submit([ev(1)])
+        for _ in range(200):                     # the submit wakes the task at once
+            if w.flush_rounds:
+                break
+            await asyncio.sleep(0)
+        assert w.flush_rounds == 1
+        assert await w.flush_once() == 0         # waits for the task's flush (one lock), nothing left
+        assert w.written == 1 and len(recent_events(engine)) == 1
+        rounds = w.flush_rounds
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert w.flush_rounds == rounds          # nothing pending again: parked
+    finally:
+        await w.close()
         engine.dispose()

@@ -31,10 +31,13 @@ class Fake:
         self.hang: set[str] = set()
         self.hits: dict[str, int] = {}
         self.auth: list[str | None] = []
+        self.peers: dict[str, set[Any]] = {}     # path -> client (host, port): one per connection
 
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
         self.hits[path] = self.hits.get(path, 0) + 1
+        self.peers.setdefault(path, set()).add(request.transport.get_extra_info("peername")
+                                               if request.transport is not None else None)
         self.auth.append(request.headers.get("authorization"))
         if path in self.hang:
             await asyncio.sleep(30)
@@ -151,3 +154,18 @@ def test_health_nodes_must_name_fleet_nodes() -> None:
                               "health": {"nodes": {"b": {"probe": False}}}})
     with pytest.raises(ConfigError, match=r"health\.nodes\.b: unknown node 'b'"):
         check_health_config(cfg)
+
+
+async def test_probes_keep_their_connection_between_rounds(server: tuple[Fake, str]) -> None:
+    # A probe reads (and drops) its body so the connection goes back to the pool: a new TCP
+    # connect every round was most of an idle gateway's health cost.
+    fake, url = server
+    fake.body["/health"] = b'{"status": "ok"}'
+    p = _prober(url, kind="vllm", metrics="none")
+    try:
+        for _ in range(3):
+            s = {x.source: x for x in await p.collect()}
+            assert s["probe"].ok
+    finally:
+        await p.close()
+    assert fake.hits["/health"] == 3 and len(fake.peers["/health"]) == 1

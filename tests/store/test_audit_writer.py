@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -328,3 +329,28 @@ async def test_a_lone_bad_record_is_quarantined_but_a_missing_table_never_is(
     assert await w.flush_once(force=True) == 3
     assert rows_in(engine) == 3
     await w.close()
+
+
+async def _spin(passes: int = 200) -> None:
+    for _ in range(passes):
+        await asyncio.sleep(0)
+
+
+async def test_an_idle_writer_parks_instead_of_waking_every_interval(
+    engine: Engine, tmp_path: Path, make_record: MakeRecord, rows_in: RowsIn
+) -> None:
+    # A 1 µs interval: a flush task that did not park would run a round on nearly every pass.
+    w = AuditWriter(engine, journal_dir=tmp_path / "j", flush_interval_s=1e-6, clock=ManualClock())
+    await w.start()
+    try:
+        await _spin()
+        assert w.flush_rounds == 0
+        w.submit(make_record(1))                 # one record, far from a full batch: still written
+        assert await w.wait_caught_up(10)
+        assert rows_in(engine) == 1 and w.flush_rounds >= 1
+        await _spin(5)
+        rounds = w.flush_rounds
+        await _spin()
+        assert w.flush_rounds == rounds          # nothing pending again: parked
+    finally:
+        await w.close()

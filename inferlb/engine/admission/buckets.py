@@ -127,11 +127,12 @@ class Limiter:
         b.refill(now)
         return b.level
 
-    def forget_idle(self, now: float) -> None:
-        """Drop buckets that are full again and have nothing to send (bounded memory)."""
+    def forget_idle(self, now: float, *, keep_pending: bool = True) -> None:
+        """Drop buckets that are full again (a new one would start full: nothing changes) and, unless
+        ``keep_pending`` is false (buckets never shared through Redis), have nothing to send."""
         for k, b in list(self.buckets.items()):
             b.refill(now)
-            if b.level >= b.capacity and not b.pending:
+            if b.level >= b.capacity and not (keep_pending and b.pending):
                 del self.buckets[k]
 
 

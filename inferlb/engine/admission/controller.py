@@ -131,6 +131,7 @@ class AdmissionController:
         self.spend_pending: defaultdict[str, float] = defaultdict(float)   # cost not yet in the database
         self.counters: Counter[str] = Counter()
         self._seq = itertools.count()
+        self.on_enqueue: Callable[[], None] | None = None   # the service's tick loop parks until this
 
     # ------------------------------------------------------------------ pools and saturation
 
@@ -297,6 +298,8 @@ class AdmissionController:
         q.push(t)
         hold.ticket = t
         self.counters["queued"] += 1
+        if self.on_enqueue is not None:
+            self.on_enqueue()
         self._shed_overtaken(ps, t, limit, now)
         return {"admitted": False, "queue": True, "reason": f"pool {ps.name} saturated: queued behind "
                 f"{q.ahead(hold.rank) - 1} request(s), waiting up to {max_wait:.2f}s",
@@ -390,6 +393,10 @@ class AdmissionController:
             self._grant(ps, hold, now)
             ps.granted_from_queue += 1
 
+    def has_queued(self) -> bool:
+        """Whether any request waits in a gateway queue (the tick loop runs only then)."""
+        return any(ps.queue is not None and len(ps.queue) for ps in self.pools.values())
+
     def tick(self) -> None:
         """Expire overdue tickets and re-check saturation (node metrics change between requests)."""
         for ps in list(self.pools.values()):
@@ -462,8 +469,12 @@ class AdmissionController:
 
     def sweep(self, grace_s: float = 60.0) -> int:
         """Release holds whose request is long past its deadline (a request that never ended
-        cleanly must not keep its slot forever); returns how many."""
+        cleanly must not keep its slot forever); returns how many. Also forgets the failed-
+        authentication buckets of client addresses that are within their limit again."""
         now = self.clock.monotonic()
+        # One bucket per client address that ever failed to authenticate: without this the map
+        # grows with every new address; a full bucket is the same as none.
+        self.auth_failures.forget_idle(self.clock.time(), keep_pending=False)
         stale = [h for h in self.holds.values() if now > h.deadline_at + grace_s]
         for h in stale:
             self.finished(RequestRecord(request_id=h.request_id, received_at=0.0, endpoint="", model_requested="",

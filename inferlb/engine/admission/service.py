@@ -41,6 +41,9 @@ class AdmissionService:
         self.redis: Any = None
         self.sync: RedisSync | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._queued = asyncio.Event()       # set by the controller when a request is queued
+        controller.on_enqueue = self._queued.set
+        self.ticks = 0                       # queue ticks run (the tick loop parks while nothing waits)
 
     async def start(self) -> None:
         ctl = self.ctl
@@ -58,7 +61,7 @@ class AdmissionService:
             self._loop("redis-sync", ctl.policy.redis_sync_s, self._sync_once)
         elif env.limits == "redis":
             raise ConfigError("INFERLB_LIMITS=redis needs INFERLB_REDIS_URL")
-        self._loop("queue-tick", ctl.policy.queue.tick_s, self._tick_once)
+        self._loop("queue-tick", ctl.policy.queue.tick_s, self._tick_once, park=self._park_until_queued)
         if self.engine is not None:
             self._loop("keys-refresh", ctl.policy.keys_refresh_s, self.refresh_keys)
 
@@ -78,9 +81,12 @@ class AdmissionService:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
 
-    def _loop(self, name: str, every_s: float, fn: Callable[[], Awaitable[Any]]) -> None:
+    def _loop(self, name: str, every_s: float, fn: Callable[[], Awaitable[Any]],
+              park: Callable[[], Awaitable[None]] | None = None) -> None:
         async def run() -> None:
             while True:
+                if park is not None:
+                    await park()
                 await asyncio.sleep(every_s)
                 try:
                     await fn()
@@ -91,7 +97,14 @@ class AdmissionService:
 
         self._tasks.append(asyncio.create_task(run(), name=f"inferlb-admission-{name}"))
 
+    async def _park_until_queued(self) -> None:
+        # An idle gateway must not wake every tick_s (50 times a second by default) for nothing.
+        if not self.ctl.has_queued():
+            self._queued.clear()
+            await self._queued.wait()
+
     async def _tick_once(self) -> None:
+        self.ticks += 1
         self.ctl.tick()
 
     async def _sync_once(self) -> None:

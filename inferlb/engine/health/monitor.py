@@ -5,7 +5,7 @@ Contract:
 * :meth:`HealthMonitor.run_once` is one round: it starts a fresh process instance (a long-lived
   looping instance would grow by a few task objects per turn), performs its external tasks —
   ``health/probe`` through the :class:`~inferlb.engine.health.probe.Prober` (every source of every
-  node concurrently, httpx), waits (``clock/wait``, timers) capped at one interval — and lets the
+  node concurrently, aiohttp), waits (``clock/wait``, timers) capped at one interval — and lets the
   engine run the in-engine operations (``tasks/health.py``). It returns the instance's final data.
   Editing the process changes what a round does.
 * :meth:`start` runs the first round before returning (bounded by ``first_round_timeout_s``;

@@ -1,12 +1,16 @@
-"""The health sources over HTTP (control plane, httpx): probes, metric scrapes, GPU reports.
+"""The health sources over HTTP (control plane, aiohttp): probes, metric scrapes, GPU reports.
 
 Contract: :meth:`Prober.collect` fetches every configured source of every node concurrently and
 returns one :class:`~inferlb.engine.health.types.Sample` per source. It never raises for a node's
 fault: refused connections, timeouts (``probe.timeout_s`` for the whole fetch, body included),
 non-2xx statuses, oversized bodies and unparsable pages all become ``ok=False`` samples with an
-``error`` string; httpx's exceptions are mapped here, the one boundary. A probe costs no tokens:
-it GETs the node kind's readiness path (``/health``, ``/v1/models``…), never a generation.
-Parsing (Prometheus text, DCGM) runs in a worker thread, off the event loop.
+``error`` string; aiohttp's exceptions are mapped here, the one boundary (a refused or failed
+connect reads ``ConnectError: …``). A probe costs no tokens: it GETs the node kind's readiness
+path (``/health``, ``/v1/models``…), never a generation. Parsing (Prometheus text, DCGM) runs in
+a worker thread, off the event loop. The client is aiohttp, like the data path's, because a
+health round runs forever on an idle gateway: three probes cost about 1 ms of CPU with aiohttp
+against about 5 ms with httpx (docs/benchmarks.md, the idle CPU section), and
+connections are kept alive between rounds.
 
 Sources per node (see :class:`~inferlb.engine.health.config.NodeHealthConfig`): ``probe`` (the
 readiness path; 503 means loading), ``metrics`` (vLLM / TGI / SGLang page), ``agent`` (an
@@ -21,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from ..settings import NodeConfig
 from ..types import Clock
@@ -63,22 +67,26 @@ class _TooLarge(Exception):
 
 
 class Prober:
-    """Fetches samples. ``transport`` lets tests swap httpx's transport (never needed on loopback)."""
+    """Fetches samples over one keep-alive aiohttp session (created on first use, in the loop)."""
 
-    def __init__(self, nodes: Sequence[NodeConfig], cfg: HealthConfig, clock: Clock,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, nodes: Sequence[NodeConfig], cfg: HealthConfig, clock: Clock) -> None:
         self.cfg = cfg
         self.clock = clock
         self.targets = targets_for(nodes, cfg)
-        t = cfg.probe.timeout_s
-        # No proxies from the environment, no redirects (a probe never leaves the configured URL).
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(t), follow_redirects=False, trust_env=False,
-                                         limits=httpx.Limits(max_connections=max(10, 4 * len(self.targets)),
-                                                             max_keepalive_connections=max(5, len(self.targets))),
-                                         transport=transport)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No proxies from the environment (trust_env is off), no redirects (see _get).
+            conn = aiohttp.TCPConnector(limit=max(10, 4 * len(self.targets)), limit_per_host=0)
+            self._session = aiohttp.ClientSession(connector=conn, trust_env=False,
+                                                  timeout=aiohttp.ClientTimeout(total=self.cfg.probe.timeout_s))
+        return self._session
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def collect(self) -> list[Sample]:
         if not self.targets:
@@ -106,7 +114,10 @@ class Prober:
             return self._sample(t, start, False, status, f"timeout after {self.cfg.probe.timeout_s:g}s")
         except _TooLarge:
             return self._sample(t, start, False, status, f"body over {self.cfg.probe.max_body_bytes} bytes")
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientConnectionError as exc:
+            kind = "ConnectError" if isinstance(exc, aiohttp.ClientConnectorError) else type(exc).__name__
+            return self._sample(t, start, False, status, f"{kind}: {exc}".strip(": "))
+        except aiohttp.ClientError as exc:
             return self._sample(t, start, False, status, f"{type(exc).__name__}: {exc}".strip(": "))
         except (ValueError, UnicodeDecodeError) as exc:
             return self._sample(t, start, False, status, f"unparsable {t.source} page: {exc}"[:300])
@@ -116,14 +127,21 @@ class Prober:
     async def _get(self, t: Target) -> tuple[int, bytes]:
         headers = {"authorization": f"Bearer {t.api_key}"} if t.api_key else None
         limit = self.cfg.probe.max_body_bytes
-        async with self._client.stream("GET", t.url, headers=headers) as resp:
+        async with self._client().get(t.url, headers=headers, allow_redirects=False) as resp:
             body = bytearray()
-            if t.source != "probe":   # a probe needs the status only
-                async for chunk in resp.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        raise _TooLarge
-            return resp.status_code, bytes(body)
+            seen = 0
+            async for chunk in resp.content.iter_any():
+                seen += len(chunk)
+                if t.source == "probe":
+                    # A probe needs the status only; its body is read (and dropped) so the keep-alive
+                    # connection goes back to the pool instead of a new TCP connect every round.
+                    if seen > limit:
+                        break
+                    continue
+                body += chunk
+                if seen > limit:
+                    raise _TooLarge
+            return resp.status, bytes(body)
 
     def _sample(self, t: Target, start: float, ok: bool, status: int | None, error: str | None = None,
                 values: dict[str, Any] | None = None) -> Sample:

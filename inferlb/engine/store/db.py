@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+SQLITE_CACHED_STATEMENTS = 16   # per connection; see make_engine
 # Bound how long a flush waits for an unreachable PostgreSQL before it spools (libpq default: forever).
 _PG_CONNECT_TIMEOUT_S = 5
 # Server-side bound on one statement (PostgreSQL default: none); a batch upsert takes milliseconds.
@@ -102,9 +103,16 @@ def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = 
     backend = u.get_backend_name()
     if backend == "sqlite":
         memory = _sqlite_in_memory(u)
+        # sqlite3 keeps up to 128 prepared statements per connection (LRU by SQL text). A batched
+        # upsert of n records, and DELETE … IN of n ids, is a different SQL text for every n, and
+        # one for a few hundred rows is hundreds of KB: the cache alone grew the gateway's memory
+        # by tens of MB over 100 k requests. A handful of slots keeps the statements that repeat.
+        connect_args: dict[str, Any] = {"cached_statements": SQLITE_CACHED_STATEMENTS}
         if memory:
             # One shared connection, or every pooled connection would see its own empty database.
-            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+            connect_args["check_same_thread"] = False
+            kwargs["poolclass"] = StaticPool
+        kwargs["connect_args"] = connect_args
         try:
             engine = create_engine(u, **kwargs)
         except (SQLAlchemyError, ImportError) as exc:
@@ -125,14 +133,14 @@ def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = 
         return engine
     if backend == "postgresql":
         kwargs["pool_pre_ping"] = True
-        connect_args: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
-                                        "keepalives_count": 3}
+        pg_args: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                                   "keepalives_count": 3}
         if "connect_timeout" not in u.query:
-            connect_args["connect_timeout"] = max(1, int(connect_timeout_s))
+            pg_args["connect_timeout"] = max(1, int(connect_timeout_s))
         options = _pg_options(u, statement_timeout_ms)
         if options:
-            connect_args["options"] = options
-        kwargs["connect_args"] = connect_args
+            pg_args["options"] = options
+        kwargs["connect_args"] = pg_args
     try:
         return create_engine(u, **kwargs)
     except (SQLAlchemyError, ImportError) as exc:

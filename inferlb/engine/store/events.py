@@ -143,6 +143,7 @@ class EventWriter:
         self._closing = False
         self.written = 0
         self.dropped = 0
+        self.flush_rounds = 0   # rounds of the background task (none while idle)
         self.last_error: str | None = None
         self.spool_error: str | None = None
 
@@ -173,9 +174,13 @@ class EventWriter:
 
     async def _run(self) -> None:
         while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._flush_interval_s)
+            if self._pending:   # a batch waits for its interval (or a retry after a failure)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._flush_interval_s)
+            else:               # nothing queued: park until a submit, no timer while idle
+                await self._wake.wait()
             self._wake.clear()
+            self.flush_rounds += 1
             try:
                 await self.flush_once()
             except Exception:  # the task must outlive any bug in one flush

@@ -137,7 +137,8 @@ class AuditWriter:
         # Its own thread: journal I/O never waits behind a hung database call (BatchWriter's thread).
         self._io = ThreadPoolExecutor(1, thread_name_prefix="inferlb-audit-journal")
         self._lock = asyncio.Lock()        # one flush at a time (background task, tests, close)
-        self._wake = asyncio.Event()       # set when a full batch is waiting
+        self._wake = asyncio.Event()       # set by submit() when a full batch is waiting
+        self._work = asyncio.Event()       # set by submit(): the flush task parks on it while idle
         self._idle = asyncio.Event()       # set when nothing is pending or spooled
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
@@ -155,6 +156,7 @@ class AuditWriter:
         self._dropped = 0
         self._unrecorded = 0
         self._recovered = 0
+        self.flush_rounds = 0              # rounds of the background task (none while idle)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -304,6 +306,7 @@ class AuditWriter:
         deadline = loop.time() + timeout_s
         self._closing = True
         self._wake.set()
+        self._work.set()
         self._wal_wake.set()
         for task in (self._wal_task, self._task):
             if task is not None:
@@ -378,6 +381,8 @@ class AuditWriter:
             finally:
                 # Even when not journaled the records stay queued for the database (never lost silently).
                 self._pending.extend((r, seq) for r in finished)
+                if finished:
+                    self._work.set()   # the flush task parks while nothing is pending
                 for w in waiters:
                     if not w.done():
                         w.set_result(ok)
@@ -406,6 +411,7 @@ class AuditWriter:
         err = f"{type(exc).__name__}: {exc}"
         if which == "wal":
             self._wal_error = err
+            self._work.set()   # the flush task probes the log until it is writable again
         else:
             self._journal_error = err
         if (n := self._journal_log.due()) is not None:
@@ -433,11 +439,20 @@ class AuditWriter:
 
     async def _run(self) -> None:
         while not self._closing:
+            if not self._pending and not self._journal.spooled and self._wal_error is None:
+                # Nothing to write and no broken log to probe: park until a submit (an idle gateway
+                # must not wake 5 times a second); the first record then waits at most one flush
+                # interval, as before.
+                self._work.clear()
+                await self._work.wait()
+                if self._closing:
+                    break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval_s)
             self._wake.clear()
             if self._closing:
                 break
+            self.flush_rounds += 1
             try:
                 if self._wal_error is not None:
                     await self._probe_wal()
