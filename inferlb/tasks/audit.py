@@ -85,5 +85,5 @@ def record(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         rec.model_served = scope.model
     # Dispatch completes only after the last byte, so the record is whole here; the writer's
     # submit never blocks.
-    scope.rt.submit(rec)
+    scope.rt.on_request_end(rec)
     return result
