@@ -36,7 +36,7 @@ from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .api import schema as openapi_schema
-from .errors import ClientError
+from .errors import ClientError, error_body
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
 from .health.probe import Prober
@@ -68,8 +68,7 @@ def default_processes_dir() -> Path:
 
 
 def _envelope(status: int, message: str, etype: str, code: str | None, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": etype, "param": param, "code": code}},
-                        status_code=status)
+    return JSONResponse(error_body(message, etype, code, param), status_code=status)
 
 
 def request_end(admission: AdmissionController, *, audit: Callable[[RequestRecord], None],

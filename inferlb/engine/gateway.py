@@ -27,6 +27,8 @@ from .errors import (
     UpstreamStatusError,
     UpstreamTimeout,
     WorkflowRuntimeError,
+    error_body,
+    error_event,
 )
 from .first_byte import FirstByteBudget
 from .scope import IncomingRequest, RequestScope, Runtime, begin_request
@@ -52,11 +54,6 @@ def _error_response(result: dict[str, Any], request_id: str) -> Response:
         headers["retry-after"] = str(max(1, round(float(result["retry_after_s"]))))
     return Response(json.dumps({"error": result["error"]}), status_code=int(result["http_status"]),
                     media_type=_JSON, headers=headers)
-
-
-def _sse_error(message: str, code: str) -> bytes:
-    env = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(env).encode() + b"\n\n"
 
 
 class Gateway:
@@ -320,7 +317,7 @@ class Gateway:
             rec.node = c.node
             outcome = {"kind": "midstream_error", "status": 200, "error_class": error_class, "node": c.node,
                        "retry_after_s": None, "tried": list(scope.tried)}
-            yield _sse_error(message, error_class if live.stopped is not None else "upstream_error")
+            yield error_event(message, "server_error", error_class if live.stopped is not None else "upstream_error")
         finally:
             self._live.discard(live)
             _charge(rec, rt.fleet.release(c.node, c.tokens, c.mark))
@@ -391,8 +388,8 @@ class Gateway:
         log.error("request %s: workflow error: %s", scope.record.request_id, exc)
         self._submit_failed(scope, exc)
         result = {"http_status": 500, "retry_after_s": None,
-                  "error": {"message": "The gateway's request process failed; see the audit record",
-                            "type": "server_error", "param": None, "code": "workflow_error"}}
+                  **error_body("The gateway's request process failed; see the audit record", "server_error",
+                               "workflow_error")}
         return _error_response(result, scope.record.request_id)
 
     def _finish_cancelled(self, scope: RequestScope) -> None:

@@ -175,7 +175,6 @@ async def list_models(gw: GatewayDep) -> dict[str, Any]:
 async def get_model(model: str, gw: GatewayDep) -> Response:
     m = gw.rt.fleet.models.get(model)
     if m is None:
-        err = {"error": {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
-                         "param": "model", "code": "model_not_found"}}
-        return JSONResponse(err, status_code=404)
+        err = ModelNotFound(model)
+        return JSONResponse(err.envelope(), status_code=err.status)
     return JSONResponse({"id": m.name, "object": "model", "created": int(time.time()), "owned_by": "inferlb"})
