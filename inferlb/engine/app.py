@@ -28,7 +28,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from ..tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
-from .admission.auth import authenticate, require_admin_when_auth
 from .admission.controller import AdmissionController
 from .admission.service import AdmissionService
 from .api import admin, audit, edge, health, openai
@@ -36,6 +35,7 @@ from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .api import schema as openapi_schema
+from .api.auth import authenticate, require_admin_when_auth
 from .errors import ClientError, error_body
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
@@ -173,7 +173,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
     edge.install(app, settings.cors_allow_origins)    # HEAD, clients gone mid-body, CORS
-    openapi_schema.install(app)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
+    openapi_schema.install(app, settings.max_n)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
 
     @app.exception_handler(ClientError)
     async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
