@@ -12,6 +12,7 @@ RuntimeError when it is missing, a wiring error rather than a client error; the 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -59,24 +60,12 @@ async def get_store(request: Request) -> StoreHandle:
     return store
 
 
-async def get_optional_store(request: Request) -> StoreHandle | None:
-    store: StoreHandle | None = getattr(request.app.state, "store", None)
-    return store
-
-
-async def get_observability(request: Request) -> Observability | None:
-    obs: Observability | None = getattr(request.app.state, "observability", None)
-    return obs
-
-
-async def get_events(request: Request) -> EventWriter | None:
-    events: EventWriter | None = getattr(request.app.state, "events", None)
-    return events
-
-
-async def get_monitor(request: Request) -> HealthMonitor | None:
-    monitor: HealthMonitor | None = getattr(request.app.state, "monitor", None)
-    return monitor
+def _optional(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """The getter of an optional app-wide object: ``app.state.<name>``, or None."""
+    async def get(request: Request) -> Any:
+        return getattr(request.app.state, name, None)
+    get.__name__ = f"get_{name}"
+    return get
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +89,8 @@ GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 AdmissionDep = Annotated[AdmissionController, Depends(get_admission)]
 StoreDep = Annotated[StoreHandle, Depends(get_store)]
-OptionalStoreDep = Annotated[StoreHandle | None, Depends(get_optional_store)]
-ObservabilityDep = Annotated[Observability | None, Depends(get_observability)]
-EventsDep = Annotated[EventWriter | None, Depends(get_events)]
-MonitorDep = Annotated[HealthMonitor | None, Depends(get_monitor)]
+OptionalStoreDep = Annotated[StoreHandle | None, Depends(_optional("store"))]
+ObservabilityDep = Annotated[Observability | None, Depends(_optional("observability"))]
+EventsDep = Annotated[EventWriter | None, Depends(_optional("events"))]
+MonitorDep = Annotated[HealthMonitor | None, Depends(_optional("monitor"))]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]
