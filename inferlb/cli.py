@@ -205,8 +205,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from .engine.cost import node_prices
     from .engine.store.commands import report_cost, report_sla
-    from .engine.store.ledger import node_prices
 
     settings = _settings(args)
     fleet = settings.resolved_fleet() if settings.config is not None else None

@@ -102,3 +102,13 @@ def test_bench_never_imports_the_cli(path: Path) -> None:
 def test_the_walker_sees_relative_imports() -> None:
     # guards the guard: a module known to import the routing package relatively must show it
     assert "inferlb.engine.routing" in _imports(PKG / "engine" / "scope.py")
+
+
+@pytest.mark.parametrize("path", [p for p in _modules("engine/api") if p.name != "deps.py"], ids=lambda p: p.name)
+def test_routers_take_app_objects_from_deps_only(path: Path) -> None:
+    """``api/deps.py`` is the one reader of ``app.state``: routers and guards take its Annotated types."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "state":
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            assert name != "app", f"{path.name}:{node.lineno} reads app.state"

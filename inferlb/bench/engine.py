@@ -22,12 +22,14 @@ Loops are bounded by count and by ``max_seconds``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferlb.engine.app import request_end
 from inferlb.engine.scope import IncomingRequest, Runtime, begin_request, build_runtime
 from inferlb.engine.settings import Settings, fleet_from_mapping
 from inferlb.engine.store.records import RequestRecord
@@ -90,7 +92,8 @@ class _Driver:
         self.clock = ManualClock()
         self.submitted = 0
         self.rt: Runtime = build_runtime(Settings(max_inflight=1_000_000), fleet_from_mapping(scenario.fleet),
-                                         clock=self.clock, submit=self._submit, seed=7)
+                                         clock=self.clock, seed=7,
+                                         end=functools.partial(request_end, audit=self._submit))
         self._seq = 0
 
     def _submit(self, record: RequestRecord) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +28,32 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from ..tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
-from .admission.auth import authenticate, require_admin_when_auth
+from .admission.controller import AdmissionController
 from .admission.service import AdmissionService
 from .api import admin, audit, edge, health, openai
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .api import schema as openapi_schema
-from .errors import ClientError
+from .api.auth import authenticate, require_admin_when_auth
+from .errors import ClientError, error_body
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
 from .health.probe import Prober
 from .observability.hub import Observability, queue_depth_of
+from .request_end import EndStep, RequestEnd
 from .scope import build_runtime
 from .settings import Settings
 from .startup import Checked, check_files
 from .store import StoreHandle
 from .store.db import is_sqlite, make_engine, upgrade
 from .store.events import EventWriter
+from .store.records import RequestRecord
 from .store.writer import AuditWriter
 from .types import Clock, SystemClock
 from .upstream import Upstream
 
-__all__ = ["check_startup_files", "create_app", "default_processes_dir"]
+__all__ = ["check_startup_files", "create_app", "default_processes_dir", "request_end"]
 
 log = logging.getLogger("inferlb")
 
@@ -64,8 +68,26 @@ def default_processes_dir() -> Path:
 
 
 def _envelope(status: int, message: str, etype: str, code: str | None, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": etype, "param": param, "code": code}},
-                        status_code=status)
+    return JSONResponse(error_body(message, etype, code, param), status_code=status)
+
+
+def request_end(admission: AdmissionController, *, audit: Callable[[RequestRecord], None],
+                obs: Observability | None = None) -> RequestEnd:
+    """What runs when a request ends, in this order, exactly once per request (rejections,
+    clients gone and engine failures included; see engine/request_end.py for failures of a step):
+
+    1. ``tenant spend``: the request's cost (``cost_est``, engine/cost.py) added to its key's spend;
+    2. ``admission release``: its pool slot freed and handed on, its key's parallel/TPM settled;
+    3. ``audit``: the record handed to the batched audit writer (never blocks);
+    4. ``metrics`` and 5. ``traces``: Prometheus counters and the OTel spans of the same record.
+    """
+    steps: list[EndStep] = [("tenant spend", admission.charge), ("admission release", admission.release),
+                            ("audit", audit)]
+    if obs is not None and obs.metrics is not None:
+        steps.append(("metrics", obs.metrics.observe))
+    if obs is not None and obs.tracer is not None:
+        steps.append(("traces", obs.tracer.emit))
+    return RequestEnd(steps)
 
 
 def check_startup_files(settings: Settings) -> Checked:
@@ -106,11 +128,11 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         state.process = process
         log.info("request process %s runs on the %s executor%s", process.path.name, process.mode,
                  f" (outside the compiled subset: {process.compiled_problems})" if process.compiled_problems else "")
-        # Metrics and traces are fed by the audit submit: every request ends there, rejections too.
         obs = state.observability = Observability(fleet_cfg, clock=clock)
         obs.instrument(process)
         # writer.begin journals each request's start (fsynced) and refuses it (503) when it cannot be audited.
-        rt = build_runtime(settings, fleet_cfg, clock=clock, submit=obs.wrap_submit(writer.submit), begin=writer.begin)
+        rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.begin,
+                           end=functools.partial(request_end, audit=writer.submit, obs=obs))
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait})
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
@@ -151,7 +173,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
     edge.install(app, settings.cors_allow_origins)    # HEAD, clients gone mid-body, CORS
-    openapi_schema.install(app)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
+    openapi_schema.install(app, settings.max_n)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
 
     @app.exception_handler(ClientError)
     async def _client_error(request: Request, exc: ClientError) -> JSONResponse:

@@ -29,6 +29,7 @@ exception type.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection
 from typing import Any
@@ -54,7 +55,28 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimeout",
     "WorkflowRuntimeError",
+    "error_body",
+    "error_event",
+    "error_json",
 ]
+
+
+def error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """THE OpenAI error body, ``{"error": {"message", "type", "param", "code"}}``: every error a
+    client gets (JSON answers, the SSE error event, the raw-socket 408/431) is built here."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_json(message: str, type: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> bytes:
+    """:func:`error_body` as JSON bytes (a response body)."""
+    return json.dumps(error_body(message, type, code, param)).encode()
+
+
+def error_event(message: str, type: str = "server_error", code: str | None = None) -> bytes:
+    """:func:`error_body` as one SSE event (``data: {...}``), the in-band error of a stream."""
+    return b"data: " + error_json(message, type, code) + b"\n\n"
 
 
 # Upstream statuses worth another node by default (the fleet file's ``retry.retry_on_status``).
@@ -117,7 +139,7 @@ class ClientError(InferlbError):
 
     def envelope(self) -> dict[str, Any]:
         """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.message, self.type, self.code, self.param)
 
 
 class InvalidRequest(ClientError):

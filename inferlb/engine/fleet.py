@@ -43,6 +43,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .cost import Share, cost_of, node_prices
 from .health.config import HealthConfig
 from .health.rules import ejection_seconds, slow_start_factor
 from .health.types import NodeEvent, Sample
@@ -78,6 +79,9 @@ class NodeState:
     ejected_until: float = 0.0
     hardware_fault: bool = False          # ejected for a GPU fault: never offered in panic mode
     cooldown_until: float = 0.0
+    # cost (engine/cost.py): the resolved price and the equal-share integral, on the wall clock
+    price_per_hour: float = 0.0
+    share: Share = field(default_factory=Share)
     slow_start_at: float | None = None
     half_open_successes: int = 0
     # active probes and samples
@@ -137,7 +141,10 @@ class Fleet:
         self.health: HealthConfig = health or getattr(cfg, "health", None) or HealthConfig()
         self.rng = rng or random.Random(0)
         now, wall = clock.monotonic(), clock.time()
-        self.nodes: dict[str, NodeState] = {n.name: NodeState(n, since=now, since_wall=wall) for n in cfg.nodes}
+        prices = node_prices(cfg.nodes, cfg.observability.finops)
+        self.nodes: dict[str, NodeState] = {n.name: NodeState(n, since=now, since_wall=wall,
+                                                              price_per_hour=prices[n.name], share=Share(wall))
+                                            for n in cfg.nodes}
         self.models: dict[str, ModelConfig] = {m.name: m for m in cfg.models}
         self._model_sets = {n.name: frozenset(n.models) for n in cfg.nodes}
         self.serving: dict[str, list[str]] = {m.name: [n.name for n in cfg.nodes if m.name in n.models]
@@ -288,16 +295,22 @@ class Fleet:
 
     # ------------------------------------------------------------------ the request path
 
-    def acquire(self, node: str, tokens: int) -> None:
+    def acquire(self, node: str, tokens: int) -> float:
+        """An attempt goes in flight on ``node``; returns its cost mark (pass it to :meth:`release`)."""
         st = self.nodes[node]
         st.inflight_requests += 1
         st.inflight_tokens += tokens
         st.requests_total += 1
+        return st.share.start(self.clock.time())
 
-    def release(self, node: str, tokens: int) -> None:
+    def release(self, node: str, tokens: int, mark: float | None = None) -> float:
+        """The attempt is out of flight; returns its cost in currency units: its equal share of the
+        node's time since ``mark`` (engine/cost.py) at the node's price; 0 without a mark."""
         st = self.nodes[node]
         st.inflight_requests = max(0, st.inflight_requests - 1)
         st.inflight_tokens = max(0, st.inflight_tokens - tokens)
+        gpu_s = st.share.end(self.clock.time(), 0.0 if mark is None else mark)
+        return 0.0 if mark is None else cost_of(gpu_s, st.price_per_hour)
 
     def report_success(self, node: str, *, stream: bool = True, completion_tokens: int = 0,
                        ttfb_s: float | None = None, e2e_s: float | None = None) -> None:

@@ -27,6 +27,8 @@ from .errors import (
     UpstreamStatusError,
     UpstreamTimeout,
     WorkflowRuntimeError,
+    error_body,
+    error_event,
 )
 from .first_byte import FirstByteBudget
 from .scope import IncomingRequest, RequestScope, Runtime, begin_request
@@ -52,11 +54,6 @@ def _error_response(result: dict[str, Any], request_id: str) -> Response:
         headers["retry-after"] = str(max(1, round(float(result["retry_after_s"]))))
     return Response(json.dumps({"error": result["error"]}), status_code=int(result["http_status"]),
                     media_type=_JSON, headers=headers)
-
-
-def _sse_error(message: str, code: str) -> bytes:
-    env = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(env).encode() + b"\n\n"
 
 
 class Gateway:
@@ -177,7 +174,7 @@ class Gateway:
         if node.api_key:
             headers["authorization"] = f"Bearer {node.api_key}"
         path = node_path(req.endpoint, model.upstream_name or model.name)
-        rt.fleet.acquire(node_name, tokens)
+        mark = rt.fleet.acquire(node_name, tokens)
         released = False
         try:
             resp = await self.upstream.open(
@@ -186,7 +183,7 @@ class Gateway:
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
                 released = True   # the stream releases it when it ends
-                return _Committed(resp, attempt, node_name, tokens)
+                return _Committed(resp, attempt, node_name, tokens, mark)
             try:
                 body = await resp.read_rest()
             except BaseException:
@@ -198,7 +195,7 @@ class Gateway:
             return self._failed_outcome(scope, attempt, node_name, exc), None
         finally:
             if not released:
-                rt.fleet.release(node_name, tokens)
+                _charge(scope.record, rt.fleet.release(node_name, tokens, mark))
 
     def _account_body(self, scope: RequestScope, req: IncomingRequest, body: bytes, node: str,
                       attempt: AttemptRecord) -> None:
@@ -226,11 +223,6 @@ class Gateway:
         if ttfb is not None:
             self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0,
                                     prompt_tokens=int(rec.prompt_tokens or rec.prompt_tokens_est or 0))
-        price = rt.fleet.nodes[node].cfg.price_per_hour
-        if price and rec.last_byte_at is not None:
-            # A first estimate: node price × occupied seconds, shared by the requests in flight on it.
-            share = max(1, rt.fleet.nodes[node].inflight_requests)
-            rec.cost_est = round(price / 3600.0 * (rec.last_byte_at - attempt.started_at) / share, 9)
 
     def _ok_outcome(self, scope: RequestScope, attempt: AttemptRecord, node: str) -> dict[str, Any]:
         attempt.outcome = "ok"
@@ -325,10 +317,10 @@ class Gateway:
             rec.node = c.node
             outcome = {"kind": "midstream_error", "status": 200, "error_class": error_class, "node": c.node,
                        "retry_after_s": None, "tried": list(scope.tried)}
-            yield _sse_error(message, error_class if live.stopped is not None else "upstream_error")
+            yield error_event(message, "server_error", error_class if live.stopped is not None else "upstream_error")
         finally:
             self._live.discard(live)
-            rt.fleet.release(c.node, c.tokens)
+            _charge(rec, rt.fleet.release(c.node, c.tokens, c.mark))
             await resp.aclose()
             if outcome is None:   # cancelled: the client went away
                 rec.last_byte_at = round(rt.clock.time(), 6)
@@ -378,7 +370,7 @@ class Gateway:
             rec.http_status = rec.http_status or 500
             rec.error_class = "workflow_error"
             rec.tags = {**rec.tags, "workflow_error": str(exc)[:500]}
-            self.rt.submit(rec)
+            self.rt.on_request_end(rec)
 
     def reject(self, endpoint: str, model: str, status: int, code: str | None, tenant: str | None = None,
                tags: dict[str, Any] | None = None) -> str:
@@ -386,7 +378,7 @@ class Gateway:
         ``model`` is stored as given: the API layer bounds it (engine/api/labels.py)."""
         rid = uuid.uuid4().hex
         now = round(self.rt.clock.time(), 6)
-        self.rt.submit(RequestRecord(request_id=rid, received_at=now, endpoint=endpoint,
+        self.rt.on_request_end(RequestRecord(request_id=rid, received_at=now, endpoint=endpoint,
                                      model_requested=model[:256], tenant=tenant, status="rejected_invalid",
                                      http_status=status, error_class=code or "invalid_request",
                                      last_byte_at=now, engine=self.process.mode, tags=tags or {}))
@@ -396,8 +388,8 @@ class Gateway:
         log.error("request %s: workflow error: %s", scope.record.request_id, exc)
         self._submit_failed(scope, exc)
         result = {"http_status": 500, "retry_after_s": None,
-                  "error": {"message": "The gateway's request process failed; see the audit record",
-                            "type": "server_error", "param": None, "code": "workflow_error"}}
+                  **error_body("The gateway's request process failed; see the audit record", "server_error",
+                               "workflow_error")}
         return _error_response(result, scope.record.request_id)
 
     def _finish_cancelled(self, scope: RequestScope) -> None:
@@ -409,7 +401,14 @@ class Gateway:
             rec.http_status = 499
             rec.error_class = "client_closed"
             rec.last_byte_at = round(self.rt.clock.time(), 6)
-            self.rt.submit(rec)
+            self.rt.on_request_end(rec)
+
+
+def _charge(rec: RequestRecord, cost: float) -> None:
+    """Add one attempt's cost (engine/cost.py's rule, as the cost ledger charges it) to the record:
+    every attempt is charged for what it occupied, whatever its outcome."""
+    if cost > 0:
+        rec.cost_est = round((rec.cost_est or 0.0) + cost, 9)
 
 
 class _Closed:
@@ -444,6 +443,7 @@ class _Committed:
     attempt: AttemptRecord
     node: str
     tokens: int
+    mark: float                 # the attempt's cost mark (Fleet.acquire)
 
 
 class _Live:

@@ -69,8 +69,10 @@ class Runtime:
     estimator: TokenEstimator
     clock: Clock
     rng: random.Random
-    submit: Callable[[RequestRecord], None]      # the audit writer's non-blocking submit
     admission: AdmissionController               # slots, queue, tenant limits, retry budget
+    # The end-of-request hook (app.request_end: spend, admission release, audit, metrics, traces):
+    # called exactly once per request, rejections included; never blocks, never raises.
+    on_request_end: Callable[[RequestRecord], None]
     # The audit writer's begin: journals a request's start; raises AuditUnavailable (503) when the
     # request could not be audited. Awaited once, at the top of Gateway.handle.
     begin: Callable[[RequestRecord], Awaitable[None]] = field(default=_no_begin)
@@ -144,11 +146,12 @@ def build_runtime(
     fleet_cfg: FleetConfig,
     *,
     clock: Clock,
-    submit: Callable[[RequestRecord], None],
+    end: Callable[[AdmissionController], Callable[[RequestRecord], None]],
     seed: int | None = None,
     begin: Callable[[RequestRecord], Awaitable[None]] | None = None,
 ) -> Runtime:
-    """Wire fleet, router and estimator for one app (or one test)."""
+    """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
+    end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``)."""
     from .routing import build_router
 
     r = fleet_cfg.routing
@@ -159,9 +162,8 @@ def build_runtime(
         if m.tokenizer:
             estimator.use_tokenizer(m.name, m.tokenizer)
     fleet = Fleet(fleet_cfg, clock)
-    # Every request ends by submitting its audit record: that is where admission frees its slot.
     admission = AdmissionController(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
                                     env=settings.admission)
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
-                   clock=clock, rng=random.Random(seed), submit=admission.wrap_submit(submit), admission=admission,
+                   clock=clock, rng=random.Random(seed), on_request_end=end(admission), admission=admission,
                    begin=begin or _no_begin)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from inferlb.engine.admission.keys import ApiKey
+from inferlb.engine.app import request_end
 from inferlb.engine.scope import RequestScope, Runtime, build_runtime
 from inferlb.engine.settings import Settings, fleet_from_mapping
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
@@ -45,7 +47,7 @@ class Rig:
         rec.prompt_tokens, rec.completion_tokens, rec.cost_est = prompt, completion, cost
         if attempted:
             rec.attempts.append(AttemptRecord(number=1, node="n0", model="m", started_at=self.clock.time()))
-        self.rt.submit(rec)
+        self.rt.on_request_end(rec)
 
     def add_key(self, **kw: Any) -> ApiKey:
         key = ApiKey(id=kw.pop("id", "key_1"), tenant=kw.pop("tenant", "acme"), key_hash=kw.pop("key_hash", "h"),
@@ -63,5 +65,5 @@ def make_rig(admission: dict[str, Any] | None = None, *, nodes: int = 2, conc: i
         "admission": admission or {},
     })
     records: list[RequestRecord] = []
-    rt = build_runtime(Settings(**settings), cfg, clock=clock, submit=records.append, seed=1)
+    rt = build_runtime(Settings(**settings), cfg, clock=clock, seed=1, end=partial(request_end, audit=records.append))
     return Rig(rt, clock, records)

@@ -170,7 +170,7 @@ def test_every_audit_submit_releases_exactly_once() -> None:
     r = make_rig()
     s, _ = r.admit("r")
     r.end(s)
-    r.rt.submit(s.record)                            # a second submit of the same record
+    r.rt.on_request_end(s.record)                    # a second end of the same request
     assert r.ctl.snapshot()["pools"]["m"]["admitted"] == 0 and len(r.records) == 2
 
 

@@ -1,4 +1,4 @@
-"""Priority class and deadline resolution (``identify``): header, default, ceiling, class deadline."""
+"""Priority class and deadline resolution (``identity``): header, default, ceiling, class deadline."""
 
 from __future__ import annotations
 
@@ -7,41 +7,41 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.admission.auth import identify
 from inferlb.engine.admission.keys import ApiKey
+from inferlb.engine.api.auth import identity
 from inferlb.engine.errors import InvalidRequest, ModelNotFound
 
 from .rig import make_rig
 
 
-def _request(ctl: Any, key: ApiKey | None = None) -> Any:
-    return SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(admission=ctl)),
-                           state=SimpleNamespace(api_key=key))
+def _request(key: ApiKey | None = None) -> Any:
+    """What ``authenticate`` leaves on the request: its key (None while auth is off)."""
+    return SimpleNamespace(state=SimpleNamespace(api_key=key))
 
 
 def test_header_default_and_class_deadline() -> None:
     ctl = make_rig().ctl
-    who = identify(_request(ctl), "label", "critical", None)
+    who = identity(_request(), ctl, "label", "critical", None)
     assert (who.tenant, who.priority, who.deadline_s, who.key_id) == ("label", "critical", 30.0, None)
-    who = identify(_request(ctl), None, None, 2.5)
+    who = identity(_request(), ctl, None, None, 2.5)
     assert (who.priority, who.deadline_s) == ("standard", 2.5)       # the client's deadline wins
     with pytest.raises(InvalidRequest):
-        identify(_request(ctl), None, "platinum", None)
+        identity(_request(), ctl, None, "platinum", None)
 
 
 def test_key_tenant_and_ceiling() -> None:
     ctl = make_rig().ctl
     key = ApiKey(id="k", tenant="acme", key_hash="h", hint="x", priority_ceiling="standard", models=("m",))
-    who = identify(_request(ctl, key), "spoofed", "critical", None)
+    who = identity(_request(key), ctl, "spoofed", "critical", None)
     assert (who.tenant, who.priority, who.deadline_s, who.key_id) == ("acme", "standard", 120.0, "k")
-    assert identify(_request(ctl, key), None, "batch", None).priority == "batch"    # below the ceiling: kept
+    assert identity(_request(key), ctl, None, "batch", None).priority == "batch"    # below the ceiling: kept
     who.check_model("m")
     with pytest.raises(ModelNotFound):
         who.check_model("other")
     odd = ApiKey(id="k2", tenant="t", key_hash="h2", hint="x", priority_ceiling="retired-class")
-    assert identify(_request(ctl, odd), None, "critical", None).priority == "batch"  # unknown ceiling: lowest
+    assert identity(_request(odd), ctl, None, "critical", None).priority == "batch"  # unknown ceiling: lowest
 
 
 def test_unauthenticated_ceiling() -> None:
     ctl = make_rig({"unauthenticated_ceiling": "interactive"}).ctl
-    assert identify(_request(ctl), None, "critical", None).priority == "interactive"
+    assert identity(_request(), ctl, None, "critical", None).priority == "interactive"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
+from inferlb.engine.app import request_end
 from inferlb.engine.gateway import Gateway, IncomingRequest
 from inferlb.engine.scope import RequestScope, build_runtime
 from inferlb.engine.settings import Settings, fleet_from_mapping
@@ -16,7 +18,7 @@ def _body(priority: str | None, labels: dict[str, str], client_field: Any = None
     cfg = fleet_from_mapping({"models": [{"name": "m"}],
                               "nodes": [{"name": "a", "url": "http://127.0.0.1:1", "models": ["m"], "kind": "vllm",
                                          "labels": labels}]})
-    rt = build_runtime(Settings(), cfg, clock=ManualClock(), submit=lambda r: None)
+    rt = build_runtime(Settings(), cfg, clock=ManualClock(), end=partial(request_end, audit=lambda r: None))
     gw = Gateway(rt, process=None, upstream=None)  # type: ignore[arg-type]   # only the body is built
     rec = RequestRecord(request_id="r", received_at=0.0, endpoint="chat", model_requested="m", priority=priority)
     scope = RequestScope(rt=rt, record=rec, received_mono=0.0)

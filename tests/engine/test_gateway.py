@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.responses import Response, StreamingResponse
 
+from inferlb.engine.app import request_end
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.scope import IncomingRequest, build_runtime
 from inferlb.engine.settings import Settings, TimeoutConfig, fleet_from_mapping
@@ -80,7 +82,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
         })
         clock = ManualClock()
         records: list[RequestRecord] = []
-        rt = build_runtime(Settings(), cfg, clock=clock, submit=records.append, seed=1)
+        rt = build_runtime(Settings(), cfg, clock=clock, seed=1, end=partial(request_end, audit=records.append))
         process = load_process(MAIN, SERVICES, engine="compiled", required=REQUIRED_TASKS)
         up = Recording(clock)
         up.fleet = rt.fleet

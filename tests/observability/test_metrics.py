@@ -4,6 +4,7 @@ submit hook's cost, and ``GET /metrics`` of a real gateway under real OpenAI-SDK
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,15 @@ from openai import AsyncOpenAI, NotFoundError
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferlb.engine.app import request_end
 from inferlb.engine.fleet import Fleet
 from inferlb.engine.observability.config import MetricsConfig
 from inferlb.engine.observability.history import NODE_STATES
 from inferlb.engine.observability.hub import Observability, queue_depth_of
 from inferlb.engine.observability.metrics import GatewayCollector, LabelGuard, RequestMetrics, ScrapeSources
+from inferlb.engine.request_end import RequestEnd
+from inferlb.engine.scope import build_runtime
+from inferlb.engine.settings import Settings
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.types import ManualClock
 from inferlb.simulator import SimFleet
@@ -157,14 +162,16 @@ def test_queue_depth_of_reads_what_admission_exposes() -> None:
 
 
 def test_hook_never_breaks_the_audit_path_and_costs_microseconds() -> None:
-    obs = Observability(fleet_for({"n0": "http://127.0.0.1:1", "n1": "http://127.0.0.1:2"}), clock=ManualClock())
+    obs_fleet = fleet_for({"n0": "http://127.0.0.1:1", "n1": "http://127.0.0.1:2"})
+    obs = Observability(obs_fleet, clock=ManualClock())
     got: list[RequestRecord] = []
-    hook = obs.wrap_submit(got.append)
-    assert obs.metrics is not None
+    rt = build_runtime(Settings(), obs_fleet, clock=ManualClock(), end=partial(request_end, audit=got.append, obs=obs))
+    hook = rt.on_request_end
+    assert isinstance(hook, RequestEnd) and obs.metrics is not None
     bad = _rec(99)
     bad.attempts = None  # type: ignore[assignment]  # a broken record: metrics fail, the writer still gets it
     hook(bad)
-    assert got == [bad] and obs.hook_errors == 1
+    assert got == [bad] and hook.errors == {"metrics": 1}
     recs = [_rec(i, tenant=("acme", "globex", None)[i % 3], stream=bool(i % 2)) for i in range(20_000)]
     hook(recs[0])
     t0 = time.perf_counter()

@@ -15,9 +15,11 @@ picked, as in the gateway).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from inferlb.engine.app import request_end
 from inferlb.engine.scope import IncomingRequest, RequestScope, begin_request, build_runtime
 from inferlb.engine.settings import Settings, fleet_from_mapping
 from inferlb.engine.store.records import RequestRecord
@@ -67,7 +69,7 @@ def run_scenario(path: Path | str, engine: str, outcomes: list[dict[str, Any]], 
     records: list[RequestRecord] = []
     settings = Settings(max_inflight=max_inflight)
     fleet_cfg = fleet_from_mapping(fleet or FLEET)
-    rt = build_runtime(settings, fleet_cfg, clock=clock, submit=records.append, seed=7)
+    rt = build_runtime(settings, fleet_cfg, clock=clock, seed=7, end=partial(request_end, audit=records.append))
     definition = load_process(path, SERVICES, engine=engine, required=REQUIRED_TASKS)
     assert definition.mode == engine
     req = request or make_request()

@@ -17,10 +17,10 @@ Contract:
   request of a higher class evicts the worst queued one; otherwise it is shed. A request whose
   expected wait (requests ahead × mean service time ÷ slots) exceeds its class's
   ``max_queue_wait_s`` or its deadline is shed at once, so rejections are fast (B6 ≤ 50 ms).
-* :meth:`finished` runs for every audit record submitted (:meth:`wrap_submit` wraps the writer's
-  submit in ``build_runtime``), whichever way the request ended: it frees the slot, hands it on,
-  corrects the TPM bucket by the actual usage, refunds what a shed request was charged, and adds
-  the request's cost to its key's spend.
+* :meth:`charge` and :meth:`release` are steps of the end-of-request hook (``app.request_end``),
+  run once for every request whichever way it ended: ``charge`` adds the request's cost to its
+  key's spend; ``release`` frees the slot, hands it on, corrects the TPM bucket by the actual
+  usage and refunds what a shed request was charged. :meth:`finished` runs both.
 * :meth:`retry_allowed` is the retry budget (:mod:`.budget`) plus "no retries for the classes
   with ``retry_under_saturation: false`` while their pool is saturated".
 """
@@ -32,7 +32,7 @@ import itertools
 import logging
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -423,17 +423,20 @@ class AdmissionController:
 
     # ------------------------------------------------------------------ request end
 
-    def wrap_submit(self, submit: Callable[[RequestRecord], None]) -> Callable[[RequestRecord], None]:
-        """``submit`` preceded by :meth:`finished`; a failure here never costs the audit record."""
-        def submit_and_release(rec: RequestRecord) -> None:
-            try:
-                self.finished(rec)
-            except Exception:
-                log.exception("admission: releasing request %s failed", rec.request_id)
-            submit(rec)
-        return submit_and_release
-
     def finished(self, rec: RequestRecord) -> None:
+        """:meth:`charge` then :meth:`release` (what the end-of-request hook runs, in that order)."""
+        self.charge(rec)
+        self.release(rec)
+
+    def charge(self, rec: RequestRecord) -> None:
+        """Add the request's cost (``cost_est``, engine/cost.py) to its key's pending spend; once per
+        request (nothing once :meth:`release` has run)."""
+        hold = self.holds.get(rec.request_id)
+        if hold is not None and hold.key_id is not None and rec.cost_est:
+            self.spend_pending[str(hold.key_id)] += float(rec.cost_est)
+
+    def release(self, rec: RequestRecord) -> None:
+        """Free the request's slot and hand it on, settle its key's parallel and TPM counts."""
         hold = self.holds.pop(rec.request_id, None)
         if hold is None:
             return
@@ -464,8 +467,6 @@ class AdmissionController:
             self.limiter.adjust(key, "tpm", actual - hold.tokens, wall)
         if hold.rpm and not rec.attempts and rec.status in _SHED_STATUSES:
             self.limiter.adjust(key, "rpm", -1, wall)   # shed by the gateway: not the tenant's request
-        if rec.cost_est:
-            self.spend_pending[key] += float(rec.cost_est)
 
     def sweep(self, grace_s: float = 60.0) -> int:
         """Release holds whose request is long past its deadline (a request that never ended

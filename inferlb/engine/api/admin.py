@@ -14,23 +14,23 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 
 from ..errors import StoreError
-from ..store.events import recent_events
+from ..store import StoreHandle
+from ..store.events import EventWriter, recent_events
 from ..store.queries import parse_time
-from .deps import GatewayDep
+from .deps import EventsDep, GatewayDep, MonitorDep, OptionalStoreDep
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 
-async def _events(request: Request, *, node: str | None, limit: int, since: float | None) -> list[dict[str, Any]]:
-    store = getattr(request.app.state, "store", None)
+async def _events(store: StoreHandle | None, writer: EventWriter | None, *, node: str | None, limit: int,
+                  since: float | None) -> list[dict[str, Any]]:
     if store is None:
         return []
-    writer = getattr(request.app.state, "events", None)
     if writer is not None:
         await writer.flush_once()   # what the monitor just recorded is in the answer
     try:
@@ -40,23 +40,22 @@ async def _events(request: Request, *, node: str | None, limit: int, since: floa
 
 
 @router.get("/admin/fleet")
-async def fleet(gw: GatewayDep, request: Request) -> dict[str, Any]:
+async def fleet(gw: GatewayDep, store: OptionalStoreDep, events: EventsDep, monitor: MonitorDep) -> dict[str, Any]:
     """Each node: state, since, why, timers, load, last samples; panic models; recent events."""
     f = gw.rt.fleet
-    monitor = getattr(request.app.state, "monitor", None)
     return {
         "routing_profile": gw.rt.router.name, "engine": gw.process.mode,
         "panic_models": sorted(f.panic_models(f.clock.monotonic())),
         "health": monitor.status() if monitor is not None else None,
         "nodes": f.describe(),
-        "events": await _events(request, node=None, limit=20, since=None),
+        "events": await _events(store, events, node=None, limit=20, since=None),
     }
 
 
 @router.get("/admin/fleet/events")
-async def fleet_events(request: Request, node: str | None = None,
+async def fleet_events(store: OptionalStoreDep, events: EventsDep, node: str | None = None,
                        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
                        since: str | None = None) -> dict[str, Any]:
     """Node state changes, newest first; ``since`` as in the reports (epoch seconds, ISO-8601, ``1h``)."""
     t = parse_time(since, param="since")
-    return {"events": await _events(request, node=node, limit=limit, since=t)}
+    return {"events": await _events(store, events, node=node, limit=limit, since=t)}

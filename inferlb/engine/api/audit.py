@@ -1,10 +1,10 @@
 """Audit and report endpoints: ``GET /audit/requests``, ``GET /audit/requests/{id}``, ``GET /reports/sla``,
 ``GET /reports/cost``.
 
-Contract: thin adapters over :mod:`inferlb.engine.store.queries`. The store comes from
-``request.app.state.store`` (a :class:`~inferlb.engine.store.StoreHandle`) through the ``StoreDep``
-dependency; nothing is created at import time. Every query parameter is taken as text and validated
-here or in the queries, so bad input raises a :class:`~inferlb.engine.errors.ClientError` (400, or
+Contract: thin adapters over :mod:`inferlb.engine.store.queries`. The store (a
+:class:`~inferlb.engine.store.StoreHandle`) comes through the ``StoreDep`` dependency (``deps.py``);
+nothing is created at import time. Every query parameter is taken as text and validated here or in
+the queries, so bad input raises a :class:`~inferlb.engine.errors.ClientError` (400, or
 404 for an unknown id) which the application renders as the OpenAI error envelope; never a 422 or
 500. The handlers are plain ``def``: FastAPI runs them in its thread pool, so the synchronous
 database calls never block the event loop.
@@ -13,23 +13,24 @@ Reports take ``since``/``until`` (epoch seconds, ISO-8601 or a look-back like ``
 (``model``, ``version``, ``node``, ``tenant``, ``priority``, ``stream``, comma-separated, or ``none``),
 ``bucket`` (``5m``, ``1h``, …) and ``format`` (``json``, the default, or ``csv``, served as
 ``text/csv`` with a header line). Node prices for ``/reports/cost`` come from the app's
-observability hub (``app.state.observability.prices``); without one every node costs 0.
+observability hub (``ObservabilityDep``: :func:`inferlb.engine.cost.node_prices`, the prices the
+gateway charges requests by); without one every node costs 0.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from starlette.responses import Response
 
 from ..errors import ClientError, InvalidRequest
-from ..store import StoreHandle
 from ..store.ledger import cost_report
 from ..store.queries import MAX_LIMIT, get_request, list_requests, parse_group_by, parse_time, sla_report
 from ..store.tabular import report_columns, to_csv
+from .deps import ObservabilityDep, StoreDep
 
-__all__ = ["AuditRecordNotFound", "StoreDep", "get_store", "router"]
+__all__ = ["AuditRecordNotFound", "router"]
 
 router = APIRouter()
 
@@ -44,16 +45,6 @@ class AuditRecordNotFound(ClientError):
             f"No audit record for request '{request_id[:200]}'", param="request_id", code="request_not_found"
         )
 
-
-def get_store(request: Request) -> StoreHandle:
-    """The application's store handle; a wiring error (not a client error) when it is missing."""
-    store = getattr(request.app.state, "store", None)
-    if not isinstance(store, StoreHandle):
-        raise RuntimeError("app.state.store is not set: create_app must install a StoreHandle")
-    return store
-
-
-StoreDep = Annotated[StoreHandle, Depends(get_store)]
 
 
 def _limit(value: str | None) -> int:
@@ -143,8 +134,8 @@ def report_sla(
 
 @router.get("/reports/cost", response_model=None)
 def report_cost(
-    request: Request,
     store: StoreDep,
+    obs: ObservabilityDep,
     since: str | None = None,
     until: str | None = None,
     group_by: str = "tenant",
@@ -155,7 +146,6 @@ def report_cost(
     idle capacity as its own lines, and a summary that balances (attributed + idle = provisioned)."""
     fmt = _format(format)
     keys = parse_group_by(group_by, default="tenant")
-    obs = getattr(request.app.state, "observability", None)
     prices: dict[str, float] = dict(getattr(obs, "prices", None) or {})
     currency = str(obs.cfg.finops.currency) if obs is not None else "USD"
     report = cost_report(

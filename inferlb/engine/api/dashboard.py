@@ -6,7 +6,7 @@ nothing is loaded from another origin, and the page is served with a Content-Sec
 forbids it (``default-src 'self'``). Only the files named in :data:`ASSETS` are served (no path
 from the client reaches the file system). The page draws its charts from ``/reports/sla``,
 ``/reports/cost`` and ``GET /dashboard/node-states`` (the in-memory state history of
-``app.state.observability``; empty when there is none).
+the observability hub, ``ObservabilityDep``; empty when there is none).
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
 needs the admin key while auth is on (``/reports/*`` and ``/dashboard/node-states``). On a 401/403
@@ -20,11 +20,12 @@ import functools
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
-from ..admission.auth import require_admin_when_auth
 from ..errors import ClientError
+from .auth import require_admin_when_auth
+from .deps import ObservabilityDep
 
 __all__ = ["ASSETS", "CSP", "router"]
 
@@ -72,9 +73,8 @@ async def asset(name: str) -> Response:
 
 
 @router.get("/dashboard/node-states", dependencies=[Depends(require_admin_when_auth)])
-async def node_states(request: Request) -> dict[str, Any]:
+async def node_states(obs: ObservabilityDep) -> dict[str, Any]:
     """Node states sampled by this gateway since it started (oldest first)."""
-    obs = getattr(request.app.state, "observability", None)
     if obs is None:
         return {"states": [], "nodes": [], "samples": []}
     snap: dict[str, Any] = obs.history.snapshot()

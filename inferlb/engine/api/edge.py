@@ -31,6 +31,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ClientError
+from .deps import GatewayDep, LifecycleDep
 
 log = logging.getLogger("inferlb")
 
@@ -76,18 +77,16 @@ def _endpoint(path: str) -> str:
     return {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, path.rsplit("/", 1)[-1])
 
 
-async def openai_edge(request: Request) -> None:
+async def openai_edge(request: Request, life: LifecycleDep, gw: GatewayDep) -> None:
     """Refuse, before the body is read, a POST the OpenAI routes cannot take (module docstring).
     A 415 is audited like every other invalid request."""
     if request.method != "POST":
         return
-    if getattr(request.app.state, "draining", False):
+    if life.draining:
         raise ShuttingDown()
     err = _media_error(request)
     if err is not None:
-        gateway = getattr(request.app.state, "gateway", None)
-        if gateway is not None:
-            gateway.reject(_endpoint(request.url.path), "?", err.status, err.code)
+        gw.reject(_endpoint(request.url.path), "?", err.status, err.code)
         raise err
 
 

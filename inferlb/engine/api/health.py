@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.responses import JSONResponse
+
+from .deps import LifecycleDep, OptionalStoreDep
 
 __all__ = ["router"]
 
@@ -28,15 +30,14 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 @router.get("/health")
-async def readyz(request: Request) -> JSONResponse:
-    state = request.app.state
+async def readyz(life: LifecycleDep, store: OptionalStoreDep) -> JSONResponse:
     reasons: list[str] = []
-    if not getattr(state, "ready", False):
-        reasons.append("starting" if not getattr(state, "draining", False) else "draining")
-    store = getattr(state, "store", None)
-    backlog: dict[str, Any] = store.writer.backlog() if store is not None else {}
+    if not life.ready:
+        reasons.append("starting" if not life.draining else "draining")
+    writer = store.writer if store is not None else None
+    backlog: dict[str, Any] = writer.backlog() if writer is not None else {}
     if backlog and not backlog["accepting"]:   # failing closed: requests get 503 audit_unavailable
         reasons.append("audit_unavailable")
     body = {"status": "ready" if not reasons else "not_ready", "reasons": reasons,
-            "engine": getattr(getattr(state, "process", None), "mode", None), "audit": backlog}
+            "engine": life.engine, "audit": backlog}
     return JSONResponse(body, status_code=200 if not reasons else 503)

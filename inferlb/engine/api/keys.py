@@ -2,7 +2,7 @@
 ``GET /admin/keys/{id}``, ``DELETE /admin/keys/{id}`` (revoke), ``GET /admin/admission``.
 
 Contract: every route requires the admin key (``Authorization: Bearer <INFERLB_ADMIN_KEY>``,
-see :func:`~inferlb.engine.admission.auth.require_admin`): a tenant key gets 403, no or a wrong
+see :func:`~inferlb.engine.api.auth.require_admin`): a tenant key gets 403, no or a wrong
 key 401, and with no admin key configured the routes answer 403. A created key is returned once,
 in ``key``; afterwards only its ``hint`` is ever shown. Changes reach this gateway's key cache at
 once and other replicas within ``admission.keys_refresh_s``. Database calls run in a worker
@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from ..admission.auth import controller_of, require_admin
 from ..errors import ClientError, InvalidRequest, StoreError
 from ..store.keys import create_key, get_key, list_keys, revoke_key
 from ..store.queries import parse_time
+from .auth import require_admin
+from .deps import AdmissionDep, StoreDep
 
 __all__ = ["KeyNotFound", "NewKey", "router"]
 
@@ -53,10 +54,6 @@ class NewKey(BaseModel):
     expires_in_s: float | None = Field(None, gt=0)
 
 
-def _engine(request: Request) -> Any:
-    return request.app.state.store.engine
-
-
 async def _db(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -73,8 +70,7 @@ class _Unavailable(ClientError):
 
 
 @router.post("/admin/keys", status_code=201)
-async def create(body: NewKey, request: Request) -> JSONResponse:
-    ctl = controller_of(request)
+async def create(body: NewKey, ctl: AdmissionDep, store: StoreDep) -> JSONResponse:
     if body.priority_ceiling is not None and ctl.policy.rank(body.priority_ceiling) is None:
         raise InvalidRequest(f"priority_ceiling {body.priority_ceiling!r} is not a configured class "
                              f"({', '.join(c.name for c in ctl.policy.classes)})", param="priority_ceiling")
@@ -84,7 +80,7 @@ async def create(body: NewKey, request: Request) -> JSONResponse:
     now = ctl.clock.time()
     # The expiry is a time like any other: the one validator refuses what the database cannot hold.
     expires_at = parse_time(now + body.expires_in_s, param="expires_in_s") if body.expires_in_s else None
-    key, secret = await _db(create_key, _engine(request), tenant=body.tenant, now=now, name=body.name,
+    key, secret = await _db(create_key, store.engine, tenant=body.tenant, now=now, name=body.name,
                             models=body.models, priority_ceiling=body.priority_ceiling, rpm=body.rpm,
                             tpm=body.tpm, max_parallel=body.max_parallel, budget=body.budget,
                             expires_at=expires_at)
@@ -93,14 +89,14 @@ async def create(body: NewKey, request: Request) -> JSONResponse:
 
 
 @router.get("/admin/keys")
-async def list_all(request: Request, tenant: str | None = None) -> dict[str, Any]:
-    keys = await _db(list_keys, _engine(request), tenant=tenant)
+async def list_all(store: StoreDep, tenant: str | None = None) -> dict[str, Any]:
+    keys = await _db(list_keys, store.engine, tenant=tenant)
     return {"object": "list", "data": [k.public() for k in keys]}
 
 
 @router.get("/admin/keys/{key_id}")
-async def get_one(key_id: str, request: Request) -> dict[str, Any]:
-    key = await _db(get_key, _engine(request), key_id)
+async def get_one(key_id: str, store: StoreDep) -> dict[str, Any]:
+    key = await _db(get_key, store.engine, key_id)
     if key is None:
         raise KeyNotFound(key_id)
     out: dict[str, Any] = key.public()
@@ -108,9 +104,8 @@ async def get_one(key_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.delete("/admin/keys/{key_id}")
-async def revoke(key_id: str, request: Request) -> dict[str, Any]:
-    ctl = controller_of(request)
-    key = await _db(revoke_key, _engine(request), key_id, now=ctl.clock.time())
+async def revoke(key_id: str, ctl: AdmissionDep, store: StoreDep) -> dict[str, Any]:
+    key = await _db(revoke_key, store.engine, key_id, now=ctl.clock.time())
     if key is None:
         raise KeyNotFound(key_id)
     ctl.keys.put(key)
@@ -119,7 +114,7 @@ async def revoke(key_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.get("/admin/admission")
-async def admission(request: Request) -> dict[str, Any]:
+async def admission(ctl: AdmissionDep) -> dict[str, Any]:
     """Per pool: slots, queue depth and oldest wait, shed/expired counts, the retry budget."""
-    out: dict[str, Any] = controller_of(request).snapshot()
+    out: dict[str, Any] = ctl.snapshot()
     return out

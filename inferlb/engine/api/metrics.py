@@ -1,11 +1,11 @@
 """``GET /metrics``: the gateway's Prometheus metrics (text format, or OpenMetrics when asked).
 
-Contract: reads ``request.app.state.observability`` (an
+Contract: reads the app's observability hub (``ObservabilityDep``, an
 :class:`~inferlb.engine.observability.hub.Observability` built by ``create_app``); answers 404 in
 the OpenAI envelope when metrics are disabled in the fleet file. The handler is ``async``: the
 scrape-time gauges read the fleet's live counters, which only the event loop mutates, so reading
 them on the loop gives a consistent snapshot (a scrape costs well under a millisecond per node).
-Who may read it: :func:`~inferlb.engine.admission.auth.require_metrics_reader` (open while auth is
+Who may read it: :func:`~inferlb.engine.api.auth.require_metrics_reader` (open while auth is
 off and no ``INFERLB_METRICS_TOKEN`` is set; else that token or the admin key).
 """
 
@@ -14,8 +14,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from ..admission.auth import require_metrics_reader
 from ..errors import ClientError
+from .auth import require_metrics_reader
+from .deps import ObservabilityDep
 
 __all__ = ["MetricsDisabled", "router"]
 
@@ -32,8 +33,7 @@ class MetricsDisabled(ClientError):
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    obs = getattr(request.app.state, "observability", None)
+async def metrics(request: Request, obs: ObservabilityDep) -> Response:
     if obs is None or obs.metrics is None:
         raise MetricsDisabled()
     body, content_type = obs.exposition(request.headers.get("accept"))

@@ -5,7 +5,7 @@ Request headers read here (all optional): ``x-inferlb-tenant`` (a tenant label w
 with auth on the key's tenant is used), ``x-inferlb-priority`` (a priority class name, capped at the
 key's ceiling), ``x-inferlb-deadline-ms`` (the client's deadline, else the class's default; the
 gateway never works on a request past it). Tenant keys are checked by the router's
-``authenticate`` dependency (wired in ``app.py``); see ``engine/admission/auth.py``.
+``authenticate`` dependency (wired in ``app.py``); see ``engine/api/auth.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from ..admission.auth import identify
 from ..errors import ClientError, InvalidRequest, ModelNotFound, PayloadTooLarge
 from ..gateway import Gateway, IncomingRequest
+from .auth import identity
 from .deps import GatewayDep
 from .labels import clean_text, model_label
 from .responses import validate_responses
@@ -103,10 +103,10 @@ def _rejected(gw: Gateway, endpoint: str, model: str | None, err: ClientError) -
 
 async def _run(request: Request, gw: Gateway, endpoint: str,
                validate: Callable[[dict[str, Any], bool, int], ValidatedRequest]) -> Response:
-    settings = request.app.state.settings
+    settings = gw.rt.settings
     model_hint: str | None = None
     try:
-        who = identify(request, *_headers(request))   # tenant, priority class, deadline, key
+        who = identity(request, gw.rt.admission, *_headers(request))   # tenant, priority class, deadline, key
         body = await _parse(await read_body(request, settings.max_body_bytes), settings)
         m = body.get("model")
         model_hint = m if isinstance(m, str) else None
@@ -148,9 +148,9 @@ async def responses(request: Request, gw: GatewayDep) -> Response:
 async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
     """Generic JSON inference for non-LLM models, forwarded to the node's KServe-v2 / Triton
     ``/v2/models/{model}/infer`` endpoint."""
-    settings = request.app.state.settings
+    settings = gw.rt.settings
     try:
-        who = identify(request, *_headers(request))
+        who = identity(request, gw.rt.admission, *_headers(request))
         who.check_model(model)
         raw = await read_body(request, settings.max_body_bytes)
         if model not in gw.rt.fleet.models:
@@ -175,7 +175,6 @@ async def list_models(gw: GatewayDep) -> dict[str, Any]:
 async def get_model(model: str, gw: GatewayDep) -> Response:
     m = gw.rt.fleet.models.get(model)
     if m is None:
-        err = {"error": {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
-                         "param": "model", "code": "model_not_found"}}
-        return JSONResponse(err, status_code=404)
+        err = ModelNotFound(model)
+        return JSONResponse(err.envelope(), status_code=err.status)
     return JSONResponse({"id": m.name, "object": "model", "created": int(time.time()), "owned_by": "inferlb"})

@@ -181,10 +181,9 @@ def _bodies(max_n: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def build(app: FastAPI) -> dict[str, Any]:
+def build(app: FastAPI, max_n: int = DEFAULT_MAX_N) -> dict[str, Any]:
     """FastAPI's document for ``app``, with the bodies and errors described in the module docstring."""
-    settings = getattr(app.state, "settings", None)
-    bodies = _bodies(int(getattr(settings, "max_n", DEFAULT_MAX_N)))
+    bodies = _bodies(max_n)
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
@@ -215,12 +214,12 @@ def build(app: FastAPI) -> dict[str, Any]:
     return doc
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, max_n: int = DEFAULT_MAX_N) -> None:
     """Serve :func:`build`'s document (made once, on the first request for it)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build(app)
+            app.openapi_schema = build(app, max_n)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -6,9 +6,9 @@ Contract:
   as in the tests, must not share series), with the process / platform / GC collectors, the
   per-request :class:`~.metrics.RequestMetrics`, and the scrape-time
   :class:`~.metrics.GatewayCollector`.
-* :meth:`Observability.wrap_submit` wraps the audit writer's ``submit``: the record is handed to
-  the writer FIRST, then counted and traced. A failure in metrics or tracing is logged (once) and
-  counted in ``hook_errors``; it never reaches the request path and never costs a record.
+* :attr:`Observability.metrics` and :attr:`Observability.tracer` observe each ended request's
+  record: they are steps of the end-of-request hook (``app.request_end``), after the audit hand-off,
+  so a failure there (logged once, counted by the hook) never costs a record.
 * :meth:`instrument` swaps the process's executor for a :class:`~.timing.TimedExecutor` (engine
   time per request); :meth:`bind` tells the collector where the live fleet, the writer's backlog,
   the admission queue and readiness are; :meth:`start` / :meth:`close` run the node-state sampler
@@ -27,10 +27,9 @@ from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformColl
 from prometheus_client.exposition import choose_encoder
 
 from ... import __version__
+from ..cost import node_prices
 from ..fleet import Fleet
 from ..settings import FleetConfig
-from ..store.ledger import node_prices
-from ..store.records import RequestRecord
 from ..types import Clock
 from ..workflow.definition import ProcessDefinition
 from .config import ObservabilityConfig
@@ -92,32 +91,9 @@ class Observability:
         self._build = Info("inferlb_build", "Version and workflow executor of this gateway", registry=self.registry)
         self._build.info({"version": __version__, "engine": "unknown"})
         self.history = NodeStateHistory(lambda: self._fleet, clock, cfg.node_state_history)
-        self.hook_errors = 0
         self._task: asyncio.Task[None] | None = None
 
     # -- wiring ------------------------------------------------------------------------------------
-
-    def wrap_submit(self, submit: Callable[[RequestRecord], None]) -> Callable[[RequestRecord], None]:
-        """``submit`` followed by metrics and tracing of the same record (see the module contract)."""
-        metrics, tracer = self.metrics, self.tracer
-        if metrics is None and tracer is None:
-            return submit
-
-        def submit_and_observe(rec: RequestRecord) -> None:
-            submit(rec)
-            try:
-                if metrics is not None:
-                    metrics.observe(rec)
-                if tracer is not None:
-                    tracer.emit(rec)
-            except Exception:
-                # Observability must never cost a request or a record; say so once, then count.
-                self.hook_errors += 1
-                if self.hook_errors == 1:
-                    log.exception("metrics/tracing hook failed for request %s (further failures are counted "
-                                  "only)", rec.request_id)
-
-        return submit_and_observe
 
     def instrument(self, process: ProcessDefinition) -> None:
         """Time the process's executor (engine time per request)."""

@@ -22,7 +22,6 @@ Every refusal is the OpenAI error envelope with ``Connection: close``.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,8 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
+
+from ..errors import error_json
 
 __all__ = ["EdgeLimits", "GatewayConfig", "GuardedHttpToolsProtocol"]
 
@@ -58,8 +59,7 @@ class _Refused(httptools.HttpParserError):
 
 
 def _error_response(status: int, message: str, code: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
+    body = error_json(message, "invalid_request_error", code)
     head = [STATUS_LINE[status]]
     for name, value in default_headers:
         head += [name, b": ", value, b"\r\n"]

@@ -12,9 +12,11 @@ Every attempt is charged for what it occupied, whatever its outcome: streamed, a
 client, failed and retried elsewhere, or answered by a fallback model; a request's cost is the sum
 of its attempts' charges. Cost = GPU-seconds × price / 3600.
 
-**Prices** come from the fleet config: a node's ``price_per_hour``, else the price of its GPU type
-(``observability.finops.gpu_prices`` keyed by the node label ``gpu_label``), else 0 (such nodes
-are listed as ``unpriced_nodes``). Prices are those configured when the report runs.
+**Prices** come from the fleet config through :func:`~inferlb.engine.cost.node_prices`: a node's
+``price_per_hour``, else the price of its GPU type (``observability.finops.gpu_prices`` keyed by
+the node label ``gpu_label``), else 0 (such nodes are listed as ``unpriced_nodes``). Prices are
+those configured when the report runs. The rule and the prices are :mod:`inferlb.engine.cost`'s,
+the ones the gateway charges each request by (the audit row's ``cost_est``).
 
 **Windows.** Cost accrues when the GPU time is used: an attempt is clipped to ``[since, until)``
 and, with a ``bucket``, split across the buckets it spans. Request counts and tokens belong to
@@ -40,8 +42,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from ..observability.config import FinOpsConfig
-from ..settings import NodeConfig
+from ..cost import Share, cost_of, node_prices
 from .models import ATTEMPTS, REQUESTS
 from .queries import (
     GROUP_BY,
@@ -73,16 +74,6 @@ IDLE = "(idle)"
 # The keys of every cost_report row after the bucket and group keys, in order (tables and CSV).
 COST_COLUMNS = ("kind", "requests", "ok", "prompt_tokens", "completion_tokens", "gpu_seconds", "cost",
                 "cost_per_request", "cost_per_1k_tokens")
-
-
-def node_prices(nodes: Iterable[NodeConfig], finops: FinOpsConfig | None = None) -> dict[str, float]:
-    """Price per hour of each configured node (see the module docstring)."""
-    finops = finops or FinOpsConfig()
-    out: dict[str, float] = {}
-    for n in nodes:
-        gpu = n.labels.get(finops.gpu_label)
-        out[n.name] = n.price_per_hour or (finops.gpu_prices.get(gpu, 0.0) if gpu is not None else 0.0)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +147,7 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
             by_node[o.node].append(Occupancy(o.request_id, o.attempt, o.node, start, end))
     bounds = _boundaries(since_us, until_us, bucket_us)
     for node in sorted(set(prices) | set(by_node)):
-        rate = prices.get(node, 0.0) / 3600.0
+        price = prices.get(node, 0.0)
         occ = by_node.get(node, [])
         delta: dict[int, int] = defaultdict(int)
         for o in occ:
@@ -165,16 +156,14 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
         times = sorted(set(delta).union(bounds, (since_us, until_us)))
         integral: dict[int, float] = {}
         idle: dict[int | None, float] = defaultdict(float)
-        s, k = 0.0, 0
-        for i, t in enumerate(times):
-            k += delta.get(t, 0)
-            integral[t] = s
-            if i + 1 < len(times):
-                dt = times[i + 1] - t
-                if k > 0:
-                    s += dt / k
-                else:
-                    idle[bucket_of(t, bucket_us) if bucket_us else None] += dt
+        share, prev = Share(times[0]), times[0]
+        for t in times:
+            idle_dt = share.advance(t)          # the stretch [prev, t), at the previous count
+            if idle_dt:
+                idle[bucket_of(prev, bucket_us) if bucket_us else None] += idle_dt
+            share.k += delta.get(t, 0)
+            integral[t] = share.integral
+            prev = t
         for o in occ:
             if bucket_us is None:
                 spans: list[tuple[int | None, int, int]] = [(None, o.start_us, o.end_us)]
@@ -183,7 +172,7 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
                          for b in range(bucket_of(o.start_us, bucket_us), o.end_us, bucket_us)]
             for b, lo, hi in spans:
                 gpu_s = (integral[hi] - integral[lo]) / 1e6
-                ledger.charges.append(Charge(o.request_id, o.attempt, node, b, gpu_s, gpu_s * rate))
+                ledger.charges.append(Charge(o.request_id, o.attempt, node, b, gpu_s, cost_of(gpu_s, price)))
         if bucket_us is None:
             buckets: list[tuple[int | None, int, int]] = [(None, since_us, until_us)]
         else:
@@ -191,7 +180,7 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
                        for b in range(bucket_of(since_us, bucket_us), until_us, bucket_us)]
         for b, lo, hi in buckets:
             idle_s = idle.get(b, 0.0) / 1e6
-            ledger.idle.append(IdleLine(node, b, (hi - lo) / 1e6, idle_s, idle_s * rate))
+            ledger.idle.append(IdleLine(node, b, (hi - lo) / 1e6, idle_s, cost_of(idle_s, price)))
     return ledger
 
 

@@ -53,7 +53,7 @@ class RequestRecord:
     prompt_tokens_est: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    cost_est: float | None = None     # currency units (config price per hour × occupied seconds)
+    cost_est: float | None = None     # currency units: the attempts' equal-share charges (engine/cost.py)
     decision: dict[str, Any] | None = None   # the last routing decision: candidates, eliminations, scores, pick
     # Every routing decision of the request, in order, each with ``"attempt"`` (the number of the
     # attempt it picked the node for; null when it picked none) and ``"model"``.

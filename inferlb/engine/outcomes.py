@@ -1,0 +1,122 @@
+"""The client-visible rules of a request, in one place: which model requests are refused before
+routing (:func:`check_model`, :func:`check_context`) and the outcome → HTTP status / OpenAI error
+table (:func:`final_result`).
+
+The service tasks ``request/evaluate`` and ``audit/record`` are thin adapters over these; every
+error body comes from :func:`~inferlb.engine.errors.error_body`. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .endpoints import serves
+from .errors import error_body
+from .scope import RequestScope
+from .settings import FleetConfig, ModelConfig
+
+__all__ = ["GENERATE", "check_context", "check_model", "final_result", "rejection"]
+
+GENERATE = frozenset({"chat", "completions", "responses"})   # endpoints that generate text
+
+
+def rejection(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """``request/evaluate``'s refusal: the status and the OpenAI error fields :func:`final_result` renders."""
+    return {"ok": False, "status": status, "code": code, "message": message, "param": param}
+
+
+def check_model(fleet_cfg: FleetConfig, models: Mapping[str, ModelConfig], endpoint: str, name: str,
+                max_tokens: int | None) -> ModelConfig | dict[str, Any]:
+    """The model a request names, or its :func:`rejection`: 404 unknown model, 400 a model of the
+    wrong kind for the endpoint, 501 ``/v1/responses`` with no node kind that serves it, 400
+    ``max_tokens`` over the model's limit."""
+    model = models.get(name)
+    if model is None:
+        return rejection(404, "model_not_found", f"The model '{name}' does not exist", "model")
+    if endpoint in GENERATE and model.kind != "llm":
+        return rejection(400, "model_not_supported", f"'{model.name}' is not a text-generation model", "model")
+    if endpoint == "responses":
+        kinds = sorted({n.kind for n in fleet_cfg.nodes if model.name in n.models})
+        if not any(serves(endpoint, k) for k in kinds):
+            return rejection(501, "unsupported_endpoint",
+                             f"No node serving '{model.name}' supports /v1/responses (its node kinds: "
+                             f"{', '.join(kinds) or 'none'}; the Responses API needs vllm or openai nodes)",
+                             None)
+    if endpoint == "embeddings" and model.kind != "embedding":
+        return rejection(400, "model_not_supported", f"'{model.name}' is not an embedding model", "model")
+    if max_tokens is not None and max_tokens > model.max_output_tokens:
+        return rejection(400, "max_tokens_too_large",
+                         f"max_tokens {max_tokens} is over this model's limit of {model.max_output_tokens}",
+                         "max_output_tokens" if endpoint == "responses" else "max_tokens")
+    return model
+
+
+def check_context(model: ModelConfig, endpoint: str, prompt_est: int, output: int) -> dict[str, Any] | None:
+    """400 ``context_length_exceeded`` when a generating request's prompt and output (per choice)
+    exceed the model's context; else None."""
+    if endpoint in GENERATE and prompt_est + output > model.max_context_tokens:
+        return rejection(400, "context_length_exceeded",
+                         f"about {prompt_est} prompt tokens + {output} output tokens exceed the "
+                         f"model's context of {model.max_context_tokens}", "messages")
+    return None
+
+
+# Attempt error classes that mean "nothing listens there": the node is out, not failing.
+_UNREACHABLE = frozenset({"connect_error", "timeout_connect"})
+
+
+def _err(status: int, kind: str, code: str, message: str, etype: str = "server_error",
+         param: str | None = None, retry_after: float | None = None) -> dict[str, Any]:
+    return {"status": kind, "http_status": status, "retry_after_s": retry_after,
+            **error_body(message, etype, code, param)}
+
+
+def final_result(scope: RequestScope, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The outcome the client gets, from the workflow data (pure)."""
+    ev = data.get("evaluation") or {}
+    if not ev.get("ok"):
+        status = int(ev.get("status", 400))
+        etype = "invalid_request_error" if status < 500 else "server_error"
+        kind = "rejected_invalid" if status == 400 else "rejected"
+        return _err(status, kind, ev.get("code") or "invalid_request", ev.get("message") or "invalid request",
+                    etype, ev.get("param"))
+    adm = data.get("admission") or {}
+    if not adm.get("admitted"):
+        # Admission names its own error (429 limits / quota, 503 shed / queue timeout); older or
+        # hand-written admit operations fall back to a generic 503.
+        return _err(int(adm.get("status") or 503), adm.get("record_status") or "rejected",
+                    adm.get("code") or "overloaded",
+                    adm.get("message") or f"The gateway is overloaded: {adm.get('reason')}",
+                    adm.get("type") or "server_error", retry_after=adm.get("retry_after_s"))
+    out = data.get("outcome")
+    if out is not None and out.get("kind") == "ok":
+        return {"status": "ok", "http_status": int(out.get("status") or 200), "retry_after_s": None, "error": None}
+    if out is not None and out.get("kind") == "client_closed":
+        return _err(499, "client_closed", "client_closed", "The client closed the connection")
+    if out is not None and out.get("kind") == "midstream_error":
+        if out.get("error_class") == "server_shutting_down":
+            return _err(200, "server_shutting_down", "server_shutting_down",
+                        "The gateway shut down before the response was complete")
+        return _err(200, "upstream_error_midstream", "upstream_error", "The model server failed mid-response")
+    if out is None:
+        routing = data.get("routing") or {}
+        return _err(503, "no_healthy_upstream", "no_healthy_upstream",
+                    f"No node can serve the model now: {routing.get('reason', 'unknown')}",
+                    retry_after=scope.retry_after_s or 1.0)
+    attempts = scope.record.attempts
+    if out.get("kind") == "retryable" and attempts and all(a.error_class in _UNREACHABLE for a in attempts):
+        # No node was reachable at all: the nodes are out, not failing (a 502 would blame one).
+        return _err(503, "no_healthy_upstream", "no_healthy_upstream",
+                    f"No node of the model could be reached ({len(attempts)} tried)",
+                    retry_after=scope.retry_after_s or 1.0)
+    if out.get("kind") == "fatal" and out.get("status") and 400 <= int(out["status"]) < 500:
+        return _err(int(out["status"]), "upstream_rejected", "upstream_rejected",
+                    "The model server rejected the request", "invalid_request_error")
+    if scope.retry_after_s is not None and out.get("status") == 429:
+        return _err(429, "rate_limited", "rate_limited", "Every node that serves the model is rate limited",
+                    "rate_limit_error", retry_after=scope.retry_after_s)
+    if out.get("error_class") == "timeout":
+        return _err(504, "upstream_timeout", "upstream_timeout", "The model server did not answer in time")
+    return _err(502, "upstream_error", "upstream_error",
+                f"The model server failed after {scope.attempts} attempt(s)")
