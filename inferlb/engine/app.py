@@ -131,7 +131,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         obs = state.observability = Observability(fleet_cfg, clock=clock)
         obs.instrument(process)
         # writer.begin journals each request's start (fsynced) and refuses it (503) when it cannot be audited.
-        rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.begin,
+        rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.journal_start,
                            end=functools.partial(request_end, audit=writer.submit, obs=obs))
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait})

@@ -81,7 +81,10 @@ class Gateway:
         scope, data = begin_request(rt, req, engine=self.process.mode)
         rec = scope.record
         rid = rec.request_id
-        await rt.begin(rec)   # the audit journal's start entry, durable; AuditUnavailable (503) when it cannot be
+        # The audit journal's start entry: queued now (AuditUnavailable, 503, when it cannot be),
+        # made durable by a group commit that overlaps the node's work; awaited before the first
+        # byte of any answer (_journaled), so every x-request-id a client sees has a record.
+        scope.journaled = rt.begin(rec)
         inst = self.process.executor.start(data, scope)
         rec.workflow_path = inst.path
         body_out: bytes | None = None
@@ -109,7 +112,9 @@ class Gateway:
                 else:
                     raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
                 call = inst.advance()
+            await _journaled(scope)
         except WorkflowRuntimeError as exc:
+            await _journaled(scope)
             return self._workflow_failed(scope, exc)
         except asyncio.CancelledError:
             self._finish_cancelled(scope)
@@ -182,6 +187,11 @@ class Gateway:
                 timeouts=self._attempt_timeouts(scope, req.stream, node_name), node=node_name)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
+                try:
+                    await _journaled(scope)   # before the commit point: headers carry x-request-id
+                except BaseException:
+                    await resp.aclose()
+                    raise
                 released = True   # the stream releases it when it ends
                 return _Committed(resp, attempt, node_name, tokens, mark)
             try:
@@ -409,6 +419,15 @@ def _charge(rec: RequestRecord, cost: float) -> None:
     every attempt is charged for what it occupied, whatever its outcome."""
     if cost > 0:
         rec.cost_est = round((rec.cost_est or 0.0) + cost, 9)
+
+
+async def _journaled(scope: RequestScope) -> None:
+    """Wait (once) until the request's start entry is in the audit write-ahead log. A log that
+    cannot be written is the writer's to report (readiness, 503 for new requests); this request,
+    already under way, is answered."""
+    pending, scope.journaled = scope.journaled, None
+    if pending is not None:
+        await pending
 
 
 class _Closed:

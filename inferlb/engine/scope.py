@@ -54,8 +54,9 @@ class IncomingRequest:
     key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
 
 
-async def _no_begin(record: RequestRecord) -> None:
+def _no_begin(record: RequestRecord) -> Awaitable[bool] | None:
     """No audit journal (benchmarks, tests of the core): nothing to do at a request's start."""
+    return None
 
 
 @dataclass
@@ -73,9 +74,10 @@ class Runtime:
     # The end-of-request hook (app.request_end: spend, admission release, audit, metrics, traces):
     # called exactly once per request, rejections included; never blocks, never raises.
     on_request_end: Callable[[RequestRecord], None]
-    # The audit writer's begin: journals a request's start; raises AuditUnavailable (503) when the
-    # request could not be audited. Awaited once, at the top of Gateway.handle.
-    begin: Callable[[RequestRecord], Awaitable[None]] = field(default=_no_begin)
+    # The audit writer's start: queues a request's start entry for the write-ahead log and returns
+    # what to await before the response's first byte (None: nothing); raises AuditUnavailable (503)
+    # when the request could not be audited. Called once, at the top of Gateway.handle.
+    begin: Callable[[RequestRecord], Awaitable[bool] | None] = field(default=_no_begin)
 
 
 @dataclass
@@ -96,6 +98,7 @@ class RequestScope:
     output_budget: int = 0                       # output tokens, computed once by request/evaluate
     last_outcome: dict[str, Any] | None = None
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
+    journaled: Awaitable[bool] | None = None     # the start entry's commit: awaited before the first byte
 
 
     def begin_attempt(self) -> AttemptRecord:
@@ -148,7 +151,7 @@ def build_runtime(
     clock: Clock,
     end: Callable[[AdmissionController], Callable[[RequestRecord], None]],
     seed: int | None = None,
-    begin: Callable[[RequestRecord], Awaitable[None]] | None = None,
+    begin: Callable[[RequestRecord], Awaitable[bool] | None] | None = None,
 ) -> Runtime:
     """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
     end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``)."""

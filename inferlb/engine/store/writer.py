@@ -133,6 +133,7 @@ class AuditWriter:
         self._wal_wake = asyncio.Event()
         self._wal_lock = asyncio.Lock()
         self._wal_task: asyncio.Task[None] | None = None
+        self._inline: set[asyncio.Future[None]] = set()   # commits run inline before the background task runs
         self._wal_error: str | None = None
         # Its own thread: journal I/O never waits behind a hung database call (BatchWriter's thread).
         self._io = ThreadPoolExecutor(1, thread_name_prefix="inferlb-audit-journal")
@@ -177,8 +178,11 @@ class AuditWriter:
         self._idle.clear()
         self._wal_wake.set()
 
-    async def begin(self, record: RequestRecord) -> None:
-        """Journal ``record``'s start entry; return once it is durable.
+    def journal_start(self, record: RequestRecord) -> asyncio.Future[bool] | None:
+        """Queue ``record``'s start entry for the write-ahead log; returns a future that resolves
+        once the entry is durable (True) or could not be written (False), or None when there is
+        nothing to wait for. Never blocks: the caller awaits the future only before its response's
+        first byte, so the group commit overlaps the work at the node.
 
         Raises AuditUnavailable when the request cannot be audited and ``on_full`` is ``closed``.
         """
@@ -187,15 +191,25 @@ class AuditWriter:
             if self._on_full == "closed":
                 raise AuditUnavailable(f"The gateway cannot record this request: {why}",
                                        retry_after_s=max(1.0, self._flush_interval_s * 5))
-            return
+            return None
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._wal_starts.append((record.request_id, start_entry(record)))
         self._wal_waiters.append(fut)
-        if self._wal_task is None:
-            await self._commit_wal()
+        if self._wal_task is None:   # not started (tests of the writer alone): commit inline
+            task = asyncio.ensure_future(self._commit_wal())
+            self._inline.add(task)
+            task.add_done_callback(self._inline.discard)
         else:
             self._wal_wake.set()
-        if not await fut and self._on_full == "closed":
+        return fut
+
+    async def begin(self, record: RequestRecord) -> None:
+        """:meth:`journal_start`, then wait until the start entry is durable.
+
+        Raises AuditUnavailable when the request cannot be audited and ``on_full`` is ``closed``.
+        """
+        fut = self.journal_start(record)
+        if fut is not None and not await fut and self._on_full == "closed":
             raise AuditUnavailable(f"The gateway cannot record this request: {self._wal_error}",
                                    retry_after_s=max(1.0, self._flush_interval_s * 5))
 
