@@ -16,7 +16,7 @@ does) and one ``inferlb serve`` process, then:
 3. idle CPU once more, after the load (timers or queues left behind by the traffic show here).
 
 The nodes are separate processes, so their CPU is never counted. Load comes from the closed-loop
-generator (:mod:`.closed_loop`) in its own process. Every phase is bounded in count and time;
+generator (:mod:`.cell`) in its own process. Every phase is bounded in count and time;
 every child is stopped by PID.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .closed_loop import LoadSpec
+from .cell import LoadSpec
 from .overhead import PY, BenchConfig, Target, _Bench, _child_env, _Log
 from .procs import tree_cpu_seconds, workdir
 
@@ -81,7 +81,7 @@ def idle_cpu_ms_per_s(pid: int, seconds: float) -> float | None:
 def _load(target: Target, n: int, concurrency: int, model: str, max_tokens: int, max_seconds: float) -> dict[str, Any]:
     spec = LoadSpec(urls=target.urls, n=n, concurrency=concurrency, stream=False, max_tokens=max_tokens,
                     model=model, warmup=0, max_seconds=max_seconds)
-    cmd = [PY, "-m", "inferlb.bench.closed_loop", "--spec", json.dumps(asdict(spec))]
+    cmd = [PY, "-m", "inferlb.bench.cell", "--spec", json.dumps(asdict(spec))]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=max_seconds + 2 * spec.timeout_s + 30,
                        env=_child_env(), check=False)
     if r.returncode != 0 or not r.stdout.strip():
