@@ -94,7 +94,11 @@ def test_bench_capacity_command_steps_until_p99_doubles(tmp_path: Path) -> None:
     assert cap["step_s"] == 0.5 and cap["steps"][0]["verdict"] == "baseline"
     # The baseline (10 s at 2 req/s) and the first step (0.5 s at 40 req/s) send the same requests.
     assert cap["steps"][0]["summary"]["sent"] == cap["steps"][1]["summary"]["sent"] > 10
-    assert cap["steps"][-1]["verdict"] == "over" and cap["steps"][-1]["p99_ratio"] > 2
+    # The command stops at the first step over capacity, by either of its two rules (p99 more than
+    # doubled, or more than 5 % errors); which rule trips first depends on the machine's speed.
+    last = cap["steps"][-1]
+    assert last["verdict"] == "over"
+    assert last["p99_ratio"] > 2 or last["summary"]["error_rate"] > 0.05, last
     assert "capacity:" in r.stdout
 
 
