@@ -159,7 +159,7 @@ def build_runtime(
 
     r = fleet_cfg.routing
     router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker,
-                          params=r.params, seed=r.seed if seed is None else seed)
+                          params=r.params, seed=r.seed if seed is None else seed, sample=r.sample)
     estimator = TokenEstimator()
     for m in fleet_cfg.models:
         if m.tokenizer:

@@ -113,6 +113,9 @@ class RoutingConfig(_Strict):
     picker: str | None = None
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seed: int | None = None
+    # Power-of-k sampling: how many random nodes of a model's pool a decision considers on a larger
+    # fleet (0: every node; unset: the profile's default, 16 for all but round-robin).
+    sample: int | None = Field(None, ge=0)
 
 
 class RetryPolicy(_Strict):
@@ -206,7 +209,8 @@ def check_routing(cfg: FleetConfig) -> None:
     from .routing import build_router
 
     r = cfg.routing
-    build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params, seed=r.seed)
+    build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params, seed=r.seed,
+                 sample=r.sample)
 
 
 class Settings(BaseSettings):

@@ -120,3 +120,16 @@ def test_a_small_fleet_is_never_sampled() -> None:
     f = fleet(16, clock)
     d = build_router("token-aware", seed=1).decide(RouteRequest("m0", 100, 100), f.views())
     assert d.sampled is None and len(d.candidates) == 16 and len(d.scores) == 16
+
+
+def test_the_fleet_files_sample_size_reaches_the_router() -> None:
+    from inferlb.engine.scope import build_runtime
+    from inferlb.engine.settings import Settings
+
+    clock = ManualClock()
+    base = fleet(200, clock)
+    for sample, expected in ((4, 4), (0, None)):
+        cfg = base.cfg.model_copy(update={"routing": base.cfg.routing.model_copy(update={"sample": sample})})
+        rt = build_runtime(Settings(), cfg, clock=clock, end=lambda _a: lambda _r: None)
+        d = rt.router.decide(RouteRequest("m0", 100, 100), rt.fleet.views())
+        assert d.sampled == expected, (sample, d.sampled)    # 0: every node of the pool is considered
