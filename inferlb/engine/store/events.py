@@ -199,31 +199,32 @@ class EventWriter:
                 batch, end = await asyncio.to_thread(spool.read_batch, self._batch_size)
                 if not batch:
                     break
-                try:
-                    await asyncio.to_thread(self._write_sync, batch)
-                except StoreError as exc:
-                    self._on_failure(exc)
-                    await self._spool_pending()
+                if not await self._write_batch(batch):
                     return written
                 spool.advance(end, len(batch))
                 written += len(batch)
-                self.written += len(batch)
             if spool is not None and not spool.spooled and spool.size:
                 await asyncio.to_thread(spool.truncate_if_drained)
             while self._pending:
                 batch = list(itertools.islice(self._pending, self._batch_size))
-                try:
-                    await asyncio.to_thread(self._write_sync, batch)
-                except StoreError as exc:
-                    self._on_failure(exc)
-                    await self._spool_pending()
+                if not await self._write_batch(batch):
                     return written
                 for _ in batch:
                     self._pending.popleft()
                 written += len(batch)
-                self.written += len(batch)
             self._failures = 0
             return written
+
+    async def _write_batch(self, batch: list[NodeEvent]) -> bool:
+        """Write one batch; on failure back off and spool what is queued (False)."""
+        try:
+            await asyncio.to_thread(self._write_sync, batch)
+        except StoreError as exc:
+            self._on_failure(exc)
+            await self._spool_pending()
+            return False
+        self.written += len(batch)
+        return True
 
     def _on_failure(self, exc: StoreError) -> None:
         self._failures += 1
