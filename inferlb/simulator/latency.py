@@ -3,7 +3,7 @@
 Contract: token ``i`` (0-based) of a request that started at ``t0`` is due at
 ``t0 + ttft_s(prompt_tokens) + i * tpot_s``. The HTTP layer sleeps *until* each deadline rather
 than sleeping ``tpot_s`` after each write, so event-loop overshoot does not accumulate over a long
-generation (the same rule as ``shared/peer-bench/fake_openai_server.py``).
+generation.
 
 Kept apart from the HTTP layer on purpose: the later fleet simulator (continuous batching, KV
 cache, discrete-event mode) replaces or subclasses :class:`LatencyModel` without touching the
