@@ -1,1 +1,45 @@
-"""placeholder"""
+"""The discrete-event mode of the simulator: virtual time, no sockets (``inferlb sim des``).
+
+Layout: ``engine`` (:class:`FastCore`: the emulator's continuous-batching engine of
+:mod:`inferlb.simulator.batching`, fast-forwarded over runs of equal steps), ``node`` (one node:
+engine, life cycle, the gateway's view of it), ``admission`` (the hook for admission rules),
+``results`` (per-request columns, the node table), ``sim`` (:class:`Simulation`: the event loop,
+the real routing core, the controller hook).
+
+The entry point for other code::
+
+    sim = Simulation(specs, profile="token-aware", seed=1, admission=..., timeout_s=...,
+                     controller=fn, control_every_s=60.0, prefill_cached=hook)
+    results = sim.run(plan)            # DesResults: columns, rows(), counts(), gpu_hours()
+"""
+
+from .admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Verdict
+from .engine import CoreReport, FastCore, FastSeq
+from .node import DesNode, FixedCore
+from .results import OUTCOMES, DesOutcome, DesResults, NodeRecord
+from .sim import Controller, NodeInfo, PrefillHook, RequestLike, Simulation, Window
+
+__all__ = [
+    "ADMIT",
+    "OUTCOMES",
+    "QUEUE",
+    "REJECT",
+    "Admission",
+    "Controller",
+    "CoreReport",
+    "DesNode",
+    "DesOutcome",
+    "DesResults",
+    "FastCore",
+    "FastSeq",
+    "FixedCore",
+    "NodeInfo",
+    "NodeRecord",
+    "OpenAdmission",
+    "PrefillHook",
+    "Pools",
+    "RequestLike",
+    "Simulation",
+    "Verdict",
+    "Window",
+]

@@ -1,0 +1,181 @@
+"""One emulated node in virtual time: its engine, its life cycle, and the gateway's view of it.
+
+Contract:
+
+* The engine is a :class:`~.engine.FastCore` for a node whose :class:`~inferlb.simulator.spec.NodeSpec`
+  has ``batching`` (the continuous-batching model of the real-time emulator), else a
+  :class:`FixedCore` (every request on its own fixed-speed schedule, no queueing, as the emulator's
+  non-batching nodes).
+* Life cycle: ``starting`` (added; loading for its cold start, counted in GPU time, not routable)
+  → ``ready`` → ``draining`` (no new requests; ``removed`` once its last one ends) → ``removed``.
+  A node added at the start of a run with no cold start is ``ready`` at once.
+* The gateway's view mirrors :class:`~inferlb.engine.fleet.Fleet` as routing reads it:
+  ``inflight_*`` are counted on dispatch and completion; ``tokens_per_s`` is the decode-speed EWMA
+  of ``Fleet.report_success`` (0.8 old, 0.2 new; streamed: (tokens − 1) / (e2e − TTFT),
+  non-streamed: tokens / (e2e − the streamed-TTFT EWMA)); ``waiting`` / ``kv_usage`` are the last
+  scrape's (none before the first); ``capacity_tokens`` is the KV-cache size and
+  ``max_concurrency`` the node's own cap, as ``inferlb bench run`` writes the gateway's fleet file
+  (inferlb/bench/loadgen/stack.py). Health rules (ejection, slow start of the gateway, panic
+  mode) are not modelled: a node is routable exactly while ``ready`` and not crashed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from inferlb.engine.routing.types import NodeView
+
+from ..spec import NodeSpec
+from .engine import ABORTED, FAILED, FINISHED, RUNNING, CoreReport, FastCore, FastSeq
+
+__all__ = ["DesNode", "FixedCore", "NodeState"]
+
+NodeState = str   # "starting" | "ready" | "draining" | "removed"
+
+
+class FixedCore:
+    """A fixed-speed node (``NodeSpec.batching is None``): each request finishes at
+    ``arrival + LatencyModel.e2e_s`` whatever else runs; the same interface as :class:`FastCore`."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.latency = spec.latency()
+        self._heap: list[tuple[float, int, FastSeq]] = []
+        self._next_rid = 0
+        self.waiting: list[FastSeq] = []
+        self.running: list[FastSeq] = []   # never read for a fixed node; kept for the same interface
+        self.busy_s_total = 0.0
+        self.preemptions_total = 0
+        self.down_until = -math.inf
+        self.slow_factor_at = None
+
+    def is_down(self, now: float) -> bool:
+        return now < self.down_until
+
+    def fits_ever(self, tokens: int) -> bool:
+        return True
+
+    def usage_at(self, now: float) -> float:
+        return 0.0
+
+    def next_event_at(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def submit(self, prompt_tokens: int, output_tokens: int, now: float, *, cached: int = 0, tag: int = 0) -> FastSeq:
+        seq = FastSeq(self._next_rid, prompt_tokens, max(1, output_tokens), now, cached, tag)
+        self._next_rid += 1
+        seq.state = RUNNING
+        seq.admitted_at = now
+        seq.first_token_at = now + self.latency.ttft_s(prompt_tokens - seq.cached)
+        end = seq.first_token_at + (seq.output - 1) * self.latency.tpot_s
+        self.busy_s_total += end - now
+        heapq.heappush(self._heap, (end, seq.rid, seq))
+        return seq
+
+    def abort(self, seq: FastSeq, now: float) -> None:
+        if seq.state < FINISHED:
+            seq.state = ABORTED
+            seq.finished_at = now
+
+    def crash(self, now: float, cold_start_s: float) -> list[FastSeq]:
+        lost = [s for _, _, s in self._heap if s.state == RUNNING]
+        for s in lost:
+            s.state = FAILED
+            s.finished_at = now
+        self._heap.clear()
+        self.down_until = now + cold_start_s
+        return lost
+
+    def advance(self, now: float) -> CoreReport:
+        report = CoreReport()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            end, _, seq = heapq.heappop(heap)
+            if seq.state == RUNNING:
+                seq.state = FINISHED
+                seq.finished_at = end
+                report.finished.append(seq)
+        return report
+
+
+class DesNode:
+    """See the module docstring. ``index`` is the node's row in the run's node table."""
+
+    __slots__ = ("added_at", "core", "index", "inflight_requests", "inflight_tokens", "kv_usage", "models",
+                 "name", "ready_at", "removed_at", "served", "spec", "state", "tokens_per_s", "ttft_ewma",
+                 "view", "waiting", "wake")
+
+    def __init__(self, spec: NodeSpec, index: int, added_at: float, ready_at: float) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.index = index
+        self.models = frozenset(spec.models)
+        self.core: FastCore | FixedCore = FastCore(spec.batching) if spec.batching is not None else FixedCore(spec)
+        self.added_at = added_at
+        self.ready_at = ready_at
+        self.removed_at: float | None = None
+        self.state: NodeState = "ready" if ready_at <= added_at else "starting"
+        self.inflight_requests = 0
+        self.inflight_tokens = 0
+        self.tokens_per_s: float | None = None
+        self.ttft_ewma: float | None = None
+        self.waiting: int | None = None
+        self.kv_usage: float | None = None
+        self.served = 0
+        self.wake: float | None = None      # the time of this node's live entry in the event heap
+        self.view = self.build_view(added_at)
+        f = spec.faults
+        if f.slow_start_s > 0 and f.slow_start_factor > 1.0:
+            self.core.slow_factor_at = self._slow_factor
+
+    def _slow_factor(self, now: float) -> float:
+        """The emulator's slow-start curve (EmulatedNode.slow_factor) from the end of the cold start."""
+        f = self.spec.faults
+        since = now - self.ready_at
+        if since >= f.slow_start_s:
+            return 1.0
+        return 1.0 + (f.slow_start_factor - 1.0) * (1.0 - max(0.0, since) / f.slow_start_s)
+
+    @property
+    def capacity_tokens(self) -> int:
+        b = self.spec.batching
+        return b.kv_tokens if b is not None else 32_768
+
+    def routable(self, now: float) -> bool:
+        return self.state == "ready" and not self.core.is_down(now)
+
+    def build_view(self, now: float) -> NodeView:
+        """The routing snapshot of this node at ``now``."""
+        reason: str | None = None
+        if self.state != "ready":
+            reason = {"starting": "loading (cold start)", "draining": "draining",
+                      "removed": "removed"}.get(self.state, self.state)
+        elif self.core.is_down(now):
+            reason = "loading (restarting after a crash)"
+        return NodeView(name=self.name, models=self.models, capacity_tokens=self.capacity_tokens,
+                        max_concurrency=self.spec.max_concurrency, inflight_requests=self.inflight_requests,
+                        inflight_tokens=self.inflight_tokens, waiting=self.waiting, kv_usage=self.kv_usage,
+                        healthy=reason is None, unhealthy_reason=reason, tokens_per_s=self.tokens_per_s)
+
+    def learn(self, *, stream: bool, tokens: int, ttft_s: float | None, e2e_s: float) -> None:
+        """``Fleet.report_success``'s decode-speed and TTFT EWMAs (inferlb/engine/fleet.py)."""
+        speed: float | None = None
+        if stream:
+            if ttft_s is not None and ttft_s >= 0:
+                self.ttft_ewma = ttft_s if self.ttft_ewma is None else 0.8 * self.ttft_ewma + 0.2 * ttft_s
+                if tokens > 1 and e2e_s - ttft_s > 0:
+                    speed = (tokens - 1) / (e2e_s - ttft_s)
+        elif e2e_s > 0 and tokens > 0:
+            decode_s = e2e_s - (self.ttft_ewma or 0.0)
+            if tokens > 1 and decode_s > 0:
+                speed = tokens / decode_s
+        if speed is not None:
+            self.tokens_per_s = speed if self.tokens_per_s is None else 0.8 * self.tokens_per_s + 0.2 * speed
+
+    def scrape(self, now: float) -> None:
+        """What a metrics scrape reads: the engine's queue length and KV use."""
+        self.waiting = len(self.core.waiting)
+        self.kv_usage = round(self.core.usage_at(now), 4)
+
+    def idle(self) -> bool:
+        return self.inflight_requests == 0 and self.core.next_event_at() is None
