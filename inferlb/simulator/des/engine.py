@@ -93,8 +93,9 @@ class FastCore:
         self._active = False
         self._t0 = 0.0                # start of the current macro step's first step
         self._m = 0                   # steps in it
-        self._base = 0.0              # duration of its first step
-        self._inc = 0.0               # growth of the duration per step
+        self._first = 0.0             # duration of its first step (it may prefill)
+        self._base = 0.0              # duration of its second step
+        self._inc = 0.0               # growth of the duration per step from the second on
         self._t_end = 0.0
         self._pending: float | None = None
         self._dirty = False           # the next step must be composed (admission possible)
@@ -218,15 +219,17 @@ class FastCore:
 
     def _steps_in(self, dt: float) -> int:
         """How many whole steps of the current macro step end within ``dt`` of its start."""
-        base, inc, m = self._base, self._inc, self._m
-        if dt <= 0:
+        m = self._m
+        if dt < self._first or m == 0:
             return 0
+        rest = dt - self._first
+        base, inc = self._base, self._inc
         if inc <= 0:
-            n = m if base <= 0 else int(dt / base)
+            n = m if base <= 0 else 1 + int(rest / base)
         else:
             b = base - inc / 2
-            n = int((-b + math.sqrt(b * b + 2 * inc * dt)) / inc)
-        n = max(0, min(n, m))
+            n = 1 + int((-b + math.sqrt(max(0.0, b * b + 2 * inc * rest))) / inc)
+        n = max(1, min(n, m))
         # exact correction of the float estimate, a step or two at most
         while n < m and self._span(n + 1) <= dt:
             n += 1
@@ -235,7 +238,11 @@ class FastCore:
         return n
 
     def _span(self, n: int) -> float:
-        return n * self._base + self._inc * n * (n - 1) / 2
+        """Seconds from the macro step's start to the end of its ``n``-th step."""
+        if n <= 0:
+            return 0.0
+        j = n - 1
+        return self._first + j * self._base + self._inc * j * (j - 1) / 2
 
     def _current_k(self, now: float) -> int:
         """The index of the step in progress at ``now`` (or the next one to compose)."""
@@ -280,27 +287,23 @@ class FastCore:
         bt = self._bt
         return sum(-(-(s.prompt + s.gen0 + j - s.start_k + 1) // bt) for s in self.running)
 
-    def _next(self, t: float, report: CoreReport) -> None:
-        """Compose the step starting at ``t``: one at a time at a boundary, else a macro step."""
-        running = self.running
-        if self._dirty or not running or self._slow(t) > 1.0:
-            self._compose(t, report)
-            return
-        k = self.k
+    def _uniform_until(self, k1: int) -> int:
+        """The last step index ``L`` (≥ ``k1`` − 1) such that steps ``k1`` … ``L`` compose with no
+        boundary: no later than the next finish, before the first step that would preempt."""
         heap = self._heap
         while heap and (heap[0][2].state != RUNNING or heap[0][2].finish_k != heap[0][0]):
             heapq.heappop(heap)
-        last = heap[0][0] if heap else k     # a running sequence always has a live entry
-        if last < k:
-            self._compose(t, report)
-            return
+        if not heap:
+            return k1 - 1
+        last = heap[0][0]
+        if last < k1:
+            return k1 - 1
         total = self.total_blocks
         if self._need_bound(last) > total and self._need(last) > total:
-            # the first step whose allocation would preempt: it is composed on its own
-            lo, hi = k, last
-            if self._need(lo) > total:
-                self._compose(t, report)
-                return
+            # the first step whose allocation would preempt is composed on its own
+            if self._need(k1) > total:
+                return k1 - 1
+            lo, hi = k1, last
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if self._need(mid) > total:
@@ -308,17 +311,39 @@ class FastCore:
                 else:
                     lo = mid
             last = lo
+        return last
+
+    def _step_s(self, k: int) -> float:
+        """The duration of decode step ``k`` of the running batch (no prefill, no slow start)."""
         spec = self.spec
-        b = len(running)
+        b = len(self.running)
+        return spec.step_base_s + spec.step_per_seq_s * b + spec.step_per_kv_token_s * (self._ctx + b * k)
+
+    def _macro(self, t: float, first: float, last: int) -> None:
+        """Steps ``self.k`` … ``last`` from ``t``: the first lasts ``first``, the rest are decode steps."""
+        k = self.k
+        m = last - k + 1
         self._active = True
         self._t0 = t
-        self._m = last - k + 1
-        self._base = spec.step_base_s + spec.step_per_seq_s * b + spec.step_per_kv_token_s * (self._ctx + b * k)
-        self._inc = spec.step_per_kv_token_s * b
-        self._t_end = t + self._span(self._m)
+        self._m = m
+        self._first = first
+        self._inc = self.spec.step_per_kv_token_s * len(self.running)
+        self._base = self._step_s(k + 1)
+        self._t_end = t + self._span(m)
         self.busy_s_total += self._t_end - t
-        if last < heap[0][0]:
-            self._dirty = True   # the macro step stops short of the next finish: a preemption is due
+        if m > 1 and last < self._heap[0][0]:
+            self._dirty = True   # it stops short of the next finish: a preemption is due
+
+    def _next(self, t: float, report: CoreReport) -> None:
+        """Compose the step starting at ``t``: one at a time at a boundary, else a macro step."""
+        if self._dirty or not self.running or self._slow(t) > 1.0:
+            self._compose(t, report)
+            return
+        last = self._uniform_until(self.k)
+        if last < self.k:
+            self._compose(t, report)
+            return
+        self._macro(t, self._step_s(self.k), last)
 
     def _compose(self, t: float, report: CoreReport) -> None:
         """One step composed by ``BatchCore._compose``'s rules (the step's index is ``self.k``)."""
@@ -394,15 +419,12 @@ class FastCore:
         b = len(running)
         duration = (spec.step_base_s + spec.step_per_seq_s * b + spec.step_per_kv_token_s * (self._ctx + b * k)
                     + spec.prefill_s_per_token * prefill) * self._slow(t)
-        self._active = True
-        self._t0 = t
-        self._m = 1
-        self._base = duration
-        self._inc = 0.0
-        self._t_end = t + duration
-        self.busy_s_total += duration
+        last = k
+        if not self._dirty and self._slow(t + duration) <= 1.0:
+            last = max(k, self._uniform_until(k + 1))   # the decode steps after it, in one go
+        self._macro(t, duration, last)
         if admitted:
-            end = self._t_end
+            end = t + duration
             for seq in running[b - admitted:]:
                 if seq.first_token_at is None:
                     seq.first_token_at = end

@@ -142,8 +142,11 @@ class Simulation:
         self._window = Window(start)
         self._reqs: dict[int, RequestLike] = {}     # rows waiting in the gateway queue
         self.events = 0
+        self._loading = True     # the initial fleet: one slot count at the end, not one per node
         for spec in specs:
             self.add_node(spec)
+        self._loading = False
+        self._recount_slots()
 
     # ------------------------------------------------------------------ the fleet (controller API)
 
@@ -239,7 +242,8 @@ class Simulation:
     def _changed(self, node: DesNode) -> None:
         """A state change (ready, draining, crash): rebuild its view and the pools' slots."""
         self._dirty.add(node)
-        self._recount_slots()
+        if not self._loading:
+            self._recount_slots()
 
     def _recount_slots(self) -> None:
         slots: dict[str, int] = {}
