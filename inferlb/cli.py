@@ -288,6 +288,9 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--fleet", help="hetero4, uniform4, large16 or a fleet file (default: the demo nodes)")
     sm.add_argument("--on-kv-full", dest="on_kv_full", choices=["preempt", "oom"])
     sm.add_argument("--stream-interval", dest="stream_interval", type=int)
+    from .cli_sim import register as register_sim_des
+
+    register_sim_des(sm)   # inferlb sim des: the discrete-event mode
     fl = sub.add_parser("fleet", help="node states of a running gateway (GET /admin/fleet)")
     fl.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
     fl.add_argument("--api-key", dest="api_key", help="the admin key, when authentication is on")
@@ -321,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_db(args)
         elif args.cmd == "report":
             return _cmd_report(args)
+        elif args.cmd == "sim" and getattr(args, "sim_handler", None) is not None:
+            return int(args.sim_handler(args))
         elif args.cmd == "sim":
             asyncio.run(_sim(args))
         elif args.cmd == "fleet":

@@ -266,6 +266,11 @@ class Simulation:
     def inflight(self) -> int:
         return self._inflight
 
+    def routing_views(self) -> NodeList:
+        """The views routing reads now (the simulation's own list: read it, do not keep it)."""
+        self._refresh_views()
+        return self._views
+
     # ------------------------------------------------------------------ the run
 
     def run(self, requests: Iterable[RequestLike], *, until: float | None = None) -> DesResults:
