@@ -62,9 +62,10 @@ def des_summary(res: DesResults, w: Workload, *, duration_s: float | None = None
     window = max(1e-9, (duration_s if duration_s is not None else last_arrival) - warm)
     gpu_h = res.gpu_hours()
     end = res.end_s
-    nodes = {n.name: {"preset": n.preset, "requests": served[k], "busy_share": round(n.busy_s / max(1e-9, n.up_s(end)), 4),
-                      "preemptions": n.preemptions, "added_at": n.added_at, "ready_at": n.ready_at,
-                      "removed_at": n.removed_at} for k, n in enumerate(res.nodes)}
+    nodes: dict[str, dict[str, Any]] = {n.name: {
+        "preset": n.preset, "requests": served[k], "busy_share": round(n.busy_s / max(1e-9, n.up_s(end)), 4),
+        "preemptions": n.preemptions, "added_at": n.added_at, "ready_at": n.ready_at,
+        "removed_at": n.removed_at} for k, n in enumerate(res.nodes)}
     completed = counts["ok"]
     out_d: dict[str, Any] = {
         "requests": len(t), "measured": measured, "outcomes": counts, "good": good,
@@ -73,7 +74,7 @@ def des_summary(res: DesResults, w: Workload, *, duration_s: float | None = None
         "offered_rps": measured / window, "throughput_rps": completed / window, "goodput_rps": good / window,
         "output_tokens_per_s": tokens / window,
         "ttft_s": pcts(ttft_ok), "e2e_s": pcts(e2e_ok),
-        "share": {n: v["requests"] / completed for n, v in nodes.items()} if completed else {},
+        "share": {n: served[k] / completed for k, n in enumerate(nodes)} if completed else {},
         "gpu_hours": gpu_h, "gpu_hours_total": sum(gpu_h.values()),
         "nodes": nodes, "slo": w.slo.model_dump(),
     }

@@ -88,7 +88,7 @@ def test_sim_des_command(tmp_path: Path) -> None:
     assert 0.0 < s["slo_attainment"] <= 1.0 and set(s["gpu_hours"]) == {"h100", "a100", "l4"}
     text = subprocess.run(cmd[:-1], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert text.returncode == 0 and "SLO" in text.stdout and "GPU-hours" in text.stdout
-    bad = subprocess.run(cmd[:5] + ["--nodes", "2", "--presets", "h200"], cwd=ROOT, capture_output=True,
+    bad = subprocess.run([*cmd[:5], "--nodes", "2", "--presets", "h200"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--presets: unknown h200" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -6,8 +6,9 @@ whose client gave up included), and :meth:`Admission.tick` at :meth:`Admission.n
 ``admit`` answers :data:`ADMIT`, :data:`QUEUE` (the request waits in the gateway queue; a later
 ``release`` or ``tick`` grants it) or :data:`REJECT` with a reason. Rows granted from the queue
 are returned by ``release`` / ``tick`` and dispatched by the simulation at once; ``tick`` also
-returns the queued rows it turns away (wait over, shed), which end ``rejected``. Implementations read the pool through :class:`Pools` and must be
-deterministic (no clock: ``now`` is passed).
+returns the queued rows it turns away (wait over, shed), which end ``rejected``.
+Implementations read the pool through :class:`Pools` and must be deterministic (no clock: ``now``
+is passed).
 
 :class:`OpenAdmission` is the gateway with ``admission.enabled: false``: only the gateway-wide
 cap on requests in flight. The gateway's own rules (priority classes, pool slots, the bounded

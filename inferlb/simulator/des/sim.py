@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferlb.engine.routing import RouteRequest, Router, build_router
+from inferlb.engine.routing import Router, RouteRequest, build_router
 from inferlb.engine.routing.types import NodeList, NodeView
 
 from ..presets import SIM_MODEL

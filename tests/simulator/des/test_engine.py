@@ -15,7 +15,8 @@ from inferlb.simulator.presets import PRESETS
 from inferlb.simulator.spec import BatchSpec
 
 
-def _subs(seed: int, n: int, rate: float, prompt: tuple[int, int], output: tuple[int, int]) -> list[tuple[float, int, int]]:
+def _subs(seed: int, n: int, rate: float, prompt: tuple[int, int],
+          output: tuple[int, int]) -> list[tuple[float, int, int]]:
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):

@@ -1,0 +1,74 @@
+"""The discrete-event mode against the real-time simulator on one small case.
+
+Same nodes (two continuous-batching engines, one 2.5× faster), same seeded plan, same routing
+profile (token-aware, seed 1) and the gateway's default admission policy. Real time: the nodes are
+:class:`~inferlb.simulator.SimFleet` HTTP servers driven by their step loop, the gateway is the real
+app (the request process, routing over its fleet snapshots, health scrapes), the client is
+``run_plan``, the load generator of ``bench run``. Virtual time: :class:`Simulation`.
+
+Tolerances, and why. Real time adds what virtual time leaves out: the gateway's own work and two
+HTTP hops per request (milliseconds each, tens of milliseconds on a loaded 2-core machine), and
+event-loop lateness of the node's step loop (a late step runs late, the rest of its schedule
+with it). Routing reads in-flight counts at slightly different instants in the two runs, so a few
+requests land on the other node, which moves their latency by the node's speed ratio. So the test
+compares distributions, not requests: mean and median e2e within 25 % + 0.1 s of the real-time
+figure (a request here takes 0.3–1.5 s); mean and median TTFT within 50 % + 0.1 s (TTFT is tens
+of milliseconds, where the gateway's overhead is the largest share); the fast node's share of
+requests within 0.2. Nothing asserts on wall-clock time: the real-time run is bounded by the
+plan (~8 s of arrivals) and the workload's timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferlb.bench.des_admission import GatewayAdmission
+from inferlb.bench.des_report import des_summary
+from inferlb.bench.loadgen import Workload, plan, run_plan, summarize
+from inferlb.bench.loadgen.stack import gateway_fleet
+from inferlb.engine.settings import fleet_from_mapping
+from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.des import Simulation
+from inferlb.simulator.spec import BatchSpec
+from tests.support import running_gateway, settings_for
+
+WORKLOAD = Workload(model="m", duration_s=8.0, arrival={"kind": "poisson", "rate": 6},
+                    prompt_tokens={"dist": "lognormal", "median": 100, "sigma": 0.5, "max": 800},
+                    output_tokens={"dist": "lognormal", "median": 15, "sigma": 0.5, "min": 2, "max": 40},
+                    stream=1.0, slo={"ttft_s": 30.0, "e2e_s": 30.0}, timeout_s=30.0)
+
+
+def _specs() -> list[NodeSpec]:
+    def node(name: str, step: float) -> NodeSpec:
+        return NodeSpec(name=name, models=["m"], max_concurrency=64, batching=BatchSpec(
+            kv_tokens=65_536, step_base_s=step, step_per_seq_s=0.0005, prefill_s_per_token=0.0001))
+    return [node("fast", 0.02), node("slow", 0.05)]
+
+
+def _close(des: float, rt: float, rel: float, abs_: float) -> bool:
+    return abs(des - rt) <= rel * rt + abs_
+
+
+async def test_des_agrees_with_the_real_time_simulator(tmp_path: Path) -> None:
+    reqs = plan(WORKLOAD, seed=2)
+    assert 30 <= len(reqs) <= 80
+    specs = _specs()
+    async with SimFleet(specs) as sim:
+        urls = {name: node.url for name, node in sim.nodes.items()}
+        fleet = fleet_from_mapping(gateway_fleet(specs, urls, "token-aware", WORKLOAD, 1))
+        async with running_gateway(settings_for(tmp_path, fleet)) as (base, _app):
+            data = await run_plan(reqs, WORKLOAD, [base], label="rt", nodes=urls, sample_s=0.5)
+    rt = summarize(data, WORKLOAD)
+    res = Simulation(specs, profile="token-aware", seed=1, model="m", admission=GatewayAdmission(),
+                     timeout_s=WORKLOAD.timeout_s).run(reqs)
+    des = des_summary(res, WORKLOAD, duration_s=WORKLOAD.duration_s)
+    assert rt["ok"] == rt["sent"] == len(reqs), rt["errors"]
+    assert des["outcomes"]["ok"] == len(reqs)
+    report = {k: (rt[k], des[k]) for k in ("e2e_s", "ttft_s", "share")}
+    for key, rel in (("e2e_s", 0.25), ("ttft_s", 0.5)):
+        for stat in ("mean", "p50"):
+            assert _close(des[key][stat], rt[key][stat], rel, 0.1), (key, stat, report)
+    assert des["share"]["fast"] == pytest.approx(rt["share"]["fast"], abs=0.2), report
+    assert des["share"]["fast"] > 0.5   # both send the fast node most of the work
