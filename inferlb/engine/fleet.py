@@ -285,7 +285,7 @@ class Fleet:
             name=name, models=models, capacity_tokens=cap, max_concurrency=conc, weight=weight,
             inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
             waiting=waiting, kv_usage=kv, healthy=healthy, unhealthy_reason=reason,
-            tokens_per_s=st.tokens_per_s,
+            tokens_per_s=st.tokens_per_s, ttft_s=st.ttft_ewma,
         )
 
     def touch(self, node: str) -> None:

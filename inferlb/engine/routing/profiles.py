@@ -11,6 +11,9 @@ Every profile but ``round-robin`` samples 16 candidates on larger fleets (see :c
 - ``round-robin``: healthy, serves-model; round-robin.
 - ``power-of-two``: healthy, serves-model, has-capacity; outstanding-tokens; power-of-two.
 - ``weighted``: healthy, serves-model; static-weight; weighted-random.
+- ``learned``: healthy, serves-model, has-capacity; predicted-latency; softmax-bandit (exploration
+  rate ``epsilon``, never for the critical class), guarded by its predictor's lifecycle: while the
+  predictor warms up, drifts or faults, ``token-aware`` decides (routing/guarded.py).
 
 A profile may be customised in the fleet file (``routing.filters/scorers/picker/params``).
 """
@@ -25,7 +28,7 @@ from ..errors import ConfigError
 from .registry import make_plugin
 from .types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
 
-__all__ = ["PROFILES", "ProfileSpec", "Router", "build_router"]
+__all__ = ["FALLBACK_PROFILE", "PROFILES", "ProfileSpec", "Router", "build_router"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,10 @@ PROFILES: dict[str, ProfileSpec] = {
     "power-of-two": ProfileSpec(("healthy", "serves-model", "has-capacity"),
                                 {"outstanding-tokens": 1.0}, "power-of-two", sample=SAMPLE),
     "weighted": ProfileSpec(("healthy", "serves-model"), {"static-weight": 1.0}, "weighted-random", sample=SAMPLE),
+    "learned": ProfileSpec(("healthy", "serves-model", "has-capacity"), {"predicted-latency": 1.0},
+                           "softmax-bandit", sample=SAMPLE),
 }
+FALLBACK_PROFILE = "token-aware"   # what a learned profile falls back to
 
 
 class Router:
@@ -74,6 +80,7 @@ class Router:
         self.sample = sample
         self._by_model = any(f.type_name == "serves-model" for f in filters)
         self._total_w = sum(w for _, w in scorers) or 1.0
+        self._rank_for = getattr(picker, "rank_for", None)   # a picker that reads the request (priority)
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
@@ -136,15 +143,23 @@ class Router:
             scored = [(n, 0.0) for n in live]
             d.score_keys = ("total",)
             d.score_rows = {n.name: (0.0,) for n in live}
-        d.ranked = self.picker.rank(scored, self.rng)
+        rank_for = self._rank_for
+        d.ranked = rank_for(req, scored, self.rng) if rank_for is not None else self.picker.rank(scored, self.rng)
         return d
 
 
 def build_router(profile: str, *, filters: list[str] | None = None, scorers: dict[str, float] | None = None,
                  picker: str | None = None, params: dict[str, dict[str, Any]] | None = None,
-                 seed: int | None = None, sample: int | None = None) -> Router:
+                 seed: int | None = None, sample: int | None = None, predictor: dict[str, Any] | None = None,
+                 lifecycle: Any = None, clock: Any = None) -> Router:
     """Build a router from a profile name plus overrides; plugin errors raise ConfigError.
-    ``sample``: the power-of-k sample size (0: consider every node; default: the profile's)."""
+    ``sample``: the power-of-k sample size (0: consider every node; default: the profile's).
+
+    A profile with a scorer that needs a latency predictor (one with ``bind``, such as
+    ``predicted-latency``) comes back as a :class:`~inferlb.engine.routing.guarded.GuardedRouter`:
+    its predictor's lifecycle is ``lifecycle`` when given, else one built from ``predictor`` (the
+    fleet file's ``routing.predictor``; ``clock`` gives its events' times), and it falls back to
+    :data:`FALLBACK_PROFILE` while the predictor cannot be used."""
     base = PROFILES.get(profile)
     if base is None and filters is None:
         raise ConfigError(f"unknown routing profile {profile!r} (known: {', '.join(sorted(PROFILES))})",
@@ -161,4 +176,10 @@ def build_router(profile: str, *, filters: list[str] | None = None, scorers: dic
     k = spec.sample if sample is None else sample
     if k < 0:
         raise ConfigError(f"sample must be ≥ 0, got {k}", path="routing.sample")
-    return Router(profile, fs, sc, pk, random.Random(seed), k)
+    rng = random.Random(seed)
+    if any(hasattr(s, "bind") for s, _ in sc):
+        from .guarded import make_guarded
+
+        return make_guarded(profile, fs, sc, pk, rng, k, fallback=build_router(FALLBACK_PROFILE, sample=sample),
+                            predictor=predictor, lifecycle=lifecycle, clock=clock)
+    return Router(profile, fs, sc, pk, rng, k)

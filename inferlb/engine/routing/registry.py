@@ -28,11 +28,13 @@ BUILTINS: dict[str, str] = {
     "static-weight": f"{_P}:StaticWeight",
     "least-requests": f"{_P}:LeastRequests",
     "decode-speed": f"{_P}:DecodeSpeed",
+    "predicted-latency": "inferlb.engine.routing.learned:PredictedLatency",
     # pickers
     "max-score": f"{_P}:MaxScore",
     "weighted-random": f"{_P}:WeightedRandom",
     "power-of-two": f"{_P}:PowerOfTwo",
     "round-robin": f"{_P}:RoundRobin",
+    "softmax-bandit": "inferlb.engine.routing.learned:SoftmaxBandit",
 }
 
 

@@ -39,6 +39,7 @@ class NodeView:
     unhealthy_reason: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     tokens_per_s: float | None = None          # learned decode speed (EWMA)
+    ttft_s: float | None = None                # recent streamed time to first token (EWMA, seconds)
 
 
 class NodeList(list[NodeView]):
@@ -55,13 +56,16 @@ class NodeList(list[NodeView]):
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What is being routed: model, token estimate, priority, nodes to avoid."""
+    """What is being routed: model, token estimate, priority, nodes to avoid; whether the answer
+    is streamed and how many seconds are left before its deadline (None: no deadline)."""
 
     model: str
     prompt_tokens: int
     output_tokens: int
     priority: str | None = None
     exclude: frozenset[str] = frozenset()
+    stream: bool = False
+    deadline_s: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -95,6 +99,9 @@ class Decision:
     offered: int = 0
     sampled: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    # Set by a profile that learns (routing/learned.py): predictions, propensity, exploration,
+    # predictor version or why it fell back; its ``to_json()`` is bounded (routing/explain.py).
+    learned: Any = None
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
@@ -132,6 +139,7 @@ class Decision:
             "ranked_total": len(self.ranked),
             "picker": self.picker,
             "pick": self.pick,
+            **({"learned": self.learned.to_json()} if self.learned is not None else {}),
         }
 
 

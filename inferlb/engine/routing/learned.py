@@ -1,0 +1,186 @@
+"""The ``learned`` profile's plugins: the ``predicted-latency`` scorer and the ``softmax-bandit`` picker.
+
+Both are synchronous, pure apart from the injected ``rng`` and the predictor they are bound to, and
+keep what their last call saw (``last``) so the router that called them can explain the decision in
+the same ``decide`` call (routing/guarded.py). Neither reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .types import NodeView, RouteRequest
+
+__all__ = ["BanditChoice", "PredictedLatency", "PredictedLatencyParams", "PredictionFault", "Scored",
+           "SoftmaxBandit", "SoftmaxBanditParams"]
+
+
+class PredictionFault(Exception):
+    """The predictor's answer cannot be used (NaN, infinite, ≤ 0, missing, or it raised)."""
+
+
+class PredictedLatencyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttft_slo_s: float = Field(1.0, gt=0)      # TTFT budget of a streamed request
+    e2e_slo_s: float = Field(30.0, gt=0)      # end-to-end budget when the request has no deadline
+
+
+@dataclass
+class Scored:
+    """What the scorer's last call saw: the nodes, their predicted (TTFT, TPOT), slack and score."""
+
+    nodes: list[NodeView]
+    preds: list[tuple[float, float]]
+    slack: list[float]
+    scores: list[float]
+
+
+class PredictedLatency:
+    """Scores each candidate by its predicted *slack*: the smallest share of a budget left after
+    the predicted latency, over the budgets that apply: TTFT (``ttft_slo_s``, streamed requests
+    only) and end to end (``req.deadline_s`` when the request has a deadline, else ``e2e_slo_s``),
+    predicted e2e = TTFT + TPOT × (output budget − 1). score = clamp(0.5 + 0.5 × slack, 0, 1):
+    1 for an instant answer, 0.5 at the budget, 0 at twice the budget, so the node with the most
+    slack scores highest and the picker can tell "all late" from "all fine".
+
+    Reads the candidates through the bound predictor (``bind``; the predictor reads the request's
+    tokens, stream and priority and each node's in-flight tokens and requests, waiting, KV use,
+    recent TTFT and tokens/s, capacity and GPU label). Raises :class:`PredictionFault` when the
+    predictor has no usable answer; the router then falls back for this decision."""
+
+    type_name = "predicted-latency"
+    Params = PredictedLatencyParams
+
+    def __init__(self, params: PredictedLatencyParams | None = None) -> None:
+        self.p = params or PredictedLatencyParams()
+        self.predictor: Any = None
+        self.last: Scored | None = None
+
+    def bind(self, predictor: Any) -> None:
+        """``predictor``: anything with ``predict_nodes(req, nodes)`` (a model, or the lifecycle's
+        current model through :class:`~inferlb.engine.routing.guarded.GuardedRouter`)."""
+        self.predictor = predictor
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return self.score_all(req, [node])[0]
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        model = self.predictor
+        if model is None:
+            raise PredictionFault("no predictor loaded")
+        try:
+            raw = model.predict_nodes(req, nodes)
+            preds = raw if isinstance(raw, list) else [(float(a), float(b)) for a, b in raw]
+        except PredictionFault:
+            raise
+        except Exception as exc:   # a user's predictor may raise anything: fall back, say why
+            raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
+        if len(preds) != len(nodes):
+            raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
+        for a, b in preds:
+            if not (0 < a < math.inf and 0 < b < math.inf):
+                raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
+        e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
+        ttft_budget = self.p.ttft_slo_s if req.stream else None
+        rest = max(0, req.output_tokens - 1)
+        slack: list[float] = []
+        scores: list[float] = []
+        for a, b in preds:
+            s = (e2e_budget - (a + b * rest)) / e2e_budget
+            if ttft_budget is not None:
+                s = min(s, (ttft_budget - a) / ttft_budget)
+            slack.append(s)
+            scores.append(min(1.0, max(0.0, 0.5 + 0.5 * s)))
+        self.last = Scored(list(nodes), preds, slack, scores)
+        return scores
+
+
+class SoftmaxBanditParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(0.05, ge=0, le=1)          # exploration rate
+    temperature: float = Field(0.05, gt=0)           # softmax temperature over the total score
+    never_explore: list[str] = Field(default_factory=lambda: ["critical"])   # priority classes
+
+
+@dataclass
+class BanditChoice:
+    pick: str
+    propensity: float          # probability this policy picks ``pick`` for this context
+    explored: bool             # the exploring branch chose a node other than the greedy best
+    epsilon: float             # the exploration rate that applied (0 for never-explore classes)
+    probs: list[float]         # per scored node, in the order given
+
+
+class SoftmaxBandit:
+    """An ε-greedy bandit with softmax exploration over the profile's total score (the filters
+    ran first, so exploration only ever picks among nodes that may serve):
+
+        P(node) = (1 − ε) · [node is a best node] / (number of best nodes)
+                  + ε · exp(total / T) / Σ exp(total' / T)
+
+    ε = 0 for the priority classes in ``never_explore`` (critical by default). The pick's
+    probability is its *propensity*, logged with the decision for off-policy evaluation. The rest
+    of the ranking (fallbacks) is by score. Randomness from ``rng`` only."""
+
+    type_name = "softmax-bandit"
+    Params = SoftmaxBanditParams
+
+    def __init__(self, params: SoftmaxBanditParams | None = None) -> None:
+        self.p = params or SoftmaxBanditParams()
+        self._never = frozenset(self.p.never_explore)
+        self.last: BanditChoice | None = None
+
+    def epsilon_for(self, req: RouteRequest | None) -> float:
+        if req is not None and req.priority in self._never:
+            return 0.0
+        return self.p.epsilon
+
+    def probabilities(self, req: RouteRequest | None, scored: Sequence[tuple[NodeView, float]]) -> list[float]:
+        """The exact probability of each scored node being picked."""
+        n = len(scored)
+        if n == 0:
+            return []
+        eps = self.epsilon_for(req)
+        best = max(s for _, s in scored)
+        ties = [s >= best for _, s in scored]
+        k = sum(ties)
+        t = self.p.temperature
+        ex = [math.exp((s - best) / t) for _, s in scored]
+        z = sum(ex)
+        return [(1 - eps) * (1.0 / k if tie else 0.0) + eps * e / z for tie, e in zip(ties, ex, strict=True)]
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        return self.rank_for(None, scored, rng)
+
+    def rank_for(self, req: RouteRequest | None, scored: list[tuple[NodeView, float]],
+                 rng: random.Random) -> list[str]:
+        if not scored:
+            self.last = None
+            return []
+        probs = self.probabilities(req, scored)
+        eps = self.epsilon_for(req)
+        best = max(s for _, s in scored)
+        greedy = [i for i, (_, s) in enumerate(scored) if s >= best]
+        explore = eps > 0 and rng.random() < eps
+        if explore:
+            t = self.p.temperature
+            ex = [math.exp((s - best) / t) for _, s in scored]
+            x = rng.random() * sum(ex)
+            i = len(ex) - 1
+            for j, e in enumerate(ex):
+                x -= e
+                if x <= 0:
+                    i = j
+                    break
+        else:
+            i = greedy[int(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
+        pick = scored[i][0].name
+        rest = sorted((x for j, x in enumerate(scored) if j != i), key=lambda x: -x[1])
+        self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
+        return [pick] + [n.name for n, _ in rest]
