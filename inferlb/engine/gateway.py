@@ -31,6 +31,7 @@ from .errors import (
     error_event,
 )
 from .first_byte import FirstByteBudget
+from .routing.lifecycle import observe_decision
 from .scope import IncomingRequest, RequestScope, Runtime, begin_request
 from .settings import ModelConfig, NodeConfig, TimeoutConfig
 from .sse import SSERelay, extract_usage
@@ -230,6 +231,9 @@ class Gateway:
         e2e = (rec.last_byte_at - attempt.started_at) if rec.last_byte_at is not None else None
         rt.fleet.report_success(node, stream=req.stream, completion_tokens=rec.completion_tokens or 0,
                                 ttfb_s=ttfb, e2e_s=e2e)
+        if rt.learner is not None:   # the learned profile's predictor: same times, queued for training
+            observe_decision(rt.learner, scope.decision, stream=req.stream,
+                             completion_tokens=rec.completion_tokens or 0, ttfb_s=ttfb, e2e_s=e2e)
         if ttfb is not None:
             self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0,
                                     prompt_tokens=int(rec.prompt_tokens or rec.prompt_tokens_est or 0))

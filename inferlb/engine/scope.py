@@ -78,6 +78,8 @@ class Runtime:
     # what to await before the response's first byte (None: nothing); raises AuditUnavailable (503)
     # when the request could not be audited. Called once, at the top of Gateway.handle.
     begin: Callable[[RequestRecord], Awaitable[bool] | None] = field(default=_no_begin)
+    # The learned profile's predictor lifecycle (routing/lifecycle.py); None for other profiles.
+    learner: Any = None
 
 
 @dataclass
@@ -159,7 +161,8 @@ def build_runtime(
 
     r = fleet_cfg.routing
     router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker,
-                          params=r.params, seed=r.seed if seed is None else seed, sample=r.sample)
+                          params=r.params, seed=r.seed if seed is None else seed, sample=r.sample,
+                          predictor=r.predictor, clock=clock.time)
     estimator = TokenEstimator()
     for m in fleet_cfg.models:
         if m.tokenizer:
@@ -169,4 +172,4 @@ def build_runtime(
                                     env=settings.admission)
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
                    clock=clock, rng=random.Random(seed), on_request_end=end(admission), admission=admission,
-                   begin=begin or _no_begin)
+                   begin=begin or _no_begin, learner=getattr(router, "lifecycle", None))

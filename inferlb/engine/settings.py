@@ -116,6 +116,8 @@ class RoutingConfig(_Strict):
     # Power-of-k sampling: how many random nodes of a model's pool a decision considers on a larger
     # fleet (0: every node; unset: the profile's default, 16 for all but round-robin).
     sample: int | None = Field(None, ge=0)
+    # The latency predictor of a profile that learns (``learned``): routing/lifecycle.py LifecycleParams.
+    predictor: dict[str, Any] = Field(default_factory=dict)
 
 
 class RetryPolicy(_Strict):
@@ -210,7 +212,7 @@ def check_routing(cfg: FleetConfig) -> None:
 
     r = cfg.routing
     build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params, seed=r.seed,
-                 sample=r.sample)
+                 sample=r.sample, predictor=r.predictor)
 
 
 class Settings(BaseSettings):

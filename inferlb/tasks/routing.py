@@ -19,12 +19,15 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     the process's conditions). Every decision is kept in the audit record (``decisions``)."""
     rt = scope.rt
     ev = data["evaluation"]
+    asked = (data.get("request") or {}).get("deadline_s")   # the client's own deadline, not the total timeout
     req = RouteRequest(
         model=scope.model,
         prompt_tokens=int(ev["prompt_tokens_est"]),
         output_tokens=int(ev["output_budget"]),
         priority=ev.get("priority"),
         exclude=frozenset(scope.tried) | _not_serving(scope),
+        stream=scope.record.stream,
+        deadline_s=max(0.0, scope.deadline_at - rt.clock.monotonic()) if asked else None,
     )
     decision = rt.router.decide(req, rt.fleet.views())
     scope.decision = decision

@@ -25,14 +25,23 @@ from collections.abc import Sequence
 
 from .types import NodeView, RouteRequest
 
-__all__ = ["FEATURE_NAMES", "GPU_BUCKETS", "N_FEATURES", "REQUEST_FEATURES", "TTFT_INDEX", "TPOT_INDEX",
-           "features", "node_part", "request_part"]
+__all__ = [
+    "FEATURE_NAMES",
+    "GPU_BUCKETS",
+    "N_FEATURES",
+    "REQUEST_FEATURES",
+    "TPOT_INDEX",
+    "TTFT_INDEX",
+    "features",
+    "node_part",
+    "request_part",
+]
 
 GPU_BUCKETS = 4
 REQUEST_FEATURES = ("bias", "log_prompt", "log_output", "stream", "critical")
 _NODE_FEATURES = ("log_ttft", "ttft_unknown", "log_tpot", "tpot_unknown", "log_inflight_ktokens",
                   "log_inflight_requests", "log_waiting", "waiting_unknown", "kv_usage", "kv_unknown",
-                  "load") + tuple(f"gpu_{i}" for i in range(GPU_BUCKETS))
+                  "load", *(f"gpu_{i}" for i in range(GPU_BUCKETS)))
 FEATURE_NAMES: tuple[str, ...] = REQUEST_FEATURES + _NODE_FEATURES
 N_FEATURES = len(FEATURE_NAMES)
 TTFT_INDEX = FEATURE_NAMES.index("log_ttft")     # a prior: predicted TTFT ≈ the node's recent TTFT

@@ -46,7 +46,7 @@ class GuardedRouter(Router):
         model = lc.model
         if lc.usable():
             for s in self._bound:
-                s.bind(model)   # type: ignore[attr-defined]
+                s.bind(model)
             try:
                 d = super().decide(req, nodes)
             except PredictionFault as exc:

@@ -26,6 +26,7 @@ States (each change queued as an event, :meth:`take_events`, and counted):
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .predictor import LatencyPredictor, Observed, OnlineLinear, Prediction
 
-__all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor"]
+__all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision"]
 
 _APE_CAP = 10.0   # one absurd sample moves a window's mean by at most 10 / window
 
@@ -210,7 +211,8 @@ class PredictorLifecycle:
                 ok = False
             if ok:
                 self._ok_in_a_row += 1
-                for w, y, yhat in ((self.windows[0], obs.ttft_s, pred.ttft_s), (self.windows[1], obs.tpot_s, pred.tpot_s)):
+                pairs = ((self.windows[0], obs.ttft_s, pred.ttft_s), (self.windows[1], obs.tpot_s, pred.tpot_s))
+                for w, y, yhat in pairs:
                     if y is not None and y > 0:
                         w.add(min(_APE_CAP, abs(yhat - y) / y))
             else:
@@ -228,10 +230,8 @@ class PredictorLifecycle:
     def install(self, model: LatencyPredictor, reason: str, evidence: dict[str, Any] | None = None) -> None:
         """Make ``model`` the active predictor; its version is kept (or assigned, if not higher)."""
         version = max(int(getattr(model, "version", 0) or 0), self.version + 1)
-        try:
+        with contextlib.suppress(AttributeError):   # a user's predictor may not let us set it
             model.version = version
-        except AttributeError:
-            pass
         self.model = model
         self.version = version
         self.learned = int(getattr(model, "seen", 0) or 0)
@@ -272,10 +272,9 @@ class PredictorLifecycle:
             if mape is not None and mape > p.drift_mape and n >= min(p.window, max(10, p.min_samples)):
                 self._to("drifted", f"prediction error {mape:.2f} > {p.drift_mape:g}: routing falls back",
                          self._ev(mape))
-        elif s == "drifted":
-            if mape is not None and mape < p.recover_mape:
-                self._to("active", f"prediction error {mape:.2f} < {p.recover_mape:g}: learned routing resumes",
-                         self._ev(mape))
+        elif s == "drifted" and mape is not None and mape < p.recover_mape:
+            self._to("active", f"prediction error {mape:.2f} < {p.recover_mape:g}: learned routing resumes",
+                     self._ev(mape))
 
     def _ev(self, mape: float | None) -> dict[str, Any]:
         m = self.mape()
@@ -292,6 +291,17 @@ class PredictorLifecycle:
         self.transitions_total += 1
         self.events.append({"kind": "state", "from": old, "to": state, "version": self.version, "reason": reason,
                             "at": self._clock(), "evidence": evidence})
+
+
+def observe_decision(lifecycle: PredictorLifecycle, decision: Any, *, stream: bool, completion_tokens: int,
+                     ttfb_s: float | None, e2e_s: float | None) -> Observed | None:
+    """The gateway's hook: one successful attempt of ``decision`` (a routing Decision whose
+    ``learned`` part names the pick) measured these times; queue what the predictor learns."""
+    info = getattr(decision, "learned", None)
+    if info is None or getattr(info, "pick", None) is None:
+        return None
+    return lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=stream,
+                                    completion_tokens=completion_tokens, ttfb_s=ttfb_s, e2e_s=e2e_s)
 
 
 def _usable(pred: Prediction) -> bool:
