@@ -301,6 +301,9 @@ def _parser() -> argparse.ArgumentParser:
     from .engine.admission.commands import add_keys_parser
 
     add_keys_parser(sub)
+    from .cli_routing import add_routing_parser
+
+    add_routing_parser(sub)
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=["overhead", "run", "compare", "capacity", "overload"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
@@ -328,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.sim_handler(args))
         elif args.cmd == "sim":
             asyncio.run(_sim(args))
+        elif args.cmd == "routing":
+            from .cli_routing import routing_command
+
+            return routing_command(args, _settings(args).database_url)
         elif args.cmd == "fleet":
             from .engine.health.report import fleet_command
 

@@ -257,7 +257,7 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
     results.append(res)
 
     try:
-        from river import linear_model, optim, preprocessing   # type: ignore[import-not-found]
+        from river import linear_model, optim, preprocessing  # type: ignore[import-not-found]
     except ImportError:
         results.append({"predictor": "river", "error": "not installed"})
     else:
@@ -281,8 +281,8 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
         results.append(_score("river LinearRegression (online)", records, preds, us, upd * 1e6))
 
     try:
-        from sklearn.ensemble import HistGradientBoostingRegressor   # type: ignore[import-not-found]
-        from sklearn.linear_model import Ridge   # type: ignore[import-not-found]
+        from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-not-found]
+        from sklearn.linear_model import Ridge  # type: ignore[import-not-found]
     except ImportError:
         results.append({"predictor": "scikit-learn", "error": "not installed"})
     else:
