@@ -257,12 +257,12 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
     results.append(res)
 
     try:
-        from river import linear_model, optim, preprocessing  # type: ignore[import-not-found]
+        river: Any = importlib.import_module("river")   # optional: only this comparison uses it
     except ImportError:
         results.append({"predictor": "river", "error": "not installed"})
     else:
-        rm = [preprocessing.StandardScaler() | linear_model.LinearRegression(optimizer=optim.SGD(0.01))
-              for _ in range(2)]
+        rm = [river.preprocessing.StandardScaler()
+              | river.linear_model.LinearRegression(optimizer=river.optim.SGD(0.01)) for _ in range(2)]
         keys = list(FEATURE_NAMES)
 
         def rpred(row: list[float]) -> tuple[float, float]:
@@ -281,14 +281,16 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
         results.append(_score("river LinearRegression (online)", records, preds, us, upd * 1e6))
 
     try:
-        from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-not-found]
-        from sklearn.linear_model import Ridge  # type: ignore[import-not-found]
+        ensemble: Any = importlib.import_module("sklearn.ensemble")
+        linear: Any = importlib.import_module("sklearn.linear_model")
     except ImportError:
         results.append({"predictor": "scikit-learn", "error": "not installed"})
     else:
-        for label, make in (("scikit-learn Ridge (retrained)", lambda: Ridge(alpha=1.0)),
-                            ("scikit-learn HistGradientBoosting (retrained)",
-                             lambda: HistGradientBoostingRegressor(max_iter=100))):
+        makers: list[tuple[str, Callable[[], Any]]] = [
+            ("scikit-learn Ridge (retrained)", lambda: linear.Ridge(alpha=1.0)),
+            ("scikit-learn HistGradientBoosting (retrained)",
+             lambda: ensemble.HistGradientBoostingRegressor(max_iter=100))]
+        for label, make in makers:
             preds = []
             models: list[Any] = [None, None]
             fit_s = 0.0
@@ -312,7 +314,10 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
             if models[0] is None or models[1] is None:
                 continue
             m0, m1 = models
-            us = _bench_16(lambda rows, m0=m0, m1=m1: (m0.predict(rows), m1.predict(rows)), X, 100)
+            def both(rows: np.ndarray, m0: Any = m0, m1: Any = m1) -> Any:
+                return m0.predict(rows), m1.predict(rows)
+
+            us = _bench_16(both, X, 100)
             res = _score(label, records, preds, us, 0.0)
             res["fit_s_total"] = fit_s
             results.append(res)

@@ -40,7 +40,9 @@ from .errors import ClientError, error_body
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
 from .health.probe import Prober
+from .learned_loop import LearnedLoop
 from .observability.hub import Observability, queue_depth_of
+from .observability.learned import LearnedCollector
 from .request_end import EndStep, RequestEnd
 from .scope import build_runtime
 from .settings import Settings
@@ -149,6 +151,12 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
                                                 prober=Prober(fleet_cfg.nodes, fleet_cfg.health, clock),
                                                 record=events.submit)
         await monitor.start()
+        # The learned profile's feedback loop (training, scheduled retrain, drift events, metrics).
+        learned = state.learned_loop = None
+        if rt.learner is not None:
+            obs.registry.register(LearnedCollector(rt.learner))
+            learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit)
+            await learned.start()
         state.ready = True
         try:
             yield
@@ -156,6 +164,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
             state.ready = False
             state.draining = True
             await monitor.close()
+            if learned is not None:
+                await learned.close()
             await upstream.close()
             await admission.stop()
             await writer.close(timeout_s=10.0)

@@ -77,6 +77,7 @@ class GuardedRouter(Router):
             info.explored = choice.explored
             info.epsilon = choice.epsilon
             if choice.explored:
+                lc.explored_total += 1
                 best = max(range(len(names)), key=lambda j: sc.scores[j])
                 info.best = names[best]
         return info

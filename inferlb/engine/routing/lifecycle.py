@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .predictor import LatencyPredictor, Observed, OnlineLinear, Prediction
 
-__all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision"]
+__all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision", "observed_from"]
 
 _APE_CAP = 10.0   # one absurd sample moves a window's mean by at most 10 / window
 
@@ -118,6 +118,7 @@ class PredictorLifecycle:
         self.faults_total = 0
         self.fallbacks_total = 0
         self.transitions_total = 0
+        self.explored_total = 0
         self._ok_in_a_row = 0
         self.windows = (_Window(self.p.window, collections.deque()), _Window(self.p.window, collections.deque()))
         if model is not None:
@@ -162,23 +163,12 @@ class PredictorLifecycle:
         ``Fleet.report_success`` takes them) into an :class:`Observed` and queue it. Like with
         like: a streamed answer gives TTFT and (e2e − TTFT) / (tokens − 1); a non-streamed one
         gives no TTFT, and TPOT = (e2e − the TTFT predicted at decision time) / tokens."""
-        if row is None or e2e_s is None or not math.isfinite(e2e_s) or e2e_s <= 0:
+        if row is None:
             return None
-        ttft: float | None = None
-        tpot: float | None = None
-        if stream:
-            if ttfb_s is not None and math.isfinite(ttfb_s) and ttfb_s > 0:
-                ttft = ttfb_s
-                if completion_tokens > 1 and e2e_s > ttfb_s:
-                    tpot = (e2e_s - ttfb_s) / (completion_tokens - 1)
-        elif completion_tokens > 0:
-            prefill = predicted.ttft_s if predicted is not None else 0.0
-            decode = e2e_s - min(prefill, e2e_s / 2)
-            tpot = decode / completion_tokens
-        if ttft is None and tpot is None:
-            return None
-        obs = Observed(ttft, tpot)
-        self.observe(row, obs)
+        obs = observed_from(stream=stream, completion_tokens=completion_tokens, ttfb_s=ttfb_s, e2e_s=e2e_s,
+                            predicted_ttft_s=predicted.ttft_s if predicted is not None else None)
+        if obs is not None:
+            self.observe(row, obs)
         return obs
 
     def fault(self, reason: str) -> None:
@@ -291,6 +281,26 @@ class PredictorLifecycle:
         self.transitions_total += 1
         self.events.append({"kind": "state", "from": old, "to": state, "version": self.version, "reason": reason,
                             "at": self._clock(), "evidence": evidence})
+
+
+def observed_from(*, stream: bool, completion_tokens: int, ttfb_s: float | None, e2e_s: float | None,
+                  predicted_ttft_s: float | None) -> Observed | None:
+    """What one successful attempt teaches (see :meth:`PredictorLifecycle.observe_answer`)."""
+    if e2e_s is None or not math.isfinite(e2e_s) or e2e_s <= 0:
+        return None
+    ttft: float | None = None
+    tpot: float | None = None
+    if stream:
+        if ttfb_s is not None and math.isfinite(ttfb_s) and ttfb_s > 0:
+            ttft = ttfb_s
+            if completion_tokens > 1 and e2e_s > ttfb_s:
+                tpot = (e2e_s - ttfb_s) / (completion_tokens - 1)
+    elif completion_tokens > 0:
+        prefill = predicted_ttft_s if predicted_ttft_s is not None and math.isfinite(predicted_ttft_s) else 0.0
+        tpot = (e2e_s - min(max(0.0, prefill), e2e_s / 2)) / completion_tokens
+    if ttft is None and tpot is None:
+        return None
+    return Observed(ttft, tpot)
 
 
 def observe_decision(lifecycle: PredictorLifecycle, decision: Any, *, stream: bool, completion_tokens: int,
