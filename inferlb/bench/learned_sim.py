@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import importlib
 import math
 import time
 from collections.abc import Callable
