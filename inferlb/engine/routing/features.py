@@ -10,8 +10,9 @@ request part (the same for every candidate, :func:`request_part`):
 node part (:func:`node_part`):
     log(recent TTFT) | unknown, log(recent time per output token = 1 / tokens_per_s) | unknown,
     log1p(in-flight tokens / 1,000), log1p(in-flight requests), log1p(waiting) | unknown,
-    KV-cache use | unknown, in-flight tokens / capacity, GPU type (one of :data:`GPU_BUCKETS`
-    buckets of the node's ``gpu`` / ``gpu_type`` label, hashed; all zero without such a label).
+    KV-cache use | unknown, in-flight tokens / capacity, GPU type (one-hot over :data:`GPU_TYPES`,
+    the first whose name the node's ``gpu`` / ``gpu_type`` label contains, case-insensitive, e.g.
+    "NVIDIA-H100-80GB" → h100; ``gpu_other`` for any other label; all zero without one).
 
 A feature row is a plain ``list[float]`` (:data:`FEATURE_NAMES` order); the predictor keeps it
 with each observation so training needs nothing but the row and the measured times.
@@ -20,14 +21,13 @@ with each observation so training needs nothing but the row and the measured tim
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 
 from .types import NodeView, RouteRequest
 
 __all__ = [
     "FEATURE_NAMES",
-    "GPU_BUCKETS",
+    "GPU_TYPES",
     "N_FEATURES",
     "REQUEST_FEATURES",
     "TPOT_INDEX",
@@ -37,18 +37,20 @@ __all__ = [
     "request_part",
 ]
 
-GPU_BUCKETS = 4
+# Longest names first where one contains another (l40s before l4).
+GPU_TYPES = ("h100", "h200", "b200", "a100", "l40s", "l4", "a10g", "t4", "mi300x")
+_GPU_SLOTS = len(GPU_TYPES) + 1   # + gpu_other
 REQUEST_FEATURES = ("bias", "log_prompt", "log_output", "stream", "critical")
 _NODE_FEATURES = ("log_ttft", "ttft_unknown", "log_tpot", "tpot_unknown", "log_inflight_ktokens",
                   "log_inflight_requests", "log_waiting", "waiting_unknown", "kv_usage", "kv_unknown",
-                  "load", *(f"gpu_{i}" for i in range(GPU_BUCKETS)))
+                  "load", *(f"gpu_{g}" for g in GPU_TYPES), "gpu_other")
 FEATURE_NAMES: tuple[str, ...] = REQUEST_FEATURES + _NODE_FEATURES
 N_FEATURES = len(FEATURE_NAMES)
 TTFT_INDEX = FEATURE_NAMES.index("log_ttft")     # a prior: predicted TTFT ≈ the node's recent TTFT
 TPOT_INDEX = FEATURE_NAMES.index("log_tpot")     # a prior: predicted TPOT ≈ the node's recent TPOT
 
 _GPU_CACHE: dict[str, int] = {}
-_NO_GPU = [0.0] * GPU_BUCKETS
+_NO_GPU = [0.0] * _GPU_SLOTS
 
 
 def request_part(req: RouteRequest, critical: str = "critical") -> list[float]:
@@ -62,8 +64,11 @@ def _gpu(labels: Sequence[tuple[str, str]]) -> list[float]:
         if k in ("gpu", "gpu_type"):
             b = _GPU_CACHE.get(v)
             if b is None:
-                b = _GPU_CACHE[v] = zlib.crc32(v.lower().encode()) % GPU_BUCKETS
-            out = [0.0] * GPU_BUCKETS
+                low = v.lower()
+                b = next((i for i, g in enumerate(GPU_TYPES) if g in low), len(GPU_TYPES))
+                if len(_GPU_CACHE) < 1024:
+                    _GPU_CACHE[v] = b
+            out = [0.0] * _GPU_SLOTS
             out[b] = 1.0
             return out
     return _NO_GPU
