@@ -6,6 +6,7 @@ import json
 import math
 import random
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -79,8 +80,8 @@ def test_online_predictor_learns_a_fleet_law_and_batch_agrees_with_single() -> N
                   labels=(("gpu", "NVIDIA-H100-80GB" if kind == "fast" else "t4"),))
         req = RouteRequest("m", rng.randrange(50, 2000), 100)
         data.append((req, n))
-    err_before = []
-    err_after = []
+    err_before: list[float] = []
+    err_after: list[float] = []
     for i, (req, n) in enumerate(data):
         t, o = _true(req, n)
         p = m.predict(features(req, n))
@@ -95,7 +96,8 @@ def test_online_predictor_learns_a_fleet_law_and_batch_agrees_with_single() -> N
     m.update(features(req, n), Observed(10.0, 1.0))
     assert m.predict_nodes(req, [n])[0][0] == pytest.approx(m.predict(features(req, n)).ttft_s)
     fitted = OnlineLinear.fit([features(r, v) for r, v in data], [Observed(*_true(r, v)) for r, v in data])
-    mape = sum(abs(fitted.predict(features(r, v)).ttft_s - _true(r, v)[0]) / _true(r, v)[0] for r, v in data[-300:]) / 300
+    errs = [abs(fitted.predict(features(r, v)).ttft_s - _true(r, v)[0]) / _true(r, v)[0] for r, v in data[-300:]]
+    mape = sum(errs) / len(errs)
     assert mape < 0.5
 
 
@@ -111,7 +113,7 @@ def test_update_ignores_unusable_observations() -> None:
 
 def test_observed_compares_like_with_like() -> None:
     s = observed_from(stream=True, completion_tokens=11, ttfb_s=0.5, e2e_s=1.5, predicted_ttft_s=None)
-    assert s == Observed(0.5, pytest.approx(0.1))
+    assert s is not None and s.ttft_s == 0.5 and s.tpot_s == pytest.approx(0.1)
     ns = observed_from(stream=False, completion_tokens=10, ttfb_s=1.5, e2e_s=1.5, predicted_ttft_s=0.5)
     assert ns is not None and ns.ttft_s is None and ns.tpot_s == pytest.approx(0.1)   # the first byte is not TTFT
     assert observed_from(stream=True, completion_tokens=5, ttfb_s=None, e2e_s=None, predicted_ttft_s=None) is None
@@ -193,8 +195,8 @@ def _learned(**predictor: Any) -> GuardedRouter:
 
 def test_exploration_never_picks_a_filtered_node() -> None:
     r = _learned()
-    nodes = [_node("ok1", inflight=30), _node("ok2", inflight=31, ttft=0.3), _node("sick", healthy=False, inflight=0, ttft=0.001),
-             _node("small", cap=100, inflight=0, ttft=0.001)]
+    nodes = [_node("ok1", inflight=30), _node("ok2", inflight=31, ttft=0.3),
+             _node("sick", healthy=False, inflight=0, ttft=0.001), _node("small", cap=100, inflight=0, ttft=0.001)]
     explored = 0
     for _ in range(500):
         d = r.decide(RouteRequest("m", 400, 100), nodes)
@@ -224,6 +226,7 @@ def test_decision_logs_propensity_predictions_and_why_bounded() -> None:
 
 def test_warming_predictor_falls_back_to_token_aware_and_says_why() -> None:
     r = build_router("learned", seed=1, predictor={"min_samples": 3})
+    assert isinstance(r, GuardedRouter)
     nodes = [_node("a", inflight=5), _node("b")]
     d = r.decide(RouteRequest("m", 100, 10), nodes)
     lj = d.to_json()["learned"]
@@ -242,7 +245,7 @@ def test_warming_predictor_falls_back_to_token_aware_and_says_why() -> None:
 class NaNPredictor:
     version = 1
 
-    def predict_nodes(self, req: RouteRequest, nodes: list[NodeView]) -> list[tuple[float, float]]:
+    def predict_nodes(self, req: RouteRequest, nodes: Sequence[NodeView]) -> list[tuple[float, float]]:
         return [(float("nan"), 0.01) for _ in nodes]
 
     def predict(self, row: Any) -> Any:
@@ -257,7 +260,7 @@ def test_nan_predictor_never_breaks_routing_and_faults_after_the_limit() -> None
     lc = PredictorLifecycle(LifecycleParams(min_samples=0, fault_limit=2), model=NaNPredictor())
     r = build_router("learned", seed=1, lifecycle=lc)
     nodes = [_node("a"), _node("b", inflight=3)]
-    for i in range(3):
+    for _ in range(3):
         d = r.decide(RouteRequest("m", 10, 10), nodes)
         assert d.pick == "a"
         assert d.learned.fallback == "token-aware"
@@ -267,6 +270,7 @@ def test_nan_predictor_never_breaks_routing_and_faults_after_the_limit() -> None
 
 def test_predictor_that_cannot_load_routes_by_fallback() -> None:
     r = build_router("learned", seed=1, predictor={"type": "no_such_module:Thing"})
+    assert isinstance(r, GuardedRouter)
     lc = r.lifecycle
     assert lc.state == "faulted" and "cannot load" in lc.reason
     d = r.decide(RouteRequest("m", 10, 10), [_node("a"), _node("b", inflight=2)])

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from inferlb.engine.routing import NodeView, RouteRequest, build_router
+from inferlb.engine.routing.explain import context_of
 from inferlb.engine.routing.learned import SoftmaxBandit, SoftmaxBanditParams
 from inferlb.engine.routing.ope import Round, estimate
 from inferlb.engine.routing.ope_replay import LoggedDecision, evaluate, target_probabilities
-from inferlb.engine.routing.explain import context_of
 
 
 def _synthetic(n: int, seed: int) -> tuple[list[Round], float]:
@@ -96,8 +96,9 @@ def test_replay_of_logged_learned_decisions_estimates_a_candidate_profile() -> N
     same = evaluate(logged, build_router("learned", seed=3, params={"softmax-bandit": {"epsilon": 0.3,
                                                                                       "temperature": 0.05}}),
                     n_boot=50)
-    assert same["snips"]["value"] == pytest.approx(same["logged"], rel=1e-9)
-    assert same["ips"]["value"] == pytest.approx(same["logged"], rel=1e-9)
+    # (not exactly: the logged propensity is rounded to 6 places)
+    assert same["snips"]["value"] == pytest.approx(same["logged"], rel=1e-5)
+    assert same["ips"]["value"] == pytest.approx(same["logged"], rel=1e-5)
     assert math.isfinite(same["ips"]["value"])
 
 
