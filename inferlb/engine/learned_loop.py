@@ -141,8 +141,9 @@ class LearnedLoop:
 
     def _fit(self, rows: list[LearnedAttempt]) -> dict[str, Any]:
         xs, ys = training_set(rows)
-        if len(xs) < 50:
-            return {"rows": len(xs), "installed": False, "why": "fewer than 50 answered learned decisions"}
+        least = self.lc.p.retrain_min_rows
+        if len(xs) < least:
+            return {"rows": len(xs), "installed": False, "why": f"fewer than {least} answered learned decisions"}
         cut = int(len(xs) * 0.8)
         params = getattr(self.lc.model, "p", None)
         fresh = OnlineLinear.fit(xs[:cut], ys[:cut], params if isinstance(params, OnlineLinear.Params) else None,

@@ -8,7 +8,8 @@
   for each queued observation, first the *prequential* error of the current model (its
   prediction for the features logged at decision time against what was measured, before it learns
   from it), then the update. The rolling mean absolute percentage error (MAPE, the mean of the
-  TTFT and TPOT windows of ``window`` observations each) is what is watched;
+  TTFT and TPOT windows of ``window`` observations each) is what is watched; answers of nodes
+  the gateway had not measured yet (their prediction is the prior's) train but are not counted;
 * :meth:`install`: a retrained model (a higher version) replaces the current one;
 * :meth:`fault`: a decision found the predictor's answer unusable (NaN, ≤ 0).
 
@@ -35,11 +36,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .features import FEATURE_NAMES
 from .predictor import LatencyPredictor, Observed, OnlineLinear, Prediction
 
 __all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision", "observed_from"]
 
-_APE_CAP = 10.0   # one absurd sample moves a window's mean by at most 10 / window
+_APE_CAP = 10.0
+_TTFT_UNKNOWN = FEATURE_NAMES.index("ttft_unknown")
+_TPOT_UNKNOWN = FEATURE_NAMES.index("tpot_unknown")   # one absurd sample moves a window's mean by at most 10 / window
 
 
 class LifecycleParams(BaseModel):
@@ -57,6 +61,7 @@ class LifecycleParams(BaseModel):
     train_interval_s: float = Field(0.25, gt=0)   # how often the background loop trains
     retrain_interval_s: float = Field(600.0, ge=0)   # scheduled retrain from the audit trail (0: never)
     retrain_rows: int = Field(20_000, ge=100)     # the most recent answers it reads
+    retrain_min_rows: int = Field(200, ge=10)     # fewer usable answers: no retrain this time
 
     @model_validator(mode="after")
     def _hysteresis(self) -> LifecycleParams:
@@ -201,11 +206,14 @@ class PredictorLifecycle:
                 ok = False
             if ok:
                 self._ok_in_a_row += 1
+            if ok and not (row[_TTFT_UNKNOWN] or row[_TPOT_UNKNOWN]):
+                # A node never measured is predicted by the prior, not by what the model learned:
+                # its first answers train the model but are not counted as the model's error.
                 pairs = ((self.windows[0], obs.ttft_s, pred.ttft_s), (self.windows[1], obs.tpot_s, pred.tpot_s))
                 for w, y, yhat in pairs:
                     if y is not None and y > 0:
                         w.add(min(_APE_CAP, abs(yhat - y) / y))
-            else:
+            elif not ok:
                 self._ok_in_a_row = 0
             try:
                 model.update(row, obs)
