@@ -258,12 +258,14 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
     results.append(res)
 
     try:
-        river: Any = importlib.import_module("river")   # optional: only this comparison uses it
+        # optional: only this comparison uses it
+        rpre: Any = importlib.import_module("river.preprocessing")
+        rlin: Any = importlib.import_module("river.linear_model")
+        ropt: Any = importlib.import_module("river.optim")
     except ImportError:
         results.append({"predictor": "river", "error": "not installed"})
     else:
-        rm = [river.preprocessing.StandardScaler()
-              | river.linear_model.LinearRegression(optimizer=river.optim.SGD(0.01)) for _ in range(2)]
+        rm = [rpre.StandardScaler() | rlin.LinearRegression(optimizer=ropt.SGD(0.01)) for _ in range(2)]
         keys = list(FEATURE_NAMES)
 
         def rpred(row: list[float]) -> tuple[float, float]:
