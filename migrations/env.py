@@ -20,6 +20,7 @@ from inferlb.engine.settings import load_settings
 from inferlb.engine.store import events  # noqa: F401  (node_events is a Core table on Base.metadata)
 from inferlb.engine.store.db import make_engine, normalize_url
 from inferlb.engine.store.models import Base
+from inferlb.engine.store.partitions import PARTITION_NAME
 
 __all__: list[str] = []
 
@@ -38,10 +39,16 @@ def _url() -> str:
     return normalize_url(url).render_as_string(hide_password=False)
 
 
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Leave the day partitions of the audit tables (migration 0007, PostgreSQL) out of autogenerate."""
+    return not (type_ == "table" and name is not None and PARTITION_NAME.match(name))
+
+
 def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
+        include_name=include_name,
         # SQLite cannot ALTER most things in place; batch mode copies the table for future migrations.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,

@@ -3,7 +3,8 @@ idempotent batch upsert, and which errors are a record's fault.
 
 Contract: :func:`upsert_records` writes a batch on a caller-owned connection as ``INSERT … ON
 CONFLICT (request_id) DO UPDATE`` (the last version of a request in the batch wins; its attempts are
-replaced). A record with status ``unknown_outcome`` (a request recovered from the write-ahead log
+replaced). On PostgreSQL the conflict target is ``(request_id, received_at_us)``, the primary key of
+the partitioned table (migration 0007); a request keeps its ``received_at`` across submissions. A record with status ``unknown_outcome`` (a request recovered from the write-ahead log
 with no finished record) is inserted with ``ON CONFLICT DO NOTHING``: it never replaces a row that
 holds the request's real outcome.
 """
@@ -156,12 +157,17 @@ def _statements(conn: Connection) -> tuple[Any, Any]:
     got = _STATEMENTS.get(name)
     if got is None:
         stmt = _insert_stmt(conn)
+        # PostgreSQL's requests is partitioned by received_at_us (migration 0007): its primary key,
+        # the only conflict target it has, holds the partition key too.
+        target = [_REQUESTS.c.request_id]
+        if name == "postgresql":
+            target.append(_REQUESTS.c.received_at_us)
+        keys = {c.name for c in target}
         upsert = stmt.on_conflict_do_update(
-            index_elements=[_REQUESTS.c.request_id],
-            set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name != "request_id"},
+            index_elements=target,
+            set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name not in keys},
         )
-        got = _STATEMENTS[name] = (upsert, _insert_stmt(conn).on_conflict_do_nothing(
-            index_elements=[_REQUESTS.c.request_id]))
+        got = _STATEMENTS[name] = (upsert, _insert_stmt(conn).on_conflict_do_nothing(index_elements=target))
     return got
 
 
