@@ -6,6 +6,7 @@
     inferlb serve --config fleet.yaml gateway in front of real OpenAI-compatible servers
     inferlb validate [FILE] [--config FLEET]  validate a BPMN process and/or a fleet file + the processes
     inferlb db upgrade                apply Alembic migrations to INFERLB_DATABASE_URL
+    inferlb db prune --older-than 30d audit retention (drops day partitions on PostgreSQL)
     inferlb report sla|cost           SLA / cost tables from the audit trail (--group-by, --bucket, --csv)
     inferlb sim [--fleet hetero4]     run simulated GPU nodes only (vLLM-like engines, /metrics)
     inferlb bench overhead            gateway overhead vs direct / floor proxy / nginx
@@ -27,6 +28,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from .cli_db import add_db_parser, db_command
 from .engine.errors import ConfigError, InferlbError, ProcessValidationError
 from .engine.settings import FleetConfig, Settings, fleet_from_mapping, load_settings
 
@@ -225,15 +227,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_db(args: argparse.Namespace) -> int:
-    from .engine.store.commands import db_upgrade
-
-    settings = _settings(args)
-    db_upgrade(settings.database_url)
-    print(f"database at head: {settings.database_url}")
-    return 0
-
-
 async def _sim(args: argparse.Namespace) -> None:
     from inferlb.simulator import serve_sim
     from inferlb.simulator.presets import cli_specs
@@ -268,9 +261,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--config", type=Path, help="a fleet file: validated with the processes the gateway would load")
     v.add_argument("--engine", choices=["auto", "spiff", "compiled"])
     v.add_argument("--no-required", action="store_true", help="do not require the request-process tasks")
-    db = sub.add_parser("db", help="database maintenance")
-    db.add_argument("action", choices=["upgrade"])
-    db.add_argument("--database-url", dest="database_url")
+    add_db_parser(sub)
     r = sub.add_parser("report", help="reports from the audit trail")
     r.add_argument("kind", choices=["sla", "cost"])
     r.add_argument("--since")
@@ -324,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "validate":
             return _cmd_validate(args)
         elif args.cmd == "db":
-            return _cmd_db(args)
+            return db_command(args, _settings(args))
         elif args.cmd == "report":
             return _cmd_report(args)
         elif args.cmd == "sim" and getattr(args, "sim_handler", None) is not None:

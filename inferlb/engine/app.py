@@ -50,6 +50,7 @@ from .startup import Checked, check_files
 from .store import StoreHandle
 from .store.db import is_sqlite, make_engine, upgrade
 from .store.events import EventWriter
+from .store.maintenance import AuditMaintenance
 from .store.records import RequestRecord
 from .store.writer import AuditWriter
 from .types import Clock, SystemClock
@@ -124,6 +125,11 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
                              on_full=settings.audit_on_full)
         await writer.start()
         state.store = StoreHandle(engine=engine, writer=writer, slos=list(fleet_cfg.slos))
+        # Day partitions ahead + retention; with several replicas, pass leader= the election's predicate.
+        maintenance = state.audit_maintenance = AuditMaintenance(
+            engine, clock=clock, retention_days=settings.audit_retention_days,
+            interval_s=settings.audit_maintenance_interval_s)
+        await maintenance.start()
         upstream = Upstream(clock=clock)
         await upstream.start()
         process = checked.request_process
@@ -168,6 +174,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
                 await learned.close()
             await upstream.close()
             await admission.stop()
+            await maintenance.close()
             await writer.close(timeout_s=10.0)
             await obs.close()
             await events.close()

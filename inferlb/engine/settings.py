@@ -242,6 +242,9 @@ class Settings(BaseSettings):
     audit_max_records: int = Field(100_000, gt=0)             # high-water mark: records queued + spooled
     audit_max_bytes: int = Field(256 * 1024 * 1024, gt=0)     # high-water mark: spool file size
     audit_on_full: Literal["closed", "open"] = "closed"       # past the mark: 503 audit_unavailable, or serve
+    # -- audit retention and day partitions (engine/store/maintenance.py, retention.py); on the leader replica --
+    audit_retention_days: float | None = Field(None, gt=0)    # INFERLB_AUDIT_RETENTION_DAYS; unset: keep everything
+    audit_maintenance_interval_s: float = Field(3600.0, gt=0)  # how often partitions-ahead + pruning run
     log_level: str = "INFO"
     fleet: FleetConfig | None = None                 # set directly in tests / demo instead of a file
     # INFERLB_AUTH, INFERLB_ADMIN_KEY, INFERLB_REDIS_URL, INFERLB_REDIS_PREFIX (engine/admission/config.py)

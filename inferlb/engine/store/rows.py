@@ -4,7 +4,8 @@ idempotent batch upsert, and which errors are a record's fault.
 Contract: :func:`upsert_records` writes a batch on a caller-owned connection as ``INSERT … ON
 CONFLICT (request_id) DO UPDATE`` (the last version of a request in the batch wins; its attempts are
 replaced). On PostgreSQL the conflict target is ``(request_id, received_at_us)``, the primary key of
-the partitioned table (migration 0007); a request keeps its ``received_at`` across submissions. A record with status ``unknown_outcome`` (a request recovered from the write-ahead log
+the partitioned table (migration 0007); a request keeps its ``received_at`` across submissions.
+A record with status ``unknown_outcome`` (a request recovered from the write-ahead log
 with no finished record) is inserted with ``ON CONFLICT DO NOTHING``: it never replaces a row that
 holds the request's real outcome.
 """
