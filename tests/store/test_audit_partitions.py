@@ -16,7 +16,7 @@ from inferlb.engine.settings import SLOConfig
 from inferlb.engine.store.db import downgrade, make_engine, upgrade
 from inferlb.engine.store.models import ATTEMPTS, REQUESTS
 from inferlb.engine.store.partitions import day_bounds, day_of, day_partitions, ensure_days, is_partitioned
-from inferlb.engine.store.queries import get_request, sla_report
+from inferlb.engine.store.queries import get_request, sla_report, sla_report_python
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.store.rows import UNKNOWN_OUTCOME, record_rows, upsert_records
 
@@ -173,3 +173,25 @@ def test_day_bounds() -> None:
     assert lo == int(T0 * 1_000_000) and hi - lo == 86_400_000_000
     assert day_of(T0 + 86_399.999) == date(2026, 1, 1) and day_of(T0 + 86_400) == date(2026, 1, 2)
     assert day_of(T0) + timedelta(days=1) == date(2026, 1, 2)
+
+
+@pytest.mark.postgres
+def test_database_aggregation_equals_the_python_one(pg_migrated_url: str, make_record: MakeRecord) -> None:
+    """The SLA report aggregated by PostgreSQL (sla_sql.py) gives the numbers of the Python path."""
+    engine = make_engine(pg_migrated_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("TRUNCATE request_attempts, requests"))
+            upsert_records(conn, _records(make_record, n=400, days=2))
+        slos = [*SLOS, SLOConfig(model="qwen-7b", ttft_max_s=0.4, ttft_p95_s=0.3)]
+        for group_by in ("model", "model,node", "tenant,stream", "none", "version,priority"):
+            for bucket in (None, "1h", "7m"):
+                kw: dict[str, Any] = {"group_by": group_by, "bucket": bucket, "slos": slos}
+                assert sla_report(engine, in_database=True, **kw) == sla_report_python(engine, **kw)
+                window = {"since": T0 + 3_600.5, "until": T0 + 86_400}
+                assert (sla_report(engine, in_database=True, **kw, **window)
+                        == sla_report_python(engine, **kw, **window))
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("TRUNCATE request_attempts, requests"))
+        engine.dispose()

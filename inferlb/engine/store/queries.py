@@ -25,9 +25,10 @@ Contract:
   eligible (non-client-error) requests that succeeded within the ``e2e_max_s`` of the SLO for
   their model (exact name, else ``*``) and, streamed ones, its ``ttft_max_s``, null when no
   request of the group has such an SLO; ``slo_p95_met`` (groups keyed by
-  model only) whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles are computed
-  in Python from the fetched values, identically on SQLite and PostgreSQL, with linear
-  interpolation between closest ranks (numpy's default, PostgreSQL's ``percentile_cont``). Rows
+  model only) whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles use linear
+  interpolation between closest ranks (numpy's default, PostgreSQL's ``percentile_cont``): on
+  SQLite computed in Python from the fetched rows, on PostgreSQL in the database (sla_sql.py,
+  only the aggregates travel), with the same numbers either way. Rows
   are sorted by bucket, then by key values (null last).
 * :func:`parse_group_by` and :func:`parse_bucket` validate those two parameters for every report
   (the cost report of :mod:`.ledger` shares them); a window may hold at most :data:`MAX_BUCKETS`.
@@ -45,7 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, literal, or_, select, tuple_
+from sqlalchemy import ColumnElement, func, literal, or_, select, tuple_
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -53,6 +54,7 @@ from ..errors import InvalidRequest, StoreError
 from ..settings import SLOConfig
 from .db import describe_db_error
 from .models import ATTEMPTS, REQUESTS, from_us
+from .sla_sql import QUANTILES, Tally, slo_table, tally_sql
 
 __all__ = [
     "CLIENT_STATUSES",
@@ -71,6 +73,7 @@ __all__ = [
     "percentile",
     "run_query",
     "sla_report",
+    "sla_report_python",
     "time_window",
 ]
 
@@ -343,8 +346,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 def _slo_for(model: str, slos: Sequence[SLOConfig]) -> SLOConfig | None:
-    exact = next((s for s in slos if s.model == model), None)
-    return exact or next((s for s in slos if s.model == "*"), None)
+    exact, star = slo_table(slos)
+    return exact.get(model) or star
 
 
 def _within(slo: SLOConfig, e2e_ms: float | None, ttft_ms: float | None, streamed: bool) -> bool:
@@ -358,7 +361,9 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-def _group_stats(keys: dict[str, Any], rows: Iterable[RowMapping], slos: Sequence[SLOConfig]) -> dict[str, Any]:
+def _tally_rows(rows: Iterable[RowMapping], slos: Sequence[SLOConfig]) -> Tally:
+    """One group's tally from its fetched rows (the Python path; sla_sql.py is the database one)."""
+    exact, star = slo_table(slos)
     count = ok = client = slo_n = slo_good = 0
     e2e: list[float] = []
     ttft: list[float] = []
@@ -375,27 +380,33 @@ def _group_stats(keys: dict[str, Any], rows: Iterable[RowMapping], slos: Sequenc
                 e2e.append(r["e2e_ms"])
             if r["ttft_ms"] is not None and r["stream"]:
                 ttft.append(r["ttft_ms"])
-        slo = _slo_for(r["model_requested"], slos)
+        slo = exact.get(r["model_requested"]) or star
         if slo is not None and (slo.e2e_max_s is not None or slo.ttft_max_s is not None):
             slo_n += 1
             slo_good += is_ok and _within(slo, r["e2e_ms"], r["ttft_ms"], bool(r["stream"]))
     e2e.sort()
     ttft.sort()
-    eligible = count - client
-    errors = eligible - ok
+    return Tally(count=count, ok=ok, client=client, slo_n=slo_n, slo_good=slo_good,
+                 e2e=tuple(percentile(e2e, q) for q in QUANTILES),
+                 ttft=tuple(percentile(ttft, q) for q in QUANTILES), ttft_count=len(ttft))
+
+
+def _group_stats(keys: dict[str, Any], tally: Tally, slos: Sequence[SLOConfig]) -> dict[str, Any]:
+    eligible = tally.count - tally.client
+    errors = eligible - tally.ok
     out: dict[str, Any] = {
         **keys,
-        "count": count,
-        "ok": ok,
+        "count": tally.count,
+        "ok": tally.ok,
         "errors": errors,
-        "client_errors": client,
+        "client_errors": tally.client,
         "error_rate": round(errors / eligible, 6) if eligible else None,
     }
-    for name, values in (("e2e", e2e), ("ttft", ttft)):
-        for q in (50, 95, 99):
-            out[f"{name}_p{q}_ms"] = _ms(percentile(values, q / 100))
-    out["ttft_count"] = len(ttft)
-    out["slo_attainment"] = round(slo_good / slo_n, 6) if slo_n else None
+    for name, values in (("e2e", tally.e2e), ("ttft", tally.ttft)):
+        for q, v in zip((50, 95, 99), values, strict=True):
+            out[f"{name}_p{q}_ms"] = _ms(v)
+    out["ttft_count"] = tally.ttft_count
+    out["slo_attainment"] = round(tally.slo_good / tally.slo_n, 6) if tally.slo_n else None
     out["slo_p95_met"] = None
     if keys.get("model") is not None:
         slo = _slo_for(keys["model"], slos)
@@ -408,6 +419,37 @@ def _group_stats(keys: dict[str, Any], rows: Iterable[RowMapping], slos: Sequenc
     return out
 
 
+def _tallies_python(conn: Connection, keys: tuple[str, ...], bucket_us: int | None,
+                    where: list[ColumnElement[bool]], slos: Sequence[SLOConfig]) -> dict[tuple[Any, ...], Tally]:
+    t = REQUESTS.c
+    cols = group_columns()
+    stmt = select(*(cols[k].label(f"g_{k}") for k in keys), t.received_at_us, t.model_requested, t.status,
+                  t.e2e_ms, t.ttft_ms, t.stream).where(*where)
+    groups: dict[tuple[Any, ...], list[RowMapping]] = {}
+    lo = hi = None
+    for r in conn.execute(stmt).mappings():
+        g: tuple[Any, ...] = tuple(r[f"g_{k}"] for k in keys)
+        if bucket_us is not None:
+            at = r["received_at_us"]
+            lo, hi = (at, at) if lo is None or hi is None else (min(lo, at), max(hi, at))
+            check_buckets(lo, hi, bucket_us)
+            g = (bucket_of(at, bucket_us), *g)
+        groups.setdefault(g, []).append(r)
+    return {g: _tally_rows(rows, slos) for g, rows in groups.items()}
+
+
+def _tallies_sql(conn: Connection, keys: tuple[str, ...], bucket_us: int | None,
+                 where: list[ColumnElement[bool]], slos: Sequence[SLOConfig]) -> dict[tuple[Any, ...], Tally]:
+    if bucket_us is not None:   # the bucket bound first, from the window's extremes (an index lookup)
+        col = REQUESTS.c.received_at_us
+        lo, hi = conn.execute(select(func.min(col), func.max(col)).where(*where)).one()
+        if lo is not None:
+            check_buckets(lo, hi, bucket_us)
+    cols = group_columns()
+    return tally_sql(conn, group=[cols[k] for k in keys], bucket_us=bucket_us, where=where, slos=slos,
+                     client_statuses=CLIENT_STATUSES)
+
+
 def sla_report(
     engine: Engine,
     *,
@@ -416,37 +458,29 @@ def sla_report(
     group_by: str | Sequence[str] = "model",
     bucket: str | float | None = None,
     slos: Sequence[SLOConfig] = (),
+    in_database: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Per-group (and per-bucket) latency, errors and SLO attainment (see the module docstring)."""
+    """Per-group (and per-bucket) latency, errors and SLO attainment (see the module docstring).
+
+    ``in_database``: aggregate in the database (sla_sql.py) or in Python from the fetched rows;
+    None (the default) chooses the database on PostgreSQL, Python on SQLite. Both give one report.
+    """
     _check_window(since, until)
     keys = parse_group_by(group_by)
     bucket_us = parse_bucket(bucket)
     if bucket_us is not None and since is not None and until is not None:
         check_buckets(round(since * 1e6), round(until * 1e6), bucket_us)
-    t = REQUESTS.c
-    cols = group_columns()
-    stmt = select(*(cols[k].label(f"g_{k}") for k in keys), t.received_at_us, t.model_requested, t.status,
-                  t.e2e_ms, t.ttft_ms, t.stream).where(*_window(since, until))
-    groups: dict[tuple[Any, ...], list[RowMapping]] = {}
+    where = _window(since, until)
+    sql = engine.dialect.name == "postgresql" if in_database is None else in_database
+    tally = _tallies_sql if sql else _tallies_python
+    groups = _run(engine, lambda conn: tally(conn, keys, bucket_us, where, slos))
 
-    def fetch(conn: Connection) -> None:
-        lo = hi = None
-        for r in conn.execute(stmt).mappings():
-            g: tuple[Any, ...] = tuple(r[f"g_{k}"] for k in keys)
-            if bucket_us is not None:
-                at = r["received_at_us"]
-                lo, hi = (at, at) if lo is None or hi is None else (min(lo, at), max(hi, at))
-                check_buckets(lo, hi, bucket_us)
-                g = (bucket_of(at, bucket_us), *g)
-            groups.setdefault(g, []).append(r)
-
-    _run(engine, fetch)
-    out = []
     def order(g: tuple[Any, ...]) -> tuple[Any, ...]:
         if bucket_us is None:
             return tuple(_none_last(v) for v in g)
         return (g[0], *(_none_last(v) for v in g[1:]))
 
+    out = []
     for g in sorted(groups, key=order):
         head: dict[str, Any] = {}
         values = list(g)
@@ -455,6 +489,11 @@ def sla_report(
         head.update(zip(keys, values, strict=True))
         out.append(_group_stats(head, groups[g], slos))
     return out
+
+
+def sla_report_python(engine: Engine, **kwargs: Any) -> list[dict[str, Any]]:
+    """:func:`sla_report` aggregated in Python on every database (the reference; benchmarks, tests)."""
+    return sla_report(engine, in_database=False, **kwargs)
 
 
 def run_query(engine: Engine, fn: Callable[[Connection], _T]) -> _T:
@@ -466,3 +505,4 @@ def time_window(since: float | None, until: float | None) -> list[ColumnElement[
     """Validated ``received_at`` conditions for ``[since, until)``."""
     _check_window(since, until)
     return _window(since, until)
+
