@@ -105,7 +105,7 @@ def test_drain_fits_in_the_grace_period(rendered: list[dict[str, Any]]) -> None:
     pre_stop = float(cmd[1])
     # engine/server/lifecycle.py: drain, then 2 s stop grace; engine/app.py: the audit flush waits ≤ 10 s.
     assert pre_stop + drain + 2 + 10 <= _pod_spec(dep)["terminationGracePeriodSeconds"]
-    # readiness must notice the drain within a second or two (RELIABILITY.md B8: ≤ 1 s to not-ready)
+    # readiness must notice the drain within a second or two of the stop signal
     probe = c["readinessProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] <= 2
 
