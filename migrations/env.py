@@ -17,7 +17,10 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from inferlb.engine.settings import load_settings
-from inferlb.engine.store import events  # noqa: F401  (node_events is a Core table on Base.metadata)
+from inferlb.engine.store import (
+    events,  # noqa: F401  (node_events is a Core table on Base.metadata)
+    overrides,  # noqa: F401  (node_overrides, fleet_revision: Core tables too)
+)
 from inferlb.engine.store.db import make_engine, normalize_url
 from inferlb.engine.store.models import Base
 from inferlb.engine.store.partitions import PARTITION_NAME

@@ -6,9 +6,10 @@ anything is opened) → audit database (SQLite is upgraded automatically; Postgr
 ``inferlb db upgrade``) → audit writer → upstream client → observability
 hub → runtime (fleet, router, admission controller) → gateway (with the ``admission/wait``
 performer) → admission service (keys, queue tick, Redis sync) → node-event writer → health
-monitor (its first round runs before readiness, so a node still loading gets no traffic).
+monitor (its first round runs before readiness, so a node still loading gets no traffic) →
+live config (reloads, node overrides from the database applied before readiness; engine/live.py).
 Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
-(``engine/server``; new inference requests get 503) → monitor → upstream → admission service →
+(``engine/server``; new inference requests get 503) → live config → monitor → upstream → admission service →
 audit writer flushed → observability → event writer → database disposed.
 """
 
@@ -30,17 +31,19 @@ from starlette.responses import JSONResponse
 from ..tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
 from .admission.controller import AdmissionController
 from .admission.service import AdmissionService
-from .api import admin, audit, edge, health, openai
+from .api import admin, audit, edge, health, nodes, openai
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .api import schema as openapi_schema
 from .api.auth import authenticate, require_admin_when_auth
 from .errors import ClientError, error_body
+from .fleet_admin import config_version
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
 from .health.probe import Prober
 from .learned_loop import LearnedLoop
+from .live import LiveConfig
 from .observability.hub import Observability, queue_depth_of
 from .observability.learned import LearnedCollector
 from .request_end import EndStep, RequestEnd
@@ -142,7 +145,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
         rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.journal_start,
                            end=functools.partial(request_end, audit=writer.submit, obs=obs))
         state.admission = rt.admission
-        state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait})
+        state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
+                                config_version=config_version(fleet_cfg))
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
         await admission.start()
         obs.bind(rt.fleet, backlog=writer.backlog, queue_depth=lambda: queue_depth_of(state),
@@ -163,12 +167,20 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
             obs.registry.register(LearnedCollector(rt.learner))
             learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit)
             await learned.start()
+        # Reloads and node overrides (engine/live.py): the database's overrides apply before readiness.
+        live = state.live = LiveConfig(settings=settings, checked=checked, gateway=state.gateway,
+                                       check=check_startup_files, clock=clock, engine=engine, monitor=monitor,
+                                       obs=obs, store=state.store, record=events.submit,
+                                       on_swap=lambda snap: setattr(state, "process", snap.process),
+                                       poll_s=settings.overrides_poll_s)
+        await live.start()
         state.ready = True
         try:
             yield
         finally:
             state.ready = False
             state.draining = True
+            await live.close()
             await monitor.close()
             if learned is not None:
                 await learned.close()
@@ -184,7 +196,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     # tenant keys when auth is on; then JSON bodies only, and no new requests while draining
     app.include_router(openai.router, dependencies=[Depends(authenticate), Depends(edge.openai_edge)])
     app.include_router(health.router)
-    for r in (audit.router, admin.router):
+    for r in (audit.router, admin.router, nodes.router):
         app.include_router(r, dependencies=[Depends(require_admin_when_auth)])   # the admin key when auth is on
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)

@@ -18,7 +18,10 @@ exception type.
     │   ├── Unauthorized            401 invalid_api_key (missing, unknown, revoked or expired key)
     │   ├── Forbidden               403 permission_denied (e.g. a tenant key on an admin route)
     │   ├── RateLimited             429 with Retry-After (e.g. repeated failed authentication)
-    │   └── AuditUnavailable        503 audit_unavailable with Retry-After (the audit journal is full)
+    │   ├── AuditUnavailable        503 audit_unavailable with Retry-After (the audit journal is full)
+    │   ├── NotFound                404 not_found (an admin route's object, e.g. an unknown node)
+    │   ├── Conflict                409 (e.g. removing a node that is not drained)
+    │   └── Unavailable             503 (a live change that needs the database while it is away)
     ├── UpstreamError               one attempt against a node failed (data for the retry logic)
     │   ├── UpstreamConnectError    could not connect / connection reset before a response
     │   ├── UpstreamTimeout         connect / first-token / idle / total timeout (``phase``)
@@ -39,16 +42,19 @@ __all__ = [
     "AuditUnavailable",
     "ClientError",
     "ConfigError",
+    "Conflict",
     "Forbidden",
     "InferlbError",
     "InvalidRequest",
     "ModelNotFound",
+    "NotFound",
     "PayloadTooLarge",
     "ProcessError",
     "ProcessValidationError",
     "RateLimited",
     "StoreError",
     "Unauthorized",
+    "Unavailable",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",
@@ -200,6 +206,35 @@ class AuditUnavailable(ClientError):
 
     def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
         super().__init__(message, code="audit_unavailable")
+        self.headers = {"retry-after": str(max(1, math.ceil(retry_after_s)))}
+
+
+class NotFound(ClientError):
+    """404: an admin route's object does not exist (an unknown node)."""
+
+    status = 404
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "not_found") -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class Conflict(ClientError):
+    """409: the change conflicts with the current state (a node not drained, the last node of a model)."""
+
+    status = 409
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "conflict") -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class Unavailable(ClientError):
+    """503: a live change needs a part that is away (the database holding the node overrides)."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str, *, code: str = "unavailable", retry_after_s: float = 1.0) -> None:
+        super().__init__(message, code=code)
         self.headers = {"retry-after": str(max(1, math.ceil(retry_after_s)))}
 
 

@@ -102,6 +102,10 @@ class NodeState:
     tpot_baseline: float | None = None
     tpot_intervals: int = 0
     ttft_ewma: float | None = None        # streamed TTFT, the prefill estimate for non-streamed answers
+    # live admin (engine/fleet_admin.py): held out by an operator's drain (the sweeps leave it alone);
+    # retired: removed from the fleet, kept until its requests in flight are done
+    held: bool = False
+    retired: bool = False
 
     # The fleet that caches this node's routing view: told of every attribute set (see Fleet.views).
     _owner: ClassVar[Fleet | None] = None
@@ -145,16 +149,15 @@ class Fleet:
         self.nodes: dict[str, NodeState] = {n.name: NodeState(n, since=now, since_wall=wall,
                                                               price_per_hour=prices[n.name], share=Share(wall))
                                             for n in cfg.nodes}
-        self.models: dict[str, ModelConfig] = {m.name: m for m in cfg.models}
-        self._model_sets = {n.name: frozenset(n.models) for n in cfg.nodes}
-        self.serving: dict[str, list[str]] = {m.name: [n.name for n in cfg.nodes if m.name in n.models]
-                                               for m in cfg.models}
+        self.models: dict[str, ModelConfig] = {}
+        self._model_sets: dict[str, frozenset[str]] = {}
+        self.serving: dict[str, list[str]] = {}
         self._events: collections.deque[NodeEvent] = collections.deque(maxlen=_MAX_EVENTS)
         self.events_dropped = 0
         self.last_outlier_sweep = now
         # The routing snapshot, kept up to date incrementally (views()).
-        self._names = list(self.nodes)
-        self._pos = {name: i for i, name in enumerate(self._names)}
+        self._names: list[str] = []
+        self._pos: dict[str, int] = {}
         self._views: list[NodeView] = []
         self._model_pos: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
         self._by_model: dict[str, list[NodeView]] = {}
@@ -166,6 +169,20 @@ class Fleet:
         self._ramping: set[str] = set()                 # in slow start: rebuilt on every views()
         for st in self.nodes.values():
             object.__setattr__(st, "_owner", self)
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Recompute the indexes over :attr:`nodes` and :attr:`cfg` after nodes were added, retired
+        or changed (engine/fleet_admin.py); a retired node serves no model (panic mode, retries)."""
+        self.models = {m.name: m for m in self.cfg.models}
+        self._model_sets = {name: frozenset(st.cfg.models) for name, st in self.nodes.items()}
+        self.serving = {m: [n for n, st in self.nodes.items() if m in self._model_sets[n] and not st.retired]
+                        for m in self.models}
+        self._names = list(self.nodes)
+        self._pos = {name: i for i, name in enumerate(self._names)}
+        self._ramping.intersection_update(self.nodes)
+        self._dirty.intersection_update(self.nodes)
+        self._rebuild_all = True
 
     # ------------------------------------------------------------------ routing snapshots
 
@@ -401,6 +418,10 @@ class Fleet:
         st.state, st.since, st.since_wall, st.reason, st.evidence = to, when, wall, reason, ev.evidence
         if to != "half_open":
             st.half_open_successes = 0
+        self.add_event(ev)
+
+    def add_event(self, ev: NodeEvent) -> None:
+        """Queue ``ev`` for the audit trail (bounded: the oldest is dropped and counted)."""
         if len(self._events) == self._events.maxlen:
             self.events_dropped += 1
         self._events.append(ev)

@@ -32,7 +32,7 @@ from .errors import (
 )
 from .first_byte import FirstByteBudget
 from .routing.lifecycle import observe_decision
-from .scope import IncomingRequest, RequestScope, Runtime, begin_request
+from .scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
 from .settings import ModelConfig, NodeConfig, TimeoutConfig
 from .sse import SSERelay, extract_usage
 from .store.records import AttemptRecord, RequestRecord
@@ -61,11 +61,11 @@ class Gateway:
     """Runs requests. One instance per app; all state it mutates lives on the event loop."""
 
     def __init__(self, rt: Runtime, process: ProcessDefinition, upstream: Upstream,
-                 performers: Mapping[str, Performer] | None = None) -> None:
-        self.rt = rt
-        self.process = process
+                 performers: Mapping[str, Performer] | None = None, *, config_version: str = "") -> None:
+        # What new requests start on; a reload swaps it whole (engine/live.py). A request keeps the
+        # snapshot it started with (its scope's ``rt`` and its process instance) until it ends.
+        self.snapshot = Snapshot(rt, process, config_version)
         self.upstream = upstream
-        self.timeouts = rt.fleet_cfg.timeouts
         # Extra external operations (beyond dispatch and waits), e.g. waiting in an admission
         # queue: ``await performer(scope, call)`` returns the task's result. Wired by app.py.
         self.performers: dict[str, Performer] = dict(performers or {})
@@ -73,20 +73,36 @@ class Gateway:
         self.first_byte = FirstByteBudget()
         self._live: set[_Live] = set()     # streams relaying now (stop_streams ends them)
 
+    @property
+    def rt(self) -> Runtime:
+        """The runtime new requests start on."""
+        return self.snapshot.rt
+
+    @property
+    def process(self) -> ProcessDefinition:
+        """The request process new requests start on."""
+        return self.snapshot.process
+
+    def swap(self, snapshot: Snapshot) -> None:
+        """Start new requests on ``snapshot``; those running finish on theirs."""
+        self.snapshot = snapshot
+
     # ------------------------------------------------------------------ entry point
 
     async def handle(self, req: IncomingRequest, wait_disconnect: Callable[[], Awaitable[None]] | None = None
                      ) -> Response:
         """Run the request's process; returns the response (streaming ones keep running)."""
-        rt = self.rt
-        scope, data = begin_request(rt, req, engine=self.process.mode)
+        snap = self.snapshot
+        rt = snap.rt
+        scope, data = begin_request(rt, req, engine=snap.process.mode)
         rec = scope.record
+        rec.process_version, rec.config_version = snap.process.version or None, snap.config_version or None
         rid = rec.request_id
         # The audit journal's start entry: queued now (AuditUnavailable, 503, when it cannot be),
         # made durable by a group commit that overlaps the node's work; awaited before the first
         # byte of any answer (_journaled), so every x-request-id a client sees has a record.
         scope.journaled = rt.begin(rec)
-        inst = self.process.executor.start(data, scope)
+        inst = snap.process.executor.start(data, scope)
         rec.workflow_path = inst.path
         body_out: bytes | None = None
         closed = _Closed()
@@ -139,8 +155,8 @@ class Gateway:
         """This attempt's timeouts: never past the request deadline; a non-streamed answer gets
         time to generate before its first byte; the first-byte wait is bounded by what ``node``
         usually takes (:class:`FirstByteBudget`)."""
-        left = max(0.001, scope.deadline_at - self.rt.clock.monotonic())
-        t = self.timeouts
+        left = max(0.001, scope.deadline_at - scope.rt.clock.monotonic())
+        t = scope.rt.fleet_cfg.timeouts
         output_tokens = scope.output_budget
         first = t.first_token_s if stream else t.first_token_s + output_tokens * t.per_output_token_s
         first = self.first_byte.wait_s(node, stream=stream, output_tokens=output_tokens, configured_s=first,
@@ -169,11 +185,12 @@ class Gateway:
 
     async def _dispatch(self, scope: RequestScope, req: IncomingRequest
                         ) -> _Committed | tuple[dict[str, Any], bytes | None]:
-        rt = self.rt
+        rt = scope.rt
         attempt = scope.begin_attempt()
         node_name = attempt.node
         node = rt.fleet.nodes[node_name].cfg
-        model = rt.fleet.models[scope.model]
+        # The request's own config first: a reload may have dropped the model since it started.
+        model = rt.fleet_cfg.model(scope.model) or rt.fleet.models[scope.model]
         tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_budget
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
                    "x-inferlb-attempt": str(scope.attempts)}
@@ -211,7 +228,7 @@ class Gateway:
     def _account_body(self, scope: RequestScope, req: IncomingRequest, body: bytes, node: str,
                       attempt: AttemptRecord) -> None:
         rec = scope.record
-        now = round(self.rt.clock.time(), 6)
+        now = round(scope.rt.clock.time(), 6)
         rec.first_byte_at = attempt.first_byte_at
         rec.last_byte_at = now
         try:
@@ -224,7 +241,7 @@ class Gateway:
 
     def _learn(self, scope: RequestScope, req: IncomingRequest, node: str, attempt: AttemptRecord) -> None:
         rec = scope.record
-        rt = self.rt
+        rt = scope.rt
         if rec.prompt_tokens and req.prompt_bytes and req.prompt_text is None:
             rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens)
         ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
@@ -255,7 +272,7 @@ class Gateway:
 
     def _failed_outcome(self, scope: RequestScope, attempt: AttemptRecord, node: str,
                         exc: UpstreamError) -> dict[str, Any]:
-        rt = self.rt
+        rt = scope.rt
         status = exc.status if isinstance(exc, UpstreamStatusError) else None
         retry_after = exc.retry_after_s if isinstance(exc, UpstreamStatusError) else None
         if status == 429:
@@ -277,7 +294,7 @@ class Gateway:
 
     async def _stream(self, scope: RequestScope, inst: Instance, req: IncomingRequest, c: _Committed
                       ) -> AsyncIterator[bytes]:
-        rt = self.rt
+        rt = scope.rt
         rec = scope.record
         resp, attempt = c.resp, c.attempt
         relay = SSERelay(hide_usage=not req.include_usage, responses=req.endpoint == "responses")

@@ -21,7 +21,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .admission import AdmissionController
 from .fleet import Fleet
@@ -31,7 +31,10 @@ from .store.records import AttemptRecord, RequestRecord
 from .tokens import TokenEstimator
 from .types import Clock
 
-__all__ = ["IncomingRequest", "RequestScope", "Runtime", "begin_request", "build_runtime"]
+if TYPE_CHECKING:
+    from .workflow import ProcessDefinition
+
+__all__ = ["IncomingRequest", "RequestScope", "Runtime", "Snapshot", "begin_request", "build_runtime"]
 
 
 @dataclass
@@ -80,6 +83,17 @@ class Runtime:
     begin: Callable[[RequestRecord], Awaitable[bool] | None] = field(default=_no_begin)
     # The learned profile's predictor lifecycle (routing/lifecycle.py); None for other profiles.
     learner: Any = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a request starts on, swapped whole by a reload (engine/live.py): the runtime (its
+    ``fleet_cfg`` and ``router``; the live fleet, admission and clock are shared by all snapshots),
+    the request process (a ``ProcessDefinition``), and the effective config's version."""
+
+    rt: Runtime
+    process: ProcessDefinition
+    config_version: str = ""
 
 
 @dataclass

@@ -268,6 +268,8 @@ class Settings(BaseSettings):
     # The OpenAI routes' input caps and the scrape token (engine/api).
     max_n: int = Field(8, ge=1, le=128)              # INFERLB_MAX_N: most choices ('n') per request
     metrics_token: SecretStr | None = None           # INFERLB_METRICS_TOKEN: a bearer token for /metrics only
+    # Live changes (engine/live.py): how often each replica checks the node overrides' revision.
+    overrides_poll_s: float = Field(1.0, gt=0)       # INFERLB_OVERRIDES_POLL_S
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""

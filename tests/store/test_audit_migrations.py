@@ -13,7 +13,10 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from inferlb.engine.errors import StoreError
-from inferlb.engine.store import events  # noqa: F401  (registers node_events on Base.metadata)
+from inferlb.engine.store import (
+    events,  # noqa: F401  (registers node_events on Base.metadata)
+    overrides,  # noqa: F401  (registers node_overrides, fleet_revision)
+)
 from inferlb.engine.store.db import downgrade, is_sqlite, make_engine, migrations_dir, normalize_url, upgrade
 from inferlb.engine.store.models import Base
 from inferlb.engine.store.partitions import PARTITION_NAME

@@ -1,4 +1,5 @@
-"""Admin routes (read-only): the fleet as the gateway sees it, and the history of node states.
+"""Admin routes that read: the fleet as the gateway sees it, and the history of node states (the
+routes that change it are in ``nodes.py``).
 
 ``GET /admin/fleet``: each node's state, since when, why (with evidence), its timers (ejection,
 cooldown, slow start), load in flight and as scraped, and its last sample per source with its age;
@@ -20,7 +21,7 @@ from ..errors import StoreError
 from ..store import StoreHandle
 from ..store.events import EventWriter, recent_events
 from ..store.queries import parse_time
-from .deps import EventsDep, GatewayDep, MonitorDep, OptionalStoreDep
+from .deps import EventsDep, GatewayDep, LiveDep, MonitorDep, OptionalStoreDep
 
 __all__ = ["router"]
 
@@ -40,14 +41,21 @@ async def _events(store: StoreHandle | None, writer: EventWriter | None, *, node
 
 
 @router.get("/admin/fleet")
-async def fleet(gw: GatewayDep, store: OptionalStoreDep, events: EventsDep, monitor: MonitorDep) -> dict[str, Any]:
-    """Each node: state, since, why, timers, load, last samples; panic models; recent events."""
+async def fleet(gw: GatewayDep, store: OptionalStoreDep, events: EventsDep, monitor: MonitorDep,
+                live: LiveDep) -> dict[str, Any]:
+    """Each node: state, since, why, timers, load, last samples, source (``file`` or ``admin``);
+    panic models; the live config (versions, overrides, last change); recent events."""
     f = gw.rt.fleet
+    sources = live.sources() if live is not None else {}
+    nodes = f.describe()
+    for n in nodes:
+        n["source"] = sources.get(n["name"], "file")
     return {
         "routing_profile": gw.rt.router.name, "engine": gw.process.mode,
         "panic_models": sorted(f.panic_models(f.clock.monotonic())),
         "health": monitor.status() if monitor is not None else None,
-        "nodes": f.describe(),
+        "live": live.status() if live is not None else None,
+        "nodes": nodes,
         "events": await _events(store, events, node=None, limit=20, since=None),
     }
 

@@ -21,12 +21,13 @@ from fastapi import Depends, Request
 from ..admission.controller import AdmissionController
 from ..gateway import Gateway
 from ..health.monitor import HealthMonitor
+from ..live import LiveConfig
 from ..observability.hub import Observability
 from ..settings import Settings
 from ..store import StoreHandle
 from ..store.events import EventWriter
 
-__all__ = ["AdmissionDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep", "MonitorDep",
+__all__ = ["AdmissionDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep", "LiveDep", "MonitorDep",
            "ObservabilityDep", "OptionalStoreDep", "SettingsDep", "StoreDep", "get_admission", "get_gateway",
            "get_settings", "get_store"]
 
@@ -93,4 +94,5 @@ OptionalStoreDep = Annotated[StoreHandle | None, Depends(_optional("store"))]
 ObservabilityDep = Annotated[Observability | None, Depends(_optional("observability"))]
 EventsDep = Annotated[EventWriter | None, Depends(_optional("events"))]
 MonitorDep = Annotated[HealthMonitor | None, Depends(_optional("monitor"))]
+LiveDep = Annotated[LiveConfig | None, Depends(_optional("live"))]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]

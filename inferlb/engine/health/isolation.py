@@ -15,6 +15,8 @@ transition methods (so every change is an audit event) and return the events the
   interval counters reset and every node that stayed healthy has its ejection multiplier
   decremented (Envoy).
 
+Nodes an operator drained or removed (``held``, engine/fleet_admin.py) are left alone by both.
+
 :func:`restore`: a cooldown that ran out → ``healthy`` (no slow start); an ejection that ran out
 → ``half_open`` (or ``down`` / ``loading`` when the probes say so); ``down`` / ``loading`` with
 ``healthy_threshold`` good probes → ``healthy`` in slow start; ``draining`` whose throttling
@@ -72,7 +74,7 @@ def isolate(fleet: Fleet, assessment: dict[str, Any], *, unhealthy_threshold: in
     mark = fleet.events_queued()
     for name, a in (assessment.get("nodes") or {}).items():
         st = fleet.nodes.get(name)
-        if st is None:
+        if st is None or st.held:    # an operator's drain or removal: only the operator brings it back
             continue
         _probe(fleet, st, a, threshold)
         if hardware:
@@ -217,6 +219,8 @@ def restore(fleet: Fleet, *, healthy_threshold: int | None = None) -> list[dict[
     stale = cfg.stale_after_s
     mark = fleet.events_queued()
     for st in fleet.nodes.values():
+        if st.held:
+            continue
         probed = "probe" in st.samples
         if st.state == "cooldown" and now >= st.cooldown_until:
             fleet.to_healthy(st, "Retry-After elapsed", {"rule": "cooldown"}, slow_start=False,

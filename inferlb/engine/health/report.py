@@ -19,7 +19,7 @@ from rich.table import Table
 __all__ = ["fleet_command", "fleet_table"]
 
 _STYLE = {"healthy": "green", "cooldown": "yellow", "half_open": "cyan", "draining": "yellow",
-          "ejected": "red", "down": "red", "loading": "magenta"}
+          "ejected": "red", "down": "red", "loading": "magenta", "drained": "blue"}
 
 
 def _age(seconds: float | None) -> str:
@@ -58,7 +58,8 @@ def fleet_table(doc: dict[str, Any]) -> Table:
     for n in doc.get("nodes") or []:
         state = str(n.get("state"))
         slow = n.get("slow_start_factor")
-        t.add_row(str(n.get("name")), f"[{_STYLE.get(state, 'white')}]{state}[/]", _age(n.get("for_s")),
+        name = str(n.get("name")) + (" (admin)" if n.get("source") == "admin" else "")
+        t.add_row(name, f"[{_STYLE.get(state, 'white')}]{state}[/]", _age(n.get("for_s")),
                   str(n.get("why") or ""), _load(n), "-" if slow is None else f"{100 * float(slow):.0f}%",
                   str(n.get("ejections", 0)), _samples(n))
     return t

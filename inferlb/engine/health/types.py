@@ -25,8 +25,11 @@ __all__ = ["NODE_STATES", "SOURCES", "NodeEvent", "Sample"]
 
 # healthy: takes traffic (maybe in slow start); cooldown: 429 Retry-After; ejected: passive outlier
 # or hardware fault, timed; half_open: circuit trial requests only; down: active probes fail;
-# loading: the server says it is loading (503 on its readiness path); draining: GPU throttling.
-NODE_STATES = ("healthy", "cooldown", "ejected", "half_open", "down", "loading", "draining")
+# loading: the server says it is loading (503 on its readiness path), or it was just added and
+# waits for its first good probes; draining: GPU throttling, or an operator's drain / removal with
+# requests still in flight (engine/fleet_admin.py); drained: an operator's drain with none left.
+# ``removed`` is only ever the target of an event: the node is gone from the fleet.
+NODE_STATES = ("healthy", "cooldown", "ejected", "half_open", "down", "loading", "draining", "drained")
 SOURCES = ("probe", "metrics", "agent", "dcgm")
 
 

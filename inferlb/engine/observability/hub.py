@@ -113,6 +113,16 @@ class Observability:
         if ready is not None:
             self.sources.ready = ready
 
+    def follow(self, fleet_cfg: FleetConfig) -> None:
+        """A reload or node change: new models and nodes become label values, prices follow
+        (the rest of the ``observability:`` section is fixed until a restart, engine/live.py)."""
+        if self.metrics is not None:
+            self.metrics.model.allow(m.name for m in fleet_cfg.models)
+            self.metrics.node.allow(n.name for n in fleet_cfg.nodes)
+        prices = node_prices(fleet_cfg.nodes, self.cfg.finops)
+        self.prices.clear()
+        self.prices.update(prices)
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self.history.run(self.cfg.node_state_sample_s),

@@ -90,6 +90,12 @@ class LabelGuard:
         self._admitted: set[str] = set()
         self._cache: dict[str, str] = {}
 
+    def allow(self, values: Iterable[str]) -> None:
+        """Add ``values`` to the allowed set (a fleet reload added models or nodes)."""
+        if self._allowed is not None and not self._allowed.issuperset(values):
+            self._allowed = self._allowed | frozenset(values)
+            self._cache.clear()
+
     def __call__(self, value: str | None) -> str:
         if value is None:
             return NONE

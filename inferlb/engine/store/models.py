@@ -17,6 +17,8 @@ Contract:
   exactly these tables and indexes, and a test compares the two.
 * ``api_keys`` (migration ``0002_api_keys``, with ``requests.queue_wait_ms``) holds tenant keys
   as SHA-256 digests; see :mod:`inferlb.engine.admission.keys`.
+* Migration ``0005_live_config`` adds ``requests.process_version`` / ``config_version`` and the
+  node-override tables of :mod:`inferlb.engine.store.overrides`.
 * Migration ``0004_decisions_deadline`` adds ``requests.decisions`` (every routing decision of the
   request, each with the attempt it picked a node for) and ``requests.deadline_at_us``.
 """
@@ -125,6 +127,9 @@ class RequestRow(Base):
     # Migration 0004: every routing decision with its attempt number, and the request's deadline.
     decisions: Mapped[list[dict[str, Any]] | None] = mapped_column(json_type())
     deadline_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    # Migration 0005: the request process's content hash and the effective fleet config's hash.
+    process_version: Mapped[str | None] = mapped_column(String)
+    config_version: Mapped[str | None] = mapped_column(String)
 
     attempts: Mapped[list[AttemptRow]] = relationship(
         back_populates="request",

@@ -64,6 +64,10 @@ class RequestRecord:
     engine: str | None = None         # compiled | spiff
     attempts: list[AttemptRecord] = field(default_factory=list)
     queue_wait_ms: float | None = None   # time spent in the gateway's admission queue (None: never queued)
+    # What the request ran on (migration 0005): the request process's content hash and the
+    # effective fleet config's hash (file + node overrides), as swapped in by a reload (engine/live.py).
+    process_version: str | None = None
+    config_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of every field (what ``dataclasses.asdict`` gives, without its deep

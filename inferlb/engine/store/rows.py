@@ -135,6 +135,8 @@ def record_rows(rec: RequestRecord) -> tuple[dict[str, Any], list[dict[str, Any]
         "queue_wait_ms": rec.queue_wait_ms,
         "decisions": clean_json(list(rec.decisions)),
         "deadline_at_us": to_us(rec.deadline_at),
+        "process_version": _clean_opt(rec.process_version),
+        "config_version": _clean_opt(rec.config_version),
     }
     return row, sorted(attempts.values(), key=lambda r: int(r["number"]))
 

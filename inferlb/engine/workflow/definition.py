@@ -8,6 +8,7 @@ outside the subset is a start-up error naming the elements).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,8 @@ class ProcessDefinition:
     executor: ProcessExecutor
     compiled_problems: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)
+    # The file's content hash (SHA-256, 12 hex digits): the audit record's ``process_version``.
+    version: str = ""
 
     @property
     def mode(self) -> str:
@@ -121,4 +124,8 @@ def load_process(
         executor = CompiledExecutor(spec, services, env)
     else:
         raise ProcessError(f"unknown engine {engine!r}: use auto, spiff or compiled")
-    return ProcessDefinition(p, pid, spec, executor, compiled_problems)
+    try:
+        version = hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+    except OSError as exc:   # the file went away since it was parsed
+        raise ProcessValidationError(str(p), [("(file)", f"cannot read: {exc.strerror}")]) from exc
+    return ProcessDefinition(p, pid, spec, executor, compiled_problems, version=version)

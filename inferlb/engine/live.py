@@ -1,0 +1,297 @@
+"""The running configuration, changed while the gateway serves: reloads and node overrides.
+
+:class:`LiveConfig` owns what a change swaps: the base fleet (the file), the node overrides
+(database, :mod:`inferlb.engine.store.overrides`), and through :meth:`_swap` every live part that
+reads the config. Contracts:
+
+* **Validate everything first, then swap.** :meth:`reload` re-reads the fleet file and the
+  processes directory with the start-up checks (``check``: ``app.check_startup_files``: the fleet
+  schema, the routing plugins, both processes parsed with every condition, script and parameter
+  checked against the data the process holds, engine/workflow/datacheck.py), merges the overrides
+  (engine/fleet_admin.py) and refuses what a running gateway cannot take (``admission`` and
+  ``observability`` need a restart: 409 ``restart_required``). Any error raises before anything
+  changed: ConfigError / ProcessValidationError name the file, the key path or element id, and
+  the problem.
+* **The swap is atomic**: :meth:`_swap` runs without an ``await`` in it, so no request sees half
+  of it. New requests start on the new :class:`~inferlb.engine.scope.Snapshot` (process, config,
+  router); requests already running keep theirs to the end. The live fleet is reconciled in place
+  (:func:`~inferlb.engine.fleet_admin.apply_fleet`): nodes that persist keep their health state,
+  in-flight counts and learned speeds.
+* **Every replica converges.** Node changes are written to the database first (one transaction,
+  with the revision the change was validated against, :func:`save_override`), then applied
+  here; every other replica polls the revision every ``poll_s`` (:meth:`sync_once`, one
+  primary-key read) and applies the rows when it moved. A database that is away fails a node
+  change with 503 (nothing applied) and leaves polling to retry; reloads need no database.
+* Changes are serialised by one lock; each is counted and the last one described (:meth:`status`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from .errors import ConfigError, Conflict, InvalidRequest, StoreError, Unavailable
+from .fleet_admin import Effective, apply_fleet, merge_overrides, settle
+from .gateway import Gateway
+from .health.monitor import HealthMonitor
+from .health.probe import targets_for
+from .health.types import NodeEvent
+from .observability.hub import Observability
+from .routing import build_router
+from .scope import Snapshot
+from .settings import FleetConfig, Settings
+from .startup import Checked
+from .store import StoreHandle
+from .store.overrides import NodeOverride, StaleOverrides, load_overrides, read_revision, save_override
+from .types import Clock
+from .workflow import ProcessDefinition
+
+__all__ = ["RESTART_ONLY", "LiveConfig"]
+
+log = logging.getLogger("inferlb.live")
+
+# Sections of the fleet file a running gateway cannot take: the admission queue and pools, and the
+# metrics registry and tracer, are built once at start-up (engine/app.py).
+RESTART_ONLY = ("admission", "observability")
+
+# How a node operation changes the overrides: (effective config, current rows) -> new rows, or a ClientError.
+NodeChange = Callable[[Effective, Sequence[NodeOverride]], list[NodeOverride]]
+
+
+class LiveConfig:
+    def __init__(self, *, settings: Settings, checked: Checked, gateway: Gateway, check: Callable[[Settings], Checked],
+                 clock: Clock, engine: Engine | None = None, monitor: HealthMonitor | None = None,
+                 obs: Observability | None = None, store: StoreHandle | None = None,
+                 record: Callable[[list[NodeEvent]], None] | None = None,
+                 on_swap: Callable[[Snapshot], None] | None = None, poll_s: float = 1.0) -> None:
+        self.settings = settings
+        self.base: FleetConfig = checked.fleet
+        self.gateway = gateway
+        self.check = check
+        self.clock = clock
+        self.engine = engine
+        self.monitor = monitor
+        self.obs = obs
+        self.store = store
+        self.record = record
+        self.on_swap = on_swap
+        self.poll_s = poll_s
+        self.overrides: list[NodeOverride] = []
+        self.revision = 0
+        self.effective = merge_overrides(self.base, [], source=self._source())
+        self.health_process: ProcessDefinition = checked.health_process
+        self.reloads = 0
+        self.changes = 0
+        self.last_change: dict[str, Any] | None = None
+        self.sync_error: str | None = None
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def _source(self) -> str:
+        cfg = self.settings.config
+        return str(cfg) if cfg is not None else "fleet"
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> None:
+        """Apply the overrides the database holds (before readiness), then poll in a task."""
+        await self.sync_once()
+        self._swap(self.effective, self.gateway.process, self.health_process, {"trigger": "start-up"})
+        self._task = asyncio.create_task(self._loop(), name="inferlb-live-config")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.sync_once()
+                if settle(self.gateway.rt.fleet):
+                    self._flush_events()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:   # the poll must outlive one bad turn
+                self.sync_error = f"{type(exc).__name__}: {exc}"[:500]
+                log.error("node overrides: %s", self.sync_error)
+
+    # ------------------------------------------------------------------ reload (files)
+
+    def _read_files(self) -> Checked:
+        settings = self.settings
+        if settings.config is not None:    # the file is the base: read it again
+            settings = settings.model_copy(update={"fleet": None})
+        return self.check(settings)
+
+    async def reload(self, *, trigger: str, actor: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Re-read and validate the fleet file and the processes, then swap (module docstring).
+        Raises ConfigError / ProcessValidationError / Conflict with nothing changed."""
+        t0 = self.clock.monotonic()
+        async with self._lock:
+            # Parsing BPMN is CPU work of tens of ms: off the event loop, requests keep flowing.
+            checked = await asyncio.to_thread(self._read_files)
+            eff = merge_overrides(checked.fleet, self.overrides, source=self._source())
+            self._restart_only(eff.cfg)
+            old = self.gateway.snapshot
+            changes = self._swap(eff, checked.request_process, checked.health_process,
+                                 {"trigger": trigger, **(actor or {})})
+            self.base = checked.fleet
+            self.reloads += 1
+            proc = {"file": checked.request_process.path.name, "version": checked.request_process.version,
+                    "previous": old.process.version, "engine": checked.request_process.mode}
+            out: dict[str, Any] = {
+                   "reloaded": True, "trigger": trigger, "process": proc,
+                   "health_process": {"file": checked.health_process.path.name,
+                                      "version": checked.health_process.version},
+                   "config_version": eff.version, "previous_config_version": old.config_version,
+                   "nodes": changes, "took_ms": round((self.clock.monotonic() - t0) * 1000.0, 3)}
+            self.last_change = {"at": round(self.clock.time(), 6), "kind": "reload", **out}
+            log.info("reloaded (%s): process %s, config %s, %s", trigger, proc["version"], eff.version,
+                     ", ".join(changes) or "no node changes")
+            return out
+
+    def _restart_only(self, cfg: FleetConfig) -> None:
+        current = self.effective.cfg
+        for key in RESTART_ONLY:
+            if getattr(cfg, key) != getattr(current, key):
+                raise Conflict(f"{self._source()}: {key}: this section changed, and a running gateway cannot take "
+                               f"it (it is built once at start-up): restart to apply it, or undo the change "
+                               f"to reload the rest", param=key, code="restart_required")
+
+    # ------------------------------------------------------------------ node overrides (database)
+
+    def _db(self) -> Engine:
+        if self.engine is None:
+            raise Unavailable("Live node changes need the database that holds the node overrides",
+                              code="overrides_unavailable")
+        return self.engine
+
+    async def sync_once(self) -> bool:
+        """Apply the database's overrides when their revision moved; True when something changed.
+        A database that is away, or overrides this replica's file cannot take, leave everything as
+        it is (``sync_error`` says why)."""
+        if self.engine is None:
+            return False
+        try:
+            rev = await asyncio.to_thread(read_revision, self.engine)
+            if rev == self.revision:
+                self.sync_error = None
+                return False
+            async with self._lock:
+                rev, rows = await asyncio.to_thread(load_overrides, self.engine)
+                if rev == self.revision:
+                    return False
+                eff = merge_overrides(self.base, rows, source="node overrides")
+                self.overrides, self.revision = rows, rev
+                self._swap(eff, self.gateway.process, self.health_process, {"trigger": "overrides", "revision": rev})
+                self.sync_error = None
+                return True
+        except (StoreError, ConfigError) as exc:
+            self.sync_error = str(exc)[:500]
+            log.warning("node overrides not applied: %s", self.sync_error)
+            return False
+
+    async def change_nodes(self, name: str, change: NodeChange, *, what: str,
+                           actor: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate ``change`` against the overrides as the database holds them now, write it
+        (refused if another replica wrote meanwhile: then re-read and validate again, three
+        times at most), then apply it here. 400/404/409 from ``change`` or the merge, 503 when the
+        database is away; nothing is applied in either case."""
+        engine = self._db()
+        async with self._lock:
+            for _ in range(3):
+                try:
+                    rev, rows = await asyncio.to_thread(load_overrides, engine)
+                except StoreError as exc:
+                    raise Unavailable(f"The node overrides cannot be read: {exc}",
+                                      code="overrides_unavailable") from exc
+                current = merge_overrides(self.base, rows, source="node overrides") if rows != self.overrides \
+                    else self.effective
+                new_rows = change(current, rows)
+                try:
+                    eff = merge_overrides(self.base, new_rows, source="node")
+                except ConfigError as exc:
+                    raise InvalidRequest(str(exc), param=exc.path, code="invalid_node") from exc
+                new = next((o for o in new_rows if o.name == name), None)
+                try:
+                    new_rev = await asyncio.to_thread(save_override, engine, name, new, expect_revision=rev)
+                except StaleOverrides:
+                    continue
+                except StoreError as exc:
+                    raise Unavailable(f"The node override could not be saved: {exc}",
+                                      code="overrides_unavailable") from exc
+                self.overrides, self.revision = new_rows, new_rev
+                changes = self._swap(eff, self.gateway.process, self.health_process,
+                                     {"trigger": what, **actor, "revision": new_rev})
+                self.last_change = {"at": round(self.clock.time(), 6), "kind": what, "node": name,
+                                    "revision": new_rev, "nodes": changes, **actor}
+                return {"node": name, "action": what, "revision": new_rev, "config_version": eff.version,
+                        "changes": changes}
+        raise Unavailable("The node overrides kept changing under this request; try again", code="overrides_busy")
+
+    # ------------------------------------------------------------------ the swap
+
+    def _swap(self, eff: Effective, process: ProcessDefinition, health: ProcessDefinition,
+              evidence: Mapping[str, Any]) -> list[str]:
+        """Install ``eff`` and the processes everywhere; no ``await`` in here (atomic on the loop)."""
+        gw = self.gateway
+        old = gw.snapshot
+        rt = old.rt
+        router = rt.router
+        if eff.cfg.routing != rt.fleet_cfg.routing:
+            r = eff.cfg.routing
+            router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
+                                  seed=r.seed, sample=r.sample)
+        for m in eff.cfg.models:
+            if m.tokenizer and rt.fleet_cfg.model(m.name) != m:
+                rt.estimator.use_tokenizer(m.name, m.tokenizer)
+        if process is not old.process and self.obs is not None:
+            self.obs.instrument(process)
+        changes = apply_fleet(rt.fleet, eff, evidence)
+        new = Snapshot(dataclasses.replace(rt, fleet_cfg=eff.cfg, router=router), process, eff.version)
+        gw.swap(new)
+        self.effective = eff
+        self.health_process = health
+        if self.monitor is not None:
+            self.monitor.process = health
+            self.monitor.interval_s = eff.cfg.health.interval_s
+            self.monitor.prober.cfg = eff.cfg.health
+            self.monitor.prober.targets = targets_for(eff.cfg.nodes, eff.cfg.health)
+        if self.store is not None:
+            self.store.slos[:] = list(eff.cfg.slos)
+        if self.obs is not None:
+            self.obs.follow(eff.cfg)
+        if self.on_swap is not None:
+            self.on_swap(new)
+        self.changes += 1
+        self._flush_events()
+        return changes
+
+    def _flush_events(self) -> None:
+        """Hand the node events of a change to the event writer now (not at the next health round),
+        so ``/admin/fleet/events`` shows them at once."""
+        if self.record is not None:
+            events = self.gateway.rt.fleet.take_events()
+            if events:
+                self.record(events)
+
+    # ------------------------------------------------------------------ what operators see
+
+    def sources(self) -> dict[str, str]:
+        return dict(self.effective.sources)
+
+    def status(self) -> dict[str, Any]:
+        return {"config_version": self.effective.version, "process_version": self.gateway.process.version,
+                "overrides_revision": self.revision, "overrides": [o.to_json() for o in self.overrides],
+                "reloads": self.reloads, "changes": self.changes, "last_change": self.last_change,
+                "sync_error": self.sync_error, "poll_s": self.poll_s}
