@@ -13,7 +13,8 @@
     inferlb bench overload            admission control at 2× / 5× capacity, noisy neighbour (on vs off)
     inferlb keys create|list|revoke   tenant API keys (stored as SHA-256 digests)
     inferlb bench run|compare|capacity  open-loop load against simulated fleets (routing strategies)
-    inferlb fleet --url URL           node states of a running gateway (GET /admin/fleet) as a table
+    inferlb fleet [show] --url URL    node states of a running gateway (GET /admin/fleet) as a table
+    inferlb fleet add|drain|undrain|set|remove|reload   change the running fleet (inferlb/cli_fleet.py)
     inferlb agent [--port 9401]       the GPU node agent: NVML readings over HTTP (GET /gpu)
 """
 
@@ -67,8 +68,9 @@ def _preflight(settings: Settings) -> Settings:
     return settings.model_copy(update={"fleet": checked.fleet})
 
 
-async def _serve(settings: Settings, banner: str | None = None) -> None:
-    from .engine.app import create_app
+async def _serve(settings: Settings, banner: str | None = None, *, watch: bool = False) -> None:
+    from .engine.app import create_app, default_processes_dir
+    from .engine.live_triggers import run_triggers
     from .engine.server import build_server
 
     # Fail before binding a port: a bad file names the file and key path or element, no traceback.
@@ -83,7 +85,12 @@ async def _serve(settings: Settings, banner: str | None = None) -> None:
             if server.started:
                 print(banner, flush=True)
         task = asyncio.ensure_future(_announce())
+    # SIGHUP (and with --watch, edits to the fleet file or the processes) reload (engine/live.py).
+    triggers = asyncio.ensure_future(run_triggers(
+        app, started=lambda: bool(server.started), stopping=lambda: bool(server.should_exit), watch=watch,
+        config=settings.config, processes_dir=settings.processes_dir or default_processes_dir()))
     await server.serve()
+    triggers.cancel()
     if banner:
         task.cancel()
     if not server.started:
@@ -256,6 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the gateway against a fleet file")
     common(s)
     s.add_argument("--config", type=Path)
+    s.add_argument("--watch", action="store_true", help="reload when the fleet file or a process changes")
     v = sub.add_parser("validate", help="parse and validate a BPMN process")
     v.add_argument("file", type=Path, nargs="?", help="a BPMN process file")
     v.add_argument("--config", type=Path, help="a fleet file: validated with the processes the gateway would load")
@@ -282,10 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_sim import register as register_sim_des
 
     register_sim_des(sm)   # inferlb sim des: the discrete-event mode
-    fl = sub.add_parser("fleet", help="node states of a running gateway (GET /admin/fleet)")
-    fl.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
-    fl.add_argument("--api-key", dest="api_key", help="the admin key, when authentication is on")
-    fl.add_argument("--json", action="store_true", help="print the JSON instead of a table")
+    from .cli_fleet import register as register_fleet
+
+    register_fleet(sub)
     ag = sub.add_parser("agent", help="GPU node agent: NVML readings over HTTP (needs the agent extra)")
     ag.add_argument("--host", default="127.0.0.1")
     ag.add_argument("--port", type=int, default=9401)
@@ -311,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "demo":
             _run_loop(_demo(args))
         elif args.cmd == "serve":
-            _run_loop(_serve(_settings(args)))
+            _run_loop(_serve(_settings(args), watch=args.watch))
         elif args.cmd == "validate":
             return _cmd_validate(args)
         elif args.cmd == "db":
@@ -327,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return routing_command(args, _settings(args).database_url)
         elif args.cmd == "fleet":
-            from .engine.health.report import fleet_command
+            from .cli_fleet import fleet_main
 
-            return fleet_command(args.url, api_key=args.api_key, as_json=args.json)
+            return fleet_main(args)
         elif args.cmd == "agent":
             from .engine.health.agent import serve_agent
 
