@@ -53,8 +53,12 @@ def _actor(request: Request, ctl: AdmissionDep) -> dict[str, Any]:
     return {"by": "admin", "key_id": key_id}
 
 
-def _node(gw: GatewayDep, name: str) -> dict[str, Any] | None:
-    return next((n for n in gw.rt.fleet.describe() if n["name"] == name), None)
+def _node(gw: GatewayDep, live: LiveConfig, name: str) -> dict[str, Any] | None:
+    """``name`` as ``/admin/fleet`` shows it (None once it is gone)."""
+    node = next((n for n in gw.rt.fleet.describe() if n["name"] == name), None)
+    if node is not None:
+        node["source"] = live.sources().get(name, "file")
+    return node
 
 
 @router.post("/admin/reload")
@@ -83,7 +87,7 @@ async def add(request: Request, gw: GatewayDep, live: LiveDep, ctl: AdmissionDep
         return add_node(eff, rows, body, key_id=actor["key_id"], at=at)[1]
 
     out = await lc.change_nodes(name, change, what="add", actor=actor)
-    return {**out, "node_state": _node(gw, name)}
+    return {**out, "node_state": _node(gw, lc, name)}
 
 
 async def _drain(request: Request, gw: GatewayDep, live: LiveDep, ctl: AdmissionDep, name: str,
@@ -96,7 +100,7 @@ async def _drain(request: Request, gw: GatewayDep, live: LiveDep, ctl: Admission
         return set_drained(eff, rows, name, drained, key_id=actor["key_id"], at=at)
 
     out = await lc.change_nodes(name, change, what="drain" if drained else "undrain", actor=actor)
-    return {**out, "node_state": _node(gw, name)}
+    return {**out, "node_state": _node(gw, lc, name)}
 
 
 @router.post("/admin/nodes/{name}/drain")
@@ -123,7 +127,7 @@ async def patch(request: Request, gw: GatewayDep, live: LiveDep, ctl: AdmissionD
         return patch_node(eff, rows, name, body, key_id=actor["key_id"], at=at)
 
     out = await lc.change_nodes(name, change, what="patch", actor=actor)
-    return {**out, "node_state": _node(gw, name)}
+    return {**out, "node_state": _node(gw, lc, name)}
 
 
 @router.delete("/admin/nodes/{name}")
@@ -140,4 +144,4 @@ async def remove(request: Request, gw: GatewayDep, live: LiveDep, ctl: Admission
         return remove_node(eff, rows, name, drained_here=drained_here, force=force, key_id=actor["key_id"], at=at)
 
     out = await lc.change_nodes(name, change, what="remove", actor=actor)
-    return {**out, "node_state": _node(gw, name)}
+    return {**out, "node_state": _node(gw, lc, name)}
