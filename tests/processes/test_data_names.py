@@ -113,3 +113,22 @@ async def test_app_start_up_refuses_the_typo_before_opening_anything(tmp_path: P
         async with app.router.lifespan_context(app):
             pass
     assert not (tmp_path / "audit.db").exists() and not (tmp_path / "journal").exists()
+
+
+@pytest.mark.parametrize(("script", "needle"), [
+    ('return {"flow": "tagged"}', "'return' outside function"),
+    ("break", "'break' outside loop"),
+    ('tags = {"flow": "tagged"', "was never closed"),
+])
+def test_a_script_that_parses_but_cannot_run_names_its_element(tmp_path: Path, script: str, needle: str) -> None:
+    """Scripts are compiled as the engine compiles them: 'return' at a script's top level parses
+    (ast.parse) but fails on every request; validation says so at load (and reload) time."""
+    src = (FIXTURES / "inference_request_tagged.bpmn").read_text()
+    good = 'tags = {"flow": "tagged", "attempts": len(outcome.get("tried", []))}'
+    assert good in src
+    path = tmp_path / "inference_request.bpmn"
+    path.write_text(src.replace(good, script))
+    problems = _problems(path)
+    assert len(problems) == 1, problems
+    eid, msg = problems[0]
+    assert eid == "tag_record" and "script is not valid Python" in msg and needle in msg, msg

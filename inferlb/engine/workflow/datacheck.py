@@ -13,6 +13,8 @@ What counts as written:
 
 What is checked, for every gateway condition, script, parameter and timer expression:
 
+- it parses and compiles (``compile``, as the engine runs it: ``return`` at a script's top level
+  parses but never runs);
 - every free name it reads is a Python builtin, a script-environment global, or a variable set on
   **every** path from the start to that element (a name set only on some paths is a ``NameError``
   on the others);
@@ -53,6 +55,9 @@ def _analyse(src: str, mode: str, element: str, what: str) -> _Code | tuple[str,
     code = _Code(element, what)
     try:
         tree = ast.parse(src.strip(), mode=mode)
+        # Compiled too, as the engine will: what parses but cannot run ('return' or 'await' at the
+        # top of a script, 'break' outside a loop) fails here, not on every request.
+        compile(tree, element, mode)
     except SyntaxError as exc:
         return element, f"{what} is not valid Python: {exc.msg} in {src.strip()!r}"
     bound: set[str] = set()
