@@ -57,7 +57,7 @@ def _analyse(src: str, mode: str, element: str, what: str) -> _Code | tuple[str,
         tree = ast.parse(src.strip(), mode=mode)
         # Compiled too, as the engine will: what parses but cannot run ('return' or 'await' at the
         # top of a script, 'break' outside a loop) fails here, not on every request.
-        compile(tree, element, mode)
+        compile(src.strip(), element, mode)
     except SyntaxError as exc:
         return element, f"{what} is not valid Python: {exc.msg} in {src.strip()!r}"
     bound: set[str] = set()
