@@ -102,7 +102,6 @@ class LiveConfig:
     async def start(self) -> None:
         """Apply the overrides the database holds (before readiness), then poll in a task."""
         await self.sync_once()
-        self._swap(self.effective, self.gateway.process, self.health_process, {"trigger": "start-up"})
         self._task = asyncio.create_task(self._loop(), name="inferlb-live-config")
 
     async def close(self) -> None:
@@ -197,8 +196,10 @@ class LiveConfig:
                 self.sync_error = None
                 return True
         except (StoreError, ConfigError) as exc:
-            self.sync_error = str(exc)[:500]
-            log.warning("node overrides not applied: %s", self.sync_error)
+            error = str(exc)[:500]
+            if error != self.sync_error:    # once per distinct problem, not every poll
+                log.warning("node overrides not applied: %s", error)
+            self.sync_error = error
             return False
 
     async def change_nodes(self, name: str, change: NodeChange, *, what: str,
@@ -215,8 +216,12 @@ class LiveConfig:
                 except StoreError as exc:
                     raise Unavailable(f"The node overrides cannot be read: {exc}",
                                       code="overrides_unavailable") from exc
-                current = merge_overrides(self.base, rows, source="node overrides") if rows != self.overrides \
-                    else self.effective
+                try:
+                    current = merge_overrides(self.base, rows, source="node overrides") \
+                        if rows != self.overrides else self.effective
+                except ConfigError as exc:
+                    raise Conflict(f"The stored node overrides do not fit this gateway's fleet file: {exc}",
+                                   param=exc.path, code="overrides_conflict") from exc
                 new_rows = change(current, rows)
                 try:
                     eff = merge_overrides(self.base, new_rows, source="node")

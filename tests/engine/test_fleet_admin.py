@@ -174,3 +174,19 @@ def test_re_adding_a_retiring_node_brings_it_back_through_probes() -> None:
     apply_fleet(f, merge_overrides(cfg, []))
     assert not f.nodes["n2"].retired and f.nodes["n2"].state == "loading"
     assert "n2" in f.serving["m"]
+
+
+def test_no_overrides_give_back_the_same_config_for_every_section() -> None:
+    cfg = base(2, routing={"profile": "token-aware", "scorers": {"outstanding-tokens": 1.0, "kv-cache": 0.5},
+                           "seed": 3, "sample": 0},
+               retry={"max_attempts": 2, "retry_on_status": [502, 503]},
+               health={"nodes": {"n1": {"probe": False, "agent_url": "http://127.0.0.1:9401/gpu"}},
+                       "outlier": {"consecutive_failures": 3}},
+               observability={"finops": {"gpu_prices": {"h100": 4.1}}},
+               admission={"default_class": "batch", "queue": {"min_size": 3}},
+               slos=[{"model": "m", "e2e_max_s": 2.0}])
+    eff = merge_overrides(cfg, [])
+    assert eff.cfg == cfg and eff.version == config_version(cfg)
+    # removing a node the health section names drops its entry instead of failing
+    rows = [NodeOverride("n1", "file", {}, drained=True, removed=True)]
+    assert "n1" not in merge_overrides(cfg, rows).cfg.health.nodes
