@@ -239,7 +239,7 @@ _REQUEST_FIELDS = (
     "request_id", "endpoint", "model_requested", "tenant", "model_served", "model_version", "node",
     "priority", "stream", "status", "http_status", "error_class", "prompt_tokens_est", "prompt_tokens",
     "completion_tokens", "cost_est", "decision", "workflow_path", "tags", "engine", "attempt_count",
-    "e2e_ms", "ttft_ms", "queue_wait_ms", "decisions",
+    "e2e_ms", "ttft_ms", "queue_wait_ms", "decisions", "process_version", "config_version",
 )
 _REQUEST_TIMES = ("received_at", "admitted_at", "routed_at", "first_byte_at", "last_byte_at", "deadline_at")
 _ATTEMPT_FIELDS = ("number", "node", "model", "outcome", "http_status", "error_class")
