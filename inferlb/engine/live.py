@@ -166,6 +166,11 @@ class LiveConfig:
                 raise Conflict(f"{self._source()}: {key}: this section changed, and a running gateway cannot take "
                                f"it (it is built once at start-up): restart to apply it, or undo the change "
                                f"to reload the rest", param=key, code="restart_required")
+        if cfg.routing != current.routing and (self.gateway.rt.learner is not None or cfg.routing.profile == "learned"):
+            # The learned profile's predictor, training loop and metrics are wired once (engine/app.py).
+            raise Conflict(f"{self._source()}: routing: the learned profile is built once at start-up; restart to "
+                           f"change routing to or from it, or its settings", param="routing",
+                           code="restart_required")
 
     # ------------------------------------------------------------------ node overrides (database)
 
@@ -248,7 +253,8 @@ class LiveConfig:
 
     def _swap(self, eff: Effective, process: ProcessDefinition, health: ProcessDefinition,
               evidence: Mapping[str, Any]) -> list[str]:
-        """Install ``eff`` and the processes everywhere; no ``await`` in here (atomic on the loop)."""
+        """Install ``eff`` and the processes everywhere; no ``await`` in here (atomic on the loop).
+        The only refusal (a new router that needs a restart) comes before anything changed."""
         gw = self.gateway
         old = gw.snapshot
         rt = old.rt
@@ -256,7 +262,10 @@ class LiveConfig:
         if eff.cfg.routing != rt.fleet_cfg.routing:
             r = eff.cfg.routing
             router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
-                                  seed=r.seed, sample=r.sample)
+                                  seed=r.seed, sample=r.sample, predictor=r.predictor, clock=self.clock.time)
+            if getattr(router, "lifecycle", None) is not None:   # a predictor: wired once (engine/app.py)
+                raise Conflict(f"{self._source()}: routing: a routing with a latency predictor is built once at "
+                               f"start-up; restart to apply it", param="routing", code="restart_required")
         for m in eff.cfg.models:
             if m.tokenizer and rt.fleet_cfg.model(m.name) != m:
                 rt.estimator.use_tokenizer(m.name, m.tokenizer)

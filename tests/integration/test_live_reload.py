@@ -178,3 +178,19 @@ async def test_a_reload_keeps_the_configured_executor(tmp_path: Path, engine: st
             r = await http.post("/admin/reload")
             assert r.status_code == 200 and r.json()["process"]["engine"] == engine
             assert (await http.get("/readyz")).json()["engine"] == engine
+
+
+async def test_a_reload_swaps_the_router_but_not_to_a_learned_one(tmp_path: Path) -> None:
+    async with SimFleet(fast_specs(2)) as sim:
+        urls = {n: node.url for n, node in sim.nodes.items()}
+        async with running_gateway(live_settings(tmp_path, urls)) as (base, app), \
+                httpx.AsyncClient(base_url=base, timeout=30) as http:
+            (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(fleet_doc(urls, routing={"profile": "round-robin"})))
+            r = await http.post("/admin/reload")
+            assert r.status_code == 200, r.text
+            assert (await http.get("/admin/fleet")).json()["routing_profile"] == "round-robin"
+            before = app.state.gateway.snapshot
+            (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(fleet_doc(urls, routing={"profile": "learned"})))
+            r = await http.post("/admin/reload")
+            assert r.status_code == 409 and r.json()["error"]["param"] == "routing", r.text
+            assert app.state.gateway.snapshot is before
