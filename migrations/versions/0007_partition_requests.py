@@ -1,7 +1,7 @@
 """partition requests and request_attempts by day on PostgreSQL
 
 Revision ID: 0007
-Revises: 0004
+Revises: 0005
 Create Date: 2026-03-01 00:00:00
 
 PostgreSQL only; SQLite is left exactly as it was (upgrade and downgrade do nothing there).
@@ -43,7 +43,7 @@ from sqlalchemy.engine import Connection
 __all__ = ["branch_labels", "depends_on", "down_revision", "downgrade", "revision", "upgrade"]
 
 revision: str = "0007"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
