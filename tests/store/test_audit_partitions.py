@@ -9,16 +9,21 @@ from datetime import date, timedelta
 from typing import Any
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import insert, inspect, text
 from sqlalchemy.engine import Engine
 
 from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.db import downgrade, make_engine, upgrade
+from inferlb.engine.store.db import downgrade, make_engine, migrations_dir, upgrade
 from inferlb.engine.store.models import ATTEMPTS, REQUESTS
 from inferlb.engine.store.partitions import day_bounds, day_of, day_partitions, ensure_days, is_partitioned
 from inferlb.engine.store.queries import get_request, sla_report, sla_report_python
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.store.rows import UNKNOWN_OUTCOME, record_rows, upsert_records
+
+# The revision 0007 upgrades from (later migrations may sit between 0004 and 0007).
+BEFORE = ScriptDirectory(str(migrations_dir())).get_revision("0007").down_revision
+assert isinstance(BEFORE, str)
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, as in conftest.py
 
@@ -62,7 +67,7 @@ def _reports(engine: Engine) -> list[Any]:
 def test_pg_upgrade_and_downgrade_keep_rows_and_reports(pg_schema_factory: Callable[[], str],
                                                         make_record: MakeRecord) -> None:
     url = pg_schema_factory()
-    upgrade(url, "0004")
+    upgrade(url, BEFORE)
     engine = make_engine(url)
     try:
         records = _records(make_record)
@@ -89,7 +94,7 @@ def test_pg_upgrade_and_downgrade_keep_rows_and_reports(pg_schema_factory: Calla
         assert _reports(engine) == before
         assert get_request(engine, "req-00000") == detail
 
-        downgrade(url, "0004")
+        downgrade(url, BEFORE)
         with engine.connect() as conn:
             assert not is_partitioned(conn)
             assert not [t for t in inspect(conn).get_table_names() if t.startswith("requests_p")]
@@ -106,7 +111,7 @@ def test_pg_upgrade_and_downgrade_keep_rows_and_reports(pg_schema_factory: Calla
 
 def test_sqlite_schema_is_unchanged_by_0007(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
-    upgrade(url, "0004")
+    upgrade(url, BEFORE)
     engine = make_engine(url)
     sql = "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'alembic%' ORDER BY name"
     try:
@@ -116,7 +121,7 @@ def test_sqlite_schema_is_unchanged_by_0007(tmp_path: Any) -> None:
         with engine.connect() as conn:
             assert conn.execute(text(sql)).all() == schema
             assert not is_partitioned(conn)
-        downgrade(url, "0004")
+        downgrade(url, BEFORE)
         with engine.connect() as conn:
             assert conn.execute(text(sql)).all() == schema
     finally:
