@@ -20,6 +20,7 @@ from inferlb.engine.settings import load_settings
 from inferlb.engine.store import (
     events,  # noqa: F401  (node_events is a Core table on Base.metadata)
     overrides,  # noqa: F401  (node_overrides, fleet_revision: Core tables too)
+    scaling,  # noqa: F401  (scaling_events too)
 )
 from inferlb.engine.store.db import make_engine, normalize_url
 from inferlb.engine.store.models import Base

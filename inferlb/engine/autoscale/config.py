@@ -1,0 +1,100 @@
+"""The fleet file's ``autoscale:`` section (validated at load time, like every other section).
+
+A **pool** is one (model, GPU type) pair the autoscaler may size: ``min`` / ``max`` replicas, the
+cold start a new replica takes before it serves (model download, weights to GPU, CUDA graphs),
+its price and a prior capacity in tokens/s at SLO (used until the audit trail has taught one,
+:mod:`.capacity`). Actuator settings say where the plan goes (:mod:`.actuators`).
+
+Defaults follow the Kubernetes HPA where it has one: target utilisation 0.7 is a common
+``averageUtilization`` choice; the scale-down stabilisation window is the HPA's 300 s default
+(``behavior.scaleDown.stabilizationWindowSeconds``); scale-up has none.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["FORECASTERS", "ActuatorConfig", "AutoscaleConfig", "PoolConfig"]
+
+# The forecasters a running gateway may use (oracle needs the future: backtests only).
+FORECASTERS = ("seasonal-naive", "holt-winters", "mstl", "reactive", "static")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Strict):
+    """One model on one GPU type."""
+
+    model: str
+    gpu: str
+    min: int = Field(0, ge=0)
+    max: int = Field(8, ge=0)
+    cold_start_s: float = Field(120.0, ge=0)
+    price_per_hour: float | None = Field(None, ge=0)   # else observability.finops.gpu_prices[gpu], else 0
+    tokens_per_s: float | None = Field(None, gt=0)     # prior capacity of ONE replica at SLO
+    # kubernetes actuator: the workload whose scale subresource this pool patches
+    workload: str | None = None                        # "deployment/NAME" or "statefulset/NAME"
+    namespace: str = "default"
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolConfig:
+        if self.min > self.max:
+            raise ValueError(f"pool {self.model}/{self.gpu}: min {self.min} > max {self.max}")
+        if self.workload is not None:
+            kind, _, name = self.workload.partition("/")
+            if kind not in ("deployment", "statefulset") or not name:
+                raise ValueError(f"pool {self.model}/{self.gpu}: workload must be deployment/NAME or "
+                                 f"statefulset/NAME, got {self.workload!r}")
+        return self
+
+
+class ActuatorConfig(_Strict):
+    """Where a plan goes: ``dry-run`` (record only), ``local`` (emulated nodes, ``inferlb demo
+    --autoscale``), ``kubernetes`` (scale subresource), ``webhook`` (POST the plan JSON)."""
+
+    kind: Literal["dry-run", "local", "kubernetes", "webhook"] = "dry-run"
+    url: str | None = None                 # webhook
+    timeout_s: float = Field(10.0, gt=0)   # one API / webhook call
+    drain_timeout_s: float = Field(60.0, ge=0)   # scale-down: wait this long for in-flight work, then remove
+
+    @model_validator(mode="after")
+    def _url(self) -> ActuatorConfig:
+        if self.kind == "webhook" and not self.url:
+            raise ValueError("actuator kind webhook needs url")
+        return self
+
+
+class AutoscaleConfig(_Strict):
+    """``autoscale:`` in the fleet file. Absent: no autoscaler runs."""
+
+    enabled: bool = True
+    interval_s: float = Field(60.0, gt=0)           # one round of autoscale.bpmn
+    step_s: float = Field(300.0, gt=0)              # the observed series' resolution
+    season_s: float = Field(86_400.0, gt=0)         # the daily cycle
+    history_s: float = Field(7 * 86_400.0, gt=0)    # how far back observe reads the audit trail
+    forecaster: Literal["seasonal-naive", "holt-winters", "mstl", "reactive", "static"] = "seasonal-naive"
+    target_utilisation: float = Field(0.7, gt=0, le=1)
+    headroom: float = Field(0.0, ge=0)              # extra share of the forecast provisioned (0.1: +10 %)
+    scale_down_stabilisation_s: float = Field(300.0, ge=0)
+    cost_cap_per_hour: float | None = Field(None, gt=0)
+    slo_target: float = Field(0.99, gt=0, le=1)     # a bucket "held the SLO" at this attainment
+    pools: list[PoolConfig] = Field(default_factory=list)
+    actuator: ActuatorConfig = ActuatorConfig()
+
+    @model_validator(mode="after")
+    def _pools(self) -> AutoscaleConfig:
+        seen: set[tuple[str, str]] = set()
+        for p in self.pools:
+            key = (p.model, p.gpu)
+            if key in seen:
+                raise ValueError(f"duplicate pool {p.model}/{p.gpu}")
+            seen.add(key)
+        if self.actuator.kind == "kubernetes":
+            missing = [f"{p.model}/{p.gpu}" for p in self.pools if p.workload is None]
+            if missing:
+                raise ValueError(f"actuator kubernetes: pools without workload: {', '.join(missing)}")
+        return self

@@ -1,0 +1,118 @@
+"""The planner: demand → replicas per pool, cheapest per token first, min/max, stabilisation, cost cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferlb.engine.autoscale.capacity import Capacity, NodeBucket, learn_capacity
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.autoscale.forecast import Forecast
+from inferlb.engine.autoscale.planner import PlannerState, plan
+from inferlb.engine.autoscale.policy import Autoscaler, LoadHistory
+
+
+def cfg(**over: Any) -> AutoscaleConfig:
+    base: dict[str, Any] = {
+        "interval_s": 60, "step_s": 60, "target_utilisation": 0.5, "scale_down_stabilisation_s": 300,
+        "pools": [{"model": "m", "gpu": "h100", "min": 1, "max": 4, "cold_start_s": 120, "price_per_hour": 4.0},
+                  {"model": "m", "gpu": "l4", "min": 0, "max": 10, "cold_start_s": 60, "price_per_hour": 0.8}]}
+    base.update(over)
+    return AutoscaleConfig.model_validate(base)
+
+
+CAP = {("m", "h100"): Capacity("m", "h100", 1000.0, "prior", ""), ("m", "l4"): Capacity("m", "l4", 250.0, "prior", "")}
+
+
+def run(c: AutoscaleConfig, demand: list[float], current: dict[tuple[str, str], int], *, now: float = 0.0,
+        observed: float = 0.0, state: PlannerState | None = None, cap: dict[Any, Capacity] | None = None
+        ) -> tuple[dict[tuple[str, str], int], Any, PlannerState]:
+    p, st = plan(c, now=now, forecasts={"m": Forecast(tuple(demand), "test")}, observed={"m": observed},
+                 capacity=cap or CAP, current=current, step_s=c.step_s, state=state)
+    return p.desired(), p, st
+
+
+def test_fills_the_cheapest_pool_per_token_first_after_min() -> None:
+    # l4 costs 0.8/250 = 0.0032 per token/s·h, h100 4/1000 = 0.004: l4 first.
+    desired, p, _ = run(cfg(), [1000.0] * 5, {("m", "h100"): 1, ("m", "l4"): 0})
+    # needed 1000 / 0.5 = 2000; h100 min 1 gives 1000; the other 1000 on l4 = 4 replicas
+    assert desired == {("m", "h100"): 1, ("m", "l4"): 4}
+    assert p.cost_per_hour == 4.0 + 4 * 0.8
+
+
+def test_provisions_for_the_peak_within_cold_start_plus_one_round() -> None:
+    # lead = 120 s cold start + 60 s interval = 3 steps; a spike at step 3 is included, step 5 is not
+    c = cfg(pools=[{"model": "m", "gpu": "h100", "min": 0, "max": 9, "cold_start_s": 120, "price_per_hour": 4.0}])
+    desired, _, _ = run(c, [100, 100, 2000, 100, 9000], {("m", "h100"): 1}, cap={("m", "h100"): CAP[("m", "h100")]})
+    assert desired == {("m", "h100"): 4}     # 2000 / 0.5 / 1000
+
+
+def test_never_below_min_nor_above_max_and_short_is_said() -> None:
+    desired, p, _ = run(cfg(), [0.0] * 5, {("m", "h100"): 3, ("m", "l4"): 2}, now=0.0,
+                        state=PlannerState())
+    assert desired[("m", "h100")] >= 1
+    huge, p2, _ = run(cfg(), [1e6] * 5, {("m", "h100"): 1, ("m", "l4"): 0})
+    assert huge == {("m", "h100"): 4, ("m", "l4"): 10}
+    assert any("short" in n for n in p2.notes)
+
+
+def test_observed_load_is_a_floor_under_the_forecast() -> None:
+    desired, _, _ = run(cfg(), [0.0] * 5, {("m", "h100"): 1, ("m", "l4"): 0}, observed=1000.0)
+    assert desired == {("m", "h100"): 1, ("m", "l4"): 4}
+
+
+def test_scale_down_waits_for_the_stabilisation_window_scale_up_does_not() -> None:
+    c = cfg()
+    cur = {("m", "h100"): 1, ("m", "l4"): 4}
+    d1, _, st = run(c, [1000.0] * 5, cur, now=0.0)
+    assert d1 == cur
+    d2, p2, st = run(c, [100.0] * 5, cur, now=60.0, state=st)     # load dropped: held
+    assert d2 == cur and "held" in p2.pools[1].reason
+    d3, _, st = run(c, [100.0] * 5, cur, now=299.0, state=st)     # still inside the 300 s window
+    assert d3 == cur
+    d4, _, st = run(c, [100.0] * 5, cur, now=301.0, state=st)     # the 1000 recommendation aged out
+    assert d4 == {("m", "h100"): 1, ("m", "l4"): 0}
+    d5, _, _ = run(c, [3000.0] * 5, d4, now=302.0, state=st)     # up at once
+    assert d5 == {("m", "h100"): 4, ("m", "l4"): 10}   # 6000 needed: l4 full (2500), h100 1 + 3
+
+
+def test_cost_cap_cuts_the_dearest_per_token_first_but_never_min() -> None:
+    c = cfg(cost_cap_per_hour=6.0)
+    desired, p, _ = run(c, [2500.0] * 5, {("m", "h100"): 1, ("m", "l4"): 0})
+    assert p.cost_per_hour <= 6.0 and desired[("m", "h100")] >= 1
+    assert any("capped" in d.reason for d in p.pools)
+    tight = cfg(cost_cap_per_hour=1.0)
+    desired, p, _ = run(tight, [0.0] * 5, {("m", "h100"): 1, ("m", "l4"): 0})
+    assert desired[("m", "h100")] == 1 and any("min wins" in n for n in p.notes)
+
+
+def test_unknown_capacity_keeps_the_pool_and_says_why() -> None:
+    cap = {("m", "h100"): Capacity("m", "h100", None, "unknown", ""), ("m", "l4"): CAP[("m", "l4")]}
+    desired, p, _ = run(cfg(), [500.0] * 5, {("m", "h100"): 2, ("m", "l4"): 0}, cap=cap)
+    assert desired[("m", "h100")] == 2 and "capacity unknown" in p.pools[0].reason
+    assert desired[("m", "l4")] == 4   # 1000 needed on l4 alone (h100's min is not counted as known)
+
+
+def test_capacity_is_learned_where_the_slo_broke() -> None:
+    def b(tokens: int, in_slo: int, node: str = "a") -> NodeBucket:
+        return NodeBucket("m", "l4", node, 60.0, tokens, 100, in_slo)
+
+    rows = [b(6000, 100), b(12000, 100), b(18000, 100), b(24000, 90), b(3000, 50, "sick")]
+    got = learn_capacity(rows, {("m", "l4"): 1000.0})[("m", "l4")]
+    assert got.source == "learned" and got.tokens_per_s == 300.0   # held at 18000/60, broke at 400
+    never = learn_capacity(rows[:3], {("m", "l4"): 1000.0})[("m", "l4")]
+    assert never.source == "prior" and never.tokens_per_s == 1000.0
+    lower = learn_capacity(rows[:3], {})[("m", "l4")]
+    assert lower.source == "lower-bound" and lower.tokens_per_s == 300.0
+    unknown = learn_capacity([], {("m", "x"): None})[("m", "x")]
+    assert unknown.tokens_per_s is None and unknown.source == "unknown"
+
+
+def test_autoscaler_facade_observe_forecast_plan() -> None:
+    c = cfg(season_s=60 * 48, forecaster="seasonal-naive")
+    scaler = Autoscaler(c)
+    short = LoadHistory(step_s=60, end=0.0, tokens={"m": [800.0] * 10})
+    scaler.observe(short)
+    fc = scaler.forecast()
+    assert fc["m"].method == "reactive" and fc["m"].fallback is not None
+    p = scaler.plan(now=0.0, current={("m", "h100"): 1, ("m", "l4"): 0}, capacity=CAP)
+    assert p.desired() == {("m", "h100"): 1, ("m", "l4"): 3}   # 800/0.5 = 1600 = 1000 + 3 × 250 (rounded up)
