@@ -58,6 +58,8 @@ class ActuatorConfig(_Strict):
 
     kind: Literal["dry-run", "local", "kubernetes", "webhook"] = "dry-run"
     url: str | None = None                 # webhook
+    kubeconfig: str | None = None          # kubernetes: a kubeconfig file; unset: in-cluster service account
+    context: str | None = None             # kubernetes: the kubeconfig context (default: its current one)
     timeout_s: float = Field(10.0, gt=0)   # one API / webhook call
     drain_timeout_s: float = Field(60.0, ge=0)   # scale-down: wait this long for in-flight work, then remove
 
