@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from inferlb.engine.services import ProcessContract, ServiceSpec, ServiceTable
 
-from . import admission, audit, evaluate, health, retry, routing
+from . import admission, audit, autoscale, evaluate, health, retry, routing
 
-__all__ = ["HEALTH_CONTRACT", "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
+__all__ = ["AUTOSCALE_CONTRACT", "AUTOSCALE_REQUIRED_TASKS", "AUTOSCALE_START_DATA", "HEALTH_CONTRACT", "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
            "REQUIRED_TASKS", "SERVICES"]
 
 SERVICES: ServiceTable = {
@@ -76,6 +76,25 @@ SERVICES: ServiceTable = {
     "health/record": ServiceSpec(
         result="recorded", fn=health.record, writes=("count", "dropped"),
         doc="Hand every queued node state change to the event writer (table node_events)."),
+    # autoscale.bpmn (one scaling round; the scope is an AutoscaleScope)
+    "autoscale/observe": ServiceSpec(
+        result="observed", external=True, writes=("models", "step_s", "end", "points", "replicas", "capacity"),
+        doc="External: load per model from the audit trail, capacity at SLO per pool, replicas in place."),
+    "autoscale/forecast": ServiceSpec(
+        result="forecast", external=True, reads=("observed",), writes=("models", "fallbacks"),
+        doc="External: the forecaster, off the event loop; too little history falls back to reactive."),
+    "autoscale/plan": ServiceSpec(
+        result="plan", fn=autoscale.plan, reads=("observed", "forecast"),
+        writes=("changes", "pools", "cost_per_hour", "notes"),
+        params={"target_utilisation": "overrides autoscale.target_utilisation (0.01-1)",
+                "headroom": "overrides autoscale.headroom (extra share of the demand provisioned)"},
+        doc="Replicas per pool: demand over the cold-start lead, capacity at SLO, min/max, stabilisation, cost cap."),
+    "autoscale/actuate": ServiceSpec(
+        result="actuation", external=True, reads=("plan",), writes=("ok", "failed", "error", "results"),
+        doc="External: the actuator applies the plan pool by pool; failures are results."),
+    "autoscale/record": ServiceSpec(
+        result="recorded", fn=autoscale.record, writes=("count", "statuses"),
+        doc="Every change, failure, held scale-down and forecaster fallback to table scaling_events."),
 }
 
 # Element ids every request process must contain (checked by ``inferlb validate``).
@@ -94,6 +113,14 @@ HEALTH_REQUIRED_TASKS: dict[str, str] = {
     "health/record": "record",
 }
 
+# Element ids every autoscale process must contain (actuate may be left out: a recommender).
+AUTOSCALE_REQUIRED_TASKS: dict[str, str] = {
+    "autoscale/observe": "observe",
+    "autoscale/forecast": "forecast",
+    "autoscale/plan": "plan",
+    "autoscale/record": "record",
+}
+
 # The data every instance starts with (name -> the keys it holds; None: free keys). The request
 # process's ``request`` is what ``Gateway.handle`` builds; ``tags`` is the process author's own.
 REQUEST_START_DATA: dict[str, tuple[str, ...] | None] = {
@@ -105,5 +132,9 @@ REQUEST_START_DATA: dict[str, tuple[str, ...] | None] = {
 # What ``HealthMonitor.run_once`` starts each node-health round with.
 HEALTH_START_DATA: dict[str, tuple[str, ...] | None] = {"round": None, "nodes": None}
 
+# What ``AutoscaleRunner.run_once`` starts each round with.
+AUTOSCALE_START_DATA: dict[str, tuple[str, ...] | None] = {"round": None, "at": None}
+
 REQUEST_CONTRACT = ProcessContract(REQUIRED_TASKS, REQUEST_START_DATA)
 HEALTH_CONTRACT = ProcessContract(HEALTH_REQUIRED_TASKS, HEALTH_START_DATA)
+AUTOSCALE_CONTRACT = ProcessContract(AUTOSCALE_REQUIRED_TASKS, AUTOSCALE_START_DATA)

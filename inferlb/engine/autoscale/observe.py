@@ -1,0 +1,48 @@
+"""``autoscale/observe`` for a running gateway: the audit trail → load history and capacity model.
+
+:func:`audit_observer` returns the coroutine the runner awaits each round. It reads, off the
+event loop (``asyncio.to_thread``), the last ``history_s`` of complete steps (the step in
+progress would read low) per model requested (:func:`~inferlb.engine.store.capacity.load_series`),
+and relearns each pool's capacity at SLO from the same window's node-buckets (60 s buckets;
+:func:`~.capacity.learn_capacity`), the nodes' GPU types read from their ``gpu_label`` label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from sqlalchemy.engine import Engine
+
+from ..settings import SLOConfig
+from ..store.capacity import load_series, node_buckets
+from .capacity import Capacity, learn_capacity
+from .config import AutoscaleConfig
+from .policy import LoadHistory
+
+__all__ = ["CAPACITY_BUCKET_S", "Observation", "audit_observer"]
+
+CAPACITY_BUCKET_S = 60.0
+Observation = tuple[LoadHistory, dict[tuple[str, str], Capacity]]
+
+
+def audit_observer(engine: Engine, cfg: AutoscaleConfig, *, node_gpu: Callable[[], Mapping[str, str]],
+                   slos: Sequence[SLOConfig]) -> Callable[[float], Awaitable[Observation]]:
+    models = sorted({p.model for p in cfg.pools})
+    priors = {(p.model, p.gpu): p.tokens_per_s for p in cfg.pools}
+
+    def read(now: float) -> Observation:
+        end = math.floor(now / cfg.step_s) * cfg.step_s
+        since = end - cfg.history_s
+        series = load_series(engine, since=since, until=end, step_s=cfg.step_s, models=models)
+        history = LoadHistory(cfg.step_s, end, {m: list(s.tokens_per_s) for m, s in series.items()},
+                              {m: list(s.arrivals_per_s) for m, s in series.items()})
+        buckets = node_buckets(engine, since=since, until=end, bucket_s=CAPACITY_BUCKET_S, node_gpu=node_gpu(),
+                               slos=slos)
+        return history, learn_capacity(buckets, priors, slo_target=cfg.slo_target)
+
+    async def observe(now: float) -> Observation:
+        return await asyncio.to_thread(read, now)
+
+    return observe

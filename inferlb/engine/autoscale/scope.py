@@ -1,0 +1,37 @@
+"""What the ``autoscale/*`` service operations act on: one :class:`AutoscaleScope` per round.
+
+The workflow treats it as opaque and passes it to each operation of ``tasks/autoscale.py``. Big
+data (the observed series, the forecasts, the plan object) stays here; the process data gets
+small JSON summaries (processes/README.md: "Workflow data is small JSON only").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..types import Clock
+from .actuators.base import PoolResult
+from .capacity import Capacity
+from .forecast import Forecast
+from .planner import Plan
+from .policy import Autoscaler, LoadHistory
+
+__all__ = ["AutoscaleScope"]
+
+
+@dataclass
+class AutoscaleScope:
+    scaler: Autoscaler
+    clock: Clock
+    actuator_name: str
+    record: Callable[[list[dict[str, Any]]], None]     # non-blocking hand-off of scaling_events rows
+    round: int = 0
+    history: LoadHistory | None = None
+    capacity: dict[tuple[str, str], Capacity] = field(default_factory=dict)
+    current: dict[tuple[str, str], int] = field(default_factory=dict)
+    forecasts: dict[str, Forecast] = field(default_factory=dict)
+    plan: Plan | None = None
+    results: list[PoolResult] = field(default_factory=list)
+    actuation_error: str | None = None
