@@ -12,7 +12,8 @@ from inferlb.engine.services import ProcessContract, ServiceSpec, ServiceTable
 
 from . import admission, audit, autoscale, evaluate, health, retry, routing
 
-__all__ = ["AUTOSCALE_CONTRACT", "AUTOSCALE_REQUIRED_TASKS", "AUTOSCALE_START_DATA", "HEALTH_CONTRACT", "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
+__all__ = ["AUTOSCALE_CONTRACT", "AUTOSCALE_REQUIRED_TASKS", "AUTOSCALE_START_DATA", "HEALTH_CONTRACT",
+           "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
            "REQUIRED_TASKS", "SERVICES"]
 
 SERVICES: ServiceTable = {

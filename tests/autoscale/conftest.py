@@ -25,7 +25,7 @@ TOKENS = 200                  # prompt 100 + completion 100 per request
 
 
 @pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
+def engine(db_url: str) -> Iterator[Engine]:  # noqa: F811  (the imported fixture, by name)
     eng = make_engine(db_url)
     with eng.begin() as conn:   # the PostgreSQL schema is shared by the session
         conn.execute(text("DELETE FROM scaling_events"))

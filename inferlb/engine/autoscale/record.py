@@ -35,14 +35,14 @@ def round_events(scope: AutoscaleScope) -> list[dict[str, Any]]:
         key = (r.model, r.gpu)
         answered.add(key)
         d = decisions.get(key)
-        f = scope.forecasts.get(r.model)
+        fr = scope.forecasts.get(r.model)
         reason = d.reason if d is not None else ""
         if r.error:
             reason = f"{reason}; error: {r.error}" if reason else r.error
         rows.append({**base, "model": r.model, "gpu": r.gpu, "from_replicas": r.before, "to_replicas": r.requested,
                      "applied_replicas": r.after,
                      "status": "dry_run" if scope.actuator_name == "dry-run" else r.status,
-                     "forecaster": f.method if f else None,
+                     "forecaster": fr.method if fr else None,
                      "forecast_tokens_s": d.demand_tokens_s if d else None,
                      "actual_tokens_s": hist.last(r.model) if hist else None,
                      "capacity_tokens_s": d.capacity_tokens_s if d else None, "reason": reason,
@@ -50,17 +50,17 @@ def round_events(scope: AutoscaleScope) -> list[dict[str, Any]]:
     for d in plan.changes:
         if d.key not in answered:
             err = scope.actuation_error or "the actuator gave no result for this pool"
-            f = scope.forecasts.get(d.model)
+            fc = scope.forecasts.get(d.model)
             rows.append({**base, "model": d.model, "gpu": d.gpu, "from_replicas": d.current, "to_replicas": d.desired,
-                         "status": "failed", "forecaster": f.method if f else None,
+                         "status": "failed", "forecaster": fc.method if fc else None,
                          "forecast_tokens_s": d.demand_tokens_s, "capacity_tokens_s": d.capacity_tokens_s,
                          "actual_tokens_s": hist.last(d.model) if hist else None,
                          "reason": f"{d.reason}; error: {err}", "detail": {"decision": d.to_json(), "error": err}})
     for d in plan.pools:
         if d.delta == 0 and d.recommended < d.current:
-            f = scope.forecasts.get(d.model)
+            fh = scope.forecasts.get(d.model)
             rows.append({**base, "model": d.model, "gpu": d.gpu, "from_replicas": d.current, "to_replicas": d.desired,
-                         "applied_replicas": d.current, "status": "held", "forecaster": f.method if f else None,
+                         "applied_replicas": d.current, "status": "held", "forecaster": fh.method if fh else None,
                          "forecast_tokens_s": d.demand_tokens_s, "capacity_tokens_s": d.capacity_tokens_s,
                          "actual_tokens_s": hist.last(d.model) if hist else None, "reason": d.reason,
                          "detail": {"decision": d.to_json()}})
