@@ -8,6 +8,8 @@
     inferlb db upgrade                apply Alembic migrations to INFERLB_DATABASE_URL
     inferlb db prune --older-than 30d audit retention (drops day partitions on PostgreSQL)
     inferlb report sla|cost           SLA / cost tables from the audit trail (--group-by, --bucket, --csv)
+    inferlb report capacity --config F  scaling advice per model and GPU type (inferlb/cli_autoscale.py)
+    inferlb demo --autoscale          the demo with the local autoscaler starting emulated nodes
     inferlb sim [--fleet hetero4]     run simulated GPU nodes only (vLLM-like engines, /metrics)
     inferlb bench overhead            gateway overhead vs direct / floor proxy / nginx
     inferlb bench overload            admission control at 2× / 5× capacity, noisy neighbour (on vs off)
@@ -68,14 +70,15 @@ def _preflight(settings: Settings) -> Settings:
     return settings.model_copy(update={"fleet": checked.fleet})
 
 
-async def _serve(settings: Settings, banner: str | None = None, *, watch: bool = False) -> None:
+async def _serve(settings: Settings, banner: str | None = None, *, watch: bool = False,
+                 node_launcher: Any = None) -> None:
     from .engine.app import create_app, default_processes_dir
     from .engine.live_triggers import run_triggers
     from .engine.server import build_server
 
     # Fail before binding a port: a bad file names the file and key path or element, no traceback.
     settings = _preflight(settings)
-    app = create_app(settings)
+    app = create_app(settings, node_launcher=node_launcher)
     # httptools with header/body timeouts and header limits; SIGTERM drains (engine/server).
     server = build_server(app, settings)
     if banner:
@@ -154,8 +157,13 @@ async def _demo(args: argparse.Namespace) -> None:
 
     async with SimFleet(demo_specs()) as sim:
         urls = {name: node.url for name, node in sim.nodes.items()}
-        settings = _settings(args, fleet=demo_fleet(urls))
-        await _serve(settings, demo_banner(settings, list(urls.values())))
+        fleet, launcher = demo_fleet(urls), None
+        if getattr(args, "autoscale", False):
+            from .cli_autoscale import SimLauncher, demo_autoscale_fleet
+
+            fleet, launcher = demo_autoscale_fleet(fleet), SimLauncher()
+        settings = _settings(args, fleet=fleet)
+        await _serve(settings, demo_banner(settings, list(urls.values())), node_launcher=launcher)
 
 
 def _one_line(text: str) -> str:
@@ -221,6 +229,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     fleet = settings.resolved_fleet() if settings.config is not None else None
     common: dict[str, Any] = {"since": args.since, "until": args.until, "bucket": args.bucket, "fmt": args.format,
                               "csv_path": args.csv}
+    if args.kind == "capacity":
+        from .cli_autoscale import capacity_command
+
+        return capacity_command(args, settings.database_url, fleet)
     if args.kind == "cost":
         if fleet is None:
             print("inferlb: note: no --config: node prices are unknown, every cost is 0", file=sys.stderr)
@@ -260,6 +272,7 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="gateway + 3 simulated nodes, SQLite audit in the working directory")
     common(d)
+    d.add_argument("--autoscale", action="store_true", help="run the local autoscaler (emulated nodes join the fleet)")
     s = sub.add_parser("serve", help="run the gateway against a fleet file")
     common(s)
     s.add_argument("--config", type=Path)
@@ -271,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--no-required", action="store_true", help="do not require the request-process tasks")
     add_db_parser(sub)
     r = sub.add_parser("report", help="reports from the audit trail")
-    r.add_argument("kind", choices=["sla", "cost"])
+    r.add_argument("kind", choices=["sla", "cost", "capacity"])
     r.add_argument("--since")
     r.add_argument("--until")
     r.add_argument("--group-by", dest="group_by", help="model, version, node, tenant, priority (comma-separated) "

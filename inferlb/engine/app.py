@@ -28,10 +28,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
+from ..tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
 from .admission.controller import AdmissionController
 from .admission.service import AdmissionService
 from .api import admin, audit, edge, health, nodes, openai
+from .api import capacity as capacity_api
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
@@ -100,10 +101,14 @@ def check_startup_files(settings: Settings) -> Checked:
     """The fleet and both processes as the lifespan will use them, or ConfigError /
     ProcessValidationError (pure: ``inferlb validate --config`` and ``serve`` call it first)."""
     return check_files(settings, SERVICES, processes_dir=default_processes_dir(), request=REQUEST_CONTRACT,
-                       health=HEALTH_CONTRACT)
+                       health=HEALTH_CONTRACT, autoscale=AUTOSCALE_CONTRACT)
 
 
-def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
+def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher: Any = None,
+               leader: Callable[[], bool] | None = None) -> FastAPI:
+    """``node_launcher``: what the ``local`` autoscale actuator starts nodes with (``inferlb demo
+    --autoscale`` passes the simulator's); ``leader``: whether this replica runs the autoscale
+    rounds (default: it does)."""
     clock = clock or SystemClock()
 
     @contextlib.asynccontextmanager
@@ -174,6 +179,15 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
                                        on_swap=lambda snap: setattr(state, "process", snap.process),
                                        poll_s=settings.overrides_poll_s)
         await live.start()
+        # Autoscaling: autoscale.bpmn on SpiffWorkflow every autoscale.interval_s (engine/autoscale).
+        state.autoscaler = None
+        if checked.autoscale_process is not None:
+            from .autoscale.wiring import build_autoscaler
+
+            state.autoscaler = build_autoscaler(fleet_cfg, checked.autoscale_process, fleet=rt.fleet, engine=engine,
+                                                clock=clock, prober=monitor.prober, launcher=node_launcher,
+                                                registry=obs.registry, leader=leader)
+            await state.autoscaler.start()
         state.ready = True
         try:
             yield
@@ -181,6 +195,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
             state.ready = False
             state.draining = True
             await live.close()
+            if state.autoscaler is not None:
+                await state.autoscaler.close()
             await monitor.close()
             if learned is not None:
                 await learned.close()
@@ -201,6 +217,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None) -> FastAPI:
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
+    app.include_router(capacity_api.router, dependencies=[Depends(require_admin_when_auth)])
     edge.install(app, settings.cors_allow_origins)    # HEAD, clients gone mid-body, CORS
     openapi_schema.install(app, settings.max_n)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
 

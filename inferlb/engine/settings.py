@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
+from .autoscale.config import AutoscaleConfig
 from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
@@ -173,6 +174,7 @@ class FleetConfig(_Strict):
     observability: ObservabilityConfig = ObservabilityConfig()   # metrics labels, tracing, prices
     health: HealthConfig = HealthConfig()   # probes, scrapes, outlier ejection, slow start (engine/health)
     admission: AdmissionPolicy = AdmissionPolicy()   # classes, queue, shedding, retry budget (engine/admission)
+    autoscale: AutoscaleConfig | None = None   # forecast → plan → actuate (engine/autoscale); absent: off
 
     @model_validator(mode="after")
     def _cross(self) -> FleetConfig:
@@ -188,6 +190,9 @@ class FleetConfig(_Strict):
                 if f not in known:
                     raise _KeyPathError(f"models[{i}].fallbacks[{j}]",
                                         f"model {mc.name!r} falls back to unknown model {f!r}")
+        for i, pool in enumerate(self.autoscale.pools if self.autoscale is not None else ()):
+            if pool.model not in known:
+                raise _KeyPathError(f"autoscale.pools[{i}].model", f"unknown model {pool.model!r}")
         return self
 
     def model(self, name: str) -> ModelConfig | None:

@@ -32,11 +32,14 @@ class Checked:
     fleet: FleetConfig
     request_process: ProcessDefinition
     health_process: ProcessDefinition
+    autoscale_process: ProcessDefinition | None = None   # loaded when the fleet has autoscale: (enabled)
 
 
 def check_files(settings: Settings, services: ServiceTable, *, processes_dir: Path,
-                request: ProcessContract, health: ProcessContract) -> Checked:
-    """The fleet (inline or from ``settings.config``) and both processes, validated."""
+                request: ProcessContract, health: ProcessContract,
+                autoscale: ProcessContract | None = None) -> Checked:
+    """The fleet (inline or from ``settings.config``) and both processes, validated; with an
+    enabled ``autoscale:`` section (and its contract), ``autoscale.bpmn`` too."""
     fleet = settings.resolved_fleet()
     try:
         check_health_config(fleet)
@@ -48,7 +51,11 @@ def check_files(settings: Settings, services: ServiceTable, *, processes_dir: Pa
                        required=dict(request.required), start_data=request.start_data)
     hp = load_process(pdir / fleet.health.process, services, engine="spiff",
                       required=dict(health.required), start_data=health.start_data)
-    return Checked(fleet, req, hp)
+    ap = None
+    if autoscale is not None and fleet.autoscale is not None and fleet.autoscale.enabled:
+        ap = load_process(pdir / "autoscale.bpmn", services, engine="spiff", required=dict(autoscale.required),
+                          start_data=autoscale.start_data)
+    return Checked(fleet, req, hp, ap)
 
 
 def check_journal_dir(path: Path) -> None:

@@ -7,7 +7,7 @@ dependency in a worker thread, a measured 10-15 % of the gateway's CPU per reque
 
 The getters of what every app has (gateway, settings, admission controller, store) raise
 RuntimeError when it is missing, a wiring error rather than a client error; the optional ones
-(observability, event writer, health monitor) give None.
+(observability, event writer, health monitor, autoscaler) give None.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from ..admission.controller import AdmissionController
+from ..autoscale.runner import AutoscaleRunner
 from ..gateway import Gateway
 from ..health.monitor import HealthMonitor
 from ..live import LiveConfig
@@ -27,7 +28,8 @@ from ..settings import Settings
 from ..store import StoreHandle
 from ..store.events import EventWriter
 
-__all__ = ["AdmissionDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep", "LiveDep", "MonitorDep",
+__all__ = ["AdmissionDep", "AutoscalerDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep", "LiveDep",
+           "MonitorDep",
            "ObservabilityDep", "OptionalStoreDep", "SettingsDep", "StoreDep", "get_admission", "get_gateway",
            "get_settings", "get_store"]
 
@@ -95,4 +97,5 @@ ObservabilityDep = Annotated[Observability | None, Depends(_optional("observabil
 EventsDep = Annotated[EventWriter | None, Depends(_optional("events"))]
 MonitorDep = Annotated[HealthMonitor | None, Depends(_optional("monitor"))]
 LiveDep = Annotated[LiveConfig | None, Depends(_optional("live"))]
+AutoscalerDep = Annotated[AutoscaleRunner | None, Depends(_optional("autoscaler"))]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]

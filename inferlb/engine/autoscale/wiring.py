@@ -1,0 +1,53 @@
+"""Build the autoscaler of a running gateway (called from ``create_app``'s lifespan only).
+
+The actuator from the config (``local`` joins nodes through :class:`~.fleet_port.EngineFleetPort`
+and the injected node launcher), the observer over the audit database, the runner with its
+leader predicate (a plain callable: True when none is given, i.e. this replica scales), and the
+Prometheus collector on the app's registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from ..fleet import Fleet
+from ..settings import FleetConfig
+from ..store.scaling import insert_scaling_events
+from ..types import Clock
+from ..workflow import ProcessDefinition
+from .actuators import build_actuator
+from .fleet_port import EngineFleetPort
+from .forecast import make_forecaster
+from .metrics import AutoscaleCollector
+from .observe import audit_observer
+from .policy import Autoscaler
+from .runner import AutoscaleRunner
+
+__all__ = ["build_autoscaler"]
+
+
+def build_autoscaler(fleet_cfg: FleetConfig, process: ProcessDefinition, *, fleet: Fleet, engine: Engine,
+                     clock: Clock, prober: Any = None, launcher: Any = None, registry: Any = None,
+                     leader: Callable[[], bool] | None = None) -> AutoscaleRunner:
+    cfg = fleet_cfg.autoscale
+    if cfg is None:
+        raise ValueError("the fleet has no autoscale: section")
+    finops = fleet_cfg.observability.finops
+    label = finops.gpu_label
+    actuator = build_actuator(cfg, clock=clock, port=EngineFleetPort(fleet, prober), launcher=launcher,
+                              gpu_label=label, gpu_prices=dict(finops.gpu_prices))
+
+    def node_gpu() -> dict[str, str]:
+        return {name: st.cfg.labels.get(label, "unknown") for name, st in fleet.nodes.items()}
+
+    observe = audit_observer(engine, cfg, node_gpu=node_gpu, slos=list(fleet_cfg.slos))
+    scaler = Autoscaler(cfg, make_forecaster(cfg.forecaster), gpu_prices=dict(finops.gpu_prices))
+    runner = AutoscaleRunner(process=process, scaler=scaler, actuator=actuator, observe=observe, clock=clock,
+                             write=lambda rows: insert_scaling_events(engine, rows),
+                             **({} if leader is None else {"leader": leader}))
+    if registry is not None:
+        registry.register(AutoscaleCollector(runner))
+    return runner
