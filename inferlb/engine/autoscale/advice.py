@@ -92,10 +92,11 @@ def advise(pools: Sequence[PoolUsage], *, window_s: float, bucket_s: float, slo_
             need = max(1, math.ceil(peak / (cap * target_utilisation) - 1e-9))
             k = n - need
             if k > 0:
+                why = (f"utilisation {_pct(util)} over {_span(window_s)}, SLO held ({_pct(att)})" if att is not None
+                       else f"no traffic over {_span(window_s)}")
                 advice.append({"kind": "remove", "model": p.model, "gpu": p.gpu, "count": k,
                                "utilisation": round(util, 6), "slo_attainment": att,
-                               "text": f"remove {k} × {p.gpu} ({p.model}): utilisation {_pct(util)} over "
-                                       f"{_span(window_s)}, SLO held" + ("" if att is None else f" ({_pct(att)})")})
+                               "text": f"remove {k} × {p.gpu} ({p.model}): {why}"})
         # under-provisioned windows
         bad = sorted(t for t, bs in per_bucket.items()
                      if sum(b.eligible for b in bs) and
