@@ -3,6 +3,8 @@
 :func:`audit_observer` returns the coroutine the runner awaits each round. It reads, off the
 event loop (``asyncio.to_thread``), the last ``history_s`` of complete steps (the step in
 progress would read low) per model requested (:func:`~inferlb.engine.store.capacity.load_series`),
+starting at the model's first request in the window (the steps before the audit trail has anything
+are not "no load", they are no history: a new gateway forecasts reactively until it has enough),
 and relearns each pool's capacity at SLO from the same window's node-buckets (60 s buckets;
 :func:`~.capacity.learn_capacity`), the nodes' GPU types read from their ``gpu_label`` label.
 """
@@ -36,8 +38,11 @@ def audit_observer(engine: Engine, cfg: AutoscaleConfig, *, node_gpu: Callable[[
         end = math.floor(now / cfg.step_s) * cfg.step_s
         since = end - cfg.history_s
         series = load_series(engine, since=since, until=end, step_s=cfg.step_s, models=models)
-        history = LoadHistory(cfg.step_s, end, {m: list(s.tokens_per_s) for m, s in series.items()},
-                              {m: list(s.arrivals_per_s) for m, s in series.items()})
+        tokens, arrivals = {}, {}
+        for m, s in series.items():
+            first = next((i for i, v in enumerate(s.arrivals_per_s) if v > 0), len(s.arrivals_per_s))
+            tokens[m], arrivals[m] = list(s.tokens_per_s[first:]), list(s.arrivals_per_s[first:])
+        history = LoadHistory(cfg.step_s, end, tokens, arrivals)
         buckets = node_buckets(engine, since=since, until=end, bucket_s=CAPACITY_BUCKET_S, node_gpu=node_gpu(),
                                slos=slos)
         return history, learn_capacity(buckets, priors, slo_target=cfg.slo_target)
