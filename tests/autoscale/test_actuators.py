@@ -237,9 +237,8 @@ async def test_local_starts_nodes_that_join_loading_and_drains_before_removing()
         new = [n for n in fleet.nodes if n.startswith("as-")]
         assert all(fleet.nodes[n].state == "loading" for n in new)      # cold start: no traffic yet
         assert all(not v.healthy for v in fleet.views().by_model["m"] if v.name in new)
-        async with aiohttp.ClientSession() as s:                          # the node really is cold
-            async with s.get(fleet.nodes[new[0]].cfg.url + "/health") as resp:
-                assert resp.status == 503
+        async with aiohttp.ClientSession() as s, s.get(fleet.nodes[new[0]].cfg.url + "/health") as resp:
+            assert resp.status == 503                                      # the node really is cold
         # a request in flight on the newest node: scale-down drains it, never removes it under load
         fleet.acquire(new[-1], 10)
         (down,) = await act.apply(plan_of(("m", "l4", 3, 2)))
