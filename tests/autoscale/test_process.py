@@ -194,3 +194,14 @@ async def test_rows_kept_when_the_database_is_away_and_written_next_round(engine
     await r.run_once()
     await r.close()
     assert r.pending == [] and len(recent_scaling_events(engine)) == 1
+
+
+async def test_a_lasting_fallback_is_recorded_once_not_every_round(engine: Engine) -> None:
+    seed(engine, seasonal_records(30, NODES))
+    clock = ManualClock(wall=T0 + 30 * 60 + 5)
+    r = runner_for(engine, config(history_s=1800), clock)
+    await r.run_once()
+    clock.advance(60)
+    await r.run_once()          # history 30 → still short: the same kind of fallback
+    await r.close()
+    assert [e["status"] for e in recent_scaling_events(engine)].count("fallback") == 1

@@ -78,7 +78,9 @@ class AutoscaleConfig(_Strict):
     step_s: float = Field(300.0, gt=0)              # the observed series' resolution
     season_s: float = Field(86_400.0, gt=0)         # the daily cycle
     history_s: float = Field(7 * 86_400.0, gt=0)    # how far back observe reads the audit trail
-    forecaster: Literal["seasonal-naive", "holt-winters", "mstl", "reactive", "static"] = "seasonal-naive"
+    # mstl: the most accurate on the diurnal-bursty series (docs/benchmarks.md, "Autoscaling
+    # forecasters"); without the forecast extra it falls back to seasonal-naive and says so
+    forecaster: Literal["seasonal-naive", "holt-winters", "mstl", "reactive", "static"] = "mstl"
     target_utilisation: float = Field(0.7, gt=0, le=1)
     headroom: float = Field(0.0, ge=0)              # extra share of the forecast provisioned (0.1: +10 %)
     scale_down_stabilisation_s: float = Field(300.0, ge=0)

@@ -1,7 +1,8 @@
 """One round → ``scaling_events`` rows (see :mod:`inferlb.engine.store.scaling` for the columns).
 
 Rows, in this order: one ``fallback`` per model whose forecaster fell back (the reason says
-why: too little history, library missing, fit failed); one per pool the actuator was asked to
+why: too little history, library missing, fit failed), when the fallback starts or its kind
+changes (not every round it lasts); one per pool the actuator was asked to
 change, with its outcome (``applied``, ``partial``, ``failed``; ``dry_run`` under the dry-run
 actuator); ``failed`` for every change the actuator never answered for (it raised); one ``held``
 per pool whose scale-down the stabilisation window or the cost cap held back. Pure.
@@ -9,11 +10,17 @@ per pool whose scale-down the stabilisation window or the cost cap held back. Pu
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .scope import AutoscaleScope
 
-__all__ = ["round_events"]
+__all__ = ["fallback_kind", "round_events"]
+
+
+def fallback_kind(reason: str) -> str:
+    """A fallback reason without its numbers ("history has 30" and "has 31" are the same kind)."""
+    return re.sub(r"\d+", "#", reason)
 
 
 def round_events(scope: AutoscaleScope) -> list[dict[str, Any]]:
@@ -22,7 +29,7 @@ def round_events(scope: AutoscaleScope) -> list[dict[str, Any]]:
     base = {"at": at, "round": scope.round, "actuator": scope.actuator_name}
     rows: list[dict[str, Any]] = []
     for model, f in sorted(scope.forecasts.items()):
-        if f.fallback is not None:
+        if f.fallback is not None and scope.previous_fallbacks.get(model) != fallback_kind(f.fallback):
             rows.append({**base, "model": model, "gpu": None, "status": "fallback", "forecaster": f.method,
                          "forecast_tokens_s": f.peak(), "actual_tokens_s": hist.last(model) if hist else None,
                          "reason": f.fallback, "detail": {"method": f.method}})

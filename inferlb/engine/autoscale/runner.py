@@ -37,6 +37,7 @@ from ..workflow import ProcessDefinition
 from .actuators.base import Actuator, PoolResult
 from .observe import Observation
 from .policy import Autoscaler
+from .record import fallback_kind
 from .scope import AutoscaleScope
 
 __all__ = ["AutoscaleRunner"]
@@ -74,6 +75,7 @@ class AutoscaleRunner:
         self.dropped = 0
         self.points: collections.deque[dict[str, Any]] = collections.deque(maxlen=_MAX_POINTS)
         self.replicas: dict[tuple[str, str], dict[str, int]] = {}
+        self.fallbacks: dict[str, str] = {}     # model -> the kind of its current forecaster fallback
         self._task: asyncio.Task[None] | None = None
 
     def _hand_off(self, rows: list[dict[str, Any]]) -> None:
@@ -102,7 +104,7 @@ class AutoscaleRunner:
         self.rounds += 1
         t0 = time.perf_counter()
         scope = AutoscaleScope(scaler=self.scaler, clock=self.clock, actuator_name=self.actuator.name,
-                               record=self._hand_off, round=self.rounds)
+                               record=self._hand_off, round=self.rounds, previous_fallbacks=dict(self.fallbacks))
         inst = self.process.executor.start({"round": self.rounds, "at": round(self.clock.time(), 6)}, scope)
         call = inst.advance()
         while call is not None:
@@ -128,6 +130,7 @@ class AutoscaleRunner:
             call = inst.advance()
         await self._flush()
         self._remember(scope)
+        self.fallbacks = {m: fallback_kind(f.fallback) for m, f in scope.forecasts.items() if f.fallback}
         data = inst.data
         self.last_round = {"round": self.rounds, "at": round(self.clock.time(), 6),
                            "took_ms": round((time.perf_counter() - t0) * 1000.0, 3), "path": list(inst.path),

@@ -35,3 +35,6 @@ class AutoscaleScope:
     plan: Plan | None = None
     results: list[PoolResult] = field(default_factory=list)
     actuation_error: str | None = None
+    # model -> the last round's fallback reason, digits removed: a fallback is recorded when it
+    # starts or changes, not every round it lasts (a missing library would fill the table)
+    previous_fallbacks: dict[str, str] = field(default_factory=dict)
