@@ -22,6 +22,19 @@ def ev(i: int, node: str = "gpu-a", **kw: object) -> NodeEvent:
     return NodeEvent(**base)  # type: ignore[arg-type]
 
 
+def _head() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from inferlb.engine.store.db import migrations_dir
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
+
+
 def test_migration_0003_creates_the_table_the_code_uses(fresh_db: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
