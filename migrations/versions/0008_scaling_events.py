@@ -1,7 +1,7 @@
 """scaling events: every change (or failed change) the autoscaler made to a pool
 
 Revision ID: 0008
-Revises: 0004
+Revises: 0007
 Create Date: 2026-03-01 00:00:00
 
 Frozen like 0001: it spells the table out instead of importing inferlb/engine/store/scaling.py.
@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql
 __all__ = ["branch_labels", "depends_on", "down_revision", "downgrade", "revision", "upgrade"]
 
 revision: str = "0008"
-down_revision: str | None = "0004"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
