@@ -50,7 +50,8 @@ def test_upgrade_creates_exactly_the_model_schema(fresh_url: str) -> None:
             assert tables - partitions == {"alembic_version", *Base.metadata.tables}
             # Day partitions (and a default one) exist on PostgreSQL only (migration 0007).
             assert bool(partitions) == pg
-            assert {"requests", "request_attempts", "api_keys", "node_events", "scaling_events"} <= set(Base.metadata.tables)
+            assert {"requests", "request_attempts", "api_keys", "node_events",
+                    "scaling_events"} <= set(Base.metadata.tables)
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == _head()
             ctx = MigrationContext.configure(conn, opts={"compare_type": True, "include_name": _not_a_partition})
             diff = compare_metadata(ctx, Base.metadata)
