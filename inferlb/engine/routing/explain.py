@@ -99,7 +99,8 @@ class LearnedInfo:
         if self.explored:
             return (f"explored: picked {self.pick.name} ({what}{slack}) with probability {self.propensity:.3f} "
                     f"instead of the best, {self.best} (exploration rate {self.epsilon:g})")
-        return (f"{self.pick.name} had the most predicted slack of {n} candidate(s) ({what}{slack}); "
+        return (f"{self.pick.name} had the best score of {n} candidate(s): predicted slack with the "
+                f"profile's other scorers ({what}{slack}); "
                 f"picked greedily, probability {self.propensity:.3f}")
 
     def to_json(self) -> dict[str, Any]:

@@ -78,8 +78,8 @@ class GuardedRouter(Router):
             info.epsilon = choice.epsilon
             if choice.explored:
                 lc.explored_total += 1
-                best = max(range(len(names)), key=lambda j: sc.scores[j])
-                info.best = names[best]
+                rows = d.score_rows   # the greedy choice is by the profile's total score
+                info.best = max(names, key=lambda n: rows[n][-1] if n in rows else -1.0)
         return info
 
     def _fall_back(self, req: RouteRequest, nodes: list[NodeView], reason: str, *, with_model: bool) -> Decision:

@@ -11,7 +11,8 @@ Every profile but ``round-robin`` samples 16 candidates on larger fleets (see :c
 - ``round-robin``: healthy, serves-model; round-robin.
 - ``power-of-two``: healthy, serves-model, has-capacity; outstanding-tokens; power-of-two.
 - ``weighted``: healthy, serves-model; static-weight; weighted-random.
-- ``learned``: healthy, serves-model, has-capacity; predicted-latency; softmax-bandit (exploration
+- ``learned``: healthy, serves-model, has-capacity; predicted-latency ×3, outstanding-tokens ×1;
+  softmax-bandit (exploration
   rate ``epsilon``, never for the critical class), guarded by its predictor's lifecycle: while the
   predictor warms up, drifts or faults, ``token-aware`` decides (routing/guarded.py).
 
@@ -52,8 +53,13 @@ PROFILES: dict[str, ProfileSpec] = {
     "power-of-two": ProfileSpec(("healthy", "serves-model", "has-capacity"),
                                 {"outstanding-tokens": 1.0}, "power-of-two", sample=SAMPLE),
     "weighted": ProfileSpec(("healthy", "serves-model"), {"static-weight": 1.0}, "weighted-random", sample=SAMPLE),
-    "learned": ProfileSpec(("healthy", "serves-model", "has-capacity"), {"predicted-latency": 1.0},
-                           "softmax-bandit", sample=SAMPLE),
+    # predicted-latency ×3 + outstanding-tokens ×1: tuned in the discrete-event simulator
+    # (docs/benchmarks.md, "Learned routing: the goals"): slack alone sends every request to the
+    # fastest predicted node, short ones included, which fills the fast GPUs and slows the long
+    # requests that need them (e2e p99 1.2× token-aware's); with the load term, predicted slack
+    # decides where it differs much (long requests) and load where it hardly does (short ones).
+    "learned": ProfileSpec(("healthy", "serves-model", "has-capacity"),
+                           {"predicted-latency": 3.0, "outstanding-tokens": 1.0}, "softmax-bandit", sample=SAMPLE),
 }
 FALLBACK_PROFILE = "token-aware"   # what a learned profile falls back to
 

@@ -9,12 +9,14 @@ the real routing core, the controller hook).
 The entry point for other code::
 
     sim = Simulation(specs, profile="token-aware", seed=1, admission=..., timeout_s=...,
-                     controller=fn, control_every_s=60.0, prefill_cached=hook)
+                     controller=fn, control_every_s=60.0, prefill_cached=hook,
+                     feedback=LearnedFeedback(router))   # a learned router's feedback loop
     results = sim.run(plan)            # DesResults: columns, rows(), counts(), gpu_hours()
 """
 
 from .admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Verdict
 from .engine import CoreReport, FastCore, FastSeq
+from .feedback import Feedback, Finished, LearnedFeedback
 from .node import DesNode, FixedCore
 from .results import OUTCOMES, DesOutcome, DesResults, NodeRecord
 from .sim import Controller, NodeInfo, PrefillHook, RequestLike, Simulation, Window
@@ -32,7 +34,10 @@ __all__ = [
     "DesResults",
     "FastCore",
     "FastSeq",
+    "Feedback",
+    "Finished",
     "FixedCore",
+    "LearnedFeedback",
     "NodeInfo",
     "NodeRecord",
     "OpenAdmission",

@@ -10,8 +10,8 @@ Contract:
   → ``ready`` → ``draining`` (no new requests; ``removed`` once its last one ends) → ``removed``.
   A node added at the start of a run with no cold start is ``ready`` at once.
 * The gateway's view mirrors :class:`~inferlb.engine.fleet.Fleet` as routing reads it:
-  ``inflight_*`` are counted on dispatch and completion; ``tokens_per_s`` is the decode-speed EWMA
-  of ``Fleet.report_success`` (0.8 old, 0.2 new; streamed: (tokens − 1) / (e2e − TTFT),
+  ``inflight_*`` are counted on dispatch and completion; ``tokens_per_s`` and ``ttft_s`` are the
+  decode-speed and streamed-TTFT EWMAs of ``Fleet.report_success`` (0.8 old, 0.2 new; streamed: (tokens − 1) / (e2e − TTFT),
   non-streamed: tokens / (e2e − the streamed-TTFT EWMA)); ``waiting`` / ``kv_usage`` are the last
   scrape's (none before the first); ``capacity_tokens`` is the KV-cache size and
   ``max_concurrency`` the node's own cap, as ``inferlb bench run`` writes the gateway's fleet file
@@ -155,7 +155,8 @@ class DesNode:
         return NodeView(name=self.name, models=self.models, capacity_tokens=self.capacity_tokens,
                         max_concurrency=self.spec.max_concurrency, inflight_requests=self.inflight_requests,
                         inflight_tokens=self.inflight_tokens, waiting=self.waiting, kv_usage=self.kv_usage,
-                        healthy=reason is None, unhealthy_reason=reason, tokens_per_s=self.tokens_per_s)
+                        healthy=reason is None, unhealthy_reason=reason, tokens_per_s=self.tokens_per_s,
+                        ttft_s=self.ttft_ewma)
 
     def learn(self, *, stream: bool, tokens: int, ttft_s: float | None, e2e_s: float) -> None:
         """``Fleet.report_success``'s decode-speed and TTFT EWMAs (inferlb/engine/fleet.py)."""

@@ -25,6 +25,9 @@ Contract:
   :attr:`Simulation.now`, :meth:`Simulation.nodes_info`, :meth:`Simulation.take_window` and the
   results so far. ``prefill_cached(row, request, node)`` returns how many prompt tokens the node
   already holds (a prefix cache): they are not prefilled.
+* ``feedback`` (:class:`~.feedback.Feedback`): told of every routed request when it ends, with
+  its decision and the node's own times (not the gateway queue); its ``tick`` runs every
+  ``feedback.tick_s`` virtual seconds, off the request path (a learned router trains there).
 """
 
 from __future__ import annotations
@@ -37,14 +40,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inferlb.engine.routing import Router, RouteRequest, build_router
-from inferlb.engine.routing.types import NodeList, NodeView
+from inferlb.engine.routing.types import Decision, NodeList, NodeView
 
 from ..presets import SIM_MODEL
 from ..spec import NodeSpec
 from .admission import ADMIT, QUEUE, Admission, OpenAdmission
 from .engine import RUNNING, FastSeq
+from .feedback import Feedback, Finished
 from .node import DesNode
-from .results import FAILED, NO_NODE, OK, REJECTED, TIMEOUT, DesResults, NodeRecord
+from .results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT, DesResults, NodeRecord
 
 __all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Simulation", "Window"]
 
@@ -112,7 +116,7 @@ class Simulation:
                  router: Router | None = None, admission: Admission | None = None, model: str = SIM_MODEL,
                  scrape_s: float = 5.0, timeout_s: float | None = None, controller: Controller | None = None,
                  control_every_s: float = 60.0, prefill_cached: PrefillHook | None = None,
-                 start: float = 0.0) -> None:
+                 start: float = 0.0, feedback: Feedback | None = None) -> None:
         if scrape_s <= 0 or control_every_s <= 0:
             raise ValueError("scrape_s and control_every_s must be > 0")
         self.router = router if router is not None else build_router(profile, seed=seed)
@@ -123,6 +127,11 @@ class Simulation:
         self.controller = controller
         self.control_every_s = control_every_s
         self.prefill_cached = prefill_cached
+        self.feedback = feedback
+        if feedback is not None and not feedback.tick_s > 0:
+            raise ValueError("feedback.tick_s must be > 0")
+        self._next_tick = start + feedback.tick_s if feedback is not None else math.inf
+        self._decisions: dict[int, tuple[Decision, RequestLike]] = {}   # rows in flight, with feedback
         self.now = start
         self.results = DesResults()
         self._nodes: dict[str, DesNode] = {}
@@ -309,6 +318,8 @@ class Simulation:
             at = self._next_scrape
         if self._next_control < at:
             at = self._next_control
+        if self._next_tick < at:
+            at = self._next_tick
         return at
 
     def _until(self, t: float) -> None:
@@ -324,6 +335,8 @@ class Simulation:
                 at, kind = self._next_scrape, 2
             if self._next_control < at:
                 at, kind = self._next_control, 3
+            if self._next_tick < at:
+                at, kind = self._next_tick, 5
             adm = self.admission.next_timer()
             if adm is not None and adm < at:
                 at, kind = adm, 4
@@ -351,6 +364,10 @@ class Simulation:
                 self._next_control += self.control_every_s
                 assert self.controller is not None
                 self.controller(self)
+            elif kind == 5:
+                assert self.feedback is not None
+                self._next_tick += self.feedback.tick_s
+                self.feedback.tick(at)
             else:
                 granted, rejected = self.admission.tick(at, self)
                 for i, why in rejected:
@@ -421,8 +438,11 @@ class Simulation:
         res = self.results
         res.queue[i] = now - r.t
         prompt, output = r.prompt_tokens, r.output_tokens
-        d = self.router.decide(RouteRequest(r.model or self.model, prompt, output, r.priority), self._views)
+        d = self.router.decide(RouteRequest(r.model or self.model, prompt, output, r.priority, stream=r.stream),
+                               self._views)
         name = d.pick
+        if self.feedback is not None:
+            self._decisions[i] = (d, r)
         if name is None:
             self._end(i, NO_NODE, reason="no node may serve it")
             return
@@ -480,6 +500,8 @@ class Simulation:
         node.learn(stream=bool(res.stream[i]), tokens=seq.output,
                    ttft_s=None if first is None else first - start, e2e_s=end - start)
         self._leave(i, node, seq, True)
+        if self.feedback is not None:
+            self._feed(i, node.name, OK, seq.output, None if first is None else first - start, end - start)
 
     def _lost(self, seq: FastSeq, node: DesNode, why: str) -> None:
         i = seq.tag
@@ -488,6 +510,8 @@ class Simulation:
         self.results.finish(i, FAILED, node=node.index, reason=why)
         self._window.failed += 1
         self._leave(i, node, seq, False)
+        if self.feedback is not None:
+            self._feed(i, node.name, FAILED, 0, None, None)
 
     def _leave(self, i: int, node: DesNode, seq: FastSeq, ok: bool) -> None:
         node.inflight_requests -= 1
@@ -501,9 +525,20 @@ class Simulation:
         """An admitted request that never reached a node engine."""
         self.results.finish(i, outcome, node=node, reason=reason)
         self._window.failed += 1
+        if self.feedback is not None:
+            self._feed(i, self.results.nodes[node].name if node >= 0 else None, outcome, 0, None, None)
         self._inflight -= 1
         for j in self.admission.release(i, self.now, False, self):
             self._grant(j)
+
+    def _feed(self, i: int, node: str | None, outcome: int, tokens: int, ttft: float | None,
+              e2e: float | None) -> None:
+        got = self._decisions.pop(i, None)
+        if got is None or self.feedback is None:
+            return
+        d, r = got
+        self.feedback.on_finish(Finished(i, r, r.model or self.model, d, node, OUTCOMES[outcome], bool(r.stream),
+                                         tokens, ttft, e2e, self.results.queue[i], self.now))
 
     def _grant(self, i: int) -> None:
         r = self._reqs.pop(i, None)
@@ -538,6 +573,8 @@ class Simulation:
             res.finish(i, TIMEOUT, node=node.index, reason="the client gave up (timeout_s)")
             self._window.failed += 1
             self._leave(i, node, seq, False)
+            if self.feedback is not None:
+                self._feed(i, node.name, TIMEOUT, 0, None, None)
             self._schedule(node)
             if node.state == "draining" and node.idle():
                 self._remove(node)
