@@ -153,16 +153,17 @@ def regret(learned: Sequence[float], fixed: dict[str, Sequence[float]], n: int) 
 
 
 def ope_check(learned_run: ProfileRun, on_policy: dict[str, ProfileRun], *, n_boot: int = 300,
-              seed: int = 0) -> dict[str, Any]:
-    """Estimate each policy of ``on_policy`` from ``learned_run``'s logged decisions and compare
-    with its measured mean cost on the same requests (the logged rows)."""
+              seed: int = 0, policies: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Estimate each policy of ``on_policy`` (a profile name, or the router ``policies`` gives for
+    that name) from ``learned_run``'s logged decisions and compare with its measured mean cost on
+    the same requests (the logged rows) in its own run."""
     fb = learned_run.feedback
     if fb is None or not fb.logged:
         return {"error": "no logged learned decisions"}
     rows = fb.logged_rows
     out: dict[str, Any] = {"logged": len(fb.logged)}
     for name, run in on_policy.items():
-        est = evaluate(fb.logged, name, n_boot=n_boot, seed=seed)
+        est = evaluate(fb.logged, (policies or {}).get(name, name), n_boot=n_boot, seed=seed)
         measured = sum(run.cost[i] for i in rows) / len(rows)
         entry: dict[str, Any] = {"measured": measured, "measured_all": sum(run.cost) / len(run.cost),
                                  "ess": est.get("ess"), "skipped": est.get("skipped"), "n": est.get("n")}
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cal-duration", type=float, default=120.0)
     ap.add_argument("--cal-warm", type=float, default=30.0)
     ap.add_argument("--no-ope", action="store_true")
+    ap.add_argument("--epsilon", type=float, default=None, help="learned: exploration rate (default: the profile's)")
+    ap.add_argument("--temperature", type=float, default=None, help="learned: softmax temperature (default: the profile's)")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="wall-time bound: later runs are skipped")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -222,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"fleet: {a.nodes} nodes ({', '.join(f'{p} {v:.2f} req/s saturated' for p, v in per.items())}); "
         f"capacity {cap:.1f} req/s; offered {rate:.1f} req/s ({a.load:.0%}), {a.workload}, "
         f"~{a.requests} requests per seed over {duration:.0f} virtual s; seeds {seeds}", flush=True)
+    bandit = {k: v for k, v in (("epsilon", a.epsilon), ("temperature", a.temperature)) if v is not None}
+    learned_kw = {"params": {"softmax-bandit": bandit}} if bandit else None
     runs: dict[str, list[ProfileRun]] = {p: [] for p in profiles}
     skipped: list[str] = []
     for seed in seeds:
@@ -231,12 +236,13 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(f"{p}@{seed}")
                 continue
             r = run_profile(p, specs, reqs, w, seed=seed, duration_s=duration, failure_cost_s=fail_cost,
-                            log=p == "learned" and not a.no_ope)
+                            log=p == "learned" and not a.no_ope,
+                            router_kwargs=learned_kw if p == "learned" else None)
             runs[p].append(r)
             log(f"  seed {seed} {p:18} e2e p99 {_f(r.summary['e2e_s']['p99'])} s, goodput "
                 f"{_f(r.summary['goodput_rps'], '.2f')} req/s, mean cost {_f(sum(r.cost) / len(r.cost))} s "
                 f"({r.wall_s:.1f} s wall){'  ' + json.dumps(r.learned) if r.learned else ''}", flush=True)
-    report: dict[str, Any] = {"nodes": a.nodes, "capacity_rps": cap, "per_preset_rps": per, "offered_rps": rate,
+    report: dict[str, Any] = {"learned_bandit": bandit, "nodes": a.nodes, "capacity_rps": cap, "per_preset_rps": per, "offered_rps": rate,
                               "load": a.load, "requests": a.requests, "seeds": seeds, "failure_cost_s": fail_cost,
                               "skipped": skipped, "profiles": {p: _pooled(rs) for p, rs in runs.items() if rs}}
     complete = {p: rs for p, rs in runs.items() if len(rs) == len(seeds)}
@@ -261,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
             ope = []
             for k, seed in enumerate(seeds):
                 ope.append(ope_check(complete["learned"][k], {"token-aware": complete["token-aware"][k],
-                                                              "learned": complete["learned"][k]}, seed=seed)
+                                                              "learned": complete["learned"][k]}, seed=seed,
+                                     policies={"learned": build_router("learned", seed=seed, **(learned_kw or {}))})
                            | {"seed": seed})
             report["ope"] = ope
-            errs = [o["token-aware"].get(f"{m}_error") for o in ope if "token-aware" in o for m in ("snips", "dr")]
-            goals["OPE of token-aware within ±5 %"] = bool(errs) and all(e is not None and abs(e) <= 0.05 for e in errs)
+            for m in ("snips", "dr"):
+                errs = [o["token-aware"].get(f"{m}_error") for o in ope if "token-aware" in o]
+                goals[f"OPE ({m.upper()}) of token-aware within ±5 %"] = bool(errs) and all(
+                    e is not None and abs(e) <= 0.05 for e in errs)
     report["goals"] = goals
     report["wall_s"] = time.perf_counter() - t_start
     if a.json:
