@@ -43,7 +43,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,13 +73,14 @@ def fleet(n: int, presets: Sequence[str] = CYCLE) -> list[NodeSpec]:
 def node_capacity(preset: str, w: Workload, *, seed: int = 1, duration_s: float = 120.0, warm_s: float = 30.0,
                   offered_rps: float = 60.0) -> float:
     """Saturated throughput of one ``preset`` node in the DES: completions per second between
-    ``warm_s`` and ``duration_s`` while ``offered_rps`` (more than it serves) keep coming."""
+    ``warm_s`` and ``duration_s`` while ``offered_rps`` (more than it serves) keep coming; ValueError
+    when the node's queue is empty at the end (it was not saturated)."""
     reqs = plan(w, seed=seed, rate=offered_rps, duration_s=duration_s)
     sim = Simulation([preset_spec("cal", preset)], profile="round-robin", seed=seed, model=w.model)
     res = sim.run(reqs, until=duration_s)
     done = sum(1 for i in range(len(res.t))
                if res.outcome[i] == _OK and warm_s <= res.t[i] + res.e2e[i] <= duration_s)
-    if res.counts().get("pending", 0) == 0:
+    if sim.nodes_info()[0].waiting == 0:     # nothing left waiting for a slot: it kept up
         raise ValueError(f"{preset}: {offered_rps} req/s did not saturate the node; offer more")
     return done / (duration_s - warm_s)
 
@@ -139,7 +140,7 @@ def run_profile(profile: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedR
     return out
 
 
-def regret(learned: Sequence[float], fixed: dict[str, Sequence[float]], n: int) -> dict[str, Any]:
+def regret(learned: Sequence[float], fixed: Mapping[str, Sequence[float]], n: int) -> dict[str, Any]:
     """Regret of ``learned`` against the best of ``fixed`` over the first ``n`` requests (see the
     module docstring); the best profile's name and every profile's mean cost."""
     if not fixed:
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cal-warm", type=float, default=30.0)
     ap.add_argument("--no-ope", action="store_true")
     ap.add_argument("--epsilon", type=float, default=None, help="learned: exploration rate (default: the profile's)")
-    ap.add_argument("--temperature", type=float, default=None, help="learned: softmax temperature (default: the profile's)")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="learned: softmax temperature (default: the profile's)")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="wall-time bound: later runs are skipped")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         f"capacity {cap:.1f} req/s; offered {rate:.1f} req/s ({a.load:.0%}), {a.workload}, "
         f"~{a.requests} requests per seed over {duration:.0f} virtual s; seeds {seeds}", flush=True)
     bandit = {k: v for k, v in (("epsilon", a.epsilon), ("temperature", a.temperature)) if v is not None}
-    learned_kw = {"params": {"softmax-bandit": bandit}} if bandit else None
+    learned_kw: dict[str, Any] | None = {"params": {"softmax-bandit": bandit}} if bandit else None
     runs: dict[str, list[ProfileRun]] = {p: [] for p in profiles}
     skipped: list[str] = []
     for seed in seeds:
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  seed {seed} {p:18} e2e p99 {_f(r.summary['e2e_s']['p99'])} s, goodput "
                 f"{_f(r.summary['goodput_rps'], '.2f')} req/s, mean cost {_f(sum(r.cost) / len(r.cost))} s "
                 f"({r.wall_s:.1f} s wall){'  ' + json.dumps(r.learned) if r.learned else ''}", flush=True)
-    report: dict[str, Any] = {"learned_bandit": bandit, "nodes": a.nodes, "capacity_rps": cap, "per_preset_rps": per, "offered_rps": rate,
+    report: dict[str, Any] = {"learned_bandit": bandit, "nodes": a.nodes, "capacity_rps": cap,
+                              "per_preset_rps": per, "offered_rps": rate,
                               "load": a.load, "requests": a.requests, "seeds": seeds, "failure_cost_s": fail_cost,
                               "skipped": skipped, "profiles": {p: _pooled(rs) for p, rs in runs.items() if rs}}
     complete = {p: rs for p, rs in runs.items() if len(rs) == len(seeds)}

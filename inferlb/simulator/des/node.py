@@ -11,7 +11,8 @@ Contract:
   A node added at the start of a run with no cold start is ``ready`` at once.
 * The gateway's view mirrors :class:`~inferlb.engine.fleet.Fleet` as routing reads it:
   ``inflight_*`` are counted on dispatch and completion; ``tokens_per_s`` and ``ttft_s`` are the
-  decode-speed and streamed-TTFT EWMAs of ``Fleet.report_success`` (0.8 old, 0.2 new; streamed: (tokens − 1) / (e2e − TTFT),
+  decode-speed and streamed-TTFT EWMAs of ``Fleet.report_success`` (0.8 old, 0.2 new;
+  streamed: (tokens − 1) / (e2e − TTFT),
   non-streamed: tokens / (e2e − the streamed-TTFT EWMA)); ``waiting`` / ``kv_usage`` are the last
   scrape's (none before the first); ``capacity_tokens`` is the KV-cache size and
   ``max_concurrency`` the node's own cap, as ``inferlb bench run`` writes the gateway's fleet file
