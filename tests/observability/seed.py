@@ -7,14 +7,18 @@ priority classes: streamed and plain requests overlapping on each node, a bad sp
 
 from __future__ import annotations
 
+import asyncio
 import random
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from inferlb.engine.settings import FleetConfig, fleet_from_mapping
+from inferlb.engine.store.partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.store.writer import upsert_records
+from inferlb.engine.types import ManualClock
 
 START = 1_767_225_600.0          # 2026-01-01T00:00:00Z
 END = START + 2 * 3600.0
@@ -23,8 +27,24 @@ MODELS = {"llama-3-8b": "v2", "qwen-14b": "v1"}
 TENANTS = ("acme", "globex", "initech")
 
 
-def fleet(urls: dict[str, str] | None = None) -> FleetConfig:
-    """The fleet the seeded history ran on (node URLs are not contacted by report tests)."""
+# The autoscaler over the seeded history (dry-run: it records what it would do): 5-minute steps,
+# a 30-minute season, the whole two hours of history; it plays ROUNDS rounds ROUND_S apart, the
+# first at AUTOSCALE_FROM (the one the gateway's loop runs at start), the last at END.
+ROUND_S = 300.0
+ROUNDS = 19
+AUTOSCALE_FROM = END - (ROUNDS - 1) * ROUND_S
+AUTOSCALE: dict[str, Any] = {
+    "interval_s": 86_400, "step_s": ROUND_S, "season_s": 1800, "history_s": 7200, "forecaster": "seasonal-naive",
+    "scale_down_stabilisation_s": 600,
+    "pools": [{"model": "llama-3-8b", "gpu": "h100", "min": 1, "max": 6, "tokens_per_s": 60},
+              {"model": "llama-3-8b", "gpu": "a100", "min": 0, "max": 4, "tokens_per_s": 40},
+              {"model": "qwen-14b", "gpu": "a100", "min": 1, "max": 4, "tokens_per_s": 30}],
+}
+
+
+def fleet(urls: dict[str, str] | None = None, *, autoscale: bool = False) -> FleetConfig:
+    """The fleet the seeded history ran on (node URLs are not contacted by report tests); with
+    ``autoscale``, the :data:`AUTOSCALE` section too."""
     return fleet_from_mapping({
         "models": [{"name": m, "version": v} for m, v in MODELS.items()],
         "nodes": [{"name": n, "url": (urls or {}).get(n, "http://127.0.0.1:9"), "models": list(MODELS),
@@ -32,6 +52,7 @@ def fleet(urls: dict[str, str] | None = None) -> FleetConfig:
         "slos": [{"model": "llama-3-8b", "e2e_max_s": 5.0, "ttft_max_s": 0.6, "e2e_p95_s": 5.0},
                  {"model": "*", "e2e_max_s": 8.0}],
         "observability": {"metrics": {"tenants": list(TENANTS)}},
+        **({"autoscale": AUTOSCALE} if autoscale else {}),
     }, source="seed")
 
 
@@ -98,3 +119,28 @@ def seed(engine: Engine, n: int = 1440) -> list[RequestRecord]:
     with engine.begin() as conn:
         upsert_records(conn, recs)
     return recs
+
+
+def settle_partitions(engine: Engine) -> None:
+    """On a partitioned PostgreSQL ``requests``, make the seeded day's partitions (and the days the
+    gateway's maintenance makes ahead of an injected clock at :data:`END`) before a gateway starts:
+    otherwise its first maintenance round moves the seeded rows out of the default partition while
+    the autoscaler's first round reads them, and that round may see no history at all."""
+    with engine.begin() as conn:
+        if is_partitioned(conn):
+            ensure_days(conn, day_of(START), day_of(END) + timedelta(days=AHEAD_DAYS))
+
+
+async def autoscale_rounds(runner: Any, clock: ManualClock) -> None:
+    """Play the autoscaler's :data:`ROUNDS` rounds over the seeded history: ``clock`` (the app's)
+    starts at :data:`AUTOSCALE_FROM`, where the gateway's loop runs the first round as it starts;
+    this waits for that one (bounded), then advances ``clock`` and runs the others."""
+    for _ in range(1000):
+        if runner.last_round or runner.failed_rounds:
+            break
+        await asyncio.sleep(0.01)
+    assert runner.rounds == 1 and runner.failed_rounds == 0, (runner.rounds, runner.last_error)
+    for _ in range(ROUNDS - 1):
+        clock.advance(ROUND_S)
+        await runner.run_once()
+    assert clock.time() == END and runner.rounds == ROUNDS

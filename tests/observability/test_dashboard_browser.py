@@ -2,10 +2,13 @@
 
 Debian's ``chromium`` (/usr/bin/chromium) driven by ``playwright-core`` from npm
 (``tests/observability/browser``: ``install.sh`` installs it, ``dashboard.mjs`` drives the page).
-The gateway serves a seeded audit history; the page must load with no console error, no failed
-request and no request to another origin, and every chart must draw data (points reported by the
-page, inked canvas pixels). The screenshot goes to ``test-artifacts/dashboard-<backend>.png``; with
-``INFERLB_UPDATE_DOCS_SCREENSHOT=1`` it also replaces ``docs/dashboard.png`` (the README's).
+The gateway serves a seeded audit history, over which its autoscaler (dry-run) has played its
+rounds (the app's clock injected); the page must load with no console error, no failed request and
+no request to another origin, and every chart must draw data (points reported by the page, inked
+canvas pixels), the autoscaling panel's too (forecast / actual / capacity and replicas per model,
+the last scaling events). With autoscaling off the panel says so. The screenshot goes to
+``test-artifacts/dashboard-<backend>.png``; with ``INFERLB_UPDATE_DOCS_SCREENSHOT=1`` it also
+replaces ``docs/dashboard.png`` (the README's).
 
 Skips with the reason when node, the driver or chromium is missing, unless
 ``INFERLB_REQUIRE_BROWSER=1`` (CI), where it fails.
@@ -24,9 +27,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from sqlalchemy import text
 
 from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.store.db import make_engine, upgrade
+from inferlb.engine.types import ManualClock
 
 from ..support import ROOT, running_gateway, settings_for
 from . import seed
@@ -36,6 +41,8 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 REQUIRED = os.environ.get("INFERLB_REQUIRE_BROWSER") == "1"
 ARTIFACTS = ROOT / "test-artifacts"
 CHARTS = ("chart-latency", "chart-ttft", "chart-slo", "chart-nodes", "chart-cost-tenant", "chart-cost-model")
+# per seeded model (llama-3-8b, qwen-14b): forecast vs actual vs capacity, replicas per GPU type
+AUTOSCALE_CHARTS = {"chart-autoscale-0": 3, "chart-replicas-0": 2, "chart-autoscale-1": 3, "chart-replicas-1": 1}
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -83,12 +90,17 @@ def _iso(t: float) -> str:
 async def test_dashboard_renders_seeded_history_in_chromium(node: str, db_url: str, tmp_path: Path) -> None:
     engine = make_engine(db_url)
     try:
+        with engine.begin() as conn:   # the PostgreSQL schema is shared by the session
+            conn.execute(text("DELETE FROM scaling_events"))
         seed.seed(engine)
+        seed.settle_partitions(engine)
     finally:
         engine.dispose()
     backend = "sqlite" if db_url.startswith("sqlite") else "postgresql"
-    settings = settings_for(tmp_path, seed.fleet(), database_url=db_url)
-    async with running_gateway(settings) as (base, app):
+    settings = settings_for(tmp_path, seed.fleet(autoscale=True), database_url=db_url)
+    clock = ManualClock(wall=seed.AUTOSCALE_FROM)
+    async with running_gateway(settings, clock=clock) as (base, app):
+        await seed.autoscale_rounds(app.state.autoscaler, clock)
         url = f"{base}/dashboard?since={_iso(seed.START)}&until={_iso(seed.END)}&bucket=5m&refresh=0"
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / f"dashboard-{backend}.png"
@@ -106,6 +118,16 @@ async def test_dashboard_renders_seeded_history_in_chromium(node: str, db_url: s
     assert result["tables"] >= 2 + 3                              # 2 models + 3 tenants and idle
     tiles = " ".join(result["tiles"])
     assert "REQUESTS 1,440" in tiles.upper(), tiles
+    # the autoscaling panel: one point per round in every series, lines drawn, the events listed
+    assert result["autoscale"] == {"enabled": True, "models": 2, "events": 11}, result["scalingRows"]
+    for chart, series in AUTOSCALE_CHARTS.items():
+        assert result["charts"][chart] == {"series": series, "points": series * seed.ROUNDS}, (chart, result["charts"])
+        assert result["inked"][chart] > 2000, (chart, result["inked"])
+    assert f"rounds {seed.ROUNDS}" in result["autoscaleStatus"] and "actuator dry-run" in result["autoscaleStatus"]
+    rows = result["scalingRows"]
+    assert len(rows) == 11 and rows[0].startswith("2026-01-01 02:00:00 qwen-14b a100 4 → 3"), rows
+    assert all(("dry_run" in r or "held" in r) and "seasonal-naive" in r for r in rows), rows
+    assert result["autoscaleOff"] is None
     assert shot.stat().st_size > 20_000
     if os.environ.get("INFERLB_UPDATE_DOCS_SCREENSHOT") == "1" and backend == "sqlite":
         shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
@@ -139,3 +161,7 @@ async def test_dashboard_signs_in_with_the_admin_key_when_auth_is_on(node: str, 
     for chart in CHARTS:
         assert result["charts"][chart]["points"] >= 10, (chart, result["charts"])
     assert "REQUESTS 1,440" in " ".join(result["tiles"]).upper()
+    # no autoscale: section in this fleet: the panel says autoscaling is off, and draws nothing
+    assert result["autoscale"] == {"enabled": False, "models": 0, "events": 0}
+    assert result["autoscaleOff"] and result["autoscaleOff"].startswith("autoscaling is off"), result["autoscaleOff"]
+    assert not any(k.startswith(("chart-autoscale", "chart-replicas")) for k in result["charts"])

@@ -5,17 +5,23 @@ Contract: the page and its assets are files shipped in the package
 nothing is loaded from another origin, and the page is served with a Content-Security-Policy that
 forbids it (``default-src 'self'``). Only the files named in :data:`ASSETS` are served (no path
 from the client reaches the file system). The page draws its charts from ``/reports/sla``,
-``/reports/cost`` and ``GET /dashboard/node-states`` (the in-memory state history of
-the observability hub, ``ObservabilityDep``; empty when there is none).
+``/reports/cost``, ``GET /dashboard/node-states`` (the in-memory state history of
+the observability hub, ``ObservabilityDep``; empty when there is none) and
+``GET /dashboard/autoscale`` (the autoscaling panel: forecast vs actual vs capacity and replicas
+per model from the runner, the last ``events`` scaling decisions from ``scaling_events``, default
+20, at most 200; ``{"enabled": false, "reason": ...}`` when no autoscaler runs;
+:func:`inferlb.engine.autoscale.panel.autoscale_panel` says the shape).
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
-needs the admin key while auth is on (``/reports/*`` and ``/dashboard/node-states``). On a 401/403
+needs the admin key while auth is on (``/reports/*``, ``/dashboard/node-states``,
+``/dashboard/autoscale``). On a 401/403
 the page asks for the key once, keeps it in the tab's ``sessionStorage`` (never a cookie, so other
 sites cannot make the browser send it) and sends it as ``Authorization: Bearer`` on its fetches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from importlib import resources
 from typing import Any
@@ -23,11 +29,13 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
-from ..errors import ClientError
+from ..autoscale.panel import AUTOSCALE_OFF, autoscale_panel
+from ..errors import ClientError, InvalidRequest
+from ..store.scaling import recent_scaling_events
 from .auth import require_admin_when_auth
-from .deps import ObservabilityDep
+from .deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep
 
-__all__ = ["ASSETS", "CSP", "router"]
+__all__ = ["ASSETS", "CSP", "MAX_EVENTS", "router"]
 
 router = APIRouter()
 
@@ -39,6 +47,7 @@ ASSETS: dict[str, tuple[str, str]] = {
     "uPlot.min.css": ("static/vendor/uPlot.min.css", "text/css; charset=utf-8"),
     "uPlot.LICENSE": ("static/vendor/uPlot.LICENSE", "text/plain; charset=utf-8"),
 }
+MAX_EVENTS = 200
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
 
@@ -79,3 +88,25 @@ async def node_states(obs: ObservabilityDep) -> dict[str, Any]:
         return {"states": [], "nodes": [], "samples": []}
     snap: dict[str, Any] = obs.history.snapshot()
     return snap
+
+
+def _events_limit(value: str | None) -> int:
+    if value is None:
+        return 20
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_EVENTS:
+        raise InvalidRequest(f"'events' must be an integer from 1 to {MAX_EVENTS}", param="events")
+    return n
+
+
+@router.get("/dashboard/autoscale", dependencies=[Depends(require_admin_when_auth)])
+async def autoscale(runner: AutoscalerDep, store: OptionalStoreDep, events: str | None = None) -> dict[str, Any]:
+    """The autoscaling panel's series and last scaling events (or that autoscaling is off)."""
+    limit = _events_limit(events)
+    if runner is None:
+        return dict(AUTOSCALE_OFF)
+    rows = [] if store is None else await asyncio.to_thread(recent_scaling_events, store.engine, limit=limit)
+    return autoscale_panel(runner.status(), list(runner.points), rows)

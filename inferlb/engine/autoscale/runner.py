@@ -17,8 +17,8 @@ Contract (the health monitor's, engine/health/monitor.py, for a slower loop):
   failed half-way is retried, not forgotten.
 * :meth:`start` loops in a task (rounds start every interval); a failing round is logged and
   counted and the loop goes on. :meth:`close` stops it and closes the actuator.
-* :attr:`points` keeps forecast / actual / capacity per model per round (bounded) for the
-  dashboard panel and the Prometheus gauges.
+* :attr:`points` keeps forecast / actual / capacity (tokens/s) and the replicas in place per GPU
+  type, per model per round (bounded), for the dashboard panel and the Prometheus gauges.
 """
 
 from __future__ import annotations
@@ -170,7 +170,9 @@ class AutoscaleRunner:
                     cap += d.capacity_tokens_s * after.get(d.key, d.current)
             self.points.append({"at": at, "model": model, "actual": round(hist.last(model), 3),
                                 "forecast": round(f.values[0], 3) if f and f.values else None,
-                                "method": f.method if f else None, "capacity": round(cap, 3)})
+                                "method": f.method if f else None, "capacity": round(cap, 3),
+                                "replicas": {d.gpu: after.get(d.key, d.current) for d in plan.pools
+                                             if d.model == model}})
         self.replicas = {d.key: {"current": after.get(d.key, d.current), "desired": d.desired} for d in plan.pools}
 
     async def _round_logged(self) -> None:

@@ -10,8 +10,9 @@ Contract:
   persisted: the timeline covers this process's uptime). ``sample()`` takes one now;
   ``run(interval_s)`` samples forever on that interval and is what the app's lifespan starts as a
   task. ``snapshot()`` returns JSON-able data: ``{"states": [...], "nodes": [...], "samples":
-  [{"t": epoch_s, "states": {node: state}}]}`` with consecutive identical samples kept (the client
-  draws runs).
+  [{"t": epoch_s, "states": {node: state}}], "now": epoch_s}`` with consecutive identical samples
+  kept (the client draws runs; the last one lasts until ``now``, the gateway's clock, not the
+  browser's).
 """
 
 from __future__ import annotations
@@ -75,4 +76,5 @@ class NodeStateHistory:
             "states": list(NODE_STATES),
             "nodes": list(nodes),
             "samples": [{"t": t, "states": dict(s)} for t, s in self._samples],
+            "now": round(self._clock.time(), 3),
         }

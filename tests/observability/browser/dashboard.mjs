@@ -1,7 +1,8 @@
 // Opens inferlb's /dashboard in headless Chromium (Debian's, through playwright-core), waits until
 // the page says it has drawn everything, takes a full-page screenshot and prints one JSON line:
 // the HTTP status, console errors / page errors / failed requests, requests to other origins,
-// and what each chart drew (series, points, inked pixels of each canvas).
+// and what each chart drew (series, points, inked pixels of each canvas), and what the autoscaling
+// panel showed (its charts are .chart elements too; its events table rows; or its "off" text).
 // With ADMIN_KEY given, a page that asks for the key (auth on) is signed in through its form and
 // the key it then sends is reported (askedForKey, keyStored).
 // usage: node dashboard.mjs URL SCREENSHOT.png [timeout_ms] [ADMIN_KEY]
@@ -37,11 +38,20 @@ try {
   const askedForKey = await page.evaluate(() => window.inferlbDashboard.needsKey && !document.getElementById("login").hidden);
   const bearer = [];
   if (adminKey && askedForKey) {
-    page.on("request", (r) => { if (r.url().includes("/reports/") || r.url().includes("/dashboard/node-states")) bearer.push(r.headers().authorization || ""); });
+    page.on("request", (r) => {
+      const u = r.url();
+      if (u.includes("/reports/") || u.includes("/dashboard/node-states") || u.includes("/dashboard/autoscale")) {
+        bearer.push(r.headers().authorization || "");
+      }
+    });
     await page.fill("#login input[name=key]", adminKey);
     await page.click("#login button[type=submit]");
     await page.waitForFunction(() => window.inferlbDashboard.ready === true && !window.inferlbDashboard.needsKey,
                                null, { timeout });
+  }
+  // The autoscaling panel draws after the data calls: its charts, or the sentence saying it is off.
+  if (!(await page.evaluate(() => window.inferlbDashboard.needsKey))) {
+    await page.waitForSelector("#autoscale canvas, #autoscale-off", { timeout });
   }
   const keyStored = await page.evaluate(() => sessionStorage.getItem("inferlb.adminKey") !== null);
   const drawn = await page.evaluate(() => {
@@ -60,6 +70,10 @@ try {
       stateSegments: document.querySelectorAll(".state-seg").length,
       tiles: [...document.querySelectorAll(".tile")].map((t) => t.innerText.replace(/\s+/g, " ")),
       tables: document.querySelectorAll("table tbody tr").length,
+      autoscale: window.inferlbDashboard.autoscale || null,
+      autoscaleOff: document.getElementById("autoscale-off")?.innerText ?? null,
+      autoscaleStatus: document.getElementById("autoscale-status")?.innerText ?? null,
+      scalingRows: [...document.querySelectorAll("#table-scaling tbody tr")].map((tr) => tr.innerText.replace(/\s+/g, " ")),
     };
   });
   await page.screenshot({ path: shot, fullPage: true });

@@ -2,7 +2,8 @@
 // vendored uPlot (no CDN). Query parameters: window (1h|6h|24h|7d), or since/until (epoch seconds
 // or ISO-8601); bucket (30s, 5m, 1h, ...; chosen from the window when absent); refresh (seconds,
 // 0 = off; default 60). When everything is drawn, window.inferlbDashboard.ready is true and
-// .charts says how many series and points each chart got (the browser test reads it).
+// .charts says how many series and points each chart got (the browser test reads it), and
+// .autoscale what the autoscaling panel showed (enabled, models, events).
 // With authentication on, the data routes want the admin key: on a 401/403 the page shows its
 // sign-in form (.needsKey is true), keeps the key in this tab's sessionStorage and sends it as
 // "Authorization: Bearer" on every fetch.
@@ -83,6 +84,7 @@
     ms: (v) => (v == null ? "–" : v >= 10000 ? `${(v / 1000).toFixed(1)} s` : `${Math.round(v)} ms`),
     pct: (v) => (v == null ? "–" : `${(v * 100).toFixed(1)}%`),
     n: (v) => (v == null ? "–" : Math.round(v).toLocaleString("en-US")),
+    rate: (v) => (v == null ? "–" : v >= 1000 ? `${(v / 1000).toFixed(1)}k tok/s` : `${v.toFixed(v < 10 ? 1 : 0)} tok/s`),
     money: (v) => (v == null ? "–" : v >= 100 ? `$${v.toFixed(0)}` : v >= 1 ? `$${v.toFixed(2)}` : `$${v.toFixed(4)}`),
   };
 
@@ -110,7 +112,8 @@
     return out;
   }
 
-  function chart(id, xs, series, yfmt) {
+  // counts: a y axis of whole numbers from 0 (replicas), not 3.2 rounded to "3".
+  function chart(id, xs, series, yfmt, counts) {
     const el = $(id);
     el.textContent = "";
     const points = series.reduce((n, s) => n + s.values.filter((v) => v != null).length, 0);
@@ -126,10 +129,11 @@
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),   // the axis in UTC, like the reports
       series: [{}, ...series.map((s, i) => ({
         label: s.label, stroke: s.color || PALETTE[i % PALETTE.length], width: 2, dash: s.dash,
-        points: { show: false }, value: (u, v) => yfmt(v),
+        points: { show: false }, value: (u, v) => yfmt(v), ...(s.paths ? { paths: s.paths } : {}),
       }))],
-      axes: [{}, { size: 70, values: (u, vals) => vals.map(yfmt) }],
+      axes: [{}, { size: 70, values: (u, vals) => vals.map(yfmt), ...(counts ? { incrs: [1, 2, 5, 10, 20, 50, 100] } : {}) }],
     };
+    if (counts) opts.scales.y = { range: (u, min, max) => [0, Math.max(1, max) + 1] };
     plots.push(new uPlot(opts, [xs, ...series.map((s) => s.values)], el));
   }
 
@@ -142,11 +146,68 @@
     return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   }
 
-  function table(id, head, rows) {
+  function table(id, head, rows, empty) {
     $(id).innerHTML = rows.length
       ? `<table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>` +
         rows.map((r) => `<tr>${r.map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("") + "</tbody></table>"
-      : '<div class="empty">no data in this window</div>';
+      : `<div class="empty">${esc(empty || "no data in this window")}</div>`;
+  }
+
+  // The autoscaling panel (GET /dashboard/autoscale): per model, forecast vs actual vs capacity in
+  // tokens/s and the replicas in place per GPU type, over the autoscaler's rounds since this gateway
+  // started; then the last scaling decisions from the scaling_events table. Autoscaling off: says so.
+  function autoscalePanel(data) {
+    const el = $("autoscale");
+    el.textContent = "";
+    if (!data.enabled) {
+      dash.autoscale = { enabled: false, models: 0, events: 0 };
+      const off = document.createElement("div");
+      off.className = "empty";
+      off.id = "autoscale-off";
+      off.textContent = data.reason || "autoscaling is off";
+      el.appendChild(off);
+      return;
+    }
+    const st = data.status || {};
+    const models = data.models || [];
+    const events = data.events || [];
+    dash.autoscale = { enabled: true, models: models.length, events: events.length };
+    const status = document.createElement("div");
+    status.className = "as-status";
+    status.id = "autoscale-status";
+    const bits = [["actuator", st.actuator], ["forecaster", st.forecaster], ["every", `${st.interval_s} s`],
+                  ["rounds", st.rounds], ["failed rounds", st.failed_rounds], ["failed actuations", st.actuation_failures]];
+    if (st.leader === false) bits.push(["leader", "no (standby)"]);
+    if (st.last_error) bits.push(["last error", st.last_error]);
+    status.innerHTML = bits.map(([k, v]) => `${esc(k)} <b>${esc(v ?? "–")}</b>`).join(" · ");
+    el.appendChild(status);
+    if (!models.length) {
+      el.insertAdjacentHTML("beforeend", '<div class="empty">no autoscale round yet</div>');
+    }
+    models.forEach((m, i) => {
+      const box = document.createElement("div");
+      box.className = "as-model";
+      box.innerHTML = `<h3>${esc(m.model)} <span>forecaster ${esc(m.method ?? "–")}</span></h3>` +
+        `<div class="as-grid"><div class="chart" id="chart-autoscale-${i}"></div>` +
+        `<div class="chart" id="chart-replicas-${i}"></div></div>`;
+      el.appendChild(box);
+      chart(`chart-autoscale-${i}`, m.t, [
+        { label: "forecast", values: m.forecast, color: "#7c3aed", dash: [6, 4] },
+        { label: "actual", values: m.actual, color: "#2563eb" },
+        { label: "capacity", values: m.capacity, color: "#16a34a" },
+      ], fmt.rate);
+      chart(`chart-replicas-${i}`, m.t, Object.entries(m.replicas || {}).map(([gpu, values]) => (
+        { label: `${gpu} replicas`, values, paths: uPlot.paths.stepped({ align: 1 }) })), fmt.n, true);
+    });
+    const box = document.createElement("div");
+    box.className = "as-events";
+    box.id = "table-scaling";
+    el.appendChild(box);
+    table("table-scaling", ["time (UTC)", "model", "GPU", "replicas", "in place", "status", "forecaster", "reason"],
+      events.map((e) => [new Date(e.at * 1000).toISOString().slice(0, 19).replace("T", " "), e.model,
+        e.gpu ?? "–", e.from_replicas == null ? "–" : `${e.from_replicas} → ${e.to_replicas}`,
+        e.applied_replicas ?? "–", e.status, e.forecaster ?? "–", e.reason]),
+      "no scaling event recorded yet");
   }
 
   function states(hist) {
@@ -159,7 +220,7 @@
       return;
     }
     const t0 = samples[0].t;
-    const t1 = Math.max(Date.now() / 1000, samples[samples.length - 1].t + 1);
+    const t1 = Math.max(hist.now ?? Date.now() / 1000, samples[samples.length - 1].t + 1);   // the gateway's clock
     for (const node of hist.nodes) {
       const row = document.createElement("div");
       row.className = "state-row";
@@ -203,7 +264,7 @@
     const b = { ...w, bucket: `${r.bucket}s` };
     // One call first: without a key (auth on) only it is refused, not nine (failures are rate-limited).
     const hist = await getJSON("/dashboard/node-states");
-    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal] = await Promise.all([
+    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, scaling] = await Promise.all([
       getJSON("/reports/sla", { ...b, group_by: "none" }),
       getJSON("/reports/sla", { ...b, group_by: "model" }),
       getJSON("/reports/sla", { ...b, group_by: "node" }),
@@ -212,6 +273,7 @@
       getJSON("/reports/sla", { ...w, group_by: "none" }),
       getJSON("/reports/sla", { ...w, group_by: "model" }),
       getJSON("/reports/cost", { ...w, group_by: "tenant" }),
+      getJSON("/dashboard/autoscale", { events: 20 }),
     ]);
     while (plots.length) plots.pop().destroy();
     const xs = axis(r);
@@ -234,6 +296,7 @@
     chart("chart-cost-tenant", xs, costSeries(costTenant.data, "tenant"), fmt.money);
     chart("chart-cost-model", xs, costSeries(costModel.data, "model"), fmt.money);
     states(hist);
+    autoscalePanel(scaling);
     const total = slaTotal.data[0] || {};
     const sum = costTotal.summary || {};
     tiles([
