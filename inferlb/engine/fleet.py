@@ -29,6 +29,8 @@ What routing sees (:meth:`Fleet.views`):
   everything). Loading, draining, cooling and hardware-ejected nodes never are;
 * slow start scales a node's ``capacity_tokens``, ``max_concurrency`` and ``weight`` by Envoy's
   factor, so the token-aware scorer and the capacity filter send it a growing share;
+* ``labels`` are the fleet file's node labels (the ``node-selector`` filter reads them);
+  ``rtt_ms`` is the EWMA of the node's readiness-probe time (the ``rtt`` scorer reads it);
 * ``waiting`` / ``kv_usage`` come from the last fresh metrics sample; stale samples are unknown,
   and a node whose samples are all stale is shown saturated (``kv_usage`` 1, ``waiting`` at its
   concurrency limit).
@@ -106,6 +108,7 @@ class NodeState:
     # retired: removed from the fleet, kept until its requests in flight are done
     held: bool = False
     retired: bool = False
+    rtt_ms: float | None = None           # EWMA of the readiness probe's time (health/isolation.py: observe)
 
     # The fleet that caches this node's routing view: told of every attribute set (see Fleet.views).
     _owner: ClassVar[Fleet | None] = None
@@ -152,6 +155,7 @@ class Fleet:
         self.models: dict[str, ModelConfig] = {}
         self._model_sets: dict[str, frozenset[str]] = {}
         self.serving: dict[str, list[str]] = {}
+        self._labels: dict[str, tuple[tuple[str, str], ...]] = {}
         self._events: collections.deque[NodeEvent] = collections.deque(maxlen=_MAX_EVENTS)
         self.events_dropped = 0
         self.last_outlier_sweep = now
@@ -176,6 +180,7 @@ class Fleet:
         or changed (engine/fleet_admin.py); a retired node serves no model (panic mode, retries)."""
         self.models = {m.name: m for m in self.cfg.models}
         self._model_sets = {name: frozenset(st.cfg.models) for name, st in self.nodes.items()}
+        self._labels = {name: tuple(sorted(st.cfg.labels.items())) for name, st in self.nodes.items()}
         self.serving = {m: [n for n, st in self.nodes.items() if m in self._model_sets[n] and not st.retired]
                         for m in self.models}
         self._names = list(self.nodes)
@@ -302,7 +307,7 @@ class Fleet:
             name=name, models=models, capacity_tokens=cap, max_concurrency=conc, weight=weight,
             inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
             waiting=waiting, kv_usage=kv, healthy=healthy, unhealthy_reason=reason,
-            tokens_per_s=st.tokens_per_s, ttft_s=st.ttft_ewma,
+            tokens_per_s=st.tokens_per_s, ttft_s=st.ttft_ewma, labels=self._labels[name], rtt_ms=st.rtt_ms,
         )
 
     def touch(self, node: str) -> None:
@@ -501,7 +506,7 @@ class Fleet:
                 "capacity_tokens": st.cfg.capacity_tokens, "effective_capacity_tokens": v.capacity_tokens,
                 "waiting": v.waiting, "kv_usage": v.kv_usage, "requests_total": st.requests_total,
                 "failures_total": st.failures_total, "tokens_per_s": st.tokens_per_s,
-                "ttft_baseline_s": st.ttft_baseline,
+                "ttft_baseline_s": st.ttft_baseline, "rtt_ms": st.rtt_ms, "labels": dict(st.cfg.labels),
                 "tpot_baseline_s": st.tpot_baseline, "hardware": st.hw_findings,
                 "samples": {src: {**s.to_json(), "age_s": round(s.age(now), 3)} for src, s in st.samples.items()},
             })

@@ -242,7 +242,7 @@ class Gateway:
     def _learn(self, scope: RequestScope, req: IncomingRequest, node: str, attempt: AttemptRecord) -> None:
         rec = scope.record
         rt = scope.rt
-        if rec.prompt_tokens and req.prompt_bytes and req.prompt_text is None:
+        if rec.prompt_tokens and req.prompt_bytes and not rt.estimator.wants_text(scope.model):
             rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens)
         ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
         e2e = (rec.last_byte_at - attempt.started_at) if rec.last_byte_at is not None else None

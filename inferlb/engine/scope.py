@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .admission import AdmissionController
 from .fleet import Fleet
 from .routing import Decision, Router
+from .routing.prefix import block_hashes, text_key
 from .settings import FleetConfig, Settings
 from .store.records import AttemptRecord, RequestRecord
 from .tokens import TokenEstimator
@@ -55,6 +56,7 @@ class IncomingRequest:
     deadline_s: float | None = None
     request_id: str | None = None
     key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
+    session: str | None = None           # the x-session-id header (the body's ``user`` is the fallback)
 
 
 def _no_begin(record: RequestRecord) -> Awaitable[bool] | None:
@@ -115,6 +117,10 @@ class RequestScope:
     last_outcome: dict[str, Any] | None = None
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
     journaled: Awaitable[bool] | None = None     # the start entry's commit: awaited before the first byte
+    # Affinity inputs, only when the router reads them (Router.prefix_blocks > 0): the prompt's
+    # chained block hashes and the session's 64-bit key (engine/routing/prefix.py).
+    prefix: tuple[int, ...] = ()
+    session_key: int | None = None
 
 
     def begin_attempt(self) -> AttemptRecord:
@@ -144,12 +150,22 @@ def begin_request(rt: Runtime, req: IncomingRequest, *, engine: str | None = Non
     """The request's scope (with its audit record) and the process's start data.
 
     The start data is ``{"request": {...}, "tags": {}}`` as processes/README.md describes it; this
-    is the only place that builds it.
+    is the only place that builds it, and of the request's affinity inputs: when the router reads
+    them (``rt.router.prefix_blocks`` > 0), the prompt text's first block hashes and the session
+    key (the ``x-session-id`` header, else the body's ``user``), both hashed here, once.
     """
     rid = req.request_id or uuid.uuid4().hex
     rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
                         model_requested=req.model, tenant=req.tenant, stream=req.stream, engine=engine)
     scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text)
+    blocks = rt.router.prefix_blocks
+    if blocks:
+        if req.prompt_text:
+            scope.prefix = block_hashes(req.prompt_text, blocks)
+        user = req.body.get("user")
+        session = req.session if req.session else user if isinstance(user, str) and user else None
+        if session is not None:
+            scope.session_key = text_key(session)
     data: dict[str, Any] = {
         "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
                     "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,

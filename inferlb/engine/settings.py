@@ -13,7 +13,16 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
@@ -21,6 +30,7 @@ from .autoscale.config import AutoscaleConfig
 from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
+from .routing.selector import NodeSelector, label_number
 
 __all__ = [
     "FleetConfig",
@@ -83,6 +93,15 @@ class ModelConfig(_Strict):
     kind: Literal["llm", "embedding", "generic"] = "llm"
     upstream_name: str | None = None              # the name nodes know it by, if different
     tokenizer: str | None = None                  # path to a HF tokenizer.json (needs the tokenizers extra)
+    # Node labels this model needs (engine/routing/selector.py): {gpu: h100, gpu_memory_gib: ">= 40"}
+    node_selector: NodeSelector | None = None
+
+
+def _label_text(v: Any) -> Any:
+    """A label written as a YAML number (``gpu_memory_gib: 80``) is kept as its text."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    return v
 
 
 class NodeConfig(_Strict):
@@ -95,7 +114,7 @@ class NodeConfig(_Strict):
     capacity_tokens: int = Field(32768, gt=0)      # KV-cache / in-flight token budget
     max_concurrency: int = Field(64, gt=0)
     weight: float = Field(1.0, gt=0)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, BeforeValidator(_label_text)]] = Field(default_factory=dict)
     price_per_hour: float = Field(0.0, ge=0)
     api_key: str | None = None                     # sent to the node; never the client's key
 
@@ -193,6 +212,9 @@ class FleetConfig(_Strict):
         for i, pool in enumerate(self.autoscale.pools if self.autoscale is not None else ()):
             if pool.model not in known:
                 raise _KeyPathError(f"autoscale.pools[{i}].model", f"unknown model {pool.model!r}")
+        for i, mc in enumerate(self.models):
+            if mc.node_selector is not None:
+                _check_selector(f"models[{i}].node_selector", mc.name, mc.node_selector, self.nodes)
         return self
 
     def model(self, name: str) -> ModelConfig | None:
@@ -200,6 +222,23 @@ class FleetConfig(_Strict):
             if m.name == name:
                 return m
         return None
+
+
+def _check_selector(path: str, model: str, sel: NodeSelector, nodes: list[NodeConfig]) -> None:
+    """At least one node serving ``model`` meets ``sel``, and every label ``sel`` compares as a
+    number is a number on the nodes serving it (a typo there would silently rule the node out)."""
+    serving = [(j, n) for j, n in enumerate(nodes) if model in n.models]
+    for t in sel.terms:
+        if t.number is None:
+            continue
+        for j, n in serving:
+            have = n.labels.get(t.label)
+            if have is not None and label_number(have) is None:
+                raise _KeyPathError(f"nodes[{j}].labels.{t.label}",
+                                    f"{have!r} is not a number, but {path} compares it ({t})")
+    if serving and not any(sel.matches(n.labels) for _, n in serving):
+        why = "; ".join(f"{n.name}: {', '.join(sel.missing(n.labels))}" for _, n in serving[:4])
+        raise _KeyPathError(path, f"no node serving {model!r} meets {sel.describe()} ({why})")
 
 
 def _unique(key: str, names: list[str], what: str) -> None:
@@ -216,8 +255,13 @@ def check_routing(cfg: FleetConfig) -> None:
     from .routing import build_router
 
     r = cfg.routing
-    build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params, seed=r.seed,
-                 sample=r.sample, predictor=r.predictor)
+    router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
+                          seed=r.seed, sample=r.sample, predictor=r.predictor)
+    if not router.uses_selector:
+        for i, m in enumerate(cfg.models):
+            if m.node_selector is not None:
+                raise ConfigError(f"model {m.name!r} has a node_selector, but routing.filters leaves out "
+                                  f"'node-selector', so it would be ignored", path=f"models[{i}].node_selector")
 
 
 class Settings(BaseSettings):

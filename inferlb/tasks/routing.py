@@ -28,6 +28,9 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         exclude=frozenset(scope.tried) | _not_serving(scope),
         stream=scope.record.stream,
         deadline_s=max(0.0, scope.deadline_at - rt.clock.monotonic()) if asked else None,
+        prefix=scope.prefix,
+        session=scope.session_key,
+        selector=rt.fleet.models[scope.model].node_selector,
     )
     decision = rt.router.decide(req, rt.fleet.views())
     scope.decision = decision

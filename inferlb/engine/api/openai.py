@@ -83,6 +83,19 @@ def _headers(request: Request) -> tuple[str | None, str | None, float | None]:
     return tenant, prio, deadline
 
 
+_SESSION_MAX = 256
+
+
+def _session(request: Request) -> str | None:
+    """The ``x-session-id`` header (session affinity, engine/routing/affinity.py), if sent."""
+    sid = request.headers.get("x-session-id")
+    if sid is None:
+        return None
+    if not sid or len(sid) > _SESSION_MAX or not sid.isprintable():
+        raise InvalidRequest(f"x-session-id must be 1–{_SESSION_MAX} printable characters", param="x-session-id")
+    return sid
+
+
 def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
     async def wait() -> None:
         while True:
@@ -107,10 +120,13 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
     model_hint: str | None = None
     try:
         who = identity(request, gw.rt.admission, *_headers(request))   # tenant, priority class, deadline, key
+        session = _session(request)
         body = await _parse(await read_body(request, settings.max_body_bytes), settings)
         m = body.get("model")
         model_hint = m if isinstance(m, str) else None
-        v = validate(body, gw.rt.estimator.wants_text(model_hint or "?"), settings.max_n)
+        # The text is joined for a tokenizer, or for the prefix hashes of an affinity router.
+        want_text = gw.rt.estimator.wants_text(model_hint or "?") or gw.rt.router.prefix_blocks > 0
+        v = validate(body, want_text, settings.max_n)
         who.check_model(v.model)
         if v.model not in gw.rt.fleet.models:
             raise ModelNotFound(v.model)
@@ -119,7 +135,8 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
     inc = IncomingRequest(endpoint=endpoint, model=v.model, body=v.body, stream=v.stream,
                           include_usage=v.include_usage, max_tokens=v.max_tokens, n=v.n,
                           prompt_bytes=v.prompt_bytes + 4 * v.prompt_token_ids, prompt_text=v.prompt_text,
-                          tenant=who.tenant, priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id)
+                          tenant=who.tenant, priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id,
+                          session=session)
     return await gw.handle(inc, _disconnect_waiter(request))
 
 

@@ -101,9 +101,9 @@ class ValidatedRequest:
     parts, prompt strings, input strings; not images or audio). ``prompt_token_ids`` counts the
     tokens a client sent directly as ids (``prompt: [1, 2, 3]``); estimate the prompt as
     ``prompt_token_ids + tokens(prompt_bytes)``. ``prompt_text`` joins the text with newlines and
-    is only built when asked for (a tokenizer); it must never be logged. ``include_usage`` is
-    true only for a stream with ``stream_options.include_usage`` (non-streaming answers always
-    carry usage). ``body`` is the client's own dict (not copied, nothing removed).
+    is only built when asked for (a tokenizer, or an affinity router hashing the prompt's
+    prefix); it must never be logged. ``include_usage`` is true only for a stream with
+    ``stream_options.include_usage`` (non-streaming answers always carry usage). ``body`` is the client's own dict (not copied, nothing removed).
     """
 
     endpoint: Literal["chat", "completions", "embeddings", "responses"]

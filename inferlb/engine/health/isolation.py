@@ -39,13 +39,22 @@ from .rules import (
 )
 from .types import NodeEvent, Sample
 
-__all__ = ["isolate", "observe", "outlier_sweep", "restore"]
+__all__ = ["RTT_ALPHA", "isolate", "observe", "outlier_sweep", "restore"]
 
 _OUT_FOR_HEALTH = ("healthy", "cooldown", "half_open", "draining")
 
 
+RTT_ALPHA = 0.2   # weight of the newest probe time in a node's round-trip EWMA
+
+
 def observe(fleet: Fleet, samples: Iterable[dict[str, Any]]) -> int:
-    """Keep each node's newest sample per source (and the last good metrics); returns how many."""
+    """Keep each node's newest sample per source (and the last good metrics); returns how many.
+
+    A probe that answered (any HTTP status: the network carried it) updates the node's round-trip
+    estimate ``rtt_ms``, an EWMA (weight :data:`RTT_ALPHA` on the newest) of the probe's duration
+    as the prober measured it (connect, when the keep-alive connection had to be made again, plus
+    the request to the readiness path); a timeout or refused connect says nothing about distance
+    and is left out (the probe rules take the node out instead)."""
     n = 0
     for raw in samples:
         s = Sample.from_json(raw)
@@ -56,6 +65,10 @@ def observe(fleet: Fleet, samples: Iterable[dict[str, Any]]) -> int:
         if old is None or s.taken_at >= old.taken_at:
             st.samples[s.source] = s
             fleet.touch(s.node)
+            if s.source == "probe" and s.status is not None and s.latency_ms >= 0 \
+                    and (old is None or s.taken_at > old.taken_at):   # the same sample twice counts once
+                rtt = st.rtt_ms
+                st.rtt_ms = s.latency_ms if rtt is None else (1 - RTT_ALPHA) * rtt + RTT_ALPHA * s.latency_ms
         if s.source == "metrics" and s.ok:
             st.load = s
         n += 1

@@ -4,6 +4,9 @@ Built-in profiles:
 
 Every profile but ``round-robin`` samples 16 candidates on larger fleets (see :class:`Router`).
 
+Every profile filters by ``node-selector`` after ``serves-model`` (a no-op unless the model has a
+``node_selector``).
+
 - ``token-aware`` (default): healthy, serves-model, has-capacity; outstanding-tokens ×1.0,
   queue-depth ×0.5, kv-cache ×0.5, decode-speed ×1.0 (long requests to nodes that decode fast
   under their current load; see docs/benchmarks.md for what it changed); max-score.
@@ -15,6 +18,10 @@ Every profile but ``round-robin`` samples 16 candidates on larger fleets (see :c
   softmax-bandit (exploration
   rate ``epsilon``, never for the critical class), guarded by its predictor's lifecycle: while the
   predictor warms up, drifts or faults, ``token-aware`` decides (routing/guarded.py).
+- ``prefix-affinity``: token-aware's filters and scorers plus rtt ×0.5; the ``affinity`` picker:
+  a request with a session (``x-session-id`` / ``user``) or a prompt of at least one full block
+  goes to its key's node in rendezvous-hash order, escaping to the next when that node is past
+  (1 + ε) × the candidates' mean load (engine/routing/affinity.py); others by score.
 
 A profile may be customised in the fleet file (``routing.filters/scorers/picker/params``).
 """
@@ -44,22 +51,25 @@ class ProfileSpec:
 # docs/benchmarks.md ("Routing decision cost"). A fleet of at most k nodes is never sampled.
 SAMPLE = 16
 
+_BASE = ("healthy", "serves-model", "node-selector")
+_TOKEN_AWARE = {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5, "decode-speed": 1.0}
+
 PROFILES: dict[str, ProfileSpec] = {
-    "token-aware": ProfileSpec(("healthy", "serves-model", "has-capacity"),
-                               {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5,
-                                "decode-speed": 1.0}, sample=SAMPLE),
-    "least-connections": ProfileSpec(("healthy", "serves-model"), {"least-requests": 1.0}, sample=SAMPLE),
-    "round-robin": ProfileSpec(("healthy", "serves-model"), {}, "round-robin"),
-    "power-of-two": ProfileSpec(("healthy", "serves-model", "has-capacity"),
-                                {"outstanding-tokens": 1.0}, "power-of-two", sample=SAMPLE),
-    "weighted": ProfileSpec(("healthy", "serves-model"), {"static-weight": 1.0}, "weighted-random", sample=SAMPLE),
+    "token-aware": ProfileSpec((*_BASE, "has-capacity"), dict(_TOKEN_AWARE), sample=SAMPLE),
+    "least-connections": ProfileSpec(_BASE, {"least-requests": 1.0}, sample=SAMPLE),
+    "round-robin": ProfileSpec(_BASE, {}, "round-robin"),
+    "power-of-two": ProfileSpec((*_BASE, "has-capacity"), {"outstanding-tokens": 1.0}, "power-of-two",
+                                sample=SAMPLE),
+    "weighted": ProfileSpec(_BASE, {"static-weight": 1.0}, "weighted-random", sample=SAMPLE),
     # predicted-latency ×3 + outstanding-tokens ×1: tuned in the discrete-event simulator
     # (docs/benchmarks.md, "Learned routing: the goals"): slack alone sends every request to the
     # fastest predicted node, short ones included, which fills the fast GPUs and slows the long
     # requests that need them (e2e p99 1.2× token-aware's); with the load term, predicted slack
     # decides where it differs much (long requests) and load where it hardly does (short ones).
-    "learned": ProfileSpec(("healthy", "serves-model", "has-capacity"),
-                           {"predicted-latency": 3.0, "outstanding-tokens": 1.0}, "softmax-bandit", sample=SAMPLE),
+    "learned": ProfileSpec((*_BASE, "has-capacity"), {"predicted-latency": 3.0, "outstanding-tokens": 1.0},
+                           "softmax-bandit", sample=SAMPLE),
+    "prefix-affinity": ProfileSpec((*_BASE, "has-capacity"), {**_TOKEN_AWARE, "rtt": 0.5}, "affinity",
+                                   sample=SAMPLE),
 }
 FALLBACK_PROFILE = "token-aware"   # what a learned profile falls back to
 
@@ -73,7 +83,11 @@ class Router:
     costs about the same at 10 and at 1,000 nodes. When the nodes come as a
     :class:`~inferlb.engine.routing.types.NodeList` and the profile filters by model, the draw is
     from the model's own pool. When no sampled node passes the filters, every node is considered,
-    so sampling never turns a servable request away.
+    so sampling never turns a servable request away. A picker with ``preselect`` (the
+    ``affinity`` picker) chooses the k instead of the random draw, when it has a reason to.
+
+    ``prefix_blocks``: how many prompt blocks the request's data must carry (the largest any of
+    the profile's plugins reads; 0: none, and the prompt is not hashed at all).
     """
 
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]],
@@ -87,6 +101,11 @@ class Router:
         self._by_model = any(f.type_name == "serves-model" for f in filters)
         self._total_w = sum(w for _, w in scorers) or 1.0
         self._rank_for = getattr(picker, "rank_for", None)   # a picker that reads the request (priority)
+        self._rank_detail = getattr(picker, "rank_detail", None)   # ... and explains its ranking (affinity)
+        self._preselect = getattr(picker, "preselect", None)
+        plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
+        self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
+        self.uses_selector = any(f.type_name == "node-selector" for f in filters)
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
@@ -100,9 +119,12 @@ class Router:
         k = self.sample
         size = len(pool)
         if 0 < k < size:
-            # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
-            rnd = self.rng.random
-            picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
+            pre = self._preselect
+            picked = pre(req, pool, k) if pre is not None else None
+            if picked is None:
+                # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
+                rnd = self.rng.random
+                picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
             d = self._decide(req, picked, len(nodes), dict(counts), len(picked))
             if d.ranked:
                 return d
@@ -149,8 +171,13 @@ class Router:
             scored = [(n, 0.0) for n in live]
             d.score_keys = ("total",)
             d.score_rows = {n.name: (0.0,) for n in live}
-        rank_for = self._rank_for
-        d.ranked = rank_for(req, scored, self.rng) if rank_for is not None else self.picker.rank(scored, self.rng)
+        rank_detail, rank_for = self._rank_detail, self._rank_for
+        if rank_detail is not None:
+            d.ranked, d.pick_detail = rank_detail(req, scored, self.rng)
+        elif rank_for is not None:
+            d.ranked = rank_for(req, scored, self.rng)
+        else:
+            d.ranked = self.picker.rank(scored, self.rng)
         return d
 
 

@@ -15,12 +15,14 @@ from ..errors import ConfigError
 __all__ = ["BUILTINS", "make_plugin", "resolve"]
 
 _P = "inferlb.engine.routing.plugins"
+_R = "inferlb.engine.routing"
 
 BUILTINS: dict[str, str] = {
     # filters
     "healthy": f"{_P}:Healthy",
     "serves-model": f"{_P}:ServesModel",
     "has-capacity": f"{_P}:HasCapacity",
+    "node-selector": f"{_R}.selector:NodeSelectorFilter",
     # scorers
     "outstanding-tokens": f"{_P}:OutstandingTokens",
     "queue-depth": f"{_P}:QueueDepth",
@@ -29,12 +31,14 @@ BUILTINS: dict[str, str] = {
     "least-requests": f"{_P}:LeastRequests",
     "decode-speed": f"{_P}:DecodeSpeed",
     "predicted-latency": "inferlb.engine.routing.learned:PredictedLatency",
+    "rtt": f"{_R}.rtt:Rtt",
     # pickers
     "max-score": f"{_P}:MaxScore",
     "weighted-random": f"{_P}:WeightedRandom",
     "power-of-two": f"{_P}:PowerOfTwo",
     "round-robin": f"{_P}:RoundRobin",
     "softmax-bandit": "inferlb.engine.routing.learned:SoftmaxBandit",
+    "affinity": f"{_R}.affinity:Affinity",
 }
 
 

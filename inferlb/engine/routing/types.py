@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Decision", "Elimination", "Filter", "NodeList", "NodeView", "Picker", "RouteRequest", "Scorer"]
+__all__ = ["Decision", "Elimination", "Filter", "LabelSelector", "NodeList", "NodeView", "Picker", "RouteRequest",
+           "Scorer"]
 
 # Bounds of Decision.to_json (the routing part of one audit record), whatever the fleet's size.
 JSON_NAMES = 16        # candidate names listed
@@ -24,6 +25,9 @@ class NodeView:
 
     ``inflight_*`` are the gateway's own counts; ``waiting`` and ``kv_usage`` come from scraped
     node metrics (None when unknown); ``healthy`` is False while ejected or cooling down.
+    ``labels``: the node's labels from the fleet file (sorted pairs; the ``node-selector`` filter
+    reads them); ``rtt_ms``: the gateway's EWMA of the node's readiness-probe time (None until a
+    probe answered; the ``rtt`` scorer reads it).
     """
 
     name: str
@@ -40,6 +44,7 @@ class NodeView:
     labels: tuple[tuple[str, str], ...] = ()
     tokens_per_s: float | None = None          # learned decode speed (EWMA)
     ttft_s: float | None = None                # recent streamed time to first token (EWMA, seconds)
+    rtt_ms: float | None = None                # probe round trip (EWMA), engine/health/isolation.py
 
 
 class NodeList(list[NodeView]):
@@ -54,10 +59,24 @@ class NodeList(list[NodeView]):
         self.by_model = by_model
 
 
+class LabelSelector(Protocol):
+    """Node labels a request requires (see :mod:`.selector`): ``matches`` a node's labels."""
+
+    def matches(self, labels: tuple[tuple[str, str], ...]) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """What is being routed: model, token estimate, priority, nodes to avoid; whether the answer
-    is streamed and how many seconds are left before its deadline (None: no deadline)."""
+    is streamed and how many seconds are left before its deadline (None: no deadline).
+
+    ``prefix``: chained hashes of the prompt's leading text blocks (:mod:`.prefix`), computed only
+    when the router asks for them (``Router.prefix_blocks``); ``session``: a stable 64-bit hash of
+    the client's session (``x-session-id`` header, else the body's ``user``), None without one;
+    ``selector``: the node labels the model requires (None: any node).
+    """
 
     model: str
     prompt_tokens: int
@@ -66,6 +85,9 @@ class RouteRequest:
     exclude: frozenset[str] = frozenset()
     stream: bool = False
     deadline_s: float | None = None
+    prefix: tuple[int, ...] = ()
+    session: int | None = None
+    selector: LabelSelector | None = None
 
     @property
     def tokens(self) -> int:
@@ -102,6 +124,7 @@ class Decision:
     # Set by a profile that learns (routing/learned.py): predictions, propensity, exploration,
     # predictor version or why it fell back; its ``to_json()`` is bounded (routing/explain.py).
     learned: Any = None
+    pick_detail: dict[str, Any] | None = None   # why the picker ranked as it did (small JSON; None: by score)
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
@@ -118,14 +141,16 @@ class Decision:
         node names of ~12 characters): the first :data:`JSON_NAMES` candidates, the first
         :data:`JSON_ELIMINATED` eliminations with their reasons and the count of all of them by
         filter, the first :data:`JSON_RANKED` ranked nodes, and the per-scorer scores of the best
-        :data:`JSON_SCORED` (rounded to 4 places). ``*_total`` fields give the full lengths of the cut lists."""
+        :data:`JSON_SCORED` (rounded to 4 places). ``*_total`` fields give the full lengths of the cut lists.
+        ``pick_detail`` is there only when the picker explained its ranking (the ``affinity``
+        picker: which key, which node HRW chose, which nodes were over the load bound)."""
         counts = dict(self.counts)
         if not counts:
             for e in self.eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
         top = self.ranked[:JSON_SCORED]
         keys, rows = self.score_keys, self.score_rows
-        return {
+        out: dict[str, Any] = {
             "profile": self.profile,
             "offered": self.offered or len(self.candidates),
             "sampled": self.sampled,
@@ -141,6 +166,9 @@ class Decision:
             "pick": self.pick,
             **({"learned": self.learned.to_json()} if self.learned is not None else {}),
         }
+        if self.pick_detail is not None:
+            out["pick_detail"] = self.pick_detail
+        return out
 
 
 class Filter(Protocol):
@@ -165,7 +193,15 @@ class Scorer(Protocol):
 
 
 class Picker(Protocol):
-    """Ranks scored nodes; the first is used, the rest are fallbacks. Randomness from ``rng``."""
+    """Ranks scored nodes; the first is used, the rest are fallbacks. Randomness from ``rng``.
+
+    A picker that needs the request may also define ``rank_for(req, scored, rng) -> ranked``
+    (the router then calls it instead of ``rank``), or ``rank_detail(req, scored, rng) -> (ranked,
+    detail)`` (called before either; ``detail``, a small JSON dict or None, is kept as
+    :attr:`Decision.pick_detail`). A picker may define ``preselect(req, pool, k)
+    -> list[NodeView] | None``: the k candidates to consider on a sampled fleet instead of a random
+    draw (None: draw at random); it must be deterministic for a request, pool and k.
+    """
 
     type_name: str
 

@@ -1,0 +1,159 @@
+"""The ``affinity`` picker: prefix and session affinity by rendezvous hashing with bounded load.
+
+Why a picker and not a scorer: affinity is a *choice among* nodes (this key belongs to that
+node, and when that node is too loaded, to the next one in the key's own order), not a property
+of one node to be blended with load scores; a scorer's weighted sum can neither keep a key on one
+node nor guarantee a load bound. The scorers of the profile still run: requests without a key are
+ranked by their total (as ``max-score`` does), and the filters ran before, so affinity never
+picks an unhealthy, too small or too loaded node (filters first, then the picker).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .prefix import hrw_weights, name_hash
+from .types import NodeView, RouteRequest
+
+__all__ = ["Affinity", "AffinityParams", "affinity_key", "load_bound"]
+
+_MAX_NAMES = 100_000      # node-name hashes kept (a fleet's names; cleared past it)
+_DETAIL_ESCAPED = 4       # over-bound nodes listed in the audit detail (all are counted)
+
+
+class AffinityParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(0.25, gt=0, le=10)        # load bound: (1 + ε) × the candidates' mean
+    prefix_blocks: int = Field(16, ge=1, le=1024)    # the key is the hash of this block (or the last full one)
+    min_blocks: int = Field(1, ge=1, le=1024)        # fewer full blocks: no prefix key
+    session: bool = True                             # a session id, when sent, is the key
+    cache_keys: int = Field(4096, ge=0, le=1_000_000)   # keys whose top-k HRW nodes are remembered
+
+
+def affinity_key(req: RouteRequest, p: AffinityParams) -> tuple[str, int, int] | None:
+    """(kind, key, blocks) for ``req``: its session when it sent one (and ``p.session``), else the
+    hash of block ``min(prefix_blocks, full blocks)`` of its prompt; None when neither applies."""
+    if p.session and req.session is not None:
+        return "session", req.session, 0
+    n = len(req.prefix)
+    if n >= p.min_blocks:
+        b = min(n, p.prefix_blocks)
+        return "prefix", req.prefix[b - 1], b
+    return None
+
+
+def load_bound(epsilon: float, total_inflight: int, capacity: int, total_capacity: int) -> int:
+    """The most requests a node may hold *with* the new one: ``ceil((1 + ε) × (m + 1) × c / C)``,
+    ``m`` the candidates' in-flight requests, ``c / C`` the node's share of their capacity (Mirrokni,
+    Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", weighted by capacity).
+    The shares add up to 1, so the bounds add up to more than ``m``: some node is always under its
+    bound, and the picker never has to break it."""
+    return math.ceil((1.0 + epsilon) * (total_inflight + 1) * capacity / max(1, total_capacity))
+
+
+class Affinity:
+    """Rendezvous (HRW) order for the request's key, with bounded load. Reads ``name``,
+    ``inflight_requests``, ``capacity_tokens`` and the request's ``session`` / ``prefix``.
+
+    For a request with a key (:func:`affinity_key`): the candidates in HRW order for the key; a
+    node whose in-flight requests + 1 would pass :func:`load_bound` moves to the end (still a
+    fallback), so the pick is the first node in the key's order that is under the bound. A
+    request without a key is ranked by score (ties at random), as ``max-score``.
+
+    On a sampled fleet (the profile's ``sample``), :meth:`preselect` hands the router the key's
+    top-k nodes in HRW order of the model's whole pool instead of a random draw, so a key keeps its
+    node at any fleet size; the top-k of the last ``cache_keys`` keys are remembered (a
+    conversation's next turn costs a lookup, not a hash a node).
+
+    ``Decision.pick_detail`` says what happened: ``affinity`` (``session`` / ``prefix`` /
+    ``none``), the key (12 hex digits, never the session id itself), the block it came from, the
+    node HRW put first, and the nodes skipped for load with their load and bound.
+    """
+
+    type_name = "affinity"
+    Params = AffinityParams
+
+    def __init__(self, params: AffinityParams | None = None) -> None:
+        self.p = params or AffinityParams()
+        self.prefix_blocks = self.p.prefix_blocks   # what the request's data must carry (Router reads it)
+        self._names: dict[str, int] = {}
+        self._top: OrderedDict[tuple[int, int, int], tuple[tuple[int, ...], tuple[str, ...]]] = OrderedDict()
+
+    def _hashes(self, nodes: list[NodeView]) -> list[int]:
+        names = self._names
+        if len(names) > _MAX_NAMES:
+            names.clear()
+        out: list[int] = []
+        for n in nodes:
+            h = names.get(n.name)
+            if h is None:
+                h = names[n.name] = name_hash(n.name)
+            out.append(h)
+        return out
+
+    def preselect(self, req: RouteRequest, pool: list[NodeView], k: int) -> list[NodeView] | None:
+        found = affinity_key(req, self.p)
+        if found is None:
+            return None
+        key = found[1]
+        size = len(pool)
+        ck = (key, size, k)
+        hit = self._top.get(ck)
+        if hit is not None:
+            idx, names = hit
+            if all(pool[i].name == nm for i, nm in zip(idx, names, strict=True)):
+                self._top.move_to_end(ck)
+                return [pool[i] for i in idx]
+        weights = hrw_weights(self._hashes(pool), key)
+        top = tuple(heapq.nlargest(k, range(size), key=weights.__getitem__))
+        if self.p.cache_keys:
+            self._top[ck] = (top, tuple(pool[i].name for i in top))
+            if len(self._top) > self.p.cache_keys:
+                self._top.popitem(last=False)
+        return [pool[i] for i in top]
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        """Without the request: by score (the router calls :meth:`rank_for`)."""
+        keyed = sorted((-s, rng.random(), n.name) for n, s in scored)
+        return [name for _, _, name in keyed]
+
+    def rank_for(self, req: RouteRequest, scored: list[tuple[NodeView, float]],
+                 rng: random.Random) -> tuple[list[str], dict[str, Any]]:
+        found = affinity_key(req, self.p)
+        if found is None:
+            why = "no session id and no full prompt block" if self.p.session else "no full prompt block"
+            return self.rank(scored, rng), {"affinity": "none", "reason": why}
+        kind, key, blocks = found
+        nodes = [n for n, _ in scored]
+        weights = hrw_weights(self._hashes(nodes), key)
+        order = sorted(range(len(nodes)), key=weights.__getitem__, reverse=True)
+        total = sum(n.inflight_requests for n in nodes)
+        cap = sum(n.capacity_tokens for n in nodes)
+        eps = self.p.epsilon
+        under: list[str] = []
+        over: list[str] = []
+        escaped: list[dict[str, Any]] = []   # the nodes ahead of the pick in the key's order: over their bound
+        skipped = 0
+        for i in order:
+            n = nodes[i]
+            bound = load_bound(eps, total, n.capacity_tokens, cap)
+            if n.inflight_requests + 1 <= bound:
+                under.append(n.name)
+            else:
+                over.append(n.name)
+                if not under:
+                    skipped += 1
+                    if len(escaped) < _DETAIL_ESCAPED:
+                        escaped.append({"node": n.name, "inflight": n.inflight_requests, "bound": bound})
+        detail: dict[str, Any] = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": nodes[order[0]].name,
+                                  "epsilon": eps, "candidates_inflight": total, "escaped": escaped,
+                                  "escaped_total": skipped}
+        if kind == "prefix":
+            detail["blocks"] = blocks
+        return under + over, detail
