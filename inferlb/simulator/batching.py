@@ -10,7 +10,8 @@ The scheduler follows vLLM's (V1, without chunked prefill of a single prompt):
   step's end; sequences admitted in the step are prefilled in it (prompt, plus the tokens already
   generated when it is a recomputation after a preemption) and get their first token at its end;
 - a step lasts ``step_base_s + step_per_seq_s × batch + step_per_kv_token_s × context tokens +
-  prefill_s_per_token × prefilled tokens`` (× the slow-start factor), steps run back to back while
+  prefill_s_per_token × prefilled tokens`` (a prompt's prefix-cache hit, ``Seq.cached_tokens``,
+  is not prefilled on its first admission) (× the slow-start factor), steps run back to back while
   there is work, and the next step is composed when the previous one ends;
 - the KV cache has ``kv_tokens // block_tokens`` blocks; a sequence holds
   ``ceil((context + 1) / block_tokens)`` of them for the token it computes next;
@@ -60,6 +61,7 @@ class Seq:
     first_token_at: float | None = None
     finished_at: float | None = None
     preemptions: int = 0
+    cached_tokens: int = 0                    # prompt tokens found in the prefix cache: not prefilled
     # Set by the real-time driver: wake the waiting handler once ``generated >= want``.
     want: int = 0
     waiter: object | None = None
@@ -139,9 +141,13 @@ class BatchCore:
 
     # -- requests --------------------------------------------------------------------------------
 
-    def submit(self, prompt_tokens: int, output_tokens: int, now: float) -> Seq:
-        """Queue a request; it joins the next step (one starts at ``now`` when the engine is idle)."""
-        seq = Seq(self._next_rid, max(0, prompt_tokens), max(1, output_tokens), now)
+    def submit(self, prompt_tokens: int, output_tokens: int, now: float, cached_tokens: int = 0) -> Seq:
+        """Queue a request; it joins the next step (one starts at ``now`` when the engine is idle).
+        ``cached_tokens`` of the prompt are in the prefix cache: its first prefill skips them (a
+        recomputation after a preemption prefills everything)."""
+        prompt = max(0, prompt_tokens)
+        seq = Seq(self._next_rid, prompt, max(1, output_tokens), now,
+                  cached_tokens=min(max(0, cached_tokens), max(0, prompt - 1)))
         self._next_rid += 1
         self.waiting.append(seq)
         if self._step is None and self._pending_start is None:
@@ -237,7 +243,8 @@ class BatchCore:
         while self.waiting and not preempted and len(self.running) < spec.max_num_seqs:
             seq = self.waiting[0]
             ctx = seq.context
-            if admitted and prefill + ctx > spec.max_batched_tokens:
+            todo = ctx - (seq.cached_tokens if seq.preemptions == 0 else 0)   # a cached prefix is not prefilled
+            if admitted and prefill + todo > spec.max_batched_tokens:
                 break
             blocks = self.blocks_for(ctx + 1)
             limit = self.total_blocks - self._watermark_blocks
@@ -259,7 +266,7 @@ class BatchCore:
                 seq.admitted_at = t
                 self.prompt_tokens_total += seq.prompt_tokens
             self.running.append(seq)
-            prefill += ctx
+            prefill += todo
             admitted += 1
         if not self.running:
             return

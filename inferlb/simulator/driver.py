@@ -46,9 +46,9 @@ class TokenSource:
 class ScheduleSource(TokenSource):
     """A fixed-speed request: token ``i`` is due at its :class:`TokenSchedule` deadline."""
 
-    def __init__(self, schedule: TokenSchedule) -> None:
-        self.schedule = schedule
-        self.prompt_tokens = schedule.prompt_tokens
+    def __init__(self, schedule: TokenSchedule, prompt_tokens: int | None = None) -> None:
+        self.schedule = schedule   # its prompt_tokens: those prefilled (the uncached ones)
+        self.prompt_tokens = schedule.prompt_tokens if prompt_tokens is None else prompt_tokens
         self.output_tokens = schedule.output_tokens
 
     async def wait(self, count: int) -> int:
@@ -94,8 +94,8 @@ class BatchDriver:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
-    def submit(self, prompt_tokens: int, output_tokens: int) -> BatchSource:
-        seq = self.core.submit(prompt_tokens, output_tokens, self.clock.monotonic())
+    def submit(self, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> BatchSource:
+        seq = self.core.submit(prompt_tokens, output_tokens, self.clock.monotonic(), cached_tokens)
         self._ensure_running()
         self._wake.set()
         return BatchSource(self, seq)

@@ -30,7 +30,7 @@ import math
 import random
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -44,6 +44,7 @@ from .control import NodeControl
 from .driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
 from .latency import LatencyModel, TokenSchedule
 from .metrics import NodeMetrics
+from .prefix_cache import BLOCK_TOKENS, PrefixCache
 from .respond import HANG_CAP_S, write_stream, write_unary
 from .spec import FaultSpec, NodeSpec
 from .stats import MAX_TRACKED_IDS, NodeStats
@@ -91,6 +92,10 @@ class EmulatedNode:
         if spec.batching is not None:
             self.core = BatchCore(spec.batching)
             self.core.slow_factor_at = self.slow_factor
+        self.prefix_cache: PrefixCache | None = None
+        if spec.prefix_cache:
+            tokens = spec.prefix_cache_tokens or (spec.batching.kv_tokens if spec.batching is not None else 65_536)
+            self.prefix_cache = PrefixCache(max(1, tokens // BLOCK_TOKENS))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -133,7 +138,8 @@ class EmulatedNode:
         except OSError:
             sock.close()
             raise
-        app = web.Application(client_max_size=_MAX_BODY_BYTES)
+        middlewares = [self._network_delay] if self.spec.network_delay_s > 0 else []
+        app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=middlewares)
         self._add_routes(app)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
@@ -229,14 +235,16 @@ class EmulatedNode:
     def engine_state(self) -> dict[str, Any]:
         """The engine's gauges and counters (zeros and no KV for a fixed-speed node)."""
         core = self.core
+        cache = {"prefix_cache": self.prefix_cache.to_json()} if self.prefix_cache is not None else {}
         if core is None:
             return {"running": self.stats.live, "waiting": 0, "kv_usage": 0.0, "kv_tokens": None,
                     "preemptions": 0, "oom_crashes": 0, "crashes": self.crashes, "prompt_tokens": 0,
-                    "generation_tokens": 0}
+                    "generation_tokens": 0, **cache}
         return {"running": len(core.running), "waiting": len(core.waiting), "kv_usage": round(core.kv_usage, 4),
                 "kv_tokens": core.total_blocks * core.spec.block_tokens, "preemptions": core.preemptions_total,
                 "oom_crashes": core.oom_crashes_total, "crashes": self.crashes,
-                "prompt_tokens": core.prompt_tokens_total, "generation_tokens": core.generation_tokens_total}
+                "prompt_tokens": core.prompt_tokens_total, "generation_tokens": core.generation_tokens_total,
+                **cache}
 
     def utilization(self) -> float:
         """Share of time the engine was stepping since the previous reading (NVML's utilisation)."""
@@ -249,6 +257,13 @@ class EmulatedNode:
         return 0.0 if now <= t0 else min(1.0, (busy - b0) / (now - t0))
 
     # -- routing ---------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _network_delay(self, request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """An edge node: the round trip (``network_delay_s``) passes before anything is handled."""
+        await asyncio.sleep(self.spec.network_delay_s)
+        return await handler(request)
 
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -404,8 +419,12 @@ class EmulatedNode:
         if isinstance(natural, int) and not isinstance(natural, bool) and 1 <= natural < n:
             n, limited = natural, False    # the "model" stops on its own before the limit
         prompt_tokens = fmt.prompt_tokens_of(body, "chat" if chat else "completion")
+        cached = 0
+        if self.prefix_cache is not None:
+            hit = self.prefix_cache.lookup(fmt.prompt_text_of(body, "chat" if chat else "completion"))
+            cached = min(hit * BLOCK_TOKENS, max(0, prompt_tokens - 1))   # the last token is always computed
         faults = self.faults
-        source = self._source(prompt_tokens, n)
+        source = self._source(prompt_tokens, n, cached)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(self._clock.time())
         finish = "length" if limited else "stop"
@@ -434,8 +453,9 @@ class EmulatedNode:
         self.metrics.observe(ttft_s=ttft, e2e_s=e2e, output_tokens=n, queue_s=queued, finish_reason=finish)
         return resp
 
-    def _source(self, prompt_tokens: int, n: int) -> TokenSource:
-        """Where this request's tokens come from: the batching engine or its own fixed schedule."""
+    def _source(self, prompt_tokens: int, n: int, cached: int = 0) -> TokenSource:
+        """Where this request's tokens come from: the batching engine or its own fixed schedule;
+        ``cached`` prompt tokens (a prefix-cache hit) are not prefilled."""
         core = self.core
         if core is None:
             model = self._latency
@@ -444,14 +464,15 @@ class EmulatedNode:
                 model = LatencyModel(base_ttft_s=model.base_ttft_s * factor,
                                      prefill_s_per_token=model.prefill_s_per_token * factor,
                                      tpot_s=model.tpot_s * factor)
-            return ScheduleSource(TokenSchedule(model, self._clock, prompt_tokens=prompt_tokens, output_tokens=n))
+            return ScheduleSource(TokenSchedule(model, self._clock, prompt_tokens=prompt_tokens - cached,
+                                                output_tokens=n), prompt_tokens)
         if not core.fits_ever(prompt_tokens + n - 1):
             raise _BadRequest(400, f"This model's KV cache holds {core.spec.kv_tokens} tokens; the request "
                                    f"needs {prompt_tokens} prompt + {n} output tokens",
                               code="context_length_exceeded", param="messages")
         if self._driver is None:
             self._driver = BatchDriver(core, self._clock, self._on_oom)
-        return self._driver.submit(prompt_tokens, n)
+        return self._driver.submit(prompt_tokens, n, cached)
 
     def _abort_one(self, request: web.Request) -> None:
         if request.transport is not None:

@@ -38,6 +38,7 @@ __all__ = [
     "error_body",
     "gen_options",
     "models_body",
+    "prompt_text_of",
     "prompt_tokens_of",
     "sse",
     "token_text",
@@ -191,6 +192,28 @@ def _text_bytes(value: Any) -> int:
                 total += len(part["text"].encode())
         return total
     return 0
+
+
+def _text_of(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(p if isinstance(p, str) else p["text"] for p in value
+                         if isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("text"), str)))
+    return ""
+
+
+def prompt_text_of(body: Mapping[str, Any], kind: str) -> str:
+    """The prompt's text, messages joined with newlines (what the prefix cache hashes); empty for
+    token-id prompts."""
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return ""
+        return "\n".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
+    value = body.get("prompt" if kind == "completion" else "input")
+    return _text_of(value) if isinstance(value, str) or (isinstance(value, list) and value
+                                                         and isinstance(value[0], str)) else ""
 
 
 def prompt_tokens_of(body: Mapping[str, Any], kind: str) -> int:

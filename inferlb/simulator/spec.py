@@ -221,6 +221,11 @@ class NodeSpec:
     ``stream_interval``: output tokens per SSE event after the first (vLLM's ``--stream-interval``);
     larger values cut the emulator's and the gateway's per-token CPU on big benchmarks.
     ``preset``: the preset the spec was made from (informational).
+    ``prefix_cache``: keep a prefix cache (:mod:`.prefix_cache`) of ``prefix_cache_tokens`` tokens
+    (default: the engine's ``kv_tokens``, or 65,536 on a fixed-speed node); a request whose
+    leading blocks are cached prefills only the rest. Off by default.
+    ``network_delay_s``: the round trip between the gateway and this node (an edge node far away):
+    every request, probes included, waits this long before the node handles it.
     """
 
     name: str
@@ -238,8 +243,15 @@ class NodeSpec:
     stream_interval: int = 1
     gpu: GpuSpec = field(default_factory=GpuSpec)
     preset: str | None = None
+    prefix_cache: bool = False
+    prefix_cache_tokens: int | None = None
+    network_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.network_delay_s) and self.network_delay_s >= 0):
+            raise ValueError("network_delay_s must be a finite number >= 0")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 16:
+            raise ValueError("prefix_cache_tokens must be >= 16 (one block)")
         if not self.name or not self.models:
             raise ValueError("a node needs a name and at least one model")
         if self.default_output_tokens < 1 or self.max_concurrency < 1 or self.max_output_tokens < 1:

@@ -103,7 +103,8 @@ class ValidatedRequest:
     ``prompt_token_ids + tokens(prompt_bytes)``. ``prompt_text`` joins the text with newlines and
     is only built when asked for (a tokenizer, or an affinity router hashing the prompt's
     prefix); it must never be logged. ``include_usage`` is true only for a stream with
-    ``stream_options.include_usage`` (non-streaming answers always carry usage). ``body`` is the client's own dict (not copied, nothing removed).
+    ``stream_options.include_usage`` (non-streaming answers always carry usage). ``body`` is the
+    client's own dict (not copied, nothing removed).
     """
 
     endpoint: Literal["chat", "completions", "embeddings", "responses"]

@@ -1,0 +1,66 @@
+"""The emulated node's prefix cache: which prompt blocks' KV it still holds (vLLM's automatic
+prefix caching, reduced to what routing can change: the hit length).
+
+Contract: :class:`PrefixCache` is an LRU over chained block hashes
+(:func:`inferlb.engine.routing.prefix.block_hashes`: 64-character blocks, 16 tokens at the
+emulator's 4 bytes a token, vLLM's default block size). :meth:`PrefixCache.lookup` returns how
+many of a prompt's leading blocks are cached and then caches every block of the prompt (the
+newest at the LRU's young end), as vLLM keeps a finished request's blocks until they are
+evicted. The capacity is the node's KV tokens in blocks. It models the *reuse*, not the memory:
+cached blocks are not subtracted from the KV cache a running batch uses. A hit cuts the
+request's prefill in proportion (the engine prefills only the uncached tokens; see
+:mod:`.batching` and :mod:`.node`). Only on when the node's spec asks for it
+(``NodeSpec.prefix_cache``): the load generator's prompts all share their leading text, which
+would otherwise turn every older benchmark into a cache benchmark.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from inferlb.engine.routing.prefix import BLOCK_CHARS, block_hashes
+
+__all__ = ["BLOCK_TOKENS", "PrefixCache"]
+
+BLOCK_TOKENS = BLOCK_CHARS // 4     # tokens per block at the emulator's 4 bytes a token
+_MAX_PROMPT_BLOCKS = 1 << 16        # a 4 MiB prompt's blocks, at most
+
+
+class PrefixCache:
+    """LRU of block hashes holding at most ``capacity_blocks``; counts queries and hits in tokens
+    (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``)."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ValueError("a prefix cache holds at least one block")
+        self.capacity_blocks = capacity_blocks
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.queries_tokens = 0
+        self.hits_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def lookup(self, text: str) -> int:
+        """Cached blocks at the start of ``text`` (then all its full blocks are cached)."""
+        hashes = block_hashes(text, _MAX_PROMPT_BLOCKS)
+        lru = self._lru
+        hit = 0
+        for h in hashes:
+            if h not in lru:
+                break
+            hit += 1
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+        while len(lru) > self.capacity_blocks:
+            lru.popitem(last=False)
+        self.queries_tokens += len(hashes) * BLOCK_TOKENS
+        self.hits_tokens += hit * BLOCK_TOKENS
+        return hit
+
+    def to_json(self) -> dict[str, int]:
+        return {"blocks": len(self._lru), "capacity_blocks": self.capacity_blocks,
+                "queries_tokens": self.queries_tokens, "hits_tokens": self.hits_tokens}
