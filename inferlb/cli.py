@@ -297,7 +297,7 @@ def _parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("sim", help="run the simulated demo nodes only")
     sm.add_argument("--host")
     sm.add_argument("--ports", type=int, nargs="*")
-    sm.add_argument("--fleet", help="hetero4, uniform4, large16 or a fleet file (default: the demo nodes)")
+    sm.add_argument("--fleet", help="hetero4, uniform4, large16, cache4 or a fleet file (default: the demo nodes)")
     sm.add_argument("--on-kv-full", dest="on_kv_full", choices=["preempt", "oom"])
     sm.add_argument("--stream-interval", dest="stream_interval", type=int)
     from .cli_sim import register as register_sim_des

@@ -135,8 +135,14 @@ def _large16(models: list[str]) -> list[NodeSpec]:
     return [preset_spec(f"a100-{i}", "a100", models, kv_tokens=131_072) for i in range(16)]
 
 
+def _cache4(models: list[str]) -> list[NodeSpec]:
+    """4 ``a100`` nodes with a prefix cache each (:mod:`.prefix_cache`): the affinity benchmark's."""
+    return [preset_spec(f"a100-{i}", "a100", models, prefix_cache=True) for i in range(4)]
+
+
 FLEETS: dict[str, Callable[[list[str]], list[NodeSpec]]] = {
     "hetero4": _hetero4,
+    "cache4": _cache4,
     "uniform4": _uniform4,
     "large16": _large16,
 }

@@ -6,8 +6,9 @@
     inferlb bench compare  [--targets direct,round-robin,least-connections,token-aware] [--reference P]
     inferlb bench capacity [--profile token-aware] [--start-rate R] [--factor 1.3] [--step-s 40]
 
-Common options: ``--workload NAME|FILE`` (chat, heavy-tail, bursty, diurnal, step, long-streams) or
-``--trace FILE`` (JSONL / CSV / audit export), ``--fleet NAME|FILE`` (hetero4, uniform4, large16),
+Common options: ``--workload NAME|FILE`` (chat, heavy-tail, bursty, diurnal, step, long-streams,
+chat-sessions) or ``--trace FILE`` (JSONL / CSV / audit export), ``--fleet NAME|FILE`` (hetero4,
+uniform4, large16, cache4),
 ``--on-kv-full preempt|oom``, ``--rate R`` or ``--load F --capacity C`` (R = F × C), ``--duration``,
 ``--seed``, ``--json OUT``, ``--markdown``, ``--plot DIR``, ``--workdir DIR``, ``--quiet``.
 
@@ -59,7 +60,7 @@ def _parser(what: str) -> argparse.ArgumentParser:
     ap.add_argument("--workload", default="heavy-tail", help="built-in name or YAML/JSON file (heavy-tail)")
     ap.add_argument("--trace", type=Path, help="replay a trace file instead of the workload's arrivals/lengths")
     ap.add_argument("--trace-time-scale", type=float, default=1.0, help="replay speed (2: twice as fast)")
-    ap.add_argument("--fleet", default="hetero4", help="hetero4, uniform4, large16 or a fleet file (hetero4)")
+    ap.add_argument("--fleet", default="hetero4", help="hetero4, uniform4, large16, cache4 or a fleet file (hetero4)")
     ap.add_argument("--on-kv-full", choices=["preempt", "oom"], help="override every node's KV-full behaviour")
     ap.add_argument("--stream-interval", type=int, help="tokens per SSE event on every node")
     ap.add_argument("--rate", type=float, help="mean arrival rate, req/s (default: the workload's)")

@@ -35,6 +35,7 @@ import aiohttp
 from inferlb.simulator.node import SIM_OUTPUT_FIELD
 
 from ..procs import tree_cpu_seconds
+from .sessions import chat_messages
 from .workload import PlannedRequest, Workload
 
 __all__ = ["Outcome", "RunData", "Sample", "run_plan"]
@@ -105,6 +106,10 @@ class RunData:
 def _body(p: PlannedRequest, w: Workload) -> bytes:
     body: dict[str, Any] = {"model": p.model or w.model,
                             "messages": [{"role": "user", "content": _FILLER[: 4 * p.prompt_tokens]}]}
+    if p.chat is not None:   # a turn of a multi-turn session: system prompt + history + new message
+        body["messages"] = chat_messages(p.chat)
+        if p.chat.send_session:
+            body["user"] = p.chat.session
     if w.max_tokens == "exact":
         body["max_tokens"] = p.output_tokens
     else:

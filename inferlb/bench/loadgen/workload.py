@@ -17,6 +17,10 @@ process with rate ``λ(t)``, drawn by thinning:
 - ``step``: ``rate`` until ``step_at_s``, then ``rate × step_factor`` (a step to N× capacity).
 
 Workload files are YAML or JSON with the fields of :class:`Workload`; unknown keys are refused.
+
+A workload with ``sessions`` (:class:`Sessions`) is multi-turn chat instead: sessions start as a
+Poisson process, each reuses one of a few shared system prompts and resends its whole history
+with every turn (:mod:`.sessions`), the workload of prefix and session affinity.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ __all__ = [
     "BUILTIN_WORKLOADS",
     "SLO",
     "Arrival",
+    "ChatTurn",
     "LengthDist",
     "PlannedRequest",
+    "Sessions",
     "Workload",
     "load_workload",
     "plan",
@@ -124,6 +130,22 @@ class SLO(_Strict):
     e2e_s: float = Field(30.0, gt=0)
 
 
+class Sessions(_Strict):
+    """Multi-turn chat: ``system_prompts`` shared system prompts of ``system_tokens`` each (a
+    session picks one at random), ``turns`` turns a session, each a new user message of
+    ``user_tokens`` answered with the workload's ``output_tokens``, ``think_s`` (mean,
+    exponential) between a turn's send and the next. Every turn resends the system prompt and the
+    whole history, as chat clients do. ``send_session``: the session id goes in the body's
+    ``user`` field (the gateway's session affinity reads it)."""
+
+    system_prompts: int = Field(8, ge=1, le=10_000)
+    system_tokens: LengthDist = LengthDist(dist="constant", value=2000, max=16_000)
+    turns: LengthDist = LengthDist(dist="uniform", min=4, max=10)
+    user_tokens: LengthDist = LengthDist(median=300, sigma=0.5, max=2000)
+    think_s: float = Field(2.0, gt=0)
+    send_session: bool = True
+
+
 class Workload(_Strict):
     """Everything about the load except where it goes."""
 
@@ -141,6 +163,7 @@ class Workload(_Strict):
     slo: SLO = SLO()
     timeout_s: float = Field(120.0, gt=0)          # the client gives up after this (not a success)
     deadline_s: float | None = Field(None, gt=0)   # x-inferlb-deadline-ms sent (default: timeout_s)
+    sessions: Sessions | None = None               # multi-turn chat sessions (module docstring)
 
     @model_validator(mode="after")
     def _mixes(self) -> Workload:
@@ -150,6 +173,18 @@ class Workload(_Strict):
         if isinstance(self.max_tokens, int) and self.max_tokens < 1:
             raise ValueError("max_tokens must be 'exact', 'none' or an integer >= 1")
         return self
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """A turn of a chat session: its system prompt and every turn so far as (user tokens,
+    assistant tokens), this one last (its assistant part is what it will get back)."""
+
+    session: str
+    system: int
+    system_tokens: int
+    turns: tuple[tuple[int, int], ...]
+    send_session: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +199,7 @@ class PlannedRequest:
     model: str | None = None
     stream: bool = True
     api_key: str | None = None      # sent as a bearer token (the key names the tenant)
+    chat: ChatTurn | None = None    # a turn of a multi-turn session (Workload.sessions)
 
 
 def _pick(rng: random.Random, mix: dict[str, float]) -> str | None:
@@ -181,6 +217,11 @@ def plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: float
          max_requests: int = 1_000_000) -> list[PlannedRequest]:
     """The requests of ``w`` (``rate`` overrides ``w.arrival.rate``), at most ``max_requests``."""
     duration = duration_s if duration_s is not None else w.duration_s
+    if w.sessions is not None:
+        from .sessions import plan_sessions
+
+        return plan_sessions(w, w.sessions, seed=seed, rate=rate if rate is not None else w.arrival.rate,
+                             duration_s=duration, max_requests=max_requests)
     scale = 1.0 if rate is None else rate / w.arrival.rate
     arrivals = random.Random(f"{seed}:arrivals")
     shapes = random.Random(f"{seed}:shapes")
@@ -226,6 +267,14 @@ BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
                 "duration_s": 120},
     # A step to 2× the rate half-way through.
     "step": {"name": "step", "arrival": {"kind": "step", "step_at_s": 30, "step_factor": 2.0}},
+    # Multi-turn chat: 8 shared 2,000-token system prompts, 4-10 turns a session of ~300 tokens
+    # asked and ~100 answered, the history resent every turn (prompts grow to ~6k tokens; the
+    # shape of SGLang's multi-turn benchmark): the prefix / session affinity benchmark. Sessions
+    # take ~20 s to reach a steady mix: warm-up 15 s.
+    "chat-sessions": {"name": "chat-sessions", "sessions": {},
+                      "output_tokens": {"dist": "lognormal", "median": 100, "sigma": 0.5, "max": 600},
+                      "slo": {"ttft_s": 2.0, "e2e_s": 30.0}, "warmup_s": 15.0, "duration_s": 45.0,
+                      "timeout_s": 60.0},
     # Long streams of equal length: the emulator-cost measurement (many concurrent streams).
     "long-streams": {"name": "long-streams", "prompt_tokens": {"dist": "constant", "value": 64},
                      "output_tokens": {"dist": "constant", "value": 600, "max": 600},

@@ -29,7 +29,8 @@ _DETAIL_ESCAPED = 4       # over-bound nodes listed in the audit detail (all are
 
 class AffinityParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    epsilon: float = Field(0.25, gt=0, le=10)        # load bound: (1 + ε) × the candidates' mean
+    epsilon: float = Field(0.5, gt=0, le=10)         # load bound: (1 + ε) × the candidates' mean
+    min_bound: int = Field(8, ge=1, le=100_000)      # ... but never below this many requests a node
     prefix_blocks: int = Field(16, ge=1, le=1024)    # the key is the hash of this block (or the last full one)
     min_blocks: int = Field(1, ge=1, le=1024)        # fewer full blocks: no prefix key
     session: bool = True                             # a session id, when sent, is the key
@@ -48,13 +49,23 @@ def affinity_key(req: RouteRequest, p: AffinityParams) -> tuple[str, int, int] |
     return None
 
 
-def load_bound(epsilon: float, total_inflight: int, capacity: int, total_capacity: int) -> int:
+def load_bound(epsilon: float, total_inflight: int, capacity: int, total_capacity: int, min_bound: int = 1) -> int:
     """The most requests a node may hold *with* the new one: ``ceil((1 + ε) × (m + 1) × c / C)``,
     ``m`` the candidates' in-flight requests, ``c / C`` the node's share of their capacity (Mirrokni,
-    Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", weighted by capacity).
-    The shares add up to 1, so the bounds add up to more than ``m``: some node is always under its
-    bound, and the picker never has to break it."""
-    return math.ceil((1.0 + epsilon) * (total_inflight + 1) * capacity / max(1, total_capacity))
+    Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", weighted by capacity), and
+    never below ``min_bound``. The shares add up to 1, so the bounds add up to more than ``m``:
+    some node is always under its bound, and the picker never has to break it.
+
+    Why a floor: at low load the rule alone is all granularity (4 nodes, 2 requests in flight:
+    the bound is 1, so a node holding one request loses the next turn of its own conversation
+    and its cache); a GPU server runs a few sequences at once for the price of one, so a node
+    under ``min_bound`` requests is not overloaded (the emulator's engine, after vLLM's, takes
+    10 ms a decode step plus 0.1 ms a running sequence: 8 sequences cost 8 % more a step than
+    one). SGLang's cache-aware router likewise keeps cache affinity until loads differ by 32
+    requests. The defaults (ε = 0.5, floor 8) are HAProxy's ``hash-balance-factor`` 150 with that
+    floor; the affinity benchmark (docs/benchmarks.md) shows what ε = 0.25 / floor 4 cost."""
+    fair = math.ceil((1.0 + epsilon) * (total_inflight + 1) * capacity / max(1, total_capacity))
+    return max(fair, min_bound)
 
 
 class Affinity:
@@ -63,7 +74,8 @@ class Affinity:
 
     For a request with a key (:func:`affinity_key`): the candidates in HRW order for the key; a
     node whose in-flight requests + 1 would pass :func:`load_bound` moves to the end (still a
-    fallback), so the pick is the first node in the key's order that is under the bound. A
+    fallback), so the pick is the first node in the key's order that is under the bound
+    (``epsilon``, ``min_bound``). A
     request without a key is ranked by score (ties at random), as ``max-score``.
 
     On a sampled fleet (the profile's ``sample``), :meth:`preselect` hands the router the key's
@@ -142,7 +154,7 @@ class Affinity:
         skipped = 0
         for i in order:
             n = nodes[i]
-            bound = load_bound(eps, total, n.capacity_tokens, cap)
+            bound = load_bound(eps, total, n.capacity_tokens, cap, self.p.min_bound)
             if n.inflight_requests + 1 <= bound:
                 under.append(n.name)
             else:
@@ -152,7 +164,8 @@ class Affinity:
                     if len(escaped) < _DETAIL_ESCAPED:
                         escaped.append({"node": n.name, "inflight": n.inflight_requests, "bound": bound})
         detail: dict[str, Any] = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": nodes[order[0]].name,
-                                  "epsilon": eps, "candidates_inflight": total, "escaped": escaped,
+                                  "epsilon": eps, "min_bound": self.p.min_bound, "candidates_inflight": total,
+                                  "escaped": escaped,
                                   "escaped_total": skipped}
         if kind == "prefix":
             detail["blocks"] = blocks

@@ -1,0 +1,105 @@
+"""Multi-turn chat sessions for the load generator: the plan (:func:`plan_sessions`) and the
+messages of one turn (:func:`chat_messages`).
+
+Contract: pure and deterministic like :func:`.workload.plan`: the same workload, seed, rate and
+duration give the same requests. Sessions start as a Poisson process at ``rate / mean turns`` (so
+requests arrive at about ``rate``); a session's turns follow each other after exponential
+``think_s`` gaps whatever happened to the previous answer (open loop). Texts are slices of one
+seeded pool of words, chosen by a hash of (session, turn, role): equal keys give equal texts (a
+system prompt is the same text in every session that uses it), different keys different ones,
+and a prompt of *N* tokens is *4N* bytes of text, as everywhere in the load generator. The
+assistant turns resent in the history are the planned answer lengths in pool text, not what the
+node answered (the emulator's words carry no meaning; only their length and identity matter to a
+prefix cache).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+from typing import Any
+
+from .workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
+
+__all__ = ["chat_messages", "plan_sessions", "text_for"]
+
+_POOL_CHARS = 1 << 21      # 2 MiB of words: the longest prompt slice fits many times over
+_WORDS = ("gateway", "token", "cache", "route", "node", "prefix", "model", "batch", "queue", "stream",
+          "latency", "session", "prompt", "answer", "system", "kernel", "tensor", "decode", "prefill",
+          "sample", "policy", "health", "budget", "replica", "shard", "vector", "weight", "layer")
+
+
+@functools.cache
+def _pool() -> str:
+    rng = random.Random("inferlb-sessions-pool")
+    parts: list[str] = []
+    n = 0
+    while n < _POOL_CHARS:   # bounded by the pool size
+        w = rng.choice(_WORDS)
+        parts.append(w)
+        n += len(w) + 1
+    return " ".join(parts)[:_POOL_CHARS]
+
+
+def text_for(key: str, tokens: int) -> str:
+    """``4 × tokens`` characters of pool text, the same for the same ``key``."""
+    pool = _pool()
+    size = min(4 * max(0, tokens), len(pool))
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    at = h % (len(pool) - size + 1)
+    return pool[at:at + size]
+
+
+def chat_messages(turn: ChatTurn) -> list[dict[str, Any]]:
+    """The messages of ``turn``: system prompt, the history, the new user message."""
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": text_for(f"system-{turn.system}", turn.system_tokens)}]
+    last = len(turn.turns) - 1
+    for j, (user, assistant) in enumerate(turn.turns):
+        msgs.append({"role": "user", "content": text_for(f"{turn.session}-u{j}", user)})
+        if j < last:
+            msgs.append({"role": "assistant", "content": text_for(f"{turn.session}-a{j}", assistant)})
+    return msgs
+
+
+def _mean_turns(s: Sessions, seed: int) -> float:
+    rng = random.Random(f"{seed}:turns-mean")
+    return sum(s.turns.sample(rng) for _ in range(2000)) / 2000
+
+
+def plan_sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_s: float,
+                  max_requests: int) -> list[PlannedRequest]:
+    """The turns of the sessions that start within ``duration_s``, sent before it ends, by time."""
+    starts = random.Random(f"{seed}:sessions")
+    think = random.Random(f"{seed}:think")
+    shapes = random.Random(f"{seed}:shapes")
+    system_tokens = [s.system_tokens.sample(shapes) for _ in range(s.system_prompts)]
+    session_rate = rate / max(1.0, _mean_turns(s, seed))
+    out: list[PlannedRequest] = []
+    t = 0.0
+    k = 0
+    while len(out) < max_requests:   # bounded by max_requests and by the duration
+        t += starts.expovariate(session_rate)
+        if t >= duration_s:
+            break
+        k += 1
+        sid = f"chat-{seed}-{k}"
+        system = shapes.randrange(s.system_prompts)
+        n = s.turns.sample(shapes)
+        tenant, priority = _pick(shapes, w.tenants), _pick(shapes, w.priorities)
+        stream = shapes.random() < w.stream
+        turns: list[tuple[int, int]] = []
+        history = system_tokens[system]
+        at = t
+        for _ in range(n):
+            user, answer = s.user_tokens.sample(shapes), w.output_tokens.sample(shapes)
+            turns.append((user, answer))
+            if at < duration_s:
+                out.append(PlannedRequest(
+                    t=at, prompt_tokens=history + user, output_tokens=answer, tenant=tenant, priority=priority,
+                    model=w.model, stream=stream,
+                    chat=ChatTurn(sid, system, system_tokens[system], tuple(turns), s.send_session)))
+            history += user + answer
+            at += think.expovariate(1.0 / s.think_s)
+    out.sort(key=lambda p: p.t)
+    return out[:max_requests]
