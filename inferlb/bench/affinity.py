@@ -5,6 +5,8 @@
     python -m inferlb.bench.affinity [--profiles token-aware,prefix-affinity] [--rate 6] [--duration 45]
                                      [--fleet cache4] [--workload chat-sessions] [--seed 1] [--json OUT]
 
+A profile may carry ``affinity`` picker parameters: ``prefix-affinity:epsilon=0.25,min_bound=1``.
+
 Each profile gets a fresh node process (cold prefix caches: ``cache4`` is 4 ``a100``-like nodes
 with a prefix cache each, inferlb/simulator/prefix_cache.py) and its own gateway; the same seeded
 plan of the ``chat-sessions`` workload (shared system prompts, multi-turn sessions resending their
@@ -28,7 +30,7 @@ from typing import Any
 
 from .loadgen.results import summarize
 from .loadgen.runner import run_plan
-from .loadgen.stack import Stack, node_overrides
+from .loadgen.stack import Stack, gateway_fleet, node_overrides
 from .loadgen.workload import load_workload, plan
 from .procs import workdir
 
@@ -44,6 +46,16 @@ def prefix_cache_totals(node_urls: dict[str, str]) -> dict[str, Any]:
         q += int(cache.get("queries_tokens", 0))
         h += int(cache.get("hits_tokens", 0))
     return {"queries_tokens": q, "hits_tokens": h, "hit_rate": h / q if q else float("nan")}
+
+
+def _target(spec: str) -> tuple[str, dict[str, Any]]:
+    """``profile[:k=v,...]`` → (profile, affinity params)."""
+    profile, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        k, _, v = item.partition("=")
+        params[k] = float(v) if "." in v else int(v) if v.isdigit() else v
+    return profile, params
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         stack = Stack(wd, a.fleet, sim_args=node_overrides(None, a.stream_interval),
                       log=lambda m: print(time.strftime("%H:%M:%S"), m, file=sys.stderr, flush=True))
         try:
-            for profile in profiles:
+            for spec in profiles:
+                profile, params = _target(spec)
                 nodes = stack.start_nodes()
-                url = stack.start_gateway(profile, w, a.seed)
-                data = asyncio.run(run_plan(reqs, w, [url], label=profile, nodes=nodes, duration_s=duration))
+                fleet = gateway_fleet(stack.specs, nodes, profile, w, a.seed)
+                if params:
+                    fleet["routing"]["params"] = {"affinity": params}
+                url = stack.start_gateway_with(f"gateway-{profile}", fleet)
+                data = asyncio.run(run_plan(reqs, w, [url], label=spec, nodes=nodes, duration_s=duration))
                 s = summarize(data, w)
                 s["prefix_cache"] = prefix_cache_totals(nodes)
                 results.append(s)
@@ -82,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     measured = results[0]["measured"] if results else 0
     print(f"workload {w.name}, fleet {a.fleet}, rate {a.rate:g}/s, {duration:g} s, seed {a.seed}: "
           f"{len(reqs)} requests, {measured} measured (after {w.warmup_s:g} s warm-up)")
-    print(f"{'profile':16} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'e2e p50':>8} {'e2e p99':>8} "
+    print(f"{'profile':40} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'e2e p50':>8} {'e2e p99':>8} "
           f"{'ok':>5} {'errors':>7} {'hit %':>6} {'TTFT p50 ÷ base':>16}")
     for s in results:
         t, e, pc = s["ttft_s"], s["e2e_s"], s["prefix_cache"]
-        print(f"{s['label']:16} {t['p50'] * 1e3:7.0f}ms {t['p90'] * 1e3:6.0f}ms {t['p99'] * 1e3:6.0f}ms "
+        print(f"{s['label']:40} {t['p50'] * 1e3:7.0f}ms {t['p90'] * 1e3:6.0f}ms {t['p99'] * 1e3:6.0f}ms "
               f"{e['p50']:7.2f}s {e['p99']:7.2f}s {s['ok']:5d} {sum(s['errors'].values()):7d} "
               f"{pc['hit_rate'] * 100:6.1f} {t['p50'] / base:15.2f}×")
     if a.json_out:

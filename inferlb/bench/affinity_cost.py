@@ -67,6 +67,25 @@ def _time(fn: Callable[[int], object], budget_s: float) -> tuple[float, float, i
     return _pct(ns, 0.5), _pct(ns, 0.99), len(ns)
 
 
+def _views_set(n: int, rng: random.Random) -> list[NodeList]:
+    return [_views(n, rng) for _ in range(8)]
+
+
+def _cases(snaps: list[NodeList], sessions: list[int], rng: random.Random,
+           seed: int) -> list[tuple[str, Callable[[int], object]]]:
+    base = build_router("token-aware", seed=seed)
+    aff = build_router("prefix-affinity", seed=seed)
+    short = RouteRequest("m0", 400, 256)
+    return [
+        ("token-aware", lambda i: base.decide(short, snaps[i % 8]).to_json()),
+        ("prefix-affinity, no key", lambda i: aff.decide(short, snaps[i % 8]).to_json()),
+        ("prefix-affinity, session (hit)", lambda i: aff.decide(
+            RouteRequest("m0", 400, 256, session=sessions[i % 64]), snaps[i % 8]).to_json()),
+        ("prefix-affinity, new key", lambda i: aff.decide(
+            RouteRequest("m0", 400, 256, session=rng.getrandbits(64)), snaps[i % 8]).to_json()),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m inferlb.bench.affinity_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,21 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     sessions = [text_key(f"session-{k}") for k in range(64)]
-    short = RouteRequest("m0", 400, 256)
     print(f"{'case':34} {'nodes':>5} {'p50 µs':>8} {'p99 µs':>8} {'n':>7}")
     for n in (int(x) for x in a.sizes.split(",")):
-        snaps = [_views(n, rng) for _ in range(8)]
-        base = build_router("token-aware", seed=a.seed)
-        aff = build_router("prefix-affinity", seed=a.seed)
-        cases: list[tuple[str, Callable[[int], object]]] = [
-            ("token-aware", lambda i: base.decide(short, snaps[i % 8]).to_json()),
-            ("prefix-affinity, no key", lambda i: aff.decide(short, snaps[i % 8]).to_json()),
-            ("prefix-affinity, session (hit)", lambda i: aff.decide(
-                RouteRequest("m0", 400, 256, session=sessions[i % 64]), snaps[i % 8]).to_json()),
-            ("prefix-affinity, new key", lambda i: aff.decide(
-                RouteRequest("m0", 400, 256, session=rng.getrandbits(64)), snaps[i % 8]).to_json()),
-        ]
-        for name, fn in cases:
+        for name, fn in _cases(_views_set(n, rng), sessions, rng, a.seed):
             p50, p99, count = _time(fn, a.budget_s)
             print(f"{name:34} {n:5d} {p50:8.1f} {p99:8.1f} {count:7d}", flush=True)
     text = "You are a helpful assistant. " * 40

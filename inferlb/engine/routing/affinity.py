@@ -142,31 +142,34 @@ class Affinity:
             why = "no session id and no full prompt block" if self.p.session else "no full prompt block"
             return self.rank(scored, rng), {"affinity": "none", "reason": why}
         kind, key, blocks = found
+        if not scored:
+            return [], {"affinity": kind, "reason": "no candidate"}
         nodes = [n for n, _ in scored]
         weights = hrw_weights(self._hashes(nodes), key)
         order = sorted(range(len(nodes)), key=weights.__getitem__, reverse=True)
         total = sum(n.inflight_requests for n in nodes)
-        cap = sum(n.capacity_tokens for n in nodes)
-        eps = self.p.epsilon
+        eps, floor = self.p.epsilon, self.p.min_bound
+        # load_bound, inlined: the per-candidate part is one multiply
+        per_cap = (1.0 + eps) * (total + 1) / max(1, sum(n.capacity_tokens for n in nodes))
+        ceil = math.ceil
         under: list[str] = []
         over: list[str] = []
         escaped: list[dict[str, Any]] = []   # the nodes ahead of the pick in the key's order: over their bound
         skipped = 0
         for i in order:
             n = nodes[i]
-            bound = load_bound(eps, total, n.capacity_tokens, cap, self.p.min_bound)
-            if n.inflight_requests + 1 <= bound:
+            if n.inflight_requests < floor or n.inflight_requests + 1 <= ceil(per_cap * n.capacity_tokens):
                 under.append(n.name)
             else:
                 over.append(n.name)
                 if not under:
                     skipped += 1
                     if len(escaped) < _DETAIL_ESCAPED:
-                        escaped.append({"node": n.name, "inflight": n.inflight_requests, "bound": bound})
+                        escaped.append({"node": n.name, "inflight": n.inflight_requests,
+                                        "bound": max(ceil(per_cap * n.capacity_tokens), floor)})
         detail: dict[str, Any] = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": nodes[order[0]].name,
-                                  "epsilon": eps, "min_bound": self.p.min_bound, "candidates_inflight": total,
-                                  "escaped": escaped,
-                                  "escaped_total": skipped}
+                                  "epsilon": eps, "min_bound": floor, "candidates_inflight": total,
+                                  "escaped": escaped, "escaped_total": skipped}
         if kind == "prefix":
             detail["blocks"] = blocks
         return under + over, detail
