@@ -5,7 +5,7 @@
     python -m inferlb.bench.affinity [--profiles token-aware,prefix-affinity] [--rate 6] [--duration 45]
                                      [--fleet cache4] [--workload chat-sessions] [--seed 1] [--json OUT]
 
-A profile may carry ``affinity`` picker parameters: ``prefix-affinity:epsilon=0.25,min_bound=1``.
+A profile may carry ``affinity`` picker parameters: ``prefix-affinity:epsilon=0.25+min_bound=1``.
 
 Each profile gets a fresh node process (cold prefix caches: ``cache4`` is 4 ``a100``-like nodes
 with a prefix cache each, inferlb/simulator/prefix_cache.py) and its own gateway; the same seeded
@@ -49,10 +49,10 @@ def prefix_cache_totals(node_urls: dict[str, str]) -> dict[str, Any]:
 
 
 def _target(spec: str) -> tuple[str, dict[str, Any]]:
-    """``profile[:k=v,...]`` → (profile, affinity params)."""
+    """``profile[:k=v+...]`` → (profile, affinity params)."""
     profile, _, rest = spec.partition(":")
     params: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, rest.split("+")):
         k, _, v = item.partition("=")
         params[k] = float(v) if "." in v else int(v) if v.isdigit() else v
     return profile, params
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 s = summarize(data, w)
                 s["prefix_cache"] = prefix_cache_totals(nodes)
                 results.append(s)
+                print(f"{spec}: TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, hit rate "
+                      f"{s['prefix_cache']['hit_rate'] * 100:.1f} %", file=sys.stderr, flush=True)
                 stack.stop_gateway()
         finally:
             stack.close()
