@@ -209,3 +209,25 @@ def test_affinity_never_picks_a_node_past_its_bound(loads: list[int], caps: list
             assert n.name == pick.name
             break
     assert detail["escaped_total"] == len([e for e in detail["escaped"]]) or detail["escaped_total"] > 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(states=st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.integers(0, 40_000)), min_size=1, max_size=40),
+       key=st.text(min_size=1, max_size=8), prompt=st.integers(1, 8000))
+def test_affinity_never_bypasses_the_filters(states: list[tuple[bool, int, int]], key: str, prompt: int) -> None:
+    """Whatever the key and the loads: the pick is healthy, has room for the request, and is
+    under its load bound among the nodes that passed the filters."""
+    nodes = [_node(f"n{i}", inflight=r, healthy=ok, inflight_tokens=t) for i, (ok, r, t) in enumerate(states)]
+    router = build_router("prefix-affinity", seed=1)
+    req = RouteRequest("m", prompt, 100, session=text_key(key))
+    d = router.decide(req, nodes)
+    if d.pick is None:
+        return
+    pick = next(n for n in nodes if n.name == d.pick)
+    assert pick.healthy
+    assert pick.inflight_requests < pick.max_concurrency
+    assert pick.inflight_tokens == 0 or pick.inflight_tokens + req.tokens <= pick.capacity_tokens
+    passed = [n for n in nodes if n.name in d.ranked]
+    assert all(n.healthy for n in passed)
+    total, cap = sum(n.inflight_requests for n in passed), sum(n.capacity_tokens for n in passed)
+    assert pick.inflight_requests + 1 <= load_bound(0.5, total, pick.capacity_tokens, cap, 8)
