@@ -196,7 +196,7 @@ def test_affinity_never_picks_a_node_past_its_bound(loads: list[int], caps: list
                                                    key: str) -> None:
     nodes = [_node(f"n{i}", inflight=x, cap=caps[i]) for i, x in enumerate(loads)]
     aff = Affinity(AffinityParams(epsilon=eps, min_bound=floor))
-    ranked, detail = aff.rank_for(_req(session=key), [(n, 0.5) for n in nodes], random.Random(0))
+    ranked, detail = aff.rank_detail(_req(session=key), [(n, 0.5) for n in nodes], random.Random(0))
     assert sorted(ranked) == sorted(n.name for n in nodes)
     pick = next(n for n in nodes if n.name == ranked[0])
     total, cap = sum(loads), sum(n.capacity_tokens for n in nodes)

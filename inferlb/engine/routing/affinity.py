@@ -131,12 +131,16 @@ class Affinity:
         return [pool[i] for i in top]
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
-        """Without the request: by score (the router calls :meth:`rank_for`)."""
+        """Without the request: by score (the router calls :meth:`rank_detail`)."""
         keyed = sorted((-s, rng.random(), n.name) for n, s in scored)
         return [name for _, _, name in keyed]
 
-    def rank_for(self, req: RouteRequest, scored: list[tuple[NodeView, float]],
-                 rng: random.Random) -> tuple[list[str], dict[str, Any]]:
+    def rank_for(self, req: RouteRequest, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        """The ranking of :meth:`rank_detail` without its explanation (an off-policy replay's view)."""
+        return self.rank_detail(req, scored, rng)[0]
+
+    def rank_detail(self, req: RouteRequest, scored: list[tuple[NodeView, float]],
+                    rng: random.Random) -> tuple[list[str], dict[str, Any]]:
         found = affinity_key(req, self.p)
         if found is None:
             why = "no session id and no full prompt block" if self.p.session else "no full prompt block"
