@@ -146,7 +146,8 @@ class Router:
             if not live:
                 break
             live, out = f.apply(req, live)
-            d.eliminated.extend(out)
+            if out:
+                d.eliminated.extend(out)
         for e in d.eliminated:
             counts[e.by] = counts.get(e.by, 0) + 1
         if not live:
