@@ -5,11 +5,14 @@ Nothing is created at import time. The lifespan builds, in order: fleet config a
 anything is opened) → audit database (SQLite is upgraded automatically; PostgreSQL expects
 ``inferlb db upgrade``) → audit writer → upstream client → observability
 hub → runtime (fleet, router, admission controller) → gateway (with the ``admission/wait``
-performer) → admission service (keys, queue tick, Redis sync) → node-event writer → health
-monitor (its first round runs before readiness, so a node still loading gets no traffic) →
-live config (reloads, node overrides from the database applied before readiness; engine/live.py).
+performer) → admission service (keys, queue tick, Redis sync) → cluster service (only with
+several replicas on one Redis: first sync, shared health, election; engine/cluster) → audit
+maintenance (on the leader) → node-event writer → health monitor (its first round runs before
+readiness, so a node still loading gets no traffic) → live config (reloads, node overrides from
+the database applied before readiness; engine/live.py).
 Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
-(``engine/server``; new inference requests get 503) → live config → monitor → upstream → admission service →
+(``engine/server``; new inference requests get 503) → live config → monitor → upstream → cluster
+service (shares handed back, lease released) → admission service →
 audit writer flushed → observability → event writer → database disposed.
 """
 
@@ -38,7 +41,10 @@ from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .api import schema as openapi_schema
 from .api.auth import authenticate, require_admin_when_auth
-from .errors import ClientError, error_body
+from .cluster.admission import SharedAdmission
+from .cluster.election import Leadership, LocalLeader
+from .cluster.service import ClusterCollector, ClusterService, config_hash
+from .errors import ClientError, ConfigError, error_body
 from .fleet_admin import config_version
 from .gateway import Gateway
 from .health.monitor import HealthMonitor
@@ -60,7 +66,7 @@ from .store.writer import AuditWriter
 from .types import Clock, SystemClock
 from .upstream import Upstream
 
-__all__ = ["check_startup_files", "create_app", "default_processes_dir", "request_end"]
+__all__ = ["check_startup_files", "create_app", "default_processes_dir", "leader", "leadership", "request_end"]
 
 log = logging.getLogger("inferlb")
 
@@ -104,11 +110,30 @@ def check_startup_files(settings: Settings) -> Checked:
                        health=HEALTH_CONTRACT, autoscale=AUTOSCALE_CONTRACT)
 
 
+def leader(app: FastAPI) -> bool:
+    """Whether this replica should run once-only background work (retention prune, autoscaler,
+    rollouts) now. One replica alone: always True once started. In a cluster: True only while this
+    replica holds the database lease of role ``background`` (engine/cluster/election.py); it turns
+    False before the lease can pass to another replica, and another takes over when the holder
+    dies. Writers should also call :func:`leadership` ``(app).fence(conn)`` inside their write
+    transaction (the fencing token check). False before start-up and after shutdown."""
+    fn = getattr(app.state, "leader", None)
+    return bool(fn()) if callable(fn) else False
+
+
+def leadership(app: FastAPI) -> Leadership:
+    """The election of this app (``leader()``, ``fence(conn)``, ``status()``); a stand-in that always
+    leads when the app runs alone or has not started."""
+    got = getattr(app.state, "leadership", None)
+    return got if got is not None else LocalLeader()
+
+
 def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher: Any = None,
                leader: Callable[[], bool] | None = None) -> FastAPI:
     """``node_launcher``: what the ``local`` autoscale actuator starts nodes with (``inferlb demo
-    --autoscale`` passes the simulator's); ``leader``: whether this replica runs the autoscale
-    rounds (default: it does)."""
+    --autoscale`` passes the simulator's); ``leader``: whether this replica runs the once-only
+    background work (audit maintenance, autoscale rounds); default: the cluster's election when
+    replicas share Redis (:func:`leader`), else always."""
     clock = clock or SystemClock()
 
     @contextlib.asynccontextmanager
@@ -133,11 +158,17 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                              on_full=settings.audit_on_full)
         await writer.start()
         state.store = StoreHandle(engine=engine, writer=writer, slos=list(fleet_cfg.slos))
-        # Day partitions ahead + retention; with several replicas, pass leader= the election's predicate.
+        # Once-only background work asks this (the explicit ``leader`` argument, else the election).
+        state.leader = None
+
+        def leads() -> bool:
+            fn = leader if leader is not None else state.leader
+            return bool(fn()) if callable(fn) else False
+
+        # Day partitions ahead + retention, on the leader (started once the election runs, below).
         maintenance = state.audit_maintenance = AuditMaintenance(
             engine, clock=clock, retention_days=settings.audit_retention_days,
-            interval_s=settings.audit_maintenance_interval_s)
-        await maintenance.start()
+            interval_s=settings.audit_maintenance_interval_s, leader=leads)
         upstream = Upstream(clock=clock)
         await upstream.start()
         process = checked.request_process
@@ -147,13 +178,31 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         obs = state.observability = Observability(fleet_cfg, clock=clock)
         obs.instrument(process)
         # writer.begin journals each request's start (fsynced) and refuses it (503) when it cannot be audited.
+        clustered = settings.cluster_on()
+        if settings.cluster.mode == "on" and not clustered:
+            raise ConfigError("INFERLB_CLUSTER_MODE=on needs INFERLB_REDIS_URL (and INFERLB_LIMITS other than memory)")
         rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.journal_start,
-                           end=functools.partial(request_end, audit=writer.submit, obs=obs))
+                           end=functools.partial(request_end, audit=writer.submit, obs=obs),
+                           admission_cls=SharedAdmission if clustered else AdmissionController)
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
                                 config_version=config_version(fleet_cfg))
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
         await admission.start()
+        # Several replicas on one Redis: slot shares, shared health, election (engine/cluster).
+        cluster: ClusterService | None = None
+        state.leadership = LocalLeader()
+        if clustered and isinstance(rt.admission, SharedAdmission) and settings.admission.redis_url:
+            cluster = state.cluster = ClusterService(
+                settings.cluster, redis_url=settings.admission.redis_url, prefix=settings.admission.redis_prefix,
+                admission=rt.admission, fleet=rt.fleet, clock=clock, engine=engine,
+                config_hash=config_hash(fleet_cfg, (process.path, checked.health_process.path)),
+                address=f"{settings.host}:{settings.port}")
+            await cluster.start()
+            state.leadership = cluster.election
+            obs.registry.register(ClusterCollector(cluster))
+        state.leader = state.leadership.leader
+        await maintenance.start()
         obs.bind(rt.fleet, backlog=writer.backlog, queue_depth=lambda: queue_depth_of(state),
                  ready=lambda: bool(state.ready))
         await obs.start()
@@ -186,7 +235,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
 
             state.autoscaler = build_autoscaler(fleet_cfg, checked.autoscale_process, fleet=rt.fleet, engine=engine,
                                                 clock=clock, prober=monitor.prober, launcher=node_launcher,
-                                                registry=obs.registry, leader=leader)
+                                                registry=obs.registry, leader=leads)
             await state.autoscaler.start()
         state.ready = True
         try:
@@ -194,6 +243,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         finally:
             state.ready = False
             state.draining = True
+            state.leader = None           # background work stops first
             await live.close()
             if state.autoscaler is not None:
                 await state.autoscaler.close()
@@ -201,6 +251,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             if learned is not None:
                 await learned.close()
             await upstream.close()
+            if cluster is not None:
+                await cluster.stop()      # shares handed back at once, the lease released
             await admission.stop()
             await maintenance.close()
             await writer.close(timeout_s=10.0)

@@ -42,6 +42,7 @@ import collections
 import heapq
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -171,6 +172,9 @@ class Fleet:
         self._expiry: list[tuple[float, str]] = []      # heap: when a view changes with time alone
         self._expires: dict[str, float] = {}
         self._ramping: set[str] = set()                 # in slow start: rebuilt on every views()
+        # Told of every state change (node, previous state) after it is made: the cluster shares
+        # ejections and cool-downs through it (engine/cluster/health.py); None on one replica.
+        self.on_transition: Callable[[NodeState, str | None], None] | None = None
         for st in self.nodes.values():
             object.__setattr__(st, "_owner", self)
         self.reindex()
@@ -424,6 +428,8 @@ class Fleet:
         if to != "half_open":
             st.half_open_successes = 0
         self.add_event(ev)
+        if self.on_transition is not None:
+            self.on_transition(st, ev.from_state)
 
     def add_event(self, ev: NodeEvent) -> None:
         """Queue ``ev`` for the audit trail (bounded: the oldest is dropped and counted)."""

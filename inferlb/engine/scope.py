@@ -184,9 +184,11 @@ def build_runtime(
     end: Callable[[AdmissionController], Callable[[RequestRecord], None]],
     seed: int | None = None,
     begin: Callable[[RequestRecord], Awaitable[bool] | None] | None = None,
+    admission_cls: type[AdmissionController] = AdmissionController,
 ) -> Runtime:
     """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
-    end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``)."""
+    end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``);
+    ``admission_cls``: the cluster's controller when several replicas share Redis (engine/cluster)."""
     from .routing import build_router
 
     r = fleet_cfg.routing
@@ -198,8 +200,8 @@ def build_runtime(
         if m.tokenizer:
             estimator.use_tokenizer(m.name, m.tokenizer)
     fleet = Fleet(fleet_cfg, clock)
-    admission = AdmissionController(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
-                                    env=settings.admission)
+    admission = admission_cls(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
+                              env=settings.admission)
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
                    clock=clock, rng=random.Random(seed), on_request_end=end(admission), admission=admission,
                    begin=begin or _no_begin, learner=getattr(router, "lifecycle", None))

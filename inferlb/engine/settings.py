@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .admission.config import AdmissionPolicy, AdmissionSettings
 from .autoscale.config import AutoscaleConfig
+from .cluster.config import ClusterSettings
 from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
@@ -298,6 +299,14 @@ class Settings(BaseSettings):
     fleet: FleetConfig | None = None                 # set directly in tests / demo instead of a file
     # INFERLB_AUTH, INFERLB_ADMIN_KEY, INFERLB_REDIS_URL, INFERLB_REDIS_PREFIX (engine/admission/config.py)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    # INFERLB_CLUSTER_MODE, _LEASE_S, _RENEW_S, _LEADER_LEASE_S, _REPLICA_ID (engine/cluster/config.py)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+
+    def cluster_on(self) -> bool:
+        """Whether this replica joins a cluster: ``INFERLB_CLUSTER_MODE=on``, or ``auto`` with
+        ``INFERLB_REDIS_URL`` set (and ``INFERLB_LIMITS`` not ``memory``)."""
+        a = self.admission
+        return self.cluster.mode != "off" and bool(a.redis_url) and a.limits != "memory"
 
     # HTTP edge and shutdown (engine/server, engine/api/edge.py)
     http_header_timeout_s: float = Field(10.0, gt=0)    # whole request head, else 408 / close

@@ -116,6 +116,9 @@ class AdmissionPolicy(_Strict):
     # once (the usual RPM semantics); less smooths a tenant's bursts so it cannot crowd out others.
     limit_burst_s: float = Field(60.0, gt=0, le=3600)
     keys_refresh_s: float = Field(5.0, gt=0)        # key cache reload (revocations by another process)
+    # The database away: keys are served from the cache this long after its last load, then
+    # authenticated requests get 503 keys_unavailable (a revoked key must not live for ever).
+    keys_max_stale_s: float = Field(300.0, gt=0)
     redis_sync_s: float = Field(0.05, gt=0)         # limit-bucket exchange with Redis
 
     @model_validator(mode="after")

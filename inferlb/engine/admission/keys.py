@@ -12,7 +12,10 @@ Contract:
   one 401 for all of them).
 * The cache is replaced whole (:meth:`KeyCache.replace`) by the controller's refresh loop, so a
   key revoked by another process (``inferlb keys revoke``) stops working within
-  ``admission.keys_refresh_s``; in this process, the admin API refreshes at once.
+  ``admission.keys_refresh_s``; in this process, the admin API refreshes at once. While the
+  database is away the cache keeps serving for ``admission.keys_max_stale_s`` after its last
+  load, then :meth:`KeyCache.expire` empties it (authenticated requests get 503
+  ``keys_unavailable`` instead of a 401 until the database answers again).
 """
 
 from __future__ import annotations
@@ -90,11 +93,19 @@ class KeyCache:
     by_hash: dict[str, ApiKey] = field(default_factory=dict)
     by_id: dict[str, ApiKey] = field(default_factory=dict)
     loaded: bool = False
+    expired: str | None = None     # why the cache was emptied (too old to trust); None while valid
 
     def replace(self, keys: list[ApiKey]) -> None:
         self.by_hash = {k.key_hash: k for k in keys}
         self.by_id = {k.id: k for k in keys}
         self.loaded = True
+        self.expired = None
+
+    def expire(self, why: str) -> None:
+        """Forget every key (the store has been away longer than the cache may be trusted):
+        lookups fail until the next successful :meth:`replace`; ``expired`` says why."""
+        self.by_hash, self.by_id = {}, {}
+        self.expired = why
 
     def put(self, key: ApiKey) -> None:
         self.by_hash[key.key_hash] = key

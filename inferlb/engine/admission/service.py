@@ -8,6 +8,8 @@ Contract:
   loops: the queue *tick* (expiry and re-check every ``queue.tick_s``, only while something
   waits), the key *refresh* (adds pending spend to the database, then reloads every key, every
   ``keys_refresh_s``), and the Redis *sync* of the limit buckets (every ``redis_sync_s``).
+* While the database is away the key cache keeps serving; once its last load is older than
+  ``admission.keys_max_stale_s`` it is emptied (:meth:`KeyCache.expire`) until a load succeeds.
 * A loop that fails logs and goes on; it never takes the gateway down. :meth:`stop` cancels the
   loops, writes the spend still pending and closes Redis.
 """
@@ -44,6 +46,7 @@ class AdmissionService:
         self._queued = asyncio.Event()       # set by the controller when a request is queued
         controller.on_enqueue = self._queued.set
         self.ticks = 0                       # queue ticks run (the tick loop parks while nothing waits)
+        self.keys_loaded_at: float | None = None   # monotonic time of the last successful key load
 
     async def start(self) -> None:
         ctl = self.ctl
@@ -137,10 +140,26 @@ class AdmissionService:
 
         if self.engine is None:
             return
-        await self._flush_spend()
-        keys = await asyncio.to_thread(load_keys, self.engine)
+        try:
+            await self._flush_spend()
+            keys = await asyncio.to_thread(load_keys, self.engine)
+        except StoreError as exc:
+            self._maybe_expire(exc)
+            raise
         self.ctl.keys.replace(keys)
+        self.keys_loaded_at = self.ctl.clock.monotonic()
         self.ctl.sweep()
+
+    def _maybe_expire(self, exc: StoreError) -> None:
+        """The database is away: keep serving from the cache until it is ``keys_max_stale_s`` old."""
+        ctl = self.ctl
+        if self.keys_loaded_at is None or ctl.keys.expired is not None:
+            return
+        age = ctl.clock.monotonic() - self.keys_loaded_at
+        if age > ctl.policy.keys_max_stale_s:
+            log.error("API keys not reloaded for %.0fs (%s): the key cache is dropped until the database answers",
+                      age, exc)
+            ctl.keys.expire(f"key store unreachable for {age:.0f}s")
 
 
 def _redis_client(url: str) -> Any:

@@ -3,7 +3,9 @@ routes that change it are in ``nodes.py``).
 
 ``GET /admin/fleet``: each node's state, since when, why (with evidence), its timers (ejection,
 cooldown, slow start), load in flight and as scraped, and its last sample per source with its age;
-plus the models in panic mode, the health monitor's status and the latest node events.
+plus the models in panic mode, the health monitor's status, the latest node events and, with
+several replicas on one Redis, ``cluster`` (engine/cluster/service.py: replicas, Redis up or
+away, this replica's slot shares, config hashes and any conflict, the election).
 ``GET /admin/fleet/events?node=&limit=&since=``: node state changes, newest first (table
 ``node_events``). ``since`` takes what the reports take (epoch seconds, ISO-8601 or a look-back
 like ``1h``) and is checked by the same validator (:func:`~inferlb.engine.store.queries.parse_time`):
@@ -21,7 +23,7 @@ from ..errors import StoreError
 from ..store import StoreHandle
 from ..store.events import EventWriter, recent_events
 from ..store.queries import parse_time
-from .deps import EventsDep, GatewayDep, LiveDep, MonitorDep, OptionalStoreDep
+from .deps import ClusterDep, EventsDep, GatewayDep, LiveDep, MonitorDep, OptionalStoreDep
 
 __all__ = ["router"]
 
@@ -42,9 +44,10 @@ async def _events(store: StoreHandle | None, writer: EventWriter | None, *, node
 
 @router.get("/admin/fleet")
 async def fleet(gw: GatewayDep, store: OptionalStoreDep, events: EventsDep, monitor: MonitorDep,
-                live: LiveDep) -> dict[str, Any]:
+                live: LiveDep, cluster: ClusterDep) -> dict[str, Any]:
     """Each node: state, since, why, timers, load, last samples, source (``file`` or ``admin``);
-    panic models; the live config (versions, overrides, last change); recent events."""
+    panic models; the live config (versions, overrides, last change); recent events; with several
+    replicas, ``cluster`` (replicas, Redis, shares, config hashes and conflicts, election)."""
     f = gw.rt.fleet
     sources = live.sources() if live is not None else {}
     nodes = f.describe()
@@ -57,6 +60,7 @@ async def fleet(gw: GatewayDep, store: OptionalStoreDep, events: EventsDep, moni
         "live": live.status() if live is not None else None,
         "nodes": nodes,
         "events": await _events(store, events, node=None, limit=20, since=None),
+        "cluster": cluster.status() if cluster is not None else None,
     }
 
 

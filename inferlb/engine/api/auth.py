@@ -11,6 +11,8 @@ Contract:
   stores the :class:`ApiKey` on ``request.state.api_key``; a missing or invalid key is a 401 in the
   OpenAI envelope, the same one whatever was wrong with it (limited per client address, then 429).
   Nothing of a 401 is audited: an unauthenticated caller must not be able to fill the audit trail.
+  While the key cache is expired (the database away past ``admission.keys_max_stale_s``) the
+  answer is 503 ``keys_unavailable`` instead.
 * :func:`require_admin` guards the admin API: the admin key (``INFERLB_ADMIN_KEY``, compared in
   constant time) passes; a valid tenant key gets 403; anything else 401; with no admin key
   configured every call gets 403. :func:`require_admin_when_auth` applies it only while tenant
@@ -32,7 +34,7 @@ from pydantic import SecretStr
 from ..admission.auth import Identity, bearer_token, identify, matches, refusal
 from ..admission.controller import AdmissionController
 from ..admission.keys import ApiKey
-from ..errors import Forbidden, Unauthorized
+from ..errors import Forbidden, Unauthorized, Unavailable
 from .deps import AdmissionDep, SettingsDep
 
 __all__ = ["authenticate", "identity", "require_admin", "require_admin_when_auth", "require_metrics_reader"]
@@ -53,6 +55,9 @@ async def authenticate(request: Request, ctl: AdmissionDep) -> None:
         raise _refuse(request, ctl, "You didn't provide an API key: send it as 'Authorization: Bearer sk-gw-…'")
     key = ctl.keys.lookup(token, ctl.clock.time())
     if key is None:
+        if ctl.keys.expired is not None:   # not the caller's fault: the keys cannot be checked now
+            raise Unavailable(f"API keys cannot be checked right now ({ctl.keys.expired}); retry later",
+                              code="keys_unavailable", retry_after_s=5.0)
         raise _refuse(request, ctl)
     request.state.api_key = key
 

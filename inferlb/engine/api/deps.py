@@ -7,7 +7,7 @@ dependency in a worker thread, a measured 10-15 % of the gateway's CPU per reque
 
 The getters of what every app has (gateway, settings, admission controller, store) raise
 RuntimeError when it is missing, a wiring error rather than a client error; the optional ones
-(observability, event writer, health monitor, autoscaler) give None.
+(observability, event writer, health monitor, autoscaler, cluster service) give None.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fastapi import Depends, Request
 
 from ..admission.controller import AdmissionController
 from ..autoscale.runner import AutoscaleRunner
+from ..cluster.service import ClusterService
 from ..gateway import Gateway
 from ..health.monitor import HealthMonitor
 from ..live import LiveConfig
@@ -28,8 +29,8 @@ from ..settings import Settings
 from ..store import StoreHandle
 from ..store.events import EventWriter
 
-__all__ = ["AdmissionDep", "AutoscalerDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep", "LiveDep",
-           "MonitorDep",
+__all__ = ["AdmissionDep", "AutoscalerDep", "ClusterDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep",
+           "LiveDep", "MonitorDep",
            "ObservabilityDep", "OptionalStoreDep", "SettingsDep", "StoreDep", "get_admission", "get_gateway",
            "get_settings", "get_store"]
 
@@ -98,4 +99,5 @@ EventsDep = Annotated[EventWriter | None, Depends(_optional("events"))]
 MonitorDep = Annotated[HealthMonitor | None, Depends(_optional("monitor"))]
 LiveDep = Annotated[LiveConfig | None, Depends(_optional("live"))]
 AutoscalerDep = Annotated[AutoscaleRunner | None, Depends(_optional("autoscaler"))]
+ClusterDep = Annotated[ClusterService | None, Depends(_optional("cluster"))]   # None: one replica alone
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]

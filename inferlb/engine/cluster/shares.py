@@ -1,0 +1,82 @@
+"""This replica's share of every cluster-wide limit, as the last sync (or an outage) left it.
+
+Pure bookkeeping, no I/O: the cluster service fills it from :data:`~.lua.SYNC_LUA`'s answers and
+the shared admission controller reads it on the request path (a dict look-up).
+
+Contract:
+
+* A *resource* is ``pool:<model>`` (the pool's concurrency slots) or ``key:<id>`` (a key's
+  ``max_parallel``). :meth:`SlotShares.quota` is how many of it this replica may hold now: the
+  grant of the last sync; before the first sync, or while Redis is away (:attr:`degraded`), its
+  *fallback share* ``max(1, floor(limit / replicas))`` with the replica count last seen — the
+  issue's "each replica falls back to its share of the limits".
+* :meth:`short` records that a request found the quota too small while the limit itself had
+  room: the demand the next sync reports, and a reason to sync now (``on_short``).
+* :class:`RetryShare` is one pool's retry budget as the cluster sees it: the window's totals at
+  the last sync plus what this replica did since; this replica may spend ``1 / replicas`` of what
+  was left at the sync (so all replicas together never pass the budget), and a retry refused for
+  want of share asks for a sync.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["RetryShare", "SlotShares"]
+
+
+@dataclass
+class RetryShare:
+    """One pool's shared retry budget (see the module docstring)."""
+
+    requests: int = 0            # in the window, all replicas, at the last sync
+    retries: int = 0
+    d_requests: int = 0          # this replica since the last sync (sent by the next one)
+    d_retries: int = 0
+    spent_since_sync: int = 0    # retries granted here since the last sync
+    left_at_sync: float = 0.0
+    synced: bool = False
+
+
+@dataclass
+class SlotShares:
+    """Grants per resource; see the module docstring."""
+
+    replicas: int = 1                       # live replicas at the last sync (≥ 1)
+    degraded: bool = True                   # no successful sync yet, or Redis away
+    grants: dict[str, int] = field(default_factory=dict)
+    targets: dict[str, int] = field(default_factory=dict)
+    shortfall: dict[str, int] = field(default_factory=dict)   # refusals since the last sync
+    reported: dict[str, int] = field(default_factory=dict)    # demand sent at the last sync
+    retry: dict[str, RetryShare] = field(default_factory=dict)
+    on_short: Callable[[], None] | None = None
+
+    def fallback(self, limit: float) -> int:
+        """Each replica's share of ``limit`` while it cannot ask Redis (at least one)."""
+        return max(1, math.floor(limit / max(1, self.replicas)))
+
+    def quota(self, resource: str, limit: float) -> int:
+        """How many of ``resource`` (cluster-wide ``limit``) this replica may hold now."""
+        if self.degraded:
+            return self.fallback(limit)
+        g = self.grants.get(resource)
+        return self.fallback(limit) if g is None else min(g, math.floor(limit))
+
+    def short(self, resource: str, demand: int) -> None:
+        """A request found the quota of ``resource`` too small; ``demand`` is what this replica
+        wants now (in use + waiting). Wakes the sync when that is more than it last reported."""
+        self.shortfall[resource] = self.shortfall.get(resource, 0) + 1
+        if demand > self.reported.get(resource, 0) and self.on_short is not None:
+            self.on_short()
+
+    def wants_more(self) -> bool:
+        """Whether some resource's fair target is above its grant (another replica must give back)."""
+        return any(self.targets.get(r, 0) > g for r, g in self.grants.items())
+
+    def retry_of(self, pool: str) -> RetryShare:
+        rs = self.retry.get(pool)
+        if rs is None:
+            rs = self.retry[pool] = RetryShare()
+        return rs
