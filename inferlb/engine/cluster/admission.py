@@ -93,13 +93,14 @@ class SharedRetryBudget(RetryBudget):
             if retries + 1 > max(self.min_retries / max(1, sh.replicas), self.ratio * requests):
                 w.denied += 1
                 return False
-        elif rs.spent_since_sync + 1 > rs.left_at_sync / max(1, sh.replicas):
+            rs.d_extra += 1
+        elif rs.spent + 1 > rs.part:
             w.denied += 1
-            if rs.left_at_sync - rs.spent_since_sync >= 1 and sh.on_short is not None:
-                sh.on_short()     # the cluster has budget left: a sync brings this replica its part
+            if rs.part > 0 and sh.on_short is not None:
+                sh.on_short()     # the claim was used up: the next sync claims a new part
             return False
-        rs.spent_since_sync += 1
-        rs.d_retries += 1
+        else:
+            rs.spent += 1
         w.add(now, retries=1)
         return True
 
@@ -108,7 +109,7 @@ class SharedRetryBudget(RetryBudget):
         rs = self.shares.retry_of(pool)
         if rs.synced and not self.shares.degraded:
             snap["cluster_requests"] = rs.requests + rs.d_requests
-            snap["cluster_retries"] = rs.retries + rs.d_retries
+            snap["cluster_retries"] = rs.retries          # claims count as spent
             snap["cluster_allowance"] = max(float(self.min_retries), self.ratio * (rs.requests + rs.d_requests))
         return snap
 

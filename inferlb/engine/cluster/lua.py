@@ -16,8 +16,12 @@ replica's own clock: clock skew between replicas does not matter. Times are epoc
   caller's grant is ``min(target, limit − Σ other grants)``, raised to what it has in use (a
   grant is never below what is in flight, so the recorded grants always cover the real load),
   never negative. Hence Σ grants ≤ limit whenever any replica is granted new room.
-* retry budget, per pool: the caller's request/retry deltas are added to the current time bucket
-  (``width_ms``), buckets older than ``slots`` are deleted, the window's totals are returned.
+* retry budget, per pool: the caller's request count and retry correction are added to the
+  current time bucket (``width_ms``; buckets older than ``slots`` are deleted); then the caller
+  *claims* its part of what the window leaves (``max(min_retries, ratio × requests) − retries``):
+  ``ceil(left / live replicas)``, counted as retries at once, so claims of all replicas together
+  never pass the budget; the unspent rest of a claim is given back at the caller's next sync
+  (a negative correction). Returns the window's totals and the claim.
 * the health version (a counter bumped by :data:`HEALTH_LUA`), so a replica re-reads the shared
   node states only when they changed.
 
@@ -87,7 +91,7 @@ local function fill(ids, want, total, alloc)
 end
 
 for i = 1, n do
-  local a = 8 + (i - 1) * 3
+  local a = 10 + (i - 1) * 3
   local limit = math.floor(tonumber(ARGV[a + 1]))
   local inuse = tonumber(ARGV[a + 2])
   local demand = tonumber(ARGV[a + 3])
@@ -131,8 +135,11 @@ for i = 1, n do
 end
 
 local bucket = math.floor(now / width)
+local ratio = tonumber(ARGV[9])
+local floor_min = tonumber(ARGV[10])
+local nlive = math.max(1, #live / 2)
 for k = 1, m do
-  local a = 8 + n * 3 + (k - 1) * 2
+  local a = 10 + n * 3 + (k - 1) * 2
   local key = KEYS[2 + n + k]
   local dq = tonumber(ARGV[a + 1])
   local dr = tonumber(ARGV[a + 2])
@@ -151,9 +158,17 @@ for k = 1, m do
       r = r + tonumber(h[j + 1])
     end
   end
+  local left = math.floor(math.max(floor_min, ratio * q) - r)
+  local part = 0
+  if left >= 1 then part = math.min(left, math.ceil(left / nlive)) end
+  if part > 0 then
+    redis.call('HINCRBY', key, fmt(bucket) .. 'r', part)
+    r = r + part
+  end
   redis.call('PEXPIRE', key, width * (slots + 1) * 2)
   out[#out + 1] = q
   out[#out + 1] = r
+  out[#out + 1] = part
 end
 return out
 """

@@ -131,16 +131,22 @@ class ClusterService:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    def connect(self) -> None:
+        """Make the Redis clients and register the scripts (no I/O yet); :meth:`start` calls it."""
         import redis.asyncio as aioredis
 
+        if self.redis is not None:
+            return
         self.redis = aioredis.from_url(self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         # The listener blocks on its socket: no read timeout there (get_message has its own).
         self._sub_client = aioredis.from_url(self.redis_url, socket_connect_timeout=0.5, socket_keepalive=True)
         self._sync_script = self.redis.register_script(SYNC_LUA)
         self._health_script = self.redis.register_script(HEALTH_LUA)
-        self.shares.on_short = self.wake
         self.health.attach(self._queue_change)
+
+    async def start(self) -> None:
+        self.connect()
+        self.shares.on_short = self.wake
         if not await self.sync_once():
             log.warning("Redis unreachable at start-up (%s): replica %s serves with its share of every limit "
                         "until it can join", self.last_error, self.id)
@@ -190,18 +196,14 @@ class ClusterService:
         ctl = self.ctl
         demands = ctl.demands()
         pools = list(self.fleet.serving)
-        sent = []
-        for pool in pools:
-            rs = self.shares.retry_of(pool)
-            sent.append((rs.d_requests, rs.d_retries))
-            rs.d_requests = rs.d_retries = 0
+        sent = [self.shares.retry_of(pool).take_report() for pool in pools]
         rb = ctl.policy.retry_budget
         width_ms = max(1, int(rb.window_s * 1000 / _RB_SLOTS))
         keys = [self._k("replicas"), self._k("health", "v")]
         keys += [self._k("slots", r) for r, *_ in demands]
         keys += [self._k("retry", p) for p in pools]
         args: list[Any] = [self.id, self.lease_ms, self.offset_ms, f"{self.config_hash}|{self.address}",
-                           len(demands), len(pools), width_ms, _RB_SLOTS]
+                           len(demands), len(pools), width_ms, _RB_SLOTS, repr(float(rb.ratio)), rb.min_retries]
         for _, limit, inuse, demand in demands:
             args += [repr(float(limit)), inuse, demand]
         for dq, dr in sent:
@@ -210,16 +212,14 @@ class ClusterService:
         try:
             res = await self._sync_script(keys=keys, args=args)
         except (RedisError, OSError) as exc:
-            for pool, (dq, dr) in zip(pools, sent, strict=True):
-                rs = self.shares.retry_of(pool)
-                rs.d_requests += dq
-                rs.d_retries += dr
+            for pool, report in zip(pools, sent, strict=True):
+                self.shares.retry_of(pool).put_back(report)
             self._down(exc)
             return False
         self.sync_ms = round((time.perf_counter() - t0) * 1000, 3)
         self.syncs += 1
         self._last_sync = self.clock.monotonic()
-        self._apply_sync(res, demands, pools, rb.ratio, rb.min_retries)
+        self._apply_sync(res, demands, pools)
         version = res[3].decode() if isinstance(res[3], bytes) else str(res[3])
         if version != self._health_version:
             with contextlib.suppress(RedisError, OSError):
@@ -230,8 +230,7 @@ class ClusterService:
             await self._announce_want()
         return True
 
-    def _apply_sync(self, res: list[Any], demands: list[tuple[str, float, int, int]], pools: list[str],
-                    ratio: float, min_retries: int) -> None:
+    def _apply_sync(self, res: list[Any], demands: list[tuple[str, float, int, int]], pools: list[str]) -> None:
         sh = self.shares
         live = int(res[1])
         flat = [x.decode() if isinstance(x, bytes) else str(x) for x in res[2]]
@@ -250,12 +249,8 @@ class ClusterService:
         sh.grants, sh.targets = grants, targets
         self._resources = list(grants)
         for pool in pools:
-            rs = sh.retry_of(pool)
-            rs.requests, rs.retries = int(res[i]), int(res[i + 1])
-            rs.left_at_sync = max(float(min_retries), ratio * rs.requests) - rs.retries
-            rs.spent_since_sync = 0
-            rs.synced = True
-            i += 2
+            sh.retry_of(pool).claimed(int(res[i]), int(res[i + 1]), int(res[i + 2]))
+            i += 3
         if not self.redis_up:
             if self.down_since is not None:
                 log.warning("Redis is back: replica %s rejoined the cluster after %.1fs on its share of the limits",

@@ -12,10 +12,12 @@ Contract:
   issue's "each replica falls back to its share of the limits".
 * :meth:`short` records that a request found the quota too small while the limit itself had
   room: the demand the next sync reports, and a reason to sync now (``on_short``).
-* :class:`RetryShare` is one pool's retry budget as the cluster sees it: the window's totals at
-  the last sync plus what this replica did since; this replica may spend ``1 / replicas`` of what
-  was left at the sync (so all replicas together never pass the budget), and a retry refused for
-  want of share asks for a sync.
+* :class:`RetryShare` is one pool's retry budget as the cluster sees it: each sync *claims* this
+  replica's part of what the window leaves (``ceil(left / replicas)``, counted in Redis at once,
+  so the claims of all replicas never pass the budget) and gives back the unspent rest of the
+  last claim; a retry is granted while the claim lasts, and a refusal asks for a sync. While
+  Redis is away the local window decides, with the ``min_retries`` floor divided by the replica
+  count, and those retries are reported when it returns.
 """
 
 from __future__ import annotations
@@ -31,13 +33,32 @@ __all__ = ["RetryShare", "SlotShares"]
 class RetryShare:
     """One pool's shared retry budget (see the module docstring)."""
 
-    requests: int = 0            # in the window, all replicas, at the last sync
+    requests: int = 0            # in the window, all replicas, at the last sync (claims included)
     retries: int = 0
-    d_requests: int = 0          # this replica since the last sync (sent by the next one)
-    d_retries: int = 0
-    spent_since_sync: int = 0    # retries granted here since the last sync
-    left_at_sync: float = 0.0
+    d_requests: int = 0          # admitted here since the last sync (sent by the next one)
+    d_extra: int = 0             # retries made here outside a claim (Redis away), sent by the next sync
+    part: int = 0                # the retries this replica claimed at its last sync
+    spent: int = 0               # of which spent
     synced: bool = False
+
+    def take_report(self) -> tuple[int, int]:
+        """``(requests, retry correction)`` for a sync: the correction is the retries made outside a
+        claim minus the unspent claim, which is given back; no retry is granted until the answer."""
+        report = (self.d_requests, self.d_extra - (self.part - self.spent))
+        self.d_requests = self.d_extra = 0
+        self.part = self.spent
+        return report
+
+    def put_back(self, report: tuple[int, int]) -> None:
+        """The sync failed: what it would have reported is reported by the next one."""
+        self.d_requests += report[0]
+        self.d_extra += report[1] + (self.part - self.spent)
+        self.part = self.spent
+
+    def claimed(self, requests: int, retries: int, part: int) -> None:
+        self.requests, self.retries = requests, retries
+        self.part, self.spent = part, 0
+        self.synced = True
 
 
 @dataclass
