@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from inferlb.engine.settings import load_settings
 from inferlb.engine.store import (
     events,  # noqa: F401  (node_events is a Core table on Base.metadata)
+    leases,  # noqa: F401  (leader_leases too)
     overrides,  # noqa: F401  (node_overrides, fleet_revision: Core tables too)
     scaling,  # noqa: F401  (scaling_events too)
 )

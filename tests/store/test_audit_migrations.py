@@ -15,6 +15,7 @@ from sqlalchemy import inspect, text
 from inferlb.engine.errors import StoreError
 from inferlb.engine.store import (
     events,  # noqa: F401  (registers node_events on Base.metadata)
+    leases,  # noqa: F401  (registers leader_leases)
     overrides,  # noqa: F401  (registers node_overrides, fleet_revision)
     scaling,  # noqa: F401  (registers scaling_events on Base.metadata)
 )

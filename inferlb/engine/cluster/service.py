@@ -102,6 +102,7 @@ class ClusterService:
         self._wake = asyncio.Event()
         self._changes: asyncio.Queue[HealthChange] = asyncio.Queue(maxsize=10_000)
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._last_sync = 0.0
         self._last_want = 0.0
         self._health_version: str | None = None
@@ -159,11 +160,16 @@ class ClusterService:
                        asyncio.create_task(self._send_loop(), name="inferlb-cluster-health")]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        self._stopping = True
+        # A cancellation that lands while a Redis call's own timeout fires can come back as a
+        # Redis TimeoutError, which the loops survive: cancel again until they are gone.
+        pending = set(self._tasks)
+        for _ in range(20):
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         self._tasks.clear()
         self.health.detach()
         self.shares.on_short = None
@@ -294,10 +300,13 @@ class ClusterService:
     async def _sync_loop(self) -> None:
         renew = self.settings.renew_period()
         gap = self.settings.min_gap_s
-        while True:
+        while not self._stopping:
             timeout = max(gap * 4, 0.01) if (self.shares.wants_more() and self.redis_up) else renew
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # lands as its timeout fires, and stop() would wait for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.sync_once()
@@ -331,7 +340,7 @@ class ClusterService:
         from redis.exceptions import RedisError
 
         o = self.fleet.health.outlier
-        while True:
+        while not self._stopping:
             c = await self._changes.get()
             try:
                 args = [c.node, c.kind, int(c.length_s * 1000), "1" if c.hardware else "0",
@@ -365,13 +374,13 @@ class ClusterService:
         from redis.exceptions import RedisError
 
         backoff = 0.1
-        while True:
+        while not self._stopping:
             ps = self._sub_client.pubsub(ignore_subscribe_messages=True)
             try:
                 await ps.subscribe(self.channel)
                 await self._read_health()    # what changed while nobody listened
                 backoff = 0.1
-                while True:
+                while not self._stopping:
                     msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
                         self._on_message(msg.get("data"))
