@@ -151,7 +151,7 @@ async def test_the_retry_budget_is_one_budget(make_replica: Any) -> None:
             assert total <= 10
     assert total == 10
     snap = _ctl(a).budget.snapshot("m", _ctl(a).clock.monotonic())
-    assert snap["cluster_retries"] == 10
+    assert snap["cluster_retries_claimed"] == 10
 
 
 async def test_redis_away_each_replica_keeps_its_share_then_rejoins(make_replica: Any,

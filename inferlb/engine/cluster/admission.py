@@ -96,11 +96,14 @@ class SharedRetryBudget(RetryBudget):
             rs.d_extra += 1
         elif rs.spent + 1 > rs.part:
             w.denied += 1
-            if rs.part > 0 and sh.on_short is not None:
-                sh.on_short()     # the claim was used up: the next sync claims a new part
+            rs.denied += 1
+            if sh.on_short is not None:
+                sh.on_short()     # the claim was used up: the next sync claims more
             return False
         else:
             rs.spent += 1
+            if rs.part - rs.spent <= 1 and sh.on_short is not None:
+                sh.on_short()     # running low: claim more before the next failure needs it
         w.add(now, retries=1)
         return True
 
@@ -109,7 +112,7 @@ class SharedRetryBudget(RetryBudget):
         rs = self.shares.retry_of(pool)
         if rs.synced and not self.shares.degraded:
             snap["cluster_requests"] = rs.requests + rs.d_requests
-            snap["cluster_retries"] = rs.retries          # claims count as spent
+            snap["cluster_retries_claimed"] = rs.retries   # claims count as spent until given back
             snap["cluster_allowance"] = max(float(self.min_retries), self.ratio * (rs.requests + rs.d_requests))
         return snap
 

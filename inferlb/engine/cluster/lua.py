@@ -18,10 +18,10 @@ replica's own clock: clock skew between replicas does not matter. Times are epoc
   never negative. Hence Σ grants ≤ limit whenever any replica is granted new room.
 * retry budget, per pool: the caller's request count and retry correction are added to the
   current time bucket (``width_ms``; buckets older than ``slots`` are deleted); then the caller
-  *claims* its part of what the window leaves (``max(min_retries, ratio × requests) − retries``):
-  ``ceil(left / live replicas)``, counted as retries at once, so claims of all replicas together
-  never pass the budget; the unspent rest of a claim is given back at the caller's next sync
-  (a negative correction). Returns the window's totals and the claim.
+  *claims* what it wants of what the window leaves (``max(min_retries, ratio × requests) −
+  retries``), counted as retries at once, so the claims of all replicas together never pass the
+  budget; the unspent rest of a claim is given back at the caller's next sync (a negative
+  correction). Returns the window's totals and the claim.
 * the health version (a counter bumped by :data:`HEALTH_LUA`), so a replica re-reads the shared
   node states only when they changed.
 
@@ -137,12 +137,12 @@ end
 local bucket = math.floor(now / width)
 local ratio = tonumber(ARGV[9])
 local floor_min = tonumber(ARGV[10])
-local nlive = math.max(1, #live / 2)
 for k = 1, m do
-  local a = 10 + n * 3 + (k - 1) * 2
+  local a = 10 + n * 3 + (k - 1) * 3
   local key = KEYS[2 + n + k]
   local dq = tonumber(ARGV[a + 1])
   local dr = tonumber(ARGV[a + 2])
+  local want = tonumber(ARGV[a + 3])
   if dq ~= 0 then redis.call('HINCRBY', key, fmt(bucket) .. 'q', dq) end
   if dr ~= 0 then redis.call('HINCRBY', key, fmt(bucket) .. 'r', dr) end
   local h = redis.call('HGETALL', key)
@@ -160,7 +160,7 @@ for k = 1, m do
   end
   local left = math.floor(math.max(floor_min, ratio * q) - r)
   local part = 0
-  if left >= 1 then part = math.min(left, math.ceil(left / nlive)) end
+  if left >= 1 then part = math.min(left, want) end
   if part > 0 then
     redis.call('HINCRBY', key, fmt(bucket) .. 'r', part)
     r = r + part

@@ -212,8 +212,8 @@ class ClusterService:
                            len(demands), len(pools), width_ms, _RB_SLOTS, repr(float(rb.ratio)), rb.min_retries]
         for _, limit, inuse, demand in demands:
             args += [repr(float(limit)), inuse, demand]
-        for dq, dr in sent:
-            args += [dq, dr]
+        for dq, dr, want in sent:
+            args += [dq, dr, want]
         t0 = time.perf_counter()
         try:
             res = await self._sync_script(keys=keys, args=args)

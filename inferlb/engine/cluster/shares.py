@@ -12,10 +12,11 @@ Contract:
   issue's "each replica falls back to its share of the limits".
 * :meth:`short` records that a request found the quota too small while the limit itself had
   room: the demand the next sync reports, and a reason to sync now (``on_short``).
-* :class:`RetryShare` is one pool's retry budget as the cluster sees it: each sync *claims* this
-  replica's part of what the window leaves (``ceil(left / replicas)``, counted in Redis at once,
-  so the claims of all replicas never pass the budget) and gives back the unspent rest of the
-  last claim; a retry is granted while the claim lasts, and a refusal asks for a sync. While
+* :class:`RetryShare` is one pool's retry budget as the cluster sees it: each sync *claims* a
+  part of what the window leaves, sized by this replica's recent need (one when idle; counted in
+  Redis at once, so the claims of all replicas never pass the budget) and gives back the unspent
+  rest of the last claim; a retry is granted while the claim lasts, and the claim running low
+  (or a refusal) asks for a sync at once. While
   Redis is away the local window decides, with the ``min_retries`` floor divided by the replica
   count, and those retries are reported when it returns.
 """
@@ -41,15 +42,20 @@ class RetryShare:
     spent: int = 0               # of which spent
     synced: bool = False
 
-    def take_report(self) -> tuple[int, int]:
-        """``(requests, retry correction)`` for a sync: the correction is the retries made outside a
-        claim minus the unspent claim, which is given back; no retry is granted until the answer."""
-        report = (self.d_requests, self.d_extra - (self.part - self.spent))
-        self.d_requests = self.d_extra = 0
+    denied: int = 0              # retries refused here since the last sync (demand)
+
+    def take_report(self) -> tuple[int, int, int]:
+        """``(requests, retry correction, claim wanted)`` for a sync: the correction is the retries
+        made outside a claim minus the unspent claim, which is given back; the claim wanted is one
+        (an idle replica holds one retry for an isolated failure) plus twice what was spent or
+        refused since the last sync. No retry is granted until the answer."""
+        report = (self.d_requests, self.d_extra - (self.part - self.spent),
+                  1 + 2 * (self.spent + self.d_extra + self.denied))
+        self.d_requests = self.d_extra = self.denied = 0
         self.part = self.spent
         return report
 
-    def put_back(self, report: tuple[int, int]) -> None:
+    def put_back(self, report: tuple[int, int, int]) -> None:
         """The sync failed: what it would have reported is reported by the next one."""
         self.d_requests += report[0]
         self.d_extra += report[1] + (self.part - self.spent)
