@@ -13,6 +13,7 @@
     inferlb sim [--fleet hetero4]     run simulated GPU nodes only (vLLM-like engines, /metrics)
     inferlb bench overhead            gateway overhead vs direct / floor proxy / nginx
     inferlb bench overload            admission control at 2× / 5× capacity, noisy neighbour (on vs off)
+    inferlb bench replicas            1, 2, 3 replicas on one Redis: req/s, CPU per request, admission cost
     inferlb keys create|list|revoke   tenant API keys (stored as SHA-256 digests)
     inferlb bench run|compare|capacity  open-loop load against simulated fleets (routing strategies)
     inferlb fleet [show] --url URL    node states of a running gateway (GET /admin/fleet) as a table
@@ -316,7 +317,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_routing_parser(sub)
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=["overhead", "run", "compare", "capacity", "overload"])
+    b.add_argument("what", choices=["overhead", "run", "compare", "capacity", "overload", "replicas"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     return p
 
@@ -359,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             from .engine.admission.commands import keys_command
 
             return keys_command(args, _settings(args).database_url)
+        elif args.cmd == "bench" and args.what == "replicas":
+            from inferlb.bench.replicas import main as replicas_main
+
+            return replicas_main(args.rest)
         elif args.cmd == "bench" and args.what == "overload":
             from inferlb.bench.overload import main as overload_main
 
