@@ -108,7 +108,36 @@ def measure_admission(n: int, redis_url: str | None) -> dict[str, Any]:
         out[f"{name}_us"] = round(best / n * 1e6, 2)
     if redis_url:
         out.update(asyncio.run(_redis_lease(redis_url, min(n, 3000))))
+        out.update(asyncio.run(_sync_cost(redis_url, cfg, 500)))
     return out
+
+
+async def _sync_cost(url: str, cfg: Any, n: int) -> dict[str, Any]:
+    """One replica's sync (one EVALSHA: heartbeat, pool share, retry claim, health version): µs each."""
+    from inferlb.engine.cluster.admission import SharedAdmission
+    from inferlb.engine.cluster.config import ClusterSettings
+    from inferlb.engine.cluster.service import ClusterService
+    from inferlb.engine.fleet import Fleet
+    from inferlb.engine.types import SystemClock
+
+    clock = SystemClock()
+    fleet = Fleet(cfg, clock)
+    prefix = f"inferlb-bench:{secrets.token_hex(4)}:"
+    svc = ClusterService(ClusterSettings(replica_id="bench"), redis_url=url, prefix=prefix,
+                         admission=SharedAdmission(cfg.admission, fleet, clock, max_inflight=100), fleet=fleet,
+                         clock=clock, config_hash="bench")
+    svc.connect()
+    try:
+        await svc.sync_once()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            await svc.sync_once()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        await svc.stop()
+        await _drop_prefix(url, prefix)
+    return {"sync_round_trips": 1, "sync_wall_us": round(wall / n * 1e6, 1),
+            "sync_client_cpu_us": round(cpu / n * 1e6, 1)}
 
 
 async def _redis_lease(url: str, n: int) -> dict[str, Any]:
@@ -265,7 +294,9 @@ def _table(res: dict[str, Any]) -> str:
              f"admission decision + release, in-process: plain {a['plain_us']} µs, shared {a['shared_us']} µs "
              f"(0 Redis round trips on the request path); a per-request Redis lease instead: "
              f"{a.get('redis_lease_round_trips')} round trips, {a.get('redis_lease_wall_us')} µs wall, "
-             f"{a.get('redis_lease_client_cpu_us')} µs client CPU",
+             f"{a.get('redis_lease_client_cpu_us')} µs client CPU; one cluster sync: "
+             f"{a.get('sync_round_trips')} round trip, {a.get('sync_wall_us')} µs wall, "
+             f"{a.get('sync_client_cpu_us')} µs client CPU",
              "",
              "| run | replicas | requests | errors | req/s | e2e p50 ms | e2e p99 ms | gateway CPU ms/req "
              "| Redis syncs/req | machine busy |",
