@@ -54,7 +54,7 @@ from .live import LiveConfig
 from .observability.hub import Observability, queue_depth_of
 from .observability.learned import LearnedCollector
 from .request_end import EndStep, RequestEnd
-from .scope import build_runtime
+from .scope import Snapshot, build_runtime
 from .settings import Settings
 from .startup import Checked, check_files
 from .store import StoreHandle
@@ -221,11 +221,16 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             obs.registry.register(LearnedCollector(rt.learner))
             learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit)
             await learned.start()
+        def swapped(snap: Snapshot) -> None:
+            state.process = snap.process
+            if cluster is not None:   # the other replicas compare it (config conflicts)
+                cluster.config_hash = config_hash(snap.rt.fleet_cfg, (snap.process.path, live.health_process.path))
+
         # Reloads and node overrides (engine/live.py): the database's overrides apply before readiness.
         live = state.live = LiveConfig(settings=settings, checked=checked, gateway=state.gateway,
                                        check=check_startup_files, clock=clock, engine=engine, monitor=monitor,
                                        obs=obs, store=state.store, record=events.submit,
-                                       on_swap=lambda snap: setattr(state, "process", snap.process),
+                                       on_swap=swapped,
                                        poll_s=settings.overrides_poll_s)
         await live.start()
         # Autoscaling: autoscale.bpmn on SpiffWorkflow every autoscale.interval_s (engine/autoscale).
