@@ -1,0 +1,178 @@
+"""The routing core decides exactly as it did before its speed work (issue 14; issue 11 part 1).
+
+tests/engine/routing_reference.py holds the core as it was (plugins, ``Router``, ``Decision``,
+copied verbatim). Here both run side by side from the same seed over random fleets and requests
+(healthy and not, full and idle nodes, unknown metrics, other models, retries, sampled and not,
+plain lists and :class:`NodeList`), and every field of every decision must be equal: candidates,
+eliminations with their reasons, counts, per-scorer scores, ranking, the audit copy byte for byte.
+The discrete-event simulation gives the same results with either core.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+import pytest
+
+from inferlb.engine.routing import PROFILES, Elimination, NodeView, RouteRequest, Router, build_router
+from inferlb.engine.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
+from inferlb.engine.routing.types import NodeList
+
+from .routing_reference import RefDecision, RefRouter, ref_router
+
+MODELS = ("m0", "m1", "m2")
+
+
+def random_views(rng: random.Random, n: int) -> list[NodeView]:
+    out = []
+    for i in range(n):
+        cap = rng.choice([64, 512, 4096, 16384, 131072])
+        conc = rng.choice([1, 4, 64])
+        healthy = rng.random() >= 0.15
+        models = frozenset(m for m in MODELS[:2] if rng.random() < 0.8) or frozenset({"m0"})
+        out.append(NodeView(
+            name=f"n{i:04d}", models=models, capacity_tokens=cap, max_concurrency=conc,
+            weight=rng.choice([0.0, 0.5, 1.0, 3.0, 20.0]),
+            inflight_requests=rng.choice([0, 0, 1, conc - 1, conc, conc + 1, rng.randint(0, 80)]),
+            inflight_tokens=rng.choice([0, 0, rng.randint(0, cap), cap, cap * 2]),
+            waiting=rng.choice([None, 0, rng.randint(0, 30)]),
+            kv_usage=rng.choice([None, 0.0, 1.0, rng.random(), 1.3, -0.2, math.nan]),
+            healthy=healthy, unhealthy_reason=None if healthy else rng.choice([None, "ejected: 5 failures"]),
+            tokens_per_s=rng.choice([None, 0.0, -1.0, rng.uniform(5, 200), math.nan]),
+            ttft_s=rng.choice([None, rng.uniform(0.01, 2)])))
+    return out
+
+
+def as_nodelist(views: list[NodeView]) -> NodeList:
+    by_model: dict[str, list[NodeView]] = {m: [] for m in MODELS}
+    for v in views:
+        for m in sorted(v.models):
+            by_model[m].append(v)
+    return NodeList(views, by_model)
+
+
+def random_request(rng: random.Random, views: list[NodeView]) -> RouteRequest:
+    names = [v.name for v in views]
+    exclude = frozenset(rng.sample(names, min(len(names), rng.choice([0, 0, 1, 3])))) if names else frozenset()
+    return RouteRequest(model=rng.choice(("m0", "m0", "m1", "m2")), prompt_tokens=rng.choice([1, 100, 3000, 200_000]),
+                        output_tokens=rng.choice([0, 1, 64, 256, 2048]),
+                        priority=rng.choice([None, "critical", "standard", "sheddable"]), exclude=exclude,
+                        stream=rng.random() < 0.5, deadline_s=rng.choice([None, 0.0, 2.0, 30.0]))
+
+
+def same(new: Any, ref: RefDecision) -> None:
+    assert new.profile == ref.profile
+    assert new.candidates == ref.candidates
+    assert [(e.node, e.by, e.reason) for e in new.eliminated] == [(e.node, e.by, e.reason) for e in ref.eliminated]
+    assert new.counts == ref.counts and list(new.counts) == list(ref.counts)
+    assert new.score_keys == ref.score_keys
+    assert _nan_eq(new.score_rows, ref.score_rows) and list(new.score_rows) == list(ref.score_rows)
+    assert _nan_eq(new.scores, ref.scores)
+    assert new.ranked == ref.ranked and new.pick == ref.pick and new.picker == ref.picker
+    assert new.offered == ref.offered and new.sampled == ref.sampled
+    assert json.dumps(new.to_json()) == json.dumps(ref.to_json())
+
+
+def _nan_eq(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=False) == json.dumps(b, sort_keys=False)
+
+
+CUSTOM: dict[str, tuple[tuple[str, ...], dict[str, float], str, dict[str, dict[str, Any]]]] = {
+    "headroom-and-weights": (("healthy", "serves-model", "has-capacity"),
+                             {"outstanding-tokens": 2.0, "static-weight": 0.0, "least-requests": 1.0},
+                             "max-score", {"has-capacity": {"token_headroom": 0.5}, "static-weight": {"max_weight": 4}}),
+    "capacity-first": (("has-capacity", "healthy"), {"decode-speed": 1.0, "queue-depth": 3.0}, "power-of-two",
+                       {"has-capacity": {"token_headroom": 2.0},
+                        "decode-speed": {"reference_s": 3.0, "optimistic_max_tokens": 64}}),
+    "no-filters": ((), {"kv-cache": 1.0}, "weighted-random", {}),
+    "no-scorers": (("serves-model",), {}, "max-score", {}),
+    "five-scorers": (("healthy", "serves-model"), {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.25,
+                                                   "decode-speed": 1.0, "least-requests": 0.125}, "max-score", {}),
+}
+
+
+def pairs() -> list[tuple[str, Router, RefRouter]]:
+    out: list[tuple[str, Router, RefRouter]] = []
+    for seed, sample in ((1, None), (2, 0), (3, 4)):
+        for name, spec in PROFILES.items():
+            if name == "learned":
+                continue
+            k = spec.sample if sample is None else sample
+            out.append((f"{name}/k={k}", build_router(name, seed=seed, sample=sample),
+                        ref_router(spec.filters, spec.scorers, spec.picker, seed=seed, sample=k, name=name)))
+        for name, (fs, sc, pk, params) in CUSTOM.items():
+            k = 16 if sample is None else sample
+            out.append((f"{name}/k={k}", build_router("custom", filters=list(fs), scorers=sc, picker=pk,
+                                                       params=params, seed=seed, sample=k),
+                        ref_router(fs, sc, pk, seed=seed, sample=k, params=params, name="custom")))
+    return out
+
+
+@pytest.mark.parametrize("fleet_seed", range(4))
+def test_every_decision_equals_the_reference_core(fleet_seed: int) -> None:
+    rng = random.Random(fleet_seed)
+    fleets = [random_views(rng, n) for n in (0, 1, 3, 16, 17, 40, 300)]
+    for label, new, ref in pairs():
+        for views in fleets:
+            for kind in ("list", "nodelist"):
+                nodes: list[NodeView] = as_nodelist(views) if kind == "nodelist" else list(views)
+                for _ in range(12):
+                    req = random_request(rng, views)
+                    same(new.decide(req, nodes), ref.decide(req, nodes))
+        assert new.rng.random() == ref.rng.random(), label     # the same random draws were taken
+
+
+class _Predictor:
+    """A deterministic latency predictor: TTFT and TPOT from the node's load."""
+
+    def predict_nodes(self, req: RouteRequest, nodes: list[NodeView]) -> list[tuple[float, float]]:
+        return [(0.05 + n.inflight_tokens / 1e5, 0.01 + n.inflight_requests / 1e3) for n in nodes]
+
+
+def test_plugins_from_elsewhere_run_the_same_in_both_cores() -> None:
+    """The learned plugins (a scorer with state, a picker with ``rank_for``) through both routers."""
+    rng = random.Random(9)
+    views = random_views(rng, 200)
+    nodes = as_nodelist(views)
+
+    def plugins() -> tuple[list[Any], list[tuple[Any, float]], Any]:
+        from inferlb.engine.routing.plugins import HasCapacity, Healthy, ServesModel
+
+        sc = PredictedLatency()
+        sc.bind(_Predictor())
+        return [Healthy(), ServesModel(), HasCapacity()], [(sc, 1.0)], SoftmaxBandit(SoftmaxBanditParams(epsilon=0.3))
+
+    fs, sc, pk = plugins()
+    new = Router("learned", fs, sc, pk, random.Random(5), 16)
+    fs, sc, pk = plugins()
+    ref = RefRouter("learned", fs, sc, pk, random.Random(5), 16)
+    for _ in range(300):
+        req = random_request(rng, views)
+        same(new.decide(req, nodes), ref.decide(req, nodes))
+
+
+def test_an_elimination_reads_as_before() -> None:
+    e = Elimination("n1", "has-capacity", "4 requests in flight (max)")
+    assert (e.node, e.by, e.reason) == ("n1", "has-capacity", "4 requests in flight (max)")
+    assert e == Elimination("n1", "has-capacity", "4 requests in flight (max)") and len({e, e}) == 1
+    assert repr(e) == "Elimination(node='n1', by='has-capacity', reason='4 requests in flight (max)')"
+
+
+def test_the_simulation_gives_the_same_results_with_either_core() -> None:
+    from inferlb.bench.loadgen.workload import load_workload, plan
+    from inferlb.simulator.des import Simulation
+    from inferlb.simulator.presets import preset_spec
+
+    specs = [preset_spec(f"{p}-{i}", p) for i, p in enumerate(("h100", "a100", "l4") * 10)]
+    w = load_workload("chat")
+    reqs = plan(w, seed=3, rate=120.0, duration_s=20.0, max_requests=2000)
+    spec = PROFILES["token-aware"]
+    runs = []
+    for router in (build_router("token-aware", seed=4),
+                   ref_router(spec.filters, spec.scorers, spec.picker, seed=4, sample=spec.sample)):
+        sim = Simulation(specs, router=router, seed=4, timeout_s=w.timeout_s)  # type: ignore[arg-type]
+        runs.append(list(sim.run(reqs).rows()))
+    assert len(runs[0]) == len(reqs) and runs[0] == runs[1]
