@@ -30,6 +30,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ _HERE = Path(__file__).resolve()
 _TREE = _HERE.parents[2]
 
 
-def _pct(vals: list[float], q: float) -> float:
+def _pct(vals: Sequence[float], q: float) -> float:
     k = (len(vals) - 1) * q
     lo = int(k)
     hi = min(lo + 1, len(vals) - 1)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.routing import PROFILES, Elimination, NodeView, RouteRequest, Router, build_router
+from inferlb.engine.routing import PROFILES, Elimination, NodeView, Router, RouteRequest, build_router
 from inferlb.engine.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
 from inferlb.engine.routing.types import NodeList
 
@@ -83,7 +83,8 @@ def _nan_eq(a: Any, b: Any) -> bool:
 CUSTOM: dict[str, tuple[tuple[str, ...], dict[str, float], str, dict[str, dict[str, Any]]]] = {
     "headroom-and-weights": (("healthy", "serves-model", "has-capacity"),
                              {"outstanding-tokens": 2.0, "static-weight": 0.0, "least-requests": 1.0},
-                             "max-score", {"has-capacity": {"token_headroom": 0.5}, "static-weight": {"max_weight": 4}}),
+                             "max-score",
+                             {"has-capacity": {"token_headroom": 0.5}, "static-weight": {"max_weight": 4}}),
     "capacity-first": (("has-capacity", "healthy"), {"decode-speed": 1.0, "queue-depth": 3.0}, "power-of-two",
                        {"has-capacity": {"token_headroom": 2.0},
                         "decode-speed": {"reference_s": 3.0, "optimistic_max_tokens": 64}}),
@@ -176,3 +177,23 @@ def test_the_simulation_gives_the_same_results_with_either_core() -> None:
         sim = Simulation(specs, router=router, seed=4, timeout_s=w.timeout_s)  # type: ignore[arg-type]
         runs.append(list(sim.run(reqs).rows()))
     assert len(runs[0]) == len(reqs) and runs[0] == runs[1]
+
+
+def test_the_audit_copys_fast_rounding_equals_round() -> None:
+    """``_round4`` (the audit copy's fast ``round(x, 4)``) gives the very same float, sign of zero,
+    ties, NaN and infinities included."""
+    import struct
+    import sys
+
+    from inferlb.engine.routing.types import _round4
+
+    rng = random.Random(11)
+    xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, -1e-320, sys.float_info.max, 1e300, -1e300,
+          0.00005, -0.00005, 0.00015, 0.12345, 0.99995, 1.00005, 2.5e-5, 0.5, 1.0, -1.0, 109951162.77755,
+          109951162.77765, 1e8 + 0.00005]
+    xs += [rng.random() for _ in range(100_000)]
+    xs += [rng.uniform(-1e9, 1e9) for _ in range(20_000)]
+    xs += [k / 20000 + rng.choice((0.0, 1e-17, -1e-17)) for k in range(-40_000, 40_000)]   # at and near ties
+    xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20_000)]   # any bits
+    for x in xs:
+        assert repr(_round4(x)) == repr(round(x, 4)), x

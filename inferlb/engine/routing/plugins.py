@@ -37,6 +37,26 @@ class NoParams(BaseModel):
 
 # ---------------------------------------------------------------- filters
 
+# Elimination reasons, formatted only when read (Elimination.later): a decision's audit copy
+# reads the first few; the count by filter and the discrete-event simulation read none.
+
+
+def _not_served(model: str) -> str:
+    return f"does not serve {model}"
+
+
+def _at_max(inflight_requests: int) -> str:
+    return f"{inflight_requests} requests in flight (max)"
+
+
+def _never_fits(tokens: int, capacity: int) -> str:
+    return f"{tokens} tokens never fit capacity {capacity}"
+
+
+def _over_capacity(inflight_tokens: int, tokens: int, capacity: int) -> str:
+    return f"{inflight_tokens}+{tokens} tokens over capacity {capacity}"
+
+
 
 class Healthy:
     """Drops nodes that are ejected, cooling down (429) or loading. Reads ``healthy``."""
@@ -69,7 +89,8 @@ class ServesModel:
         kept = [n for n in nodes if model in n.models]
         if len(kept) == len(nodes):
             return kept, []
-        out = [Elimination(n.name, self.type_name, f"does not serve {model}") for n in nodes if model not in n.models]
+        by = self.type_name
+        out = [Elimination.later(n.name, by, _not_served, model) for n in nodes if model not in n.models]
         return kept, out
 
 
@@ -95,7 +116,11 @@ class HasCapacity:
     def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
         room = self.p.token_headroom
         tokens = req.tokens
-        fits_somewhere = any(tokens <= n.capacity_tokens * room for n in nodes)
+        fits_somewhere = False
+        for n in nodes:
+            if tokens <= n.capacity_tokens * room:
+                fits_somewhere = True
+                break
         kept: list[NodeView] = [n for n in nodes if n.inflight_requests < n.max_concurrency
                 and not (fits_somewhere and tokens > n.capacity_tokens * room)
                 and not (n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room)]
@@ -103,17 +128,16 @@ class HasCapacity:
             return kept, []
         kept = []
         out: list[Elimination] = []
-        for n in nodes:   # the same rules, in order, now naming why
+        by = self.type_name
+        later = Elimination.later
+        for n in nodes:   # the same rules, in order, now naming why (formatted only if read)
             if n.inflight_requests >= n.max_concurrency:
-                out.append(Elimination(n.name, self.type_name, f"{n.inflight_requests} requests in flight (max)"))
+                out.append(later(n.name, by, _at_max, n.inflight_requests))
             elif fits_somewhere and tokens > n.capacity_tokens * room:
-                out.append(Elimination(n.name, self.type_name,
-                                       f"{tokens} tokens never fit capacity {n.capacity_tokens}"))
+                out.append(later(n.name, by, _never_fits, tokens, n.capacity_tokens))
             elif n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room:
                 # An idle node always takes a request, even one larger than its budget.
-                out.append(Elimination(
-                    n.name, self.type_name,
-                    f"{n.inflight_tokens}+{tokens} tokens over capacity {n.capacity_tokens}"))
+                out.append(later(n.name, by, _over_capacity, n.inflight_tokens, tokens, n.capacity_tokens))
             else:
                 kept.append(n)
         return kept, out
@@ -137,7 +161,8 @@ class OutstandingTokens:
 
     def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
         t = req.tokens
-        return [max(0.0, 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) for n in nodes]
+        # ``x if x > 0.0 else 0.0`` is max(0.0, x) without the call (NaN and -0.0 give 0.0 in both).
+        return [x if (x := 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) > 0.0 else 0.0 for n in nodes]
 
 
 class QueueDepth:
@@ -154,7 +179,7 @@ class QueueDepth:
         return 1.0 / (1.0 + waiting)
 
     def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
-        return [1.0 / (1.0 + (w if (w := n.waiting) is not None else max(0, n.inflight_requests - 1)))
+        return [1.0 / (1.0 + (w if (w := n.waiting) is not None else (r - 1 if (r := n.inflight_requests) > 1 else 0)))
                 for n in nodes]
 
 
@@ -171,7 +196,9 @@ class KVCacheScorer:
         return 0.5 if node.kv_usage is None else max(0.0, min(1.0, 1.0 - node.kv_usage))
 
     def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
-        return [0.5 if (kv := n.kv_usage) is None else max(0.0, min(1.0, 1.0 - kv)) for n in nodes]
+        # max(0.0, min(1.0, y)) without the calls: y below 1 is clamped at 0; 1 and above, or NaN, give 1.0.
+        return [0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0)
+                for n in nodes]
 
 
 class DecodeSpeedParams(BaseModel):
@@ -214,7 +241,13 @@ class DecodeSpeed:
     def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
         prior = self.p.unknown_tokens_per_s
         if req.output_tokens <= self.p.optimistic_max_tokens:
-            prior = max((s for n in nodes if (s := n.tokens_per_s) is not None and s > 0), default=prior)
+            best: float | None = None     # the fastest known speed (max() keeps the first of equals too)
+            for n in nodes:
+                s = n.tokens_per_s
+                if s is not None and s > 0 and (best is None or s > best):
+                    best = s
+            if best is not None:
+                prior = best
         ref, out = self.p.reference_s, req.output_tokens
         return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
 
@@ -266,7 +299,8 @@ class MaxScore:
         pass
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
-        keyed = [(-s, rng.random(), n.name) for n, s in scored]
+        r = rng.random
+        keyed = [(-s, r(), n.name) for n, s in scored]
         keyed.sort()
         return [name for _, _, name in keyed]
 

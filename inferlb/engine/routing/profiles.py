@@ -29,6 +29,7 @@ A profile may be customised in the fleet file (``routing.filters/scorers/picker/
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,11 @@ class Router:
         plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
         self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
         self.uses_selector = any(f.type_name == "node-selector" for f in filters)
+        # Resolved once: the plugin lists are fixed when the router is built (build_router).
+        self._apply = [f.apply for f in filters]
+        self._batch = [_batch_of(s) for s, _ in scorers]
+        self._keys = (*(s.type_name for s, _ in scorers), "total")
+        self._weigh = _weigher([w for _, w in scorers], self._total_w)
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
@@ -121,57 +127,60 @@ class Router:
         if 0 < k < size:
             pre = self._preselect
             picked = pre(req, pool, k) if pre is not None else None
+            own = picked is None      # a preselected list is the picker's: only copies are kept
             if picked is None:
                 # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
                 rnd = self.rng.random
                 picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
-            d = self._decide(req, picked, len(nodes), dict(counts), len(picked))
+            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own)
             if d.ranked:
                 return d
-        return self._decide(req, pool, len(nodes), counts, None)
+        return self._decide(req, pool, len(nodes), counts, None, False)
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
-                sampled: int | None) -> Decision:
-        d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name, offered=offered,
-                     sampled=sampled, counts=counts)
+                sampled: int | None, own: bool) -> Decision:
+        """``own``: ``nodes`` is a list of the router's own (the sample), which the decision may
+        keep; otherwise it belongs to the caller and only copies are kept."""
+        if own:
+            d = Decision._lazy(self.name, nodes, self.picker.type_name, offered, sampled, counts)
+        else:
+            d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name, offered=offered,
+                         sampled=sampled, counts=counts)
+        eliminated = d.eliminated
         live = nodes
-        if req.exclude:
+        exclude = req.exclude
+        if exclude:
             live = []
             for n in nodes:
-                if n.name in req.exclude:
-                    d.eliminated.append(Elimination(n.name, "retry", "already tried for this request"))
+                if n.name in exclude:
+                    eliminated.append(Elimination(n.name, "retry", "already tried for this request"))
                 else:
                     live.append(n)
-        for f in self.filters:
+            for e in eliminated:
+                counts[e.by] = counts.get(e.by, 0) + 1
+        for apply in self._apply:
             if not live:
                 break
-            live, out = f.apply(req, live)
+            live, out = apply(req, live)
             if out:
-                d.eliminated.extend(out)
-        for e in d.eliminated:
-            counts[e.by] = counts.get(e.by, 0) + 1
+                eliminated.extend(out)
+                for e in out:
+                    by = e.by
+                    counts[by] = counts.get(by, 0) + 1
         if not live:
             return d
-        if self.scorers:
-            keys: list[str] = []
-            totals = [0.0] * len(live)
-            cols: list[list[float]] = []
-            for s, w in self.scorers:
-                batch = getattr(s, "score_all", None)
-                col = batch(req, live) if batch is not None else [s.score(req, n) for n in live]
-                keys.append(s.type_name)
-                cols.append(col)
-                totals = [t + c * w for t, c in zip(totals, col, strict=True)]
-            total_w = self._total_w
-            totals = [t / total_w for t in totals]
-            keys.append("total")
-            d.score_keys = tuple(keys)
-            d.score_rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
+        if live is nodes and not own:
+            live = list(live)      # the decision keeps it (score rows): not the caller's list
+        batch = self._batch
+        if batch:
+            cols = [score_all(req, live) for score_all in batch]
+            totals = self._weigh(cols)
+            d._set_scores(self._keys, live, cols, totals)
             scored = list(zip(live, totals, strict=True))
         else:
+            totals = [0.0] * len(live)
+            d._set_scores(self._keys, live, [], totals)
             scored = [(n, 0.0) for n in live]
-            d.score_keys = ("total",)
-            d.score_rows = {n.name: (0.0,) for n in live}
         rank_detail, rank_for = self._rank_detail, self._rank_for
         if rank_detail is not None:
             d.ranked, d.pick_detail = rank_detail(req, scored, self.rng)
@@ -180,6 +189,42 @@ class Router:
         else:
             d.ranked = self.picker.rank(scored, self.rng)
         return d
+
+
+def _batch_of(s: Scorer) -> Callable[[RouteRequest, list[NodeView]], list[float]]:
+    """The scorer's ``score_all``, or ``score`` applied per node."""
+    batch: Callable[[RouteRequest, list[NodeView]], list[float]] | None = getattr(s, "score_all", None)
+    if batch is not None:
+        return batch
+    score = s.score
+    return lambda req, nodes: [score(req, n) for n in nodes]
+
+
+def _weigher(ws: list[float], total_w: float) -> Callable[[list[list[float]]], list[float]]:
+    """Per node, the weighted total of the scorer columns divided by ``total_w``. The sum runs in
+    scorer order from 0.0, ``((0.0 + c0·w0) + c1·w1) + …``, so every total is the same float
+    whatever the number of scorers (the comprehensions below only unroll that loop)."""
+    if len(ws) == 1:
+        (w0,) = ws
+        return lambda cols: [(0.0 + a * w0) / total_w for a in cols[0]]
+    if len(ws) == 2:
+        w0, w1 = ws
+        return lambda cols: [(0.0 + a * w0 + b * w1) / total_w for a, b in zip(*cols, strict=True)]
+    if len(ws) == 3:
+        w0, w1, w2 = ws
+        return lambda cols: [(0.0 + a * w0 + b * w1 + c * w2) / total_w for a, b, c in zip(*cols, strict=True)]
+    if len(ws) == 4:
+        w0, w1, w2, w3 = ws
+        return lambda cols: [(0.0 + a * w0 + b * w1 + c * w2 + e * w3) / total_w
+                             for a, b, c, e in zip(*cols, strict=True)]
+
+    def weigh(cols: list[list[float]]) -> list[float]:
+        totals = [0.0] * len(cols[0])
+        for col, w in zip(cols, ws, strict=True):
+            totals = [t + c * w for t, c in zip(totals, col, strict=True)]
+        return [t / total_w for t in totals]
+
+    return weigh
 
 
 def build_router(profile: str, *, filters: list[str] | None = None, scorers: dict[str, float] | None = None,

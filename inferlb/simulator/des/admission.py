@@ -32,6 +32,9 @@ class Verdict(NamedTuple):
     reason: str = ""
 
 
+_ADMITTED = Verdict(ADMIT)
+
+
 class Pools(Protocol):
     """The simulation's model pools as admission sees them."""
 
@@ -69,7 +72,7 @@ class OpenAdmission:
         cap = self.max_inflight
         if cap is not None and pools.inflight() >= cap:
             return Verdict(REJECT, f"{pools.inflight()} requests in flight (cap {cap})")
-        return Verdict(ADMIT)
+        return _ADMITTED
 
     def release(self, i: int, now: float, ok: bool, pools: Pools) -> list[int]:
         return []

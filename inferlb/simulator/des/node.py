@@ -34,6 +34,8 @@ __all__ = ["DesNode", "FixedCore", "NodeState"]
 
 NodeState = str   # "starting" | "ready" | "draining" | "removed"
 
+_NOT_READY = {"starting": "loading (cold start)", "draining": "draining", "removed": "removed"}
+
 
 class FixedCore:
     """A fixed-speed node (``NodeSpec.batching is None``): each request finishes at
@@ -149,9 +151,8 @@ class DesNode:
         """The routing snapshot of this node at ``now``."""
         reason: str | None = None
         if self.state != "ready":
-            reason = {"starting": "loading (cold start)", "draining": "draining",
-                      "removed": "removed"}.get(self.state, self.state)
-        elif self.core.is_down(now):
+            reason = _NOT_READY.get(self.state, self.state)
+        elif now < self.core.down_until:
             reason = "loading (restarting after a crash)"
         return NodeView(name=self.name, models=self.models, capacity_tokens=self.capacity_tokens,
                         max_concurrency=self.spec.max_concurrency, inflight_requests=self.inflight_requests,
