@@ -11,6 +11,12 @@ the same process just before, the cost of one decision of the same router over a
 1,000-node view list (the floor the real routing core puts under every request). Bounded: arrivals
 stop being fed once the simulation has run ``--max-seconds`` of wall time (the run then drains and
 the figure covers the requests fed, said so in the output).
+
+``--baseline-tree DIR --rounds R`` compares two trees in the same run instead: an exported copy of
+another commit (``git archive <commit> inferlb | tar -x -C DIR``) and this one, each run in a fresh
+subprocess with ``PYTHONPATH`` set to it, alternating, ``R`` rounds; printed: CPU µs per request of
+each run, the min and median per tree, and whether the two trees' runs agree (events, outcome
+counts, latency percentiles: the same seed must give the same simulation).
 """
 
 from __future__ import annotations
@@ -18,6 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -96,6 +107,40 @@ def run(nodes: int, requests: int, rate: float, profile: str, workload: str, max
     }
 
 
+_SAME = ("requests_simulated", "events", "outcomes", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s")
+
+
+def compare(a: argparse.Namespace) -> int:
+    """Alternate runs of the baseline tree and this one (see the module docstring)."""
+    this = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    trees = {"baseline": os.path.abspath(a.baseline_tree), "this": this}
+    args = ["--nodes", str(a.nodes), "--requests", str(a.requests), "--rate", str(a.rate), "--profile", a.profile,
+            "--workload", a.workload, "--max-seconds", str(a.max_seconds), "--seed", str(a.seed)]
+    cpu: dict[str, list[float]] = {k: [] for k in trees}
+    seen: dict[str, list[Any]] = {k: [] for k in trees}
+    load0 = os.getloadavg()
+    for r in range(a.rounds):
+        for label, tree in trees.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "out.json")
+                subprocess.run([sys.executable, "-m", "inferlb.bench.des_speed", *args, "--json", path],
+                               env={**os.environ, "PYTHONPATH": tree}, capture_output=True, check=True, timeout=600)
+                with open(path) as fh:
+                    res = json.load(fh)
+            cpu[label].append(res["us_per_request_cpu"])
+            seen[label].append([res[k] for k in _SAME])
+            print(f"round {r + 1} {label:8} cpu µs/request {res['us_per_request_cpu']:7.1f}  wall "
+                  f"{res['us_per_request_wall']:7.1f}  requests {res['requests_simulated']}", flush=True)
+    load1 = os.getloadavg()
+    print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "
+          f"{load1[2]:.2f}")
+    for label, v in cpu.items():
+        print(f"{label:8} cpu µs/request: min {min(v):.1f}, median {statistics.median(v):.1f}")
+    same = all(x == seen["baseline"][0] for runs in seen.values() for x in runs)
+    print("same simulation in both trees (events, outcomes, latency percentiles):", "yes" if same else "NO")
+    return 0 if same else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000)
@@ -106,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=60.0, help="stop feeding arrivals after this wall time")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--baseline-tree", default=None, help="compare with another tree's inferlb/ (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --baseline-tree: runs per tree")
     a = ap.parse_args(argv)
+    if a.baseline_tree:
+        return compare(a)
     out = run(a.nodes, a.requests, a.rate, a.profile, a.workload, a.max_seconds, a.seed)
     for k, v in out.items():
         print(f"{k:28} {v}")
