@@ -14,9 +14,10 @@ the figure covers the requests fed, said so in the output).
 
 ``--baseline-tree DIR --rounds R`` compares two trees in the same run instead: an exported copy of
 another commit (``git archive <commit> inferlb | tar -x -C DIR``) and this one, each run in a fresh
-subprocess with ``PYTHONPATH`` set to it, alternating, ``R`` rounds; printed: CPU µs per request of
-each run, the min and median per tree, and whether the two trees' runs agree (events, outcome
-counts, latency percentiles: the same seed must give the same simulation).
+subprocess with ``PYTHONPATH`` and the working directory set to it, alternating, ``R`` rounds;
+printed: CPU µs per request of each run, the min and median per tree, and whether the two trees'
+runs agree (events, outcome counts, latency percentiles: the same seed must give the same
+simulation).
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def compare(a: argparse.Namespace) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "out.json")
                 subprocess.run([sys.executable, "-m", "inferlb.bench.des_speed", *args, "--json", path],
-                               env={**os.environ, "PYTHONPATH": tree}, capture_output=True, check=True, timeout=600)
+                               env={**os.environ, "PYTHONPATH": tree}, cwd=tree,   # -m imports from the cwd first
+                               capture_output=True, check=True, timeout=600)
                 with open(path) as fh:
                     res = json.load(fh)
             cpu[label].append(res["us_per_request_cpu"])
