@@ -1,6 +1,8 @@
-"""The routing core as it was before the speed work of issue 14 / issue 11 part 1 (commit cc63ae7):
-plugins, ``Router`` and ``Decision`` copied verbatim (renamed ``Ref*``), so
-tests/engine/test_routing_differential.py can hold the optimised core to the same decisions.
+"""The routing core as it was before the speed work of issue 14 / issue 11 part 1 (main at
+21e94db): the built-in plugins of routing/plugins.py, ``Router`` and ``Decision`` copied verbatim
+(renamed ``Ref*``), so tests/engine/test_routing_differential.py can hold the optimised core to the
+same decisions. Plugins that work did not touch (node-selector, rtt, affinity, learned) come from
+the registry.
 
 Not used by the product. Change it only to mirror a deliberate change of routing behaviour.
 """
@@ -13,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferlb.engine.routing.registry import make_plugin
 from inferlb.engine.routing.types import JSON_ELIMINATED, JSON_NAMES, JSON_RANKED, JSON_SCORED, NodeView, RouteRequest
 
 __all__ = ["REF_PLUGINS", "RefDecision", "RefElimination", "RefRouter", "ref_router"]
@@ -48,6 +51,7 @@ class RefDecision:
     # Set by a profile that learns (routing/learned.py): predictions, propensity, exploration,
     # predictor version or why it fell back; its ``to_json()`` is bounded (routing/explain.py).
     learned: Any = None
+    pick_detail: dict[str, Any] | None = None   # why the picker ranked as it did (small JSON; None: by score)
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
@@ -64,14 +68,16 @@ class RefDecision:
         node names of ~12 characters): the first :data:`JSON_NAMES` candidates, the first
         :data:`JSON_ELIMINATED` eliminations with their reasons and the count of all of them by
         filter, the first :data:`JSON_RANKED` ranked nodes, and the per-scorer scores of the best
-        :data:`JSON_SCORED` (rounded to 4 places). ``*_total`` fields give the full lengths of the cut lists."""
+        :data:`JSON_SCORED` (rounded to 4 places). ``*_total`` fields give the full lengths of the cut lists.
+        ``pick_detail`` is there only when the picker explained its ranking (the ``affinity``
+        picker: which key, which node HRW chose, which nodes were over the load bound)."""
         counts = dict(self.counts)
         if not counts:
             for e in self.eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
         top = self.ranked[:JSON_SCORED]
         keys, rows = self.score_keys, self.score_rows
-        return {
+        out: dict[str, Any] = {
             "profile": self.profile,
             "offered": self.offered or len(self.candidates),
             "sampled": self.sampled,
@@ -87,6 +93,9 @@ class RefDecision:
             "pick": self.pick,
             **({"learned": self.learned.to_json()} if self.learned is not None else {}),
         }
+        if self.pick_detail is not None:
+            out["pick_detail"] = self.pick_detail
+        return out
 
 
 
@@ -402,7 +411,11 @@ class RefRouter:
     costs about the same at 10 and at 1,000 nodes. When the nodes come as a
     :class:`~inferlb.engine.routing.types.NodeList` and the profile filters by model, the draw is
     from the model's own pool. When no sampled node passes the filters, every node is considered,
-    so sampling never turns a servable request away.
+    so sampling never turns a servable request away. A picker with ``preselect`` (the
+    ``affinity`` picker) chooses the k instead of the random draw, when it has a reason to.
+
+    ``prefix_blocks``: how many prompt blocks the request's data must carry (the largest any of
+    the profile's plugins reads; 0: none, and the prompt is not hashed at all).
     """
 
     def __init__(self, name: str, filters: list[Any], scorers: list[tuple[Any, float]],
@@ -416,6 +429,11 @@ class RefRouter:
         self._by_model = any(f.type_name == "serves-model" for f in filters)
         self._total_w = sum(w for _, w in scorers) or 1.0
         self._rank_for = getattr(picker, "rank_for", None)   # a picker that reads the request (priority)
+        self._rank_detail = getattr(picker, "rank_detail", None)   # ... and explains its ranking (affinity)
+        self._preselect = getattr(picker, "preselect", None)
+        plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
+        self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
+        self.uses_selector = any(f.type_name == "node-selector" for f in filters)
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> RefDecision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
@@ -429,9 +447,12 @@ class RefRouter:
         k = self.sample
         size = len(pool)
         if 0 < k < size:
-            # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
-            rnd = self.rng.random
-            picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
+            pre = self._preselect
+            picked = pre(req, pool, k) if pre is not None else None
+            if picked is None:
+                # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
+                rnd = self.rng.random
+                picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
             d = self._decide(req, picked, len(nodes), dict(counts), len(picked))
             if d.ranked:
                 return d
@@ -453,7 +474,8 @@ class RefRouter:
             if not live:
                 break
             live, out = f.apply(req, live)
-            d.eliminated.extend(out)
+            if out:
+                d.eliminated.extend(out)
         for e in d.eliminated:
             counts[e.by] = counts.get(e.by, 0) + 1
         if not live:
@@ -478,11 +500,14 @@ class RefRouter:
             scored = [(n, 0.0) for n in live]
             d.score_keys = ("total",)
             d.score_rows = {n.name: (0.0,) for n in live}
-        rank_for = self._rank_for
-        d.ranked = rank_for(req, scored, self.rng) if rank_for is not None else self.picker.rank(scored, self.rng)
+        rank_detail, rank_for = self._rank_detail, self._rank_for
+        if rank_detail is not None:
+            d.ranked, d.pick_detail = rank_detail(req, scored, self.rng)
+        elif rank_for is not None:
+            d.ranked = rank_for(req, scored, self.rng)
+        else:
+            d.ranked = self.picker.rank(scored, self.rng)
         return d
-
-
 
 
 REF_PLUGINS: dict[str, Any] = {
@@ -499,7 +524,9 @@ def ref_router(filters: tuple[str, ...], scorers: dict[str, float], picker: str,
     params = params or {}
 
     def make(n: str) -> Any:
-        cls = REF_PLUGINS[n]
+        cls = REF_PLUGINS.get(n)
+        if cls is None:
+            return make_plugin(n, params.get(n))
         return cls(cls.Params.model_validate(params.get(n) or {}))
 
     return RefRouter(name, [make(f) for f in filters], [(make(s), w) for s, w in scorers.items()], make(picker),

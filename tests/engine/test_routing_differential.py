@@ -3,8 +3,9 @@
 tests/engine/routing_reference.py holds the core as it was (plugins, ``Router``, ``Decision``,
 copied verbatim). Here both run side by side from the same seed over random fleets and requests
 (healthy and not, full and idle nodes, unknown metrics, other models, retries, sampled and not,
-plain lists and :class:`NodeList`), and every field of every decision must be equal: candidates,
-eliminations with their reasons, counts, per-scorer scores, ranking, the audit copy byte for byte.
+plain lists and :class:`NodeList`, sessions and prompt prefixes for the affinity picker), and
+every field of every decision must be equal: candidates, eliminations with their reasons, counts,
+per-scorer scores, ranking, the picker's detail, the audit copy byte for byte.
 The discrete-event simulation gives the same results with either core.
 """
 
@@ -60,7 +61,9 @@ def random_request(rng: random.Random, views: list[NodeView]) -> RouteRequest:
     return RouteRequest(model=rng.choice(("m0", "m0", "m1", "m2")), prompt_tokens=rng.choice([1, 100, 3000, 200_000]),
                         output_tokens=rng.choice([0, 1, 64, 256, 2048]),
                         priority=rng.choice([None, "critical", "standard", "sheddable"]), exclude=exclude,
-                        stream=rng.random() < 0.5, deadline_s=rng.choice([None, 0.0, 2.0, 30.0]))
+                        stream=rng.random() < 0.5, deadline_s=rng.choice([None, 0.0, 2.0, 30.0]),
+                        prefix=tuple(rng.getrandbits(64) for _ in range(rng.choice([0, 0, 1, 4, 20]))),
+                        session=rng.choice([None, None, rng.getrandbits(64), 42]))
 
 
 def same(new: Any, ref: RefDecision) -> None:
@@ -72,7 +75,7 @@ def same(new: Any, ref: RefDecision) -> None:
     assert _nan_eq(new.score_rows, ref.score_rows) and list(new.score_rows) == list(ref.score_rows)
     assert _nan_eq(new.scores, ref.scores)
     assert new.ranked == ref.ranked and new.pick == ref.pick and new.picker == ref.picker
-    assert new.offered == ref.offered and new.sampled == ref.sampled
+    assert new.offered == ref.offered and new.sampled == ref.sampled and new.pick_detail == ref.pick_detail
     assert json.dumps(new.to_json()) == json.dumps(ref.to_json())
 
 
