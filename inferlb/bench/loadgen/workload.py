@@ -15,6 +15,13 @@ process with rate ``λ(t)``, drawn by thinning:
 - ``diurnal``: a sine between ``rate × (1 - amplitude)`` and ``rate × (1 + amplitude)`` over
   ``period_s`` (a day compressed into minutes);
 - ``step``: ``rate`` until ``step_at_s``, then ``rate × step_factor`` (a step to N× capacity).
+- ``diurnal-bursty``: days of ``period_s`` (a real day: 86,400 s) shaped like a working day
+  (night at ``night_factor`` of the peak, a morning ramp 7–10 h, a lunch dip, the peak mid-afternoon,
+  an evening fall), ``rate`` at the weekday peak; day ``d`` is a weekend day when ``d % 7`` is 5
+  or 6 (``weekend_factor``); each day's level drifts by up to ``±level_drift``; about
+  ``bursts_per_day`` unannounced bursts a day multiply the rate by ``burst_min``–``burst_max`` for
+  ``burst_min_s``–``burst_max_s``. Drifts and bursts are drawn per day from ``random.Random`` seeded
+  with ``(burst_seed, day)``, so ``λ(t)`` is a pure function of ``t``.
 
 Workload files are YAML or JSON with the fields of :class:`Workload`; unknown keys are refused.
 
@@ -25,9 +32,11 @@ with every turn (:mod:`.sessions`), the workload of prefix and session affinity.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,8 +53,10 @@ __all__ = [
     "PlannedRequest",
     "Sessions",
     "Workload",
+    "iter_plan",
     "load_workload",
     "plan",
+    "workday_shape",
 ]
 
 
@@ -91,7 +102,7 @@ class LengthDist(_Strict):
 class Arrival(_Strict):
     """An open-loop arrival process (see the module docstring); ``rate`` in requests per second."""
 
-    kind: Literal["poisson", "onoff", "diurnal", "step"] = "poisson"
+    kind: Literal["poisson", "onoff", "diurnal", "step", "diurnal-bursty"] = "poisson"
     rate: float = Field(1.0, gt=0)
     on_s: float = Field(5.0, gt=0)
     off_s: float = Field(5.0, gt=0)
@@ -101,9 +112,50 @@ class Arrival(_Strict):
     amplitude: float = Field(0.5, ge=0, le=1)
     step_at_s: float = Field(30.0, ge=0)
     step_factor: float = Field(2.0, ge=0)
+    # diurnal-bursty (period_s is the day)
+    night_factor: float = Field(0.1, ge=0, le=1)
+    weekend_factor: float = Field(0.5, ge=0, le=1)
+    level_drift: float = Field(0.1, ge=0, lt=1)
+    bursts_per_day: float = Field(2.0, ge=0)
+    burst_min: float = Field(1.5, ge=1)
+    burst_max: float = Field(2.5, ge=1)
+    burst_min_s: float = Field(900.0, gt=0)
+    burst_max_s: float = Field(2700.0, gt=0)
+    burst_seed: int = 0
+
+    @model_validator(mode="after")
+    def _bursts(self) -> Arrival:
+        if self.burst_min > self.burst_max or self.burst_min_s > self.burst_max_s:
+            raise ValueError("burst_min must be <= burst_max and burst_min_s <= burst_max_s")
+        return self
+
+    def day_level(self, day: int) -> float:
+        """diurnal-bursty: the level of day ``day`` (weekend factor and drift)."""
+        level, _ = _day_draws(self.burst_seed, day, self.level_drift, self.bursts_per_day, self.burst_min,
+                              self.burst_max, self.burst_min_s, self.burst_max_s, self.period_s)
+        return level * (self.weekend_factor if day % 7 >= 5 else 1.0)
+
+    def bursts(self, day: int) -> tuple[tuple[float, float, float], ...]:
+        """diurnal-bursty: the bursts of day ``day``: (start, end, factor), times in seconds of the run."""
+        return _day_draws(self.burst_seed, day, self.level_drift, self.bursts_per_day, self.burst_min,
+                          self.burst_max, self.burst_min_s, self.burst_max_s, self.period_s)[1]
+
+    def base_rate_at(self, t: float, scale: float = 1.0) -> float:
+        """diurnal-bursty: the rate without its bursts (the shape a forecaster can learn)."""
+        day = math.floor(t / self.period_s)
+        x = (t - day * self.period_s) / self.period_s
+        return self.rate * scale * self.day_level(day) * workday_shape(x, self.night_factor)
 
     def rate_at(self, t: float, scale: float = 1.0) -> float:
         r = self.rate * scale
+        if self.kind == "diurnal-bursty":
+            base = self.base_rate_at(t, scale)
+            day = math.floor(t / self.period_s)
+            for d in (day - 1, day):    # a burst may run past midnight
+                for start, end, factor in self.bursts(d):
+                    if start <= t < end:
+                        return base * factor
+            return base
         if self.kind == "onoff":
             return r * (self.on_factor if (t % (self.on_s + self.off_s)) < self.on_s else self.off_factor)
         if self.kind == "diurnal":
@@ -114,6 +166,8 @@ class Arrival(_Strict):
 
     def max_rate(self, scale: float = 1.0) -> float:
         r = self.rate * scale
+        if self.kind == "diurnal-bursty":
+            return r * (1.0 + self.level_drift) * self.burst_max
         if self.kind == "onoff":
             return r * max(self.on_factor, self.off_factor)
         if self.kind == "diurnal":
@@ -121,6 +175,35 @@ class Arrival(_Strict):
         if self.kind == "step":
             return r * max(1.0, self.step_factor)
         return r
+
+
+def workday_shape(x: float, night: float = 0.1) -> float:
+    """Relative load over one day, ``x`` in [0, 1) (0 = midnight), peak 1.0: ``night`` until 6 h, a
+    morning ramp (most of it 7–10 h), a dip at lunch, the peak mid-afternoon, an evening fall 18–22 h."""
+    h = x * 24
+    up = 1 / (1 + math.exp(-(h - 8.5) * 2.2))
+    down = 1 / (1 + math.exp(-(h - 19.5) * 1.4))
+    lunch = 0.15 * math.exp(-((h - 12.5) ** 2) / 0.5)
+    afternoon = 0.12 * math.exp(-((h - 15.0) ** 2) / 3.0)
+    day = max(0.0, up - down) * (1.0 - lunch + afternoon) / 1.12
+    return night + (1.0 - night) * min(1.0, day)
+
+
+@functools.lru_cache(maxsize=4096)
+def _day_draws(seed: int, day: int, drift: float, per_day: float, f_min: float, f_max: float, s_min: float,
+               s_max: float, day_s: float) -> tuple[float, tuple[tuple[float, float, float], ...]]:
+    rng = random.Random(f"{seed}:day:{day}")
+    level = 1.0 + rng.uniform(-drift, drift)
+    bursts: list[tuple[float, float, float]] = []
+    n = 0
+    # a Poisson number of bursts (mean per_day), each at a uniform time of the day
+    budget = rng.expovariate(1.0) if per_day > 0 else math.inf
+    while budget < per_day and n < 50:
+        start = day * day_s + rng.uniform(0, day_s)
+        bursts.append((start, start + rng.uniform(s_min, s_max), rng.uniform(f_min, f_max)))
+        budget += rng.expovariate(1.0)
+        n += 1
+    return level, tuple(sorted(bursts))
 
 
 class SLO(_Strict):
@@ -216,31 +299,41 @@ def _pick(rng: random.Random, mix: dict[str, float]) -> str | None:
 def plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: float | None = None,
          max_requests: int = 1_000_000) -> list[PlannedRequest]:
     """The requests of ``w`` (``rate`` overrides ``w.arrival.rate``), at most ``max_requests``."""
+    return list(iter_plan(w, seed=seed, rate=rate, duration_s=duration_s, max_requests=max_requests))
+
+
+def iter_plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: float | None = None,
+              max_requests: int | None = None) -> Iterator[PlannedRequest]:
+    """:func:`plan` one request at a time (the same requests), for plans too big to hold as objects
+    (a week of traffic): bounded by the duration and, when given, ``max_requests``."""
     duration = duration_s if duration_s is not None else w.duration_s
     if w.sessions is not None:
         from .sessions import plan_sessions
 
-        return plan_sessions(w, w.sessions, seed=seed, rate=rate if rate is not None else w.arrival.rate,
-                             duration_s=duration, max_requests=max_requests)
+        yield from plan_sessions(w, w.sessions, seed=seed, rate=rate if rate is not None else w.arrival.rate,
+                                 duration_s=duration,
+                                 max_requests=max_requests if max_requests is not None else 1_000_000)
+        return
     scale = 1.0 if rate is None else rate / w.arrival.rate
     arrivals = random.Random(f"{seed}:arrivals")
     shapes = random.Random(f"{seed}:shapes")
     lam_max = w.arrival.max_rate(scale)
-    out: list[PlannedRequest] = []
     t = 0.0
+    n = 0
     if lam_max <= 0:
-        return out
-    while len(out) < max_requests:   # bounded by max_requests and by the duration
+        return
+    cap = math.inf if max_requests is None else max_requests
+    while n < cap:   # bounded by max_requests and by the duration
         t += arrivals.expovariate(lam_max)
         if t >= duration:
             break
         if arrivals.random() * lam_max > w.arrival.rate_at(t, scale):
             continue   # thinned out
-        out.append(PlannedRequest(
+        n += 1
+        yield PlannedRequest(
             t=t, prompt_tokens=w.prompt_tokens.sample(shapes), output_tokens=w.output_tokens.sample(shapes),
             tenant=_pick(shapes, w.tenants), priority=_pick(shapes, w.priorities), model=w.model,
-            stream=shapes.random() < w.stream))
-    return out
+            stream=shapes.random() < w.stream)
 
 
 BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
@@ -275,6 +368,18 @@ BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
                       "output_tokens": {"dist": "lognormal", "median": 100, "sigma": 0.5, "max": 600},
                       "slo": {"ttft_s": 2.0, "e2e_s": 30.0}, "warmup_s": 15.0, "duration_s": 45.0,
                       "timeout_s": 60.0},
+    # A week of a working day's traffic at real time scale (autoscaling backtests, `inferlb autoscale
+    # backtest`): weekday peak ``rate`` req/s, weekends at half, morning ramps, about two unannounced
+    # bursts a day at ×1.5–2.5 for 15–45 min. Short chat turns, so a week stays ~1.5 M requests.
+    "diurnal-bursty": {
+        "name": "diurnal-bursty",
+        "arrival": {"kind": "diurnal-bursty", "rate": 5.0, "period_s": 86_400},
+        "duration_s": 7 * 86_400,
+        "prompt_tokens": {"dist": "lognormal", "median": 200, "sigma": 0.8, "min": 8, "max": 2000},
+        "output_tokens": {"dist": "lognormal", "median": 64, "sigma": 0.7, "min": 4, "max": 512},
+        "slo": {"ttft_s": 2.0, "e2e_s": 20.0},
+        "timeout_s": 60.0,
+    },
     # Long streams of equal length: the emulator-cost measurement (many concurrent streams).
     "long-streams": {"name": "long-streams", "prompt_tokens": {"dist": "constant", "value": 64},
                      "output_tokens": {"dist": "constant", "value": 600, "max": 600},
