@@ -10,6 +10,7 @@
     inferlb report sla|cost           SLA / cost tables from the audit trail (--group-by, --bucket, --csv)
     inferlb report capacity --config F  scaling advice per model and GPU type (inferlb/cli_autoscale.py)
     inferlb demo --autoscale          the demo with the local autoscaler starting emulated nodes
+    inferlb autoscale backtest        the autoscaler over simulated days (inferlb/cli_backtest.py)
     inferlb sim [--fleet hetero4]     run simulated GPU nodes only (vLLM-like engines, /metrics)
     inferlb bench overhead            gateway overhead vs direct / floor proxy / nginx
     inferlb bench overload            admission control at 2× / 5× capacity, noisy neighbour (on vs off)
@@ -307,6 +308,9 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_fleet import register as register_fleet
 
     register_fleet(sub)
+    from .cli_backtest import register as register_backtest
+
+    register_backtest(sub)   # inferlb autoscale backtest
     ag = sub.add_parser("agent", help="GPU node agent: NVML readings over HTTP (needs the agent extra)")
     ag.add_argument("--host", default="127.0.0.1")
     ag.add_argument("--port", type=int, default=9401)
@@ -347,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             from .cli_routing import routing_command
 
             return routing_command(args, _settings(args).database_url)
+        elif args.cmd == "autoscale":
+            return int(args.autoscale_handler(args))
         elif args.cmd == "fleet":
             from .cli_fleet import fleet_main
 

@@ -58,7 +58,7 @@ from .autoscale_controller import ScalerController
 from .des_report import des_summary
 from .loadgen.workload import PlannedRequest, Workload, iter_plan, plan
 
-__all__ = ["POLICIES", "BacktestOptions", "Trace", "calibrate", "make_trace", "run_backtest", "summarise"]
+__all__ = ["POLICIES", "BacktestOptions", "Trace", "calibrate", "goals", "make_trace", "run_backtest", "summarise"]
 
 POLICIES = ("static", "reactive", "predictive", "oracle")
 DAY_S = 86_400.0
@@ -213,7 +213,7 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     scaler = Autoscaler(cfg, _forecaster(policy, opts, truth, holder))
     ctl = ScalerController(scaler, model=w.model, gpu=opts.preset, capacity_tokens_s=cap,
                            make_spec=lambda name: opts.spec(name, w.model), start=start,
-                           warm=truth[:int(round(start / opts.step_s))])
+                           warm=truth[:round(start / opts.step_s)])
     holder.append(ctl)
     specs = ctl.initial(start)
     sim = Simulation(specs, profile=opts.profile, seed=opts.seed, timeout_s=w.timeout_s, model=w.model,
@@ -310,3 +310,26 @@ def summarise(res: DesResults, w: Workload, ctl: ScalerController, opts: Backtes
                     "capacity": r.capacity, "starting": r.starting, "ready": r.ready, "draining": r.draining,
                     "desired": r.desired} for r in ctl.rounds],
     }
+
+
+def goals(runs: dict[str, dict[str, Any]], *, slo_goal: float = 0.99) -> list[dict[str, Any]]:
+    """Issue 11's goals, each with its measured value, for the policies present in ``runs``:
+    predictive SLO attainment ≥ 99 %; its GPU-hours ≤ 1.15 × the oracle's and ≤ 0.75 × static
+    peak's; its SLO attainment during ramps above reactive's."""
+    p = runs.get("predictive")
+    if p is None:
+        return []
+    out: list[dict[str, Any]] = [{"goal": f"predictive SLO attainment >= {slo_goal * 100:g} %",
+                                  "value": p["slo_attainment"], "met": p["slo_attainment"] >= slo_goal}]
+    if "oracle" in runs:
+        ratio = p["gpu_hours"] / runs["oracle"]["gpu_hours"]
+        out.append({"goal": "predictive GPU-hours <= 1.15 x oracle", "value": ratio, "met": ratio <= 1.15})
+    if "static" in runs:
+        ratio = p["gpu_hours"] / runs["static"]["gpu_hours"]
+        out.append({"goal": "predictive GPU-hours <= 0.75 x static peak", "value": ratio, "met": ratio <= 0.75})
+    if "reactive" in runs and p["slo_attainment_ramps"] is not None:
+        r = runs["reactive"]["slo_attainment_ramps"]
+        out.append({"goal": "predictive SLO attainment during ramps > reactive's",
+                    "value": {"predictive": p["slo_attainment_ramps"], "reactive": r},
+                    "met": r is not None and p["slo_attainment_ramps"] > r})
+    return out

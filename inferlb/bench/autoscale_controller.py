@@ -32,6 +32,7 @@ plan's desired), :attr:`events` one row per scaling action.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -165,5 +166,5 @@ class ScalerController:
         f = out.get(self.model)
         if f is not None and f.fallback is not None:
             self.fallbacks += 1
-            key = "".join(c for c in f.fallback if not c.isdigit())   # one entry per kind of reason
+            key = re.sub(r"\d+", "N", f.fallback)   # one entry per kind of reason
             self.fallback_reasons[key] = self.fallback_reasons.get(key, 0) + 1

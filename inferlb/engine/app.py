@@ -239,7 +239,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             from .autoscale.wiring import build_autoscaler
 
             state.autoscaler = build_autoscaler(fleet_cfg, checked.autoscale_process, fleet=rt.fleet, engine=engine,
-                                                clock=clock, prober=monitor.prober, launcher=node_launcher,
+                                                clock=clock, admin=live, launcher=node_launcher,
                                                 registry=obs.registry, leader=leads)
             await state.autoscaler.start()
         state.ready = True

@@ -16,7 +16,7 @@ from aiohttp import web
 from inferlb.engine.autoscale.actuators.local import LocalActuator
 from inferlb.engine.autoscale.actuators.webhook import WebhookActuator
 from inferlb.engine.autoscale.config import AutoscaleConfig
-from inferlb.engine.autoscale.fleet_port import EngineFleetPort
+from inferlb.engine.autoscale.fleet_port import AdminFleetPort, LocalNodeAdmin
 from inferlb.engine.autoscale.planner import Plan, PoolDecision
 from inferlb.engine.fleet import Fleet
 from inferlb.engine.settings import fleet_from_mapping
@@ -223,7 +223,8 @@ def local_setup(fail_after: int | None = None) -> tuple[LocalActuator, Fleet, La
                                                       "cold_start_s": 30}],
                                            "actuator": {"kind": "local", "drain_timeout_s": 0}})
     launcher = Launcher(fail_after)
-    return LocalActuator(auto, EngineFleetPort(fleet), launcher, clock=clock), fleet, launcher, clock
+    port = AdminFleetPort(fleet, LocalNodeAdmin(fleet, cfg), clock)   # the node-admin path, no database
+    return LocalActuator(auto, port, launcher, clock=clock), fleet, launcher, clock
 
 
 async def test_local_starts_nodes_that_join_loading_and_drains_before_removing() -> None:
@@ -243,7 +244,8 @@ async def test_local_starts_nodes_that_join_loading_and_drains_before_removing()
         fleet.acquire(new[-1], 10)
         (down,) = await act.apply(plan_of(("m", "l4", 3, 2)))
         assert new[-1] in fleet.nodes and fleet.nodes[new[-1]].state == "draining"
-        assert new[-1] not in fleet.serving["m"] and "still draining" in down.detail
+        assert fleet.nodes[new[-1]].held and "still draining" in down.detail           # an admin drain
+        assert not any(v.healthy for v in fleet.views().by_model["m"] if v.name == new[-1])
         assert await act.current() == {("m", "l4"): 2}
         fleet.release(new[-1], 10)
         await act.apply(plan_of())                                       # the next round reaps it

@@ -3,10 +3,11 @@
 Layout: ``config`` (the fleet file's ``autoscale:`` section), ``forecast`` (forecasters),
 ``capacity`` (tokens/s at SLO per replica, learned from the audit trail), ``planner`` (pure: the
 plan), ``policy`` (:class:`Autoscaler`, the ``observe → forecast → plan`` object a backtest drives),
-``actuators/`` (dry-run, local, kubernetes, webhook), ``fleet_port`` (how the local actuator adds
-and drains gateway nodes), ``runner`` (runs ``processes/autoscale.bpmn`` every interval on one
-replica), ``scope`` (what the ``autoscale/*`` service operations act on), ``advice`` (the
-capacity report's words). Importing this package creates nothing.
+``actuators/`` (dry-run, local, kubernetes, webhook), ``fleet_port`` (the local actuator adds,
+drains and removes gateway nodes through the live node-admin operations), ``runner`` (runs
+``processes/autoscale.bpmn`` every interval on one replica), ``scope`` (what the ``autoscale/*``
+service operations act on), ``advice`` (the capacity report's words). Importing this package creates
+nothing.
 """
 
 from .config import ActuatorConfig, AutoscaleConfig, PoolConfig

@@ -1,35 +1,47 @@
-"""How the local actuator changes the gateway's fleet: a small interface, a minimal implementation.
+"""How the local actuator changes the gateway's fleet: through the live node-admin operations.
 
-The fleet was static when this was written (``engine/fleet.py`` builds its nodes once from the
-fleet file); live node add / drain belongs to the fleet itself. Until it has it, the autoscaler
-goes through :class:`FleetPort` only, and :class:`EngineFleetPort` implements it against today's
-:class:`~inferlb.engine.fleet.Fleet` by adjusting the same internal tables its constructor builds
-(``nodes``, the per-node model sets, ``serving``, the routing-snapshot positions) and asking for a
-full routing rebuild. When the fleet grows public add / drain / remove methods, only this class
-changes.
+A node the autoscaler starts goes through the same path as one an operator adds with
+``POST /admin/nodes`` (engine/api/nodes.py): the pure operations of
+:mod:`inferlb.engine.fleet_admin` (:func:`~inferlb.engine.fleet_admin.add_node`,
+:func:`~inferlb.engine.fleet_admin.set_drained`, :func:`~inferlb.engine.fleet_admin.remove_node`)
+handed to a :class:`NodeAdmin` — in a gateway, :class:`~inferlb.engine.live.LiveConfig`, whose
+``change_nodes`` validates the change, writes it to the node overrides (so every replica applies
+it) and reconciles the running fleet (:func:`~inferlb.engine.fleet_admin.apply_fleet`). Hence:
 
-* :meth:`add_node`: the node joins in state ``loading`` (no traffic); the health monitor's probes
-  (its target list is extended here) bring it to ``healthy`` through slow start once its
-  readiness path answers 200: a cold start is visible as ``loading`` in ``/admin/fleet``.
-* :meth:`begin_drain`: the node leaves routing at once (it serves no model any more) and is shown
-  ``draining``; requests in flight on it finish. :meth:`inflight` says how many are left.
-* :meth:`remove_node`: the node's state is dropped (after the drain).
+* :meth:`FleetPort.add_node`: the node joins ``loading`` (no traffic); the health process probes
+  it (the monitor's targets follow the fleet) and it takes traffic in slow start once healthy.
+  A cold start is visible as ``loading`` in ``/admin/fleet``; its source there is ``admin``.
+* :meth:`FleetPort.begin_drain`: an operator's drain: ``draining`` (out of routing at once, held:
+  the health sweeps leave it alone), ``drained`` once nothing is in flight.
+* :meth:`FleetPort.remove_node`: the admin remove, which refuses a node that is not drained
+  (unless ``force``, used at shutdown: requests in flight still finish) and the last node of a
+  model (then the error propagates: the actuator reports that pool as failed).
 
-Node events (``loading``, ``draining``) go through :meth:`Fleet.transition`, so they land in
-``node_events`` like every other state change.
+Node events (``loading``, ``draining``, ``drained``, ``removed``) are the fleet's, with the
+evidence ``{"by": "autoscaler"}``. :class:`LocalNodeAdmin` is a :class:`NodeAdmin` without a
+database (the same operations and reconciliation, overrides kept in memory) for one process that
+has no :class:`~inferlb.engine.live.LiveConfig`: tests and tools.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..cost import Share
-from ..fleet import Fleet, NodeState
-from ..health.probe import targets_for
-from ..settings import NodeConfig
+from ..errors import NotFound
+from ..fleet import Fleet
+from ..fleet_admin import Effective, add_node, apply_fleet, merge_overrides, remove_node, set_drained
+from ..settings import FleetConfig, NodeConfig
+from ..store.overrides import NodeOverride
+from ..types import Clock
 
-__all__ = ["EngineFleetPort", "FleetNode", "FleetPort"]
+__all__ = ["ACTOR", "AdminFleetPort", "FleetNode", "FleetPort", "LocalNodeAdmin", "NodeAdmin"]
+
+# Who changed the node, in the node events' evidence and the overrides' audit columns.
+ACTOR: dict[str, Any] = {"by": "autoscaler", "key_id": None}
+
+NodeChange = Callable[[Effective, Sequence[NodeOverride]], list[NodeOverride]]
 
 
 @dataclass(frozen=True)
@@ -37,88 +49,95 @@ class FleetNode:
     name: str
     models: tuple[str, ...]
     labels: dict[str, str]
-    state: str
+    state: str               # the fleet's state; "draining" for a node held or retired by a drain / removal
     inflight: int
 
 
 class FleetPort(Protocol):
     def nodes(self) -> list[FleetNode]: ...
 
-    def add_node(self, cfg: NodeConfig, *, price_per_hour: float = 0.0) -> None: ...
+    async def add_node(self, cfg: NodeConfig, *, price_per_hour: float = 0.0) -> None: ...
 
-    def begin_drain(self, name: str, reason: str) -> None: ...
+    async def begin_drain(self, name: str, reason: str) -> None: ...
 
     def inflight(self, name: str) -> int: ...
 
-    def remove_node(self, name: str) -> None: ...
+    async def remove_node(self, name: str, *, force: bool = False) -> None: ...
 
 
-class EngineFleetPort:
-    """:class:`FleetPort` over today's :class:`Fleet` (see the module docstring). ``prober``: the
-    health monitor's prober, whose targets follow the fleet (optional: tests without probes)."""
+class NodeAdmin(Protocol):
+    """What :class:`~inferlb.engine.live.LiveConfig` offers: validate, persist and apply one node change."""
 
-    def __init__(self, fleet: Fleet, prober: Any | None = None) -> None:
+    async def change_nodes(self, name: str, change: NodeChange, *, what: str,
+                           actor: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class AdminFleetPort:
+    """:class:`FleetPort` over the live node-admin operations (module docstring)."""
+
+    def __init__(self, fleet: Fleet, admin: NodeAdmin, clock: Clock) -> None:
         self.fleet = fleet
-        self.prober = prober
-        self._draining: dict[str, frozenset[str]] = {}
+        self.admin = admin
+        self.clock = clock
 
     def nodes(self) -> list[FleetNode]:
-        f = self.fleet
-        return [FleetNode(name, tuple(sorted(self._draining.get(name) or f._model_sets[name])),
-                          dict(st.cfg.labels), st.state, st.inflight_requests) for name, st in f.nodes.items()]
+        return [FleetNode(name, tuple(st.cfg.models), dict(st.cfg.labels),
+                          "draining" if st.held or st.retired else st.state, st.inflight_requests)
+                for name, st in self.fleet.nodes.items()]
 
-    def add_node(self, cfg: NodeConfig, *, price_per_hour: float = 0.0) -> None:
-        f = self.fleet
-        if cfg.name in f.nodes:
-            raise ValueError(f"node {cfg.name!r} is already in the fleet")
-        unknown = [m for m in cfg.models if m not in f.models]
-        if unknown:
-            raise ValueError(f"node {cfg.name!r} serves unknown model(s) {unknown}")
-        now, wall = f.clock.monotonic(), f.clock.time()
-        st = NodeState(cfg, since=now, since_wall=wall, price_per_hour=price_per_hour or cfg.price_per_hour,
-                       share=Share(wall))
-        f.nodes[cfg.name] = st
-        f._model_sets[cfg.name] = frozenset(cfg.models)
-        for m in cfg.models:
-            f.serving.setdefault(m, []).append(cfg.name)
-        f._pos[cfg.name] = len(f._names)
-        f._names.append(cfg.name)
-        object.__setattr__(st, "_owner", f)
-        f._rebuild_all = True
-        f.transition(st, "loading", "started by the autoscaler: cold start (waiting for its readiness probe)",
-                     {"autoscaler": True, "url": cfg.url})
-        if self.prober is not None:
-            self.prober.targets.extend(targets_for([cfg], self.prober.cfg))
+    async def add_node(self, cfg: NodeConfig, *, price_per_hour: float = 0.0) -> None:
+        spec = cfg.model_dump(mode="json", exclude_none=True)
+        if price_per_hour:
+            spec["price_per_hour"] = price_per_hour
+        at = self.clock.time()
 
-    def begin_drain(self, name: str, reason: str) -> None:
-        f = self.fleet
-        st = f.nodes[name]
-        self._draining[name] = f._model_sets[name]
-        f._model_sets[name] = frozenset()          # out of every model's routing list at once
-        for names in f.serving.values():
-            if name in names:
-                names.remove(name)
-        f._rebuild_all = True
-        f.transition(st, "draining", reason, {"autoscaler": True, "inflight": st.inflight_requests})
+        def change(eff: Effective, rows: Sequence[NodeOverride]) -> list[NodeOverride]:
+            return add_node(eff, rows, spec, key_id=None, at=at)[1]
+
+        await self.admin.change_nodes(cfg.name, change, what="add", actor=ACTOR)
+
+    async def begin_drain(self, name: str, reason: str) -> None:
+        at = self.clock.time()
+
+        def change(eff: Effective, rows: Sequence[NodeOverride]) -> list[NodeOverride]:
+            return set_drained(eff, rows, name, True, key_id=None, at=at)
+
+        await self.admin.change_nodes(name, change, what="drain", actor={**ACTOR, "reason": reason})
 
     def inflight(self, name: str) -> int:
         st = self.fleet.nodes.get(name)
         return 0 if st is None else st.inflight_requests
 
-    def remove_node(self, name: str) -> None:
-        f = self.fleet
-        if name not in f.nodes:
+    async def remove_node(self, name: str, *, force: bool = False) -> None:
+        st = self.fleet.nodes.get(name)
+        if st is None or st.retired:
             return
-        if name not in self._draining:
-            self.begin_drain(name, "removed by the autoscaler")
-        del f.nodes[name]
-        del f._model_sets[name]
-        self._draining.pop(name, None)
-        f._names.remove(name)
-        f._pos = {n: i for i, n in enumerate(f._names)}
-        f._dirty.discard(name)
-        f._ramping.discard(name)
-        f._expires.pop(name, None)
-        f._rebuild_all = True
-        if self.prober is not None:
-            self.prober.targets[:] = [t for t in self.prober.targets if t.node != name]
+        drained_here = st.held and st.inflight_requests == 0
+        at = self.clock.time()
+
+        def change(eff: Effective, rows: Sequence[NodeOverride]) -> list[NodeOverride]:
+            return remove_node(eff, rows, name, drained_here=drained_here, force=force, key_id=None, at=at)
+
+        try:
+            await self.admin.change_nodes(name, change, what="remove", actor=ACTOR)
+        except NotFound:   # removed meanwhile (an operator, another replica): nothing left to do
+            return
+
+
+class LocalNodeAdmin:
+    """:class:`NodeAdmin` for one process without a database (module docstring): the overrides live
+    in memory, every change is validated by merging and applied with ``apply_fleet``."""
+
+    def __init__(self, fleet: Fleet, base: FleetConfig) -> None:
+        self.fleet = fleet
+        self.base = base
+        self.rows: list[NodeOverride] = []
+        self.effective = merge_overrides(base, [], source="fleet")
+
+    async def change_nodes(self, name: str, change: NodeChange, *, what: str,
+                           actor: Mapping[str, Any]) -> dict[str, Any]:
+        rows = change(self.effective, self.rows)
+        eff = merge_overrides(self.base, rows, source="node")
+        self.rows, self.effective = rows, eff
+        changes = apply_fleet(self.fleet, eff, {"trigger": what, **actor})
+        return {"node": name, "action": what, "config_version": eff.version, "changes": changes}

@@ -1,9 +1,10 @@
 """Build the autoscaler of a running gateway (called from ``create_app``'s lifespan only).
 
-The actuator from the config (``local`` joins nodes through :class:`~.fleet_port.EngineFleetPort`
-and the injected node launcher), the observer over the audit database, the runner with its
-leader predicate (a plain callable: True when none is given, i.e. this replica scales), and the
-Prometheus collector on the app's registry.
+The actuator from the config (``local`` joins and removes nodes through the live node-admin
+operations, :class:`~.fleet_port.AdminFleetPort` over the gateway's ``admin`` (its
+:class:`~inferlb.engine.live.LiveConfig`), with the injected node launcher), the observer over the
+audit database, the runner with its leader predicate (a plain callable: True when none is given,
+i.e. this replica scales), and the Prometheus collector on the app's registry.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..store.scaling import insert_scaling_events
 from ..types import Clock
 from ..workflow import ProcessDefinition
 from .actuators import build_actuator
-from .fleet_port import EngineFleetPort
+from .fleet_port import AdminFleetPort, LocalNodeAdmin, NodeAdmin
 from .forecast import make_forecaster
 from .metrics import AutoscaleCollector
 from .observe import audit_observer
@@ -30,15 +31,18 @@ __all__ = ["build_autoscaler"]
 
 
 def build_autoscaler(fleet_cfg: FleetConfig, process: ProcessDefinition, *, fleet: Fleet, engine: Engine,
-                     clock: Clock, prober: Any = None, launcher: Any = None, registry: Any = None,
+                     clock: Clock, admin: NodeAdmin | None = None, launcher: Any = None, registry: Any = None,
                      leader: Callable[[], bool] | None = None) -> AutoscaleRunner:
+    """``admin``: what node changes go through (the gateway's LiveConfig); None: an in-memory
+    :class:`~.fleet_port.LocalNodeAdmin` over ``fleet`` (no other replica learns of the nodes)."""
     cfg = fleet_cfg.autoscale
     if cfg is None:
         raise ValueError("the fleet has no autoscale: section")
     finops = fleet_cfg.observability.finops
     label = finops.gpu_label
-    actuator = build_actuator(cfg, clock=clock, port=EngineFleetPort(fleet, prober), launcher=launcher,
-                              gpu_label=label, gpu_prices=dict(finops.gpu_prices))
+    port = AdminFleetPort(fleet, admin or LocalNodeAdmin(fleet, fleet_cfg), clock)
+    actuator = build_actuator(cfg, clock=clock, port=port, launcher=launcher, gpu_label=label,
+                              gpu_prices=dict(finops.gpu_prices))
 
     def node_gpu() -> dict[str, str]:
         return {name: st.cfg.labels.get(label, "unknown") for name, st in fleet.nodes.items()}

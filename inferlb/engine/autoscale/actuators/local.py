@@ -3,7 +3,8 @@
 What starts a node is injected (:class:`NodeLauncher`): ``inferlb demo --autoscale`` passes one
 that runs an emulated GPU node (``inferlb/simulator``) which reports "loading" (503 on its
 readiness path) for the pool's ``cold_start_s`` — a real cold start the health monitor sees — and
-the engine never imports the simulator. Nodes join and leave through :class:`~..fleet_port.FleetPort`.
+the engine never imports the simulator. Nodes join and leave through :class:`~..fleet_port.FleetPort`:
+in a gateway, the live node-admin operations (the path of ``POST /admin/nodes``, drain, remove).
 
 * Scale-up: one node per missing replica, named ``as-<model>-<gpu>-<n>``, labelled with its GPU
   type (``observability.finops.gpu_label``) and ``autoscaler: local``; it joins in ``loading`` and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +35,8 @@ from ..planner import pool_price as _pool_price
 from .base import PoolResult, guard_min
 
 __all__ = ["LaunchedNode", "LocalActuator", "NodeLauncher"]
+
+log = logging.getLogger("inferlb.autoscale")
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ class LocalActuator:
             name = f"as-{d.model}-{d.gpu}-{next(self._seq)}"
             try:
                 node = await self.launcher.start(name, d.model, d.gpu, pool.cold_start_s)
-                self.port.add_node(NodeConfig(name=name, url=node.url, models=[d.model], kind=node.kind,
+                await self.port.add_node(NodeConfig(name=name, url=node.url, models=[d.model], kind=node.kind,
                                               capacity_tokens=node.capacity_tokens,
                                               max_concurrency=node.max_concurrency,
                                               labels={self.gpu_label: d.gpu, "autoscaler": "local"}),
@@ -115,7 +119,7 @@ class LocalActuator:
         ours = [n for n in self.started[d.key] if n in self._members(d.key)]
         victims = list(reversed(ours))[:have - want]
         for name in victims:
-            self.port.begin_drain(name, f"autoscaler scale-down of {d.model}/{d.gpu} to {want}: draining")
+            await self.port.begin_drain(name, f"autoscaler scale-down of {d.model}/{d.gpu} to {want}: draining")
             self.started[d.key].remove(name)
             self.draining.append(name)
         deadline = self.clock.monotonic() + self.cfg.actuator.drain_timeout_s
@@ -134,11 +138,18 @@ class LocalActuator:
         return PoolResult(d.model, d.gpu, have, want, after, True, detail=detail)
 
     async def _reap(self) -> list[str]:
-        """Remove and stop every drained node with nothing left in flight (never one still busy)."""
-        done = [n for n in self.draining if not self.port.inflight(n)]
-        for name in done:
-            self.port.remove_node(name)
+        """Remove and stop every drained node with nothing left in flight (never one still busy). A
+        removal the fleet refuses (the database away, the last node of a model) leaves the node
+        drained, out of routing, for the next round to retry: the error is logged, not raised."""
+        done = []
+        for name in [n for n in self.draining if not self.port.inflight(n)]:
+            try:
+                await self.port.remove_node(name)
+            except Exception as exc:
+                log.warning("autoscaler: %s stays drained, not removed yet: %s", name, exc)
+                continue
             self.draining.remove(name)
+            done.append(name)
             await self._quiet_stop(name)
         return done
 
@@ -148,13 +159,21 @@ class LocalActuator:
         except Exception:   # already gone or never started: nothing left to stop
             return
 
+    async def _quiet_remove(self, name: str) -> None:
+        """Shutdown: remove even if requests are in flight (they still finish); a refusal (the last
+        node of a model) leaves the node in the fleet, stopped, to be seen and removed by an operator."""
+        try:
+            await self.port.remove_node(name, force=True)
+        except Exception:
+            return
+
     async def close(self) -> None:
         for name in list(self.draining):
-            self.port.remove_node(name)
+            await self._quiet_remove(name)
             await self._quiet_stop(name)
         self.draining.clear()
         for names in self.started.values():
             for name in list(names):
-                self.port.remove_node(name)
+                await self._quiet_remove(name)
                 await self._quiet_stop(name)
             names.clear()

@@ -1,0 +1,75 @@
+"""PNG charts of autoscaling backtests (matplotlib, the ``plot`` extra; ``--plot DIR``).
+
+Per policy, ``backtest_<policy>.png``: tokens/s observed (the last closed step), forecast (its
+first step, as planned on) and capacity at SLO of the ready nodes, over the simulated days; below
+it, replicas ready / starting (cold) / draining and the plan's desired. With several policies,
+``backtest_replicas.png`` overlays their replicas (ready + starting) over the same days.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_backtests"]
+
+
+def plot_backtests(runs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Write the charts of ``runs`` (results of :func:`~.autoscale_backtest.run_backtest`); their paths."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install 'inferlb[plot]'") from exc
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for run in runs:
+        rows = run["series"]
+        if not rows:
+            continue
+        start = run["start_s"]
+        days = [(r["t"] - start) / 86_400 for r in rows]
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
+                                          gridspec_kw={"height_ratios": [3, 2]})
+        top.plot(days, [r["actual"] for r in rows], lw=0.8, label="actual (last 5-min step)")
+        top.plot(days, [r["forecast"] if r["forecast"] is not None else float("nan") for r in rows], lw=0.8,
+                 label=f"forecast ({run['forecaster']}, next step)")
+        top.plot(days, [r["capacity"] for r in rows], lw=1.0, label="capacity at SLO (ready nodes)")
+        top.set_ylabel("tokens/s")
+        top.set_title(f"Backtest — {run['policy']}: SLO {run['slo_attainment'] * 100:.2f} %, "
+                      f"{run['gpu_hours']:.0f} GPU-h")
+        top.grid(True, alpha=0.3)
+        top.legend(loc="upper right", fontsize="small")
+        bottom.stackplot(days, [r["ready"] for r in rows], [r["starting"] for r in rows],
+                         [r["draining"] for r in rows], labels=["ready", "starting (cold)", "draining"],
+                         alpha=0.7)
+        bottom.step(days, [r["desired"] for r in rows], where="post", lw=0.8, color="black", label="desired")
+        bottom.set_ylabel("replicas")
+        bottom.set_xlabel("simulated day")
+        bottom.grid(True, alpha=0.3)
+        bottom.legend(loc="upper right", fontsize="small")
+        paths.append(_save(fig, out_dir / f"backtest_{run['policy']}.png", plt))
+    if len(runs) > 1:
+        fig, ax = plt.subplots(figsize=(11, 4))
+        for run in runs:
+            start = run["start_s"]
+            rows = run["series"]
+            ax.step([(r["t"] - start) / 86_400 for r in rows], [r["ready"] + r["starting"] for r in rows],
+                    where="post", lw=0.8, label=f"{run['policy']} ({run['gpu_hours']:.0f} GPU-h)")
+        ax.set_xlabel("simulated day")
+        ax.set_ylabel("replicas held (ready + starting)")
+        ax.set_title("Replicas over time per policy")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper right", fontsize="small")
+        paths.append(_save(fig, out_dir / "backtest_replicas.png", plt))
+    return paths
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
