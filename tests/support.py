@@ -57,9 +57,11 @@ def settings_for(tmp: Path, fleet: FleetConfig, **over: Any) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(settings: Settings, *, clock: Clock | None = None) -> AsyncIterator[tuple[str, Any]]:
-    """Yields (base URL, app); ``clock`` is injected into the app (default: the system clock)."""
-    app = create_app(settings, clock=clock)
+async def running_gateway(settings: Settings, *, clock: Clock | None = None,
+                          node_launcher: Any = None) -> AsyncIterator[tuple[str, Any]]:
+    """Yields (base URL, app); ``clock`` is injected into the app (default: the system clock);
+    ``node_launcher``: the local autoscale actuator's (create_app's)."""
+    app = create_app(settings, clock=clock, node_launcher=node_launcher)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                             lifespan="on")
