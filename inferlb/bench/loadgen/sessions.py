@@ -22,7 +22,7 @@ from typing import Any
 
 from .workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
 
-__all__ = ["chat_messages", "plan_sessions", "text_for"]
+__all__ = ["chat_messages", "plan_sessions", "prompt_text", "text_for"]
 
 _POOL_CHARS = 1 << 21      # 2 MiB of words: the longest prompt slice fits many times over
 _WORDS = ("gateway", "token", "cache", "route", "node", "prefix", "model", "batch", "queue", "stream",
@@ -60,6 +60,13 @@ def chat_messages(turn: ChatTurn) -> list[dict[str, Any]]:
         if j < last:
             msgs.append({"role": "assistant", "content": text_for(f"{turn.session}-a{j}", assistant)})
     return msgs
+
+
+def prompt_text(turn: ChatTurn) -> str:
+    """The prompt text of ``turn`` as the gateway's validator joins it (message texts joined with
+    newlines, engine/api/validation.py) and the emulator's prefix cache reads it
+    (simulator/openai_format.py ``prompt_text_of``): what the discrete-event simulator hashes."""
+    return "\n".join(str(m["content"]) for m in chat_messages(turn))
 
 
 def _mean_turns(s: Sessions, seed: int) -> float:

@@ -4,12 +4,14 @@ Layout: ``engine`` (:class:`FastCore`: the emulator's continuous-batching engine
 :mod:`inferlb.simulator.batching`, fast-forwarded over runs of equal steps), ``node`` (one node:
 engine, life cycle, the gateway's view of it), ``admission`` (the hook for admission rules),
 ``results`` (per-request columns, the node table), ``sim`` (:class:`Simulation`: the event loop,
-the real routing core, the controller hook).
+the real routing core, the controller hook), ``prefix`` (:class:`PrefixCaches`: per-node prefix
+caches behind the ``prefill_cached`` hook, and the prompt text affinity routing hashes).
 
 The entry point for other code::
 
     sim = Simulation(specs, profile="token-aware", seed=1, admission=..., timeout_s=...,
-                     controller=fn, control_every_s=60.0, prefill_cached=hook,
+                     controller=fn, control_every_s=60.0,
+                     prefill_cached=PrefixCaches(prompt_of),   # prompt text → per-node caches + affinity keys
                      feedback=LearnedFeedback(router))   # a learned router's feedback loop
     results = sim.run(plan)            # DesResults: columns, rows(), counts(), gpu_hours()
 """
@@ -18,6 +20,7 @@ from .admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Ve
 from .engine import CoreReport, FastCore, FastSeq
 from .feedback import Feedback, Finished, LearnedFeedback
 from .node import DesNode, FixedCore
+from .prefix import PrefixCaches, PromptInfo
 from .results import OUTCOMES, DesOutcome, DesResults, NodeRecord
 from .sim import Controller, NodeInfo, PrefillHook, RequestLike, Simulation, Window
 
@@ -43,6 +46,8 @@ __all__ = [
     "OpenAdmission",
     "Pools",
     "PrefillHook",
+    "PrefixCaches",
+    "PromptInfo",
     "RequestLike",
     "Simulation",
     "Verdict",

@@ -18,6 +18,11 @@ Contract:
   ``max_concurrency`` the node's own cap, as ``inferlb bench run`` writes the gateway's fleet file
   (inferlb/bench/loadgen/stack.py). Health rules (ejection, slow start of the gateway, panic
   mode) are not modelled: a node is routable exactly while ``ready`` and not crashed.
+  ``rtt_ms`` is the gateway's round-trip EWMA (engine/health/isolation.py ``observe``: weight
+  :data:`RTT_ALPHA` on the newest probe time), fed at every scrape with the node's
+  ``network_delay_s`` (what a readiness probe's time is on an otherwise idle network; the
+  emulator's probe answers after that delay); None before the first scrape, as before the first
+  probe.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from inferlb.engine.routing.types import NodeView
 from ..spec import NodeSpec
 from .engine import ABORTED, FAILED, FINISHED, RUNNING, CoreReport, FastCore, FastSeq
 
-__all__ = ["DesNode", "FixedCore", "NodeState"]
+__all__ = ["RTT_ALPHA", "DesNode", "FixedCore", "NodeState"]
+
+RTT_ALPHA = 0.2   # the gateway's (engine/health/isolation.py); the layering keeps the simulator off engine.health
 
 NodeState = str   # "starting" | "ready" | "draining" | "removed"
 
@@ -105,7 +112,7 @@ class DesNode:
     """See the module docstring. ``index`` is the node's row in the run's node table."""
 
     __slots__ = ("added_at", "core", "index", "inflight_requests", "inflight_tokens", "kv_usage", "models",
-                 "name", "ready_at", "removed_at", "served", "spec", "state", "tokens_per_s", "ttft_ewma",
+                 "name", "ready_at", "removed_at", "rtt_ms", "served", "spec", "state", "tokens_per_s", "ttft_ewma",
                  "view", "waiting", "wake")
 
     def __init__(self, spec: NodeSpec, index: int, added_at: float, ready_at: float) -> None:
@@ -124,6 +131,7 @@ class DesNode:
         self.ttft_ewma: float | None = None
         self.waiting: int | None = None
         self.kv_usage: float | None = None
+        self.rtt_ms: float | None = None
         self.served = 0
         self.wake: float | None = None      # the time of this node's live entry in the event heap
         self.view = self.build_view(added_at)
@@ -158,7 +166,7 @@ class DesNode:
                         max_concurrency=self.spec.max_concurrency, inflight_requests=self.inflight_requests,
                         inflight_tokens=self.inflight_tokens, waiting=self.waiting, kv_usage=self.kv_usage,
                         healthy=reason is None, unhealthy_reason=reason, tokens_per_s=self.tokens_per_s,
-                        ttft_s=self.ttft_ewma)
+                        ttft_s=self.ttft_ewma, rtt_ms=self.rtt_ms)
 
     def learn(self, *, stream: bool, tokens: int, ttft_s: float | None, e2e_s: float) -> None:
         """``Fleet.report_success``'s decode-speed and TTFT EWMAs (inferlb/engine/fleet.py)."""
@@ -179,6 +187,9 @@ class DesNode:
         """What a metrics scrape reads: the engine's queue length and KV use."""
         self.waiting = len(self.core.waiting)
         self.kv_usage = round(self.core.usage_at(now), 4)
+        probe_ms = self.spec.network_delay_s * 1000.0
+        rtt = self.rtt_ms
+        self.rtt_ms = probe_ms if rtt is None else (1 - RTT_ALPHA) * rtt + RTT_ALPHA * probe_ms
 
     def idle(self) -> bool:
         return self.inflight_requests == 0 and self.core.next_event_at() is None

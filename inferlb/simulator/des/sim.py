@@ -24,7 +24,19 @@ Contract:
   when idle) or :meth:`Simulation.remove_node` (at once; what runs on it fails); it reads
   :attr:`Simulation.now`, :meth:`Simulation.nodes_info`, :meth:`Simulation.take_window` and the
   results so far. ``prefill_cached(row, request, node)`` returns how many prompt tokens the node
-  already holds (a prefix cache): they are not prefilled.
+  already holds (a prefix cache, :class:`~.prefix.PrefixCaches`): they are not prefilled.
+* Affinity inputs: when the router reads prompt blocks (``Router.prefix_blocks`` > 0) and
+  ``prompt_of(request)`` gives a :class:`~.prefix.PromptInfo` (default: the ``prefill_cached``
+  hook's own, when it is a :class:`~.prefix.PrefixCaches`), the request is routed with the text's
+  block hashes and its session's key, hashed as the gateway hashes them (engine/scope.py
+  ``begin_request``).
+* Network delay: a node's ``NodeSpec.network_delay_s`` (the round trip to an edge node) is added
+  to the TTFT and e2e the client sees, and to the times the gateway learns from (its TTFT and
+  decode-speed EWMAs, the feedback). The node starts the request at dispatch (the emulator starts
+  it one round trip later; the node's own schedule is the same unless its queue changes within
+  that round trip); a client ``timeout_s`` is checked against the node's times alone. The
+  gateway's view of the node carries ``rtt_ms`` from the scrapes, as its readiness probes'
+  EWMA would (:mod:`.node`).
 * ``feedback`` (:class:`~.feedback.Feedback`): told of every routed request when it ends, with
   its decision and the node's own times (not the gateway queue); its ``tick`` runs every
   ``feedback.tick_s`` virtual seconds, off the request path (a learned router trains there).
@@ -40,6 +52,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inferlb.engine.routing import Router, RouteRequest, build_router
+from inferlb.engine.routing.prefix import block_hashes, text_key
 from inferlb.engine.routing.types import Decision, NodeList, NodeView
 
 from ..presets import SIM_MODEL
@@ -48,6 +61,7 @@ from .admission import ADMIT, QUEUE, Admission, OpenAdmission
 from .engine import RUNNING, FastSeq
 from .feedback import Feedback, Finished
 from .node import DesNode
+from .prefix import PrefixCaches, PromptInfo
 from .results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT, DesResults, NodeRecord
 
 __all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Simulation", "Window"]
@@ -116,7 +130,8 @@ class Simulation:
                  router: Router | None = None, admission: Admission | None = None, model: str = SIM_MODEL,
                  scrape_s: float = 5.0, timeout_s: float | None = None, controller: Controller | None = None,
                  control_every_s: float = 60.0, prefill_cached: PrefillHook | None = None,
-                 start: float = 0.0, feedback: Feedback | None = None) -> None:
+                 start: float = 0.0, feedback: Feedback | None = None,
+                 prompt_of: Callable[[RequestLike], PromptInfo | None] | None = None) -> None:
         if scrape_s <= 0 or control_every_s <= 0:
             raise ValueError("scrape_s and control_every_s must be > 0")
         self.router = router if router is not None else build_router(profile, seed=seed)
@@ -127,6 +142,9 @@ class Simulation:
         self.controller = controller
         self.control_every_s = control_every_s
         self.prefill_cached = prefill_cached
+        if prompt_of is None and isinstance(prefill_cached, PrefixCaches):
+            prompt_of = prefill_cached.prompt
+        self.prompt_of = prompt_of
         self.feedback = feedback
         if feedback is not None and not feedback.tick_s > 0:
             raise ValueError("feedback.tick_s must be > 0")
@@ -438,8 +456,18 @@ class Simulation:
         res = self.results
         res.queue[i] = now - r.t
         prompt, output = r.prompt_tokens, r.output_tokens
-        d = self.router.decide(RouteRequest(r.model or self.model, prompt, output, r.priority, stream=r.stream),
-                               self._views)
+        prefix: tuple[int, ...] = ()
+        session: int | None = None
+        blocks = self.router.prefix_blocks
+        if blocks and self.prompt_of is not None:
+            info = self.prompt_of(r)
+            if info is not None:
+                if info.text:
+                    prefix = block_hashes(info.text, blocks)
+                if info.session:
+                    session = text_key(info.session)
+        d = self.router.decide(RouteRequest(r.model or self.model, prompt, output, r.priority, stream=r.stream,
+                                            prefix=prefix, session=session), self._views)
         name = d.pick
         if self.feedback is not None:
             self._decisions[i] = (d, r)
@@ -486,8 +514,9 @@ class Simulation:
             return
         res = self.results
         arrived = res.t[i]
-        first = seq.first_token_at
-        end = seq.finished_at if seq.finished_at is not None else self.now
+        delay = node.spec.network_delay_s    # the round trip: the client sees every time that much later
+        first = None if seq.first_token_at is None else seq.first_token_at + delay
+        end = (seq.finished_at if seq.finished_at is not None else self.now) + delay
         ttft = (first - arrived) if first is not None else math.nan
         e2e = end - arrived
         res.finish(i, OK, node=node.index, ttft=ttft, e2e=e2e, tokens=seq.output)
