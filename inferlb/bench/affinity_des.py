@@ -163,7 +163,7 @@ def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
           f"saturated in the DES, {time.perf_counter() - t0:.1f} s); arrivals {a.duration:g} s, warm-up "
           f"{w.warmup_s:g} s, seeds {a.seeds}", flush=True)
     profiles = [p for p in a.profiles.split(",") if p]
-    print(f"{'load':>5} {'rate':>5} {'profile':34} {'TTFT p50':>9} {'p99':>7} {'e2e p50':>8} {'p99':>6} "
+    print(f"{'load':>5} {'rate':>5} {'profile':44} {'TTFT p50':>9} {'p99':>7} {'e2e p50':>8} {'p99':>6} "
           f"{'goodput':>8} {'hit %':>6} {'ideal %':>7} {'uncached':>8} {'prefill':>8} {'rest':>7} {'TTFT÷base':>9}")
     loads: list[dict[str, Any]] = []
     for load in a.loads:
@@ -180,7 +180,8 @@ def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
         for p in profiles:
             rs = runs[p]
             ratio = _mean([r["ttft_s"]["p50"] / b["ttft_s"]["p50"] for r, b in zip(rs, base, strict=True)])
-            row = {"ttft_p50": _mean([r["ttft_s"]["p50"] for r in rs]), "ttft_p99": _mean([r["ttft_s"]["p99"] for r in rs]),
+            row = {"ttft_p50": _mean([r["ttft_s"]["p50"] for r in rs]),
+                   "ttft_p99": _mean([r["ttft_s"]["p99"] for r in rs]),
                    "e2e_p50": _mean([r["e2e_s"]["p50"] for r in rs]), "e2e_p99": _mean([r["e2e_s"]["p99"] for r in rs]),
                    "goodput_rps": _mean([r["goodput_rps"] for r in rs]),
                    "hit_rate": _mean([r["prefix_cache"]["hit_rate"] for r in rs]),
@@ -191,7 +192,7 @@ def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
                    "requests": sum(r["measured"] for r in rs), "not_ok": sum(r["measured"] - r["outcomes"]["ok"]
                                                                             for r in rs)}
             rows[p] = row
-            print(f"{load:5.2f} {rate:5.2f} {p:34} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p99'] * 1e3:5.0f}ms "
+            print(f"{load:5.2f} {rate:5.2f} {p:44} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p99'] * 1e3:5.0f}ms "
                   f"{row['e2e_p50']:7.2f}s {row['e2e_p99']:5.2f}s {row['goodput_rps']:8.2f} "
                   f"{row['hit_rate'] * 100:6.1f} {_mean(ideal) * 100:7.1f} {row['uncached_tokens_p50']:8.0f} "
                   f"{row['prefill_s_p50'] * 1e3:6.0f}ms {row['rest_s_p50'] * 1e3:5.0f}ms {ratio:8.2f}×", flush=True)
@@ -220,8 +221,10 @@ def _rtt_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
             rtt.append(run_rtt(specs, reqs, w, seed=seed, duration_s=a.duration, rtt_weight=1.0))
         row = {"load": load, "rate_rps": rate, "far_share": _mean([r["far_share"] for r in base]),
                "far_share_rtt": _mean([r["far_share"] for r in rtt]),
-               "ttft_p50": _mean([r["ttft_s"]["p50"] for r in base]), "ttft_p50_rtt": _mean([r["ttft_s"]["p50"] for r in rtt]),
-               "e2e_p99": _mean([r["e2e_s"]["p99"] for r in base]), "e2e_p99_rtt": _mean([r["e2e_s"]["p99"] for r in rtt])}
+               "ttft_p50": _mean([r["ttft_s"]["p50"] for r in base]),
+               "ttft_p50_rtt": _mean([r["ttft_s"]["p50"] for r in rtt]),
+               "e2e_p99": _mean([r["e2e_s"]["p99"] for r in base]),
+               "e2e_p99_rtt": _mean([r["e2e_s"]["p99"] for r in rtt])}
         rows.append(row)
         bar = "#" * round(row["far_share_rtt"] * 40)
         print(f"{load:5.2f} {rate:5.1f} {row['far_share'] * 100:22.1f}% {row['far_share_rtt'] * 100:8.1f}%   "

@@ -1,0 +1,77 @@
+"""Affinity and RTT in the discrete-event simulator: the direction of the effects on small seeded
+cases (simulated metrics, deterministic; no wall-clock timing), and the prompt the DES hashes
+being the one the gateway and the emulator see."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inferlb.bench import affinity_des
+from inferlb.bench.affinity_des import des_prompt, ideal_hit_rate, near_far_fleet, run_affinity, run_rtt
+from inferlb.bench.learned_goals import node_capacity
+from inferlb.bench.loadgen.sessions import chat_messages, prompt_text
+from inferlb.bench.loadgen.workload import Workload, load_workload, plan
+from inferlb.simulator.openai_format import prompt_text_of
+from inferlb.simulator.presets import FLEETS
+
+
+def test_the_des_prompt_is_the_emulators_and_the_gateways_join() -> None:
+    w = load_workload("chat-sessions")
+    reqs = plan(w, seed=3, rate=4.0, duration_s=30)
+    turns = [r for r in reqs if r.chat is not None and len(r.chat.turns) >= 2]
+    assert turns
+    for r in turns[:5]:
+        assert r.chat is not None
+        body = {"messages": chat_messages(r.chat)}
+        info = des_prompt(r)
+        assert info is not None and info.text == prompt_text_of(body, "chat") == prompt_text(r.chat)
+        assert info.session == r.chat.session           # sent in ``user``: the session key
+        assert len(info.text) == 4 * r.prompt_tokens + len(body["messages"]) - 1   # 4 bytes a token, newlines
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_affinity_lowers_ttft_p50_and_raises_the_hit_rate_at_equal_load(seed: int) -> None:
+    w = load_workload("chat-sessions")
+    specs = FLEETS["cache4"]([w.model])
+    rate = 0.5 * 4 * node_capacity("a100", w, seed=1, offered_rps=30.0, duration_s=90.0)
+    reqs = plan(w, seed=seed, rate=rate, duration_s=60.0)
+    base = run_affinity("token-aware", specs, reqs, w, seed=seed, duration_s=60.0)
+    aff = run_affinity("prefix-affinity", specs, reqs, w, seed=seed, duration_s=60.0)
+    assert base["measured"] == aff["measured"] > 50                       # the same requests
+    assert aff["outcomes"]["ok"] == aff["measured"] and base["outcomes"]["ok"] == base["measured"]
+    assert aff["ttft_s"]["p50"] < base["ttft_s"]["p50"]
+    assert aff["prefix_cache"]["hit_rate"] > base["prefix_cache"]["hit_rate"]
+    assert aff["prefix_cache"]["hit_rate"] <= ideal_hit_rate(reqs)        # no routing beats one shared cache
+    assert aff["ttft_parts"]["uncached_tokens_p50"] < base["ttft_parts"]["uncached_tokens_p50"]
+
+
+def test_far_nodes_lose_traffic_when_near_ones_have_room_and_take_it_when_they_are_full() -> None:
+    w = Workload.model_validate(affinity_des._EDGE)
+    specs = near_far_fleet(0.05, w.model)
+    cap = 4 * node_capacity("a100", w, seed=1, offered_rps=40.0, duration_s=90.0)
+    low = plan(w, seed=1, rate=0.2 * cap, duration_s=60.0)      # the near nodes alone: 40 % busy
+    high = plan(w, seed=1, rate=0.9 * cap, duration_s=60.0)     # ... 180 %: they cannot serve it alone
+    base_low = run_rtt(specs, low, w, seed=1, duration_s=60.0, rtt_weight=0.0)
+    rtt_low = run_rtt(specs, low, w, seed=1, duration_s=60.0, rtt_weight=1.0)
+    rtt_high = run_rtt(specs, high, w, seed=1, duration_s=60.0, rtt_weight=1.0)
+    assert 0.35 < base_low["far_share"] < 0.65        # without rtt, distance is invisible to routing
+    assert rtt_low["far_share"] < 0.05                # near ones have room: far ones lose the traffic
+    assert rtt_high["far_share"] > 0.3                # near ones are full: far ones take it
+    assert rtt_low["ttft_s"]["p50"] < base_low["ttft_s"]["p50"]   # and the clients see no round trip
+    assert rtt_high["outcomes"]["ok"] == rtt_high["measured"]
+
+
+def test_the_benchmark_runs_bounded_and_writes_its_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "des.json"
+    assert affinity_des.main(["--seeds", "1", "--duration", "30", "--loads", "0.5", "--rtt-loads", "0.3",
+                              "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (load,) = data["affinity"]["loads"]
+    assert set(load["profiles"]) == {"token-aware", "prefix-affinity"}
+    assert load["profiles"]["token-aware"]["ttft_p50_ratio"] == 1.0
+    assert data["rtt"]["loads"][0]["load"] == 0.3
+    printed = capsys.readouterr().out
+    assert "TTFT÷base" in printed and "far share" in printed
