@@ -9,9 +9,9 @@ performer) → admission service (keys, queue tick, Redis sync) → cluster serv
 several replicas on one Redis: first sync, shared health, election; engine/cluster) → audit
 maintenance (on the leader) → node-event writer → health monitor (its first round runs before
 readiness, so a node still loading gets no traffic) → live config (reloads, node overrides from
-the database applied before readiness; engine/live.py).
+the database applied before readiness; engine/live.py) → discovery sources (engine/discovery).
 Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
-(``engine/server``; new inference requests get 503) → live config → monitor → upstream → cluster
+(``engine/server``; new inference requests get 503) → discovery sources → live config → monitor → upstream → cluster
 service (shares handed back, lease released) → admission service →
 audit writer flushed → observability → event writer → database disposed.
 """
@@ -233,6 +233,15 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                                        on_swap=swapped,
                                        poll_s=settings.overrides_poll_s)
         await live.start()
+        # Node discovery (engine/discovery): every replica watches; pods join through the live config.
+        state.discovery = []
+        if fleet_cfg.discovery:
+            from .discovery.wiring import build_discovery
+
+            state.discovery = build_discovery(fleet_cfg, live=live, fleet=rt.fleet, clock=clock,
+                                              registry=obs.registry)
+            for source in state.discovery:
+                await source.start()
         # Autoscaling: autoscale.bpmn on SpiffWorkflow every autoscale.interval_s (engine/autoscale).
         state.autoscaler = None
         if checked.autoscale_process is not None:
@@ -249,6 +258,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             state.ready = False
             state.draining = True
             state.leader = None           # background work stops first
+            for source in state.discovery:
+                await source.close()
             await live.close()
             if state.autoscaler is not None:
                 await state.autoscaler.close()

@@ -20,6 +20,11 @@ How a node's state moves (every change is a :class:`~inferlb.engine.health.types
   requests in flight finish) → ``drained`` once none is in flight; undrain: ``healthy`` in slow start;
 * a removed node (from the file or by an operator) is ``retired``: ``draining`` while requests are
   in flight, then gone (event to ``removed``). Requests running on it finish normally.
+
+Discovered nodes (engine/discovery, source ``discovery``) join the merge as rows of their own:
+the same states as an operator's node; the file's or an operator's node of the same name wins (the
+discovered one is left out); operators may drain them, but patching or removing one is refused
+(409 ``discovered_node``): the orchestrator owns them.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class Effective:
 
     cfg: FleetConfig
     drained: frozenset[str]
-    sources: Mapping[str, str]          # node name -> "file" | "admin"
+    sources: Mapping[str, str]          # node name -> "file" | "admin" | "discovery"
     version: str                        # config_version(cfg)
 
 
@@ -63,12 +68,13 @@ def config_version(cfg: FleetConfig) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
 
-def merge_overrides(base: FleetConfig, overrides: Sequence[NodeOverride], *, source: str = "node overrides"
-                    ) -> Effective:
+def merge_overrides(base: FleetConfig, overrides: Sequence[NodeOverride], *, source: str = "node overrides",
+                    discovered: Sequence[NodeOverride] = ()) -> Effective:
     """``base`` with ``overrides`` applied, validated like a fleet file (ConfigError with ``source``
     and the key path otherwise). A file override of a node the file no longer has is ignored; a
     node both in the file and added by an operator is an error (which one should win is the
-    operator's call)."""
+    operator's call). ``discovered``: rows of source ``discovery`` (whole node specs, ``drained``
+    when their pod stops serving); one whose name is taken is left out."""
     by_name = {o.name: o for o in overrides}
     nodes: list[dict[str, Any]] = []
     sources: dict[str, str] = {}
@@ -91,6 +97,10 @@ def merge_overrides(base: FleetConfig, overrides: Sequence[NodeOverride], *, sou
         if o.source == "admin" and not o.removed:
             nodes.append(dict(o.spec))
             sources[o.name] = "admin"
+    for o in discovered:
+        if o.name not in sources and o.name not in hidden:
+            nodes.append(dict(o.spec))
+            sources[o.name] = "discovery"
     raw = base.model_dump()
     raw["nodes"] = nodes
     if hidden:   # per-node health settings of a removed node would name an unknown node
@@ -100,7 +110,9 @@ def merge_overrides(base: FleetConfig, overrides: Sequence[NodeOverride], *, sou
         check_health_config(cfg)
     except ConfigError as exc:
         raise ConfigError(exc.message, source=source, path=exc.path) from exc
-    drained = frozenset(o.name for o in overrides if o.drained and o.name in sources)
+    drained = frozenset(o.name for o in [*overrides, *discovered]
+                        if o.drained and o.name in sources and (o.source != "discovery" or
+                                                                sources[o.name] == "discovery"))
     return Effective(cfg, drained, sources, config_version(cfg))
 
 
@@ -138,6 +150,13 @@ def add_node(eff: Effective, rows: Sequence[NodeOverride], spec: Mapping[str, An
     return node.name, _replace(rows, row, node.name)
 
 
+def _not_discovered(eff: Effective, name: str, what: str) -> None:
+    if eff.sources.get(name) == "discovery":
+        raise Conflict(f"Node {name!r} was discovered (engine/discovery): its orchestrator owns it, so it cannot be "
+                       f"{what} here; change the workload or the discovery template instead (draining works)",
+                       param="name", code="discovered_node")
+
+
 def _row_for(eff: Effective, rows: Sequence[NodeOverride], name: str) -> NodeOverride:
     _find(eff, name)
     for o in rows:
@@ -166,6 +185,7 @@ def patch_node(eff: Effective, rows: Sequence[NodeOverride], name: str, patch: M
         if key not in PATCHABLE:
             raise InvalidRequest(f"{key!r} cannot be changed on a live node (only {', '.join(PATCHABLE)}); "
                                  f"remove and add the node instead", param=key, code="not_patchable")
+    _not_discovered(eff, name, "patched")
     o = _row_for(eff, rows, name)
     spec = {**o.spec, **patch}
     try:
@@ -183,6 +203,7 @@ def remove_node(eff: Effective, rows: Sequence[NodeOverride], name: str, *, drai
     """Remove ``name``: 404 unknown; 409 when it is not drained (on this replica) unless ``force``,
     and always when it is the last node serving one of its models."""
     node = _find(eff, name)
+    _not_discovered(eff, name, "removed")
     for model in node.models:
         if not any(model in n.models for n in eff.cfg.nodes if n.name != name):
             raise Conflict(f"{name!r} is the last node serving model {model!r}; add another node first",

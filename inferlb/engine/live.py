@@ -23,6 +23,9 @@ reads the config. Contracts:
   primary-key read) and applies the rows when it moved. A database that is away fails a node
   change with 503 (nothing applied) and leaves polling to retry; reloads need no database.
 * Changes are serialised by one lock; each is counted and the last one described (:meth:`status`).
+* **Discovered nodes** (engine/discovery: pods of a Kubernetes EndpointSlice watch) are per replica,
+  never written to the database: each source hands its rows to :meth:`set_discovered`, and every
+  merge here includes them (source ``discovery``), so reloads and operators' changes keep them.
 """
 
 from __future__ import annotations
@@ -56,9 +59,9 @@ __all__ = ["RESTART_ONLY", "LiveConfig"]
 
 log = logging.getLogger("inferlb.live")
 
-# Sections of the fleet file a running gateway cannot take: the admission queue and pools, and the
-# metrics registry and tracer, are built once at start-up (engine/app.py).
-RESTART_ONLY = ("admission", "observability")
+# Sections of the fleet file a running gateway cannot take: the admission queue and pools, the
+# metrics registry and tracer, and the discovery sources are built once at start-up (engine/app.py).
+RESTART_ONLY = ("admission", "observability", "discovery")
 
 # How a node operation changes the overrides: (effective config, current rows) -> new rows, or a ClientError.
 NodeChange = Callable[[Effective, Sequence[NodeOverride]], list[NodeOverride]]
@@ -83,6 +86,7 @@ class LiveConfig:
         self.on_swap = on_swap
         self.poll_s = poll_s
         self.overrides: list[NodeOverride] = []
+        self.discovered: dict[str, list[NodeOverride]] = {}   # discovery source -> its rows (engine/discovery)
         self.revision = 0
         self.effective = merge_overrides(self.base, [], source=self._source())
         self.health_process: ProcessDefinition = checked.health_process
@@ -139,7 +143,8 @@ class LiveConfig:
         async with self._lock:
             # Parsing BPMN is CPU work of tens of ms: off the event loop, requests keep flowing.
             checked = await asyncio.to_thread(self._read_files)
-            eff = merge_overrides(checked.fleet, self.overrides, source=self._source())
+            eff = merge_overrides(checked.fleet, self.overrides, source=self._source(),
+                                  discovered=self._discovered())
             self._restart_only(eff.cfg)
             old = self.gateway.snapshot
             changes = self._swap(eff, checked.request_process, checked.health_process,
@@ -195,7 +200,7 @@ class LiveConfig:
                 rev, rows = await asyncio.to_thread(load_overrides, self.engine)
                 if rev == self.revision:
                     return False
-                eff = merge_overrides(self.base, rows, source="node overrides")
+                eff = merge_overrides(self.base, rows, source="node overrides", discovered=self._discovered())
                 self.overrides, self.revision = rows, rev
                 self._swap(eff, self.gateway.process, self.health_process, {"trigger": "overrides", "revision": rev})
                 self.sync_error = None
@@ -222,14 +227,15 @@ class LiveConfig:
                     raise Unavailable(f"The node overrides cannot be read: {exc}",
                                       code="overrides_unavailable") from exc
                 try:
-                    current = merge_overrides(self.base, rows, source="node overrides") \
+                    current = merge_overrides(self.base, rows, source="node overrides",
+                                              discovered=self._discovered()) \
                         if rows != self.overrides else self.effective
                 except ConfigError as exc:
                     raise Conflict(f"The stored node overrides do not fit this gateway's fleet file: {exc}",
                                    param=exc.path, code="overrides_conflict") from exc
                 new_rows = change(current, rows)
                 try:
-                    eff = merge_overrides(self.base, new_rows, source="node")
+                    eff = merge_overrides(self.base, new_rows, source="node", discovered=self._discovered())
                 except ConfigError as exc:
                     raise InvalidRequest(str(exc), param=exc.path, code="invalid_node") from exc
                 new = next((o for o in new_rows if o.name == name), None)
@@ -248,6 +254,25 @@ class LiveConfig:
                 return {"node": name, "action": what, "revision": new_rev, "config_version": eff.version,
                         "changes": changes}
         raise Unavailable("The node overrides kept changing under this request; try again", code="overrides_busy")
+
+    # ------------------------------------------------------------------ discovered nodes (per replica)
+
+    def _discovered(self) -> list[NodeOverride]:
+        return [row for rows in self.discovered.values() for row in rows]
+
+    async def set_discovered(self, source: str, rows: Sequence[NodeOverride], evidence: Mapping[str, Any]
+                             ) -> list[str]:
+        """Put ``rows`` in force as discovery ``source``'s nodes and apply them (one line per fleet
+        change). ConfigError (the merged fleet invalid) with nothing changed."""
+        async with self._lock:
+            others = [row for name, got in self.discovered.items() if name != source for row in got]
+            eff = merge_overrides(self.base, self.overrides, source=f"discovery {source}",
+                                  discovered=[*others, *rows])
+            changes = self._swap(eff, self.gateway.process, self.health_process, evidence)
+            self.discovered[source] = list(rows)
+            self.last_change = {"at": round(self.clock.time(), 6), "kind": "discovery", "source": source,
+                                "nodes": changes}
+            return changes
 
     # ------------------------------------------------------------------ the swap
 

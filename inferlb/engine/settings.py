@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from .admission.config import AdmissionPolicy, AdmissionSettings
 from .autoscale.config import AutoscaleConfig
 from .cluster.config import ClusterSettings
+from .discovery.config import DiscoveryConfig
 from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
@@ -195,6 +196,7 @@ class FleetConfig(_Strict):
     health: HealthConfig = HealthConfig()   # probes, scrapes, outlier ejection, slow start (engine/health)
     admission: AdmissionPolicy = AdmissionPolicy()   # classes, queue, shedding, retry budget (engine/admission)
     autoscale: AutoscaleConfig | None = None   # forecast → plan → actuate (engine/autoscale); absent: off
+    discovery: list[DiscoveryConfig] = Field(default_factory=list)   # nodes from Kubernetes (engine/discovery)
 
     @model_validator(mode="after")
     def _cross(self) -> FleetConfig:
@@ -213,6 +215,8 @@ class FleetConfig(_Strict):
         for i, pool in enumerate(self.autoscale.pools if self.autoscale is not None else ()):
             if pool.model not in known:
                 raise _KeyPathError(f"autoscale.pools[{i}].model", f"unknown model {pool.model!r}")
+        for i, d in enumerate(self.discovery):
+            _check_template(f"discovery[{i}].node", d.node, known)
         for i, mc in enumerate(self.models):
             if mc.node_selector is not None:
                 _check_selector(f"models[{i}].node_selector", mc.name, mc.node_selector, self.nodes)
@@ -240,6 +244,19 @@ def _check_selector(path: str, model: str, sel: NodeSelector, nodes: list[NodeCo
     if serving and not any(sel.matches(n.labels) for _, n in serving):
         why = "; ".join(f"{n.name}: {', '.join(sel.missing(n.labels))}" for _, n in serving[:4])
         raise _KeyPathError(path, f"no node serving {model!r} meets {sel.describe()} ({why})")
+
+
+def _check_template(path: str, node: dict[str, Any], known: set[str]) -> None:
+    """A discovery source's node template is a valid node entry (name and url aside) of known models."""
+    try:
+        cfg = NodeConfig.model_validate({**node, "name": "discovered", "url": "http://discovered.invalid"})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        msg = "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"])
+        raise _KeyPathError(f"{path}.{_key_path(tuple(first['loc']))}", msg) from None
+    for j, served in enumerate(cfg.models):
+        if served not in known:
+            raise _KeyPathError(f"{path}.models[{j}]", f"unknown model {served!r}")
 
 
 def _unique(key: str, names: list[str], what: str) -> None:
