@@ -10,8 +10,8 @@ Runs in a worker thread only (engine/discovery/source.py calls it through ``asyn
   ends the watch. A ``410 Gone`` (the version is too old: an ``ERROR`` event or the status of the
   request) raises :class:`WatchGone`: the caller lists again. Any other failure raises as it is.
 
-The objects stay the API's JSON (``deserialize=False``; camelCase keys) for the pure code in
-engine/discovery/slices.py. Needs the ``kubernetes`` extra (``pip install 'inferlb[kubernetes]'``).
+The pure code in engine/discovery/slices.py reads each event's ``raw_object`` (the API's JSON,
+camelCase keys; ``deserialize=False`` is not used: the client's 410 handling needs the default). Needs the ``kubernetes`` extra (``pip install 'inferlb[kubernetes]'``).
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ class EndpointSliceClient:
         try:
             for event in w.stream(self.api.list_namespaced_endpoint_slice, self.cfg.namespace,
                                   label_selector=self.cfg.selector(), resource_version=rv,
-                                  timeout_seconds=self.cfg.watch_s, allow_watch_bookmarks=True, deserialize=False,
+                                  timeout_seconds=self.cfg.watch_s, allow_watch_bookmarks=True,
                                   _request_timeout=(self.cfg.timeout_s, self.cfg.watch_s + 30)):
-                obj = event.get("object") or {}
+                obj = event.get("raw_object") or {}
                 if event.get("type") == "ERROR":   # Watch raises for these itself; kept for safety
                     if obj.get("code") == GONE:
                         raise WatchGone(str(obj.get("message", "")))
