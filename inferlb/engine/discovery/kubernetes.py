@@ -11,7 +11,8 @@ Runs in a worker thread only (engine/discovery/source.py calls it through ``asyn
   request) raises :class:`WatchGone`: the caller lists again. Any other failure raises as it is.
 
 The pure code in engine/discovery/slices.py reads each event's ``raw_object`` (the API's JSON,
-camelCase keys; ``deserialize=False`` is not used: the client's 410 handling needs the default). Needs the ``kubernetes`` extra (``pip install 'inferlb[kubernetes]'``).
+camelCase keys; ``deserialize=False`` is not used: the client's 410 handling needs the default).
+Needs the ``kubernetes`` extra (``pip install 'inferlb[kubernetes]'``).
 """
 
 from __future__ import annotations
