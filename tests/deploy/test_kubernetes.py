@@ -74,7 +74,7 @@ def _container(doc: dict[str, Any]) -> dict[str, Any]:
 def test_every_object_is_valid_against_the_kubernetes_schemas(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted(d["kind"] for d in rendered)
     assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Job",
-                     "PodDisruptionBudget", "Service"]
+                     "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
     for doc in rendered:
         # strict: unknown fields (a typo such as readinesProbe) are errors, not silently dropped
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -186,6 +186,32 @@ def test_service_pdb_hpa_and_job_point_at_the_gateway(rendered: list[dict[str, A
     job_labels = job["spec"]["template"]["metadata"]["labels"]
     assert not svc["spec"]["selector"].items() <= job_labels.items()   # the Service never sends to the Job
     assert _container(job)["image"] == _container(dep)["image"]
+
+
+def test_the_gateway_account_may_watch_endpointslices_and_scale_workloads_only(
+        rendered: list[dict[str, Any]]) -> None:
+    """rbac.yaml: what engine/discovery (list/watch EndpointSlices) and the kubernetes actuator
+    (get/patch deployments/scale, statefulsets/scale) call, and nothing more."""
+    sa, role, binding = (_one(rendered, k) for k in ("ServiceAccount", "Role", "RoleBinding"))
+    rules = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
+             for r in rule["resources"]}
+    assert rules == {("discovery.k8s.io", "endpointslices"): ["get", "list", "watch"],
+                     ("apps", "deployments/scale"): ["get", "patch"],
+                     ("apps", "statefulsets/scale"): ["get", "patch"]}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", sa["metadata"]["name"])]
+    pod = _pod_spec(_one(rendered, "Deployment"))
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] and pod["automountServiceAccountToken"] is True
+    job = _pod_spec(_one(rendered, "Job"))     # the migration Job gets no API token
+    assert job.get("serviceAccountName") is None and job["automountServiceAccountToken"] is False
+    # the calls the code makes are the ones granted
+    from inferlb.engine.autoscale.actuators import kubernetes as actuator
+    from inferlb.engine.discovery import kubernetes as discovery
+
+    assert "list_namespaced_endpoint_slice" in Path(discovery.__file__).read_text()
+    src = Path(actuator.__file__).read_text()
+    assert all(f"{verb}_namespaced_{{kind}}_scale" in src for verb in ("read", "patch"))
 
 
 def test_dockerfile_is_multi_stage_non_root_and_serves() -> None:

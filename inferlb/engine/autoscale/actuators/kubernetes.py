@@ -17,8 +17,8 @@ actuator's ``timeout_s``. Needs the ``kubernetes`` extra (``pip install 'inferlb
 * Any API error (``ApiException``: 403, 404, 409, 5xx) or timeout is that pool's failed result.
 
 Authentication: ``actuator.kubeconfig`` (and ``context``) when set, else the in-cluster service
-account (RBAC: ``get`` and ``patch`` on ``deployments/scale`` / ``statefulsets/scale``; the
-kustomize base in ``deploy/kubernetes`` does not grant it yet).
+account (RBAC: ``get`` and ``patch`` on ``deployments/scale`` / ``statefulsets/scale``, granted
+to the gateway's ServiceAccount by ``deploy/kubernetes/rbac.yaml``).
 """
 
 from __future__ import annotations
