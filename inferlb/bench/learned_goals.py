@@ -49,7 +49,7 @@ from typing import Any
 
 from ..engine.admission.config import AdmissionPolicy
 from ..engine.routing import build_router
-from ..engine.routing.ope_replay import evaluate
+from ..engine.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
 from ..simulator.des import OUTCOMES, DesResults, LearnedFeedback, Simulation
 from ..simulator.presets import preset_spec
 from ..simulator.spec import NodeSpec
@@ -154,22 +154,27 @@ def regret(learned: Sequence[float], fixed: Mapping[str, Sequence[float]], n: in
 
 
 def ope_check(learned_run: ProfileRun, on_policy: dict[str, ProfileRun], *, n_boot: int = 300,
-              seed: int = 0, policies: dict[str, Any] | None = None) -> dict[str, Any]:
+              seed: int = 0, policies: dict[str, Any] | None = None, min_ess: float = MIN_ESS,
+              reward_model: str = "fitted") -> dict[str, Any]:
     """Estimate each policy of ``on_policy`` (a profile name, or the router ``policies`` gives for
     that name) from ``learned_run``'s logged decisions and compare with its measured mean cost on
-    the same requests (the logged rows) in its own run."""
+    the same requests (the logged rows) in its own run. An estimate refused for insufficient
+    overlap (ESS < ``min_ess``) has ``refused``; its withheld values are still compared (as
+    ``*_error``), to show what the refusal kept from being printed as an estimate."""
     fb = learned_run.feedback
     if fb is None or not fb.logged:
         return {"error": "no logged learned decisions"}
     rows = fb.logged_rows
     out: dict[str, Any] = {"logged": len(fb.logged)}
     for name, run in on_policy.items():
-        est = evaluate(fb.logged, (policies or {}).get(name, name), n_boot=n_boot, seed=seed)
+        est = evaluate(fb.logged, (policies or {}).get(name, name), n_boot=n_boot, seed=seed, min_ess=min_ess,
+                       keep_refused=True, reward_model=reward_model)
         measured = sum(run.cost[i] for i in rows) / len(rows)
         entry: dict[str, Any] = {"measured": measured, "measured_all": sum(run.cost) / len(run.cost),
-                                 "ess": est.get("ess"), "skipped": est.get("skipped"), "n": est.get("n")}
+                                 "ess": est.get("ess"), "skipped": est.get("skipped"), "n": est.get("n"),
+                                 "refused": est.get("refused")}
         for k in ("ips", "snips", "dr"):
-            e = est.get(k)
+            e = est.get(k) or (est.get("withheld") or {}).get(k)
             if isinstance(e, dict):
                 entry[k] = e
                 entry[f"{k}_error"] = (e["value"] - measured) / measured
@@ -211,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilon", type=float, default=None, help="learned: exploration rate (default: the profile's)")
     ap.add_argument("--temperature", type=float, default=None,
                     help="learned: softmax temperature (default: the profile's)")
+    ap.add_argument("--ope-softmax", type=float, default=0.1, help="OPE also estimates token-aware with a softmax "
+                    "over its scores at this temperature (run on-policy too, to compare); 0: not")
+    ap.add_argument("--min-ess", type=float, default=MIN_ESS, help="OPE refuses below this effective sample size")
+    ap.add_argument("--reward-model", choices=["fitted", "predictions", "none"], default="fitted",
+                    help="DR's reward model: fitted on logged costs (default) or the logged predictions")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="wall-time bound: later runs are skipped")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -229,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         f"~{a.requests} requests per seed over {duration:.0f} virtual s; seeds {seeds}", flush=True)
     bandit = {k: v for k, v in (("epsilon", a.epsilon), ("temperature", a.temperature)) if v is not None}
     learned_kw: dict[str, Any] | None = {"params": {"softmax-bandit": bandit}} if bandit else None
+    soft = f"token-aware~softmax({a.ope_softmax:g})"
+    soft_kw = {"picker": "softmax-bandit", "params": {"softmax-bandit": {
+        "epsilon": 1.0, "temperature": a.ope_softmax, "never_explore": []}}}
+    if a.ope_softmax > 0 and not a.no_ope and "learned" in profiles and "token-aware" in profiles:
+        profiles.append(soft)
     runs: dict[str, list[ProfileRun]] = {p: [] for p in profiles}
     skipped: list[str] = []
     for seed in seeds:
@@ -237,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             if time.perf_counter() - t_start > a.max_seconds:
                 skipped.append(f"{p}@{seed}")
                 continue
-            r = run_profile(p, specs, reqs, w, seed=seed, duration_s=duration, failure_cost_s=fail_cost,
-                            log=p == "learned" and not a.no_ope,
-                            router_kwargs=learned_kw if p == "learned" else None)
+            r = run_profile("token-aware" if p == soft else p, specs, reqs, w, seed=seed, duration_s=duration,
+                            failure_cost_s=fail_cost, log=p == "learned" and not a.no_ope,
+                            router_kwargs=learned_kw if p == "learned" else soft_kw if p == soft else None)
+            r.profile = p
             runs[p].append(r)
             log(f"  seed {seed} {p:18} e2e p99 {_f(r.summary['e2e_s']['p99'])} s, goodput "
                 f"{_f(r.summary['goodput_rps'], '.2f')} req/s, mean cost {_f(sum(r.cost) / len(r.cost))} s "
@@ -249,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                               "load": a.load, "requests": a.requests, "seeds": seeds, "failure_cost_s": fail_cost,
                               "skipped": skipped, "profiles": {p: _pooled(rs) for p, rs in runs.items() if rs}}
     complete = {p: rs for p, rs in runs.items() if len(rs) == len(seeds)}
-    fixed = [p for p in complete if p != "learned"]
+    fixed = [p for p in complete if p not in ("learned", soft)]
     goals: dict[str, Any] = {}
     if "learned" in complete and fixed:
         per_seed = []
@@ -269,15 +285,29 @@ def main(argv: list[str] | None = None) -> int:
         if not a.no_ope:
             ope = []
             for k, seed in enumerate(seeds):
-                ope.append(ope_check(complete["learned"][k], {"token-aware": complete["token-aware"][k],
-                                                              "learned": complete["learned"][k]}, seed=seed,
-                                     policies={"learned": build_router("learned", seed=seed, **(learned_kw or {}))})
-                           | {"seed": seed})
+                on = {"token-aware": complete["token-aware"][k], "learned": complete["learned"][k]}
+                pol: dict[str, Any] = {"learned": build_router("learned", seed=seed, **(learned_kw or {}))}
+                if soft in complete:
+                    on[soft] = complete[soft][k]
+                    pol[soft] = softmax_policy("token-aware", a.ope_softmax, seed=seed)
+                ope.append(ope_check(complete["learned"][k], on, seed=seed, policies=pol, min_ess=a.min_ess,
+                                     reward_model=a.reward_model) | {"seed": seed})
             report["ope"] = ope
-            for m in ("snips", "dr"):
-                errs = [o["token-aware"].get(f"{m}_error") for o in ope if "token-aware" in o]
-                goals[f"OPE ({m.upper()}) of token-aware within ±5 %"] = bool(errs) and all(
-                    e is not None and abs(e) <= 0.05 for e in errs)
+            report["ope_policies"] = [p for p in ("token-aware", soft, "learned") if p in ope[0]] if ope else []
+            for target in ("token-aware", soft):
+                entries = [o[target] for o in ope if target in o]
+                if not entries:
+                    continue
+                if any(e.get("refused") for e in entries):
+                    goals[f"OPE of {target} within ±5 %"] = (
+                        f"refused on {sum(bool(e.get('refused')) for e in entries)} of {len(entries)} seeds "
+                        f"(insufficient overlap, ESS < {a.min_ess:g}): the ±5 % criterion applies only where "
+                        "the log overlaps the policy")
+                    continue
+                for m in ("snips", "dr"):
+                    errs = [e.get(f"{m}_error") for e in entries]
+                    goals[f"OPE ({m.upper()}) of {target} within ±5 %"] = all(
+                        x is not None and abs(x) <= 0.05 for x in errs)
     report["goals"] = goals
     report["wall_s"] = time.perf_counter() - t_start
     if a.json:
@@ -300,14 +330,15 @@ def _print(r: dict[str, Any]) -> None:
               f"(learned {g['learned']:.3f} s vs {g['best_mean']:.3f} s mean cost); per seed: "
               + ", ".join(f"{x['seed']}: {x['regret']:+.2%} vs {x['best']}" for x in r["regret"]["per_seed"]))
     for o in r.get("ope", []):
-        for pol in ("token-aware", "learned"):
+        for pol in r.get("ope_policies", []):
             e = o.get(pol)
             if not e:
                 continue
             parts = [f"{m.upper()} {e[m]['value']:.3f} [{e[m]['ci_low']:.3f}, {e[m]['ci_high']:.3f}] "
                      f"({e[m + '_error']:+.1%})" for m in ("snips", "dr") if m in e]
+            flag = "  REFUSED (insufficient overlap; withheld values shown)" if e.get("refused") else ""
             print(f"OPE seed {o['seed']} {pol:12} measured {e['measured']:.3f} s on the {o['logged']} logged rows "
-                  f"(all rows {e['measured_all']:.3f}); " + "; ".join(parts) + f"; ESS {_f(e['ess'], '.0f')}")
+                  f"(all rows {e['measured_all']:.3f}); " + "; ".join(parts) + f"; ESS {_f(e['ess'], '.0f')}{flag}")
     for k, v in r["goals"].items():
         print(f"goal {k}: {v if not isinstance(v, bool) else ('met' if v else 'NOT met')}")
     if r["skipped"]:

@@ -101,6 +101,13 @@ async def test_learned_profile_logs_propensities_and_explains_its_picks(tmp_path
                                   bootstrap=50, seed=0, json=True, policy="token-aware")
         assert routing_command(args, settings.database_url) == 0
         report = json.loads(capsys.readouterr().out)
+        # a few dozen decisions: below the default effective sample size the estimate is refused
+        assert ("refused" in report) == (report["ess"] < report["min_ess"])
+        if "refused" in report:
+            assert "snips" not in report and report["refused"].startswith("insufficient overlap")
+        args.min_ess = 0.0    # asked for explicitly: the numbers
+        assert routing_command(args, settings.database_url) == 0
+        report = json.loads(capsys.readouterr().out)
         assert report["n"] >= 30 and report["decisions_read"] >= 42
         assert report["skipped"].get("no propensity (a fallback profile decided)", 0) >= 8
         for k in ("ips", "snips", "dr"):

@@ -29,6 +29,16 @@ class PredictedLatencyParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttft_slo_s: float = Field(1.0, gt=0)      # TTFT budget of a streamed request
     e2e_slo_s: float = Field(30.0, gt=0)      # end-to-end budget when the request has no deadline
+    # Interference (0: off, the request's own predicted latency alone): the weight of the slowdown
+    # this request is predicted to cause the requests in flight on the node, added to its own
+    # predicted e2e before the slack is taken (see PredictedLatency).
+    interference: float = Field(0.0, ge=0)
+    # d log(TPOT) / d log(in-flight tokens) used by the interference term; None: the predictor's
+    # own learned response (its ``tpot_elasticity(node)``, floored at 0; 0 when it has none).
+    elasticity: float | None = Field(0.5, ge=0, le=2)
+    # Size-aware: charge the interference term only to requests whose output budget is at most
+    # this (None: to every request), so short work is kept off the busy nodes the long outputs need.
+    interference_max_output: int | None = Field(None, ge=0)
 
 
 @dataclass
@@ -39,6 +49,7 @@ class Scored:
     preds: list[tuple[float, float]]
     slack: list[float]
     scores: list[float]
+    others_s: list[float] | None = None    # interference: predicted slowdown of the others, seconds
 
 
 class PredictedLatency:
@@ -52,7 +63,21 @@ class PredictedLatency:
     Reads the candidates through the bound predictor (``bind``; the predictor reads the request's
     tokens, stream and priority and each node's in-flight tokens and requests, waiting, KV use,
     recent TTFT and tokens/s, capacity and GPU label). Raises :class:`PredictionFault` when the
-    predictor has no usable answer; the router then falls back for this decision."""
+    predictor has no usable answer; the router then falls back for this decision.
+
+    Interference (``interference`` = β > 0): a request placed on a node also slows the requests
+    already decoding there (they share its batch steps), which a per-request slack cannot see. With
+    T the node's in-flight tokens, n its in-flight requests, d this request's tokens (prompt +
+    output budget), o its output budget, τ its predicted TPOT there and e the elasticity
+    (``elasticity``, or the predictor's learned one):
+
+        others = τ · e · d / (T + d)  ×  min(n · o, T)
+
+    the predicted rise of the node's time per token times the decode steps of the others that
+    overlap this request (at most o each, at most the tokens in flight in all), and the latency
+    judged is own e2e + β · others. With ``interference_max_output`` = m only requests with o ≤ m
+    are charged (size-aware: short work kept off the busy nodes, long outputs judged on their own
+    latency). O(candidates), no I/O; the per-node terms are in ``last``."""
 
     type_name = "predicted-latency"
     Params = PredictedLatencyParams
@@ -91,14 +116,47 @@ class PredictedLatency:
         rest = max(0, req.output_tokens - 1)
         slack: list[float] = []
         scores: list[float] = []
-        for a, b in preds:
-            s = (e2e_budget - (a + b * rest)) / e2e_budget
+        beta = self.p.interference
+        cap_o = self.p.interference_max_output
+        charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
+        others = self._others(req, nodes, preds, model) if charged else None
+        for i, (a, b) in enumerate(preds):
+            own = a + b * rest
+            if others is not None:
+                own += beta * others[i]
+            s = (e2e_budget - own) / e2e_budget
             if ttft_budget is not None:
                 s = min(s, (ttft_budget - a) / ttft_budget)
             slack.append(s)
             scores.append(min(1.0, max(0.0, 0.5 + 0.5 * s)))
-        self.last = Scored(list(nodes), preds, slack, scores)
+        self.last = Scored(list(nodes), preds, slack, scores, others)
         return scores
+
+    def _others(self, req: RouteRequest, nodes: Sequence[NodeView], preds: Sequence[tuple[float, float]],
+                model: Any) -> list[float]:
+        """The predicted slowdown (seconds, summed over the requests in flight) that placing ``req``
+        on each node causes the others there (see the class docstring)."""
+        d = max(0, req.tokens)
+        o = max(0, req.output_tokens)
+        fixed = self.p.elasticity
+        learned = None if fixed is not None else getattr(model, "tpot_elasticity", None)
+        out: list[float] = []
+        for n, (_, tpot) in zip(nodes, preds, strict=True):
+            t = max(0, n.inflight_tokens)
+            k = max(0, n.inflight_requests)
+            if t <= 0 or k <= 0 or d <= 0:
+                out.append(0.0)
+                continue
+            if fixed is not None:
+                e = fixed
+            else:
+                try:
+                    e = float(learned(n)) if learned is not None else 0.0
+                except Exception:   # a user's predictor: no learned response, no interference term
+                    e = 0.0
+                e = min(2.0, e) if e > 0 else 0.0   # NaN and negative → 0
+            out.append(tpot * e * d / (t + d) * min(k * o, t))
+        return out
 
 
 class SoftmaxBanditParams(BaseModel):

@@ -27,10 +27,12 @@ from typing import Any
 
 from .explain import Context, context_of
 from .ope import Round, estimate
+from .ope_reward import cross_fit, reward_features
 from .profiles import Router, build_router
 from .types import NodeView, RouteRequest
 
-__all__ = ["LoggedDecision", "LoggedPredictions", "evaluate", "rounds_for", "target_probabilities"]
+__all__ = ["MIN_ESS", "REWARD_MODELS", "LoggedDecision", "LoggedPredictions", "evaluate", "rounds_for",
+           "softmax_policy", "target_probabilities"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +105,35 @@ def _q(pred: tuple[float, float] | None, req: RouteRequest, metric: str) -> floa
     return pred[0] if metric == "ttft" else pred[0] + pred[1] * max(0, req.output_tokens - 1)
 
 
+def softmax_policy(profile: str, temperature: float, *, seed: int = 0) -> Router:
+    """A stochastic version of ``profile``: its filters and scorers, and a softmax over its total
+    score at ``temperature`` as the picker (``softmax-bandit`` with ε = 1, every class), so it
+    puts weight on every candidate and the logged decisions overlap it. A deterministic profile
+    (token-aware picks its best node) mostly disagrees with the logging policy and cannot be
+    estimated from its log; this one can, and its value is measured on-policy the same way."""
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
+    r = build_router(profile, picker="softmax-bandit", seed=seed,
+                     params={"softmax-bandit": {"epsilon": 1.0, "temperature": temperature, "never_explore": []}})
+    r.name = f"{profile}~softmax({temperature:g})"
+    return r
+
+
+REWARD_MODELS = ("fitted", "predictions", "none")
+
+
 def rounds_for(decisions: Iterable[LoggedDecision], policy: str | Router, *, metric: str = "e2e",
-               mc_draws: int = 200, seed: int = 0) -> tuple[list[Round], Counter[str]]:
-    """One :class:`Round` per usable logged decision, and the skipped ones counted by reason."""
+               mc_draws: int = 200, seed: int = 0, reward_model: str = "fitted"
+               ) -> tuple[list[Round], Counter[str]]:
+    """One :class:`Round` per usable logged decision, and the skipped ones counted by reason.
+
+    ``reward_model``: DR's q̂: ``fitted`` (default): a cross-fitted regression of the measured
+    costs on the logged contexts (routing/ope_reward.py); ``predictions``: the logged latency
+    predictions themselves (the logging policy's view; biased toward it); ``none``: DR = IPS."""
+    if reward_model not in REWARD_MODELS:
+        raise ValueError(f"reward_model must be one of {', '.join(REWARD_MODELS)}")
     router = build_router(policy, seed=seed) if isinstance(policy, str) else policy
-    rounds: list[Round] = []
+    kept: list[tuple[LoggedDecision, Context, dict[str, float], str, float]] = []
     skipped: Counter[str] = Counter()
     for i, dec in enumerate(decisions):
         lj = dec.learned
@@ -129,24 +155,67 @@ def rounds_for(decisions: Iterable[LoggedDecision], policy: str | Router, *, met
         except KeyError:
             skipped["a candidate had no logged prediction"] += 1
             continue
-        qs = {n: _q(ctx.preds.get(n), ctx.req, metric) for n in ctx.preds}
-        q_logged = qs.get(pick)
+        kept.append((dec, ctx, pi, pick, float(mu)))
+    qs = _q_tables(kept, metric, reward_model)
+    rounds: list[Round] = []
+    for (dec, _, pi, pick, mu), q in zip(kept, qs, strict=True):
+        q_logged = q.get(pick)
         q_target: float | None = None
-        if q_logged is not None and all(qs.get(n) is not None for n in pi):
-            q_target = sum(p * (qs[n] or 0.0) for n, p in pi.items())
-        rounds.append(Round(dec.reward, float(mu), pi.get(pick, 0.0), q_logged, q_target))
+        if q_logged is not None and all(q.get(n) is not None for n in pi):
+            q_target = sum(p * (q[n] or 0.0) for n, p in pi.items())
+        rounds.append(Round(dec.reward, mu, pi.get(pick, 0.0), q_logged, q_target))
     return rounds, skipped
 
 
+def _q_tables(kept: list[tuple[LoggedDecision, Context, dict[str, float], str, float]], metric: str,
+              reward_model: str) -> list[dict[str, float | None]]:
+    """q̂ per candidate name, per kept round."""
+    if reward_model == "none":
+        return [{} for _ in kept]
+    if reward_model == "predictions":
+        return [{n: _q(ctx.preds.get(n), ctx.req, metric) for n in ctx.preds} for _, ctx, _, _, _ in kept]
+    picked: list[list[float]] = []
+    cands: list[list[list[float]]] = []
+    names: list[list[str]] = []
+    for _, ctx, _, pick, _ in kept:
+        views = {v.name: v for v in ctx.views}
+        picked.append(reward_features(ctx.req, views[pick], ctx.preds.get(pick)))
+        names.append([v.name for v in ctx.views])
+        cands.append([reward_features(ctx.req, v, ctx.preds.get(v.name)) for v in ctx.views])
+    fitted = cross_fit(picked, [dec.reward for dec, *_ in kept], cands)
+    return [dict(zip(ns, (float(v) for v in qv), strict=True)) for ns, qv in zip(names, fitted, strict=True)]
+
+
+MIN_ESS = 100.0
+
+
 def evaluate(decisions: Iterable[LoggedDecision], policy: str | Router, *, metric: str = "e2e",
-             n_boot: int = 500, seed: int = 0, mc_draws: int = 200) -> dict[str, Any]:
-    """Estimate ``policy``'s mean cost on the logged decisions (IPS, SNIPS, DR with intervals)."""
-    rounds, skipped = rounds_for(decisions, policy, metric=metric, mc_draws=mc_draws, seed=seed)
+             n_boot: int = 500, seed: int = 0, mc_draws: int = 200, reward_model: str = "fitted",
+             min_ess: float = MIN_ESS, keep_refused: bool = False) -> dict[str, Any]:
+    """Estimate ``policy``'s mean cost on the logged decisions (IPS, SNIPS, DR with intervals).
+
+    Refusal: when the effective sample size (Σw)² / Σw² is below ``min_ess``, the logged
+    decisions hardly overlap the policy (it mostly picks what the logging policy did not), and an
+    estimate would rest on a few dozen rounds: the result then has ``refused`` ("insufficient
+    overlap: …") and no ``ips`` / ``snips`` / ``dr`` (with ``keep_refused`` they are kept under
+    ``withheld``, for measuring the estimators themselves). The ±5 % accuracy measured in the
+    simulator (docs/benchmarks.md) holds only where the overlap exists."""
+    rounds, skipped = rounds_for(decisions, policy, metric=metric, mc_draws=mc_draws, seed=seed,
+                                 reward_model=reward_model)
     name = policy if isinstance(policy, str) else policy.name
-    out: dict[str, Any] = {"policy": name, "metric": metric, "skipped": dict(skipped)}
+    out: dict[str, Any] = {"policy": name, "metric": metric, "skipped": dict(skipped),
+                           "reward_model": reward_model, "min_ess": min_ess}
     if not rounds:
         out["error"] = "no logged decision with a propensity to evaluate on"
         return out
     est = estimate(rounds, n_boot=n_boot, seed=seed)
-    out.update({k: (v.to_json() if hasattr(v, "to_json") else v) for k, v in est.items()})
+    vals = {k: (v.to_json() if hasattr(v, "to_json") else v) for k, v in est.items()}
+    if est["ess"] < min_ess:
+        out["refused"] = (f"insufficient overlap: effective sample size {est['ess']:.0f} of {est['n']} decisions "
+                          f"< {min_ess:g}; the logged decisions rarely agree with {name}, so no estimate is given")
+        out.update({k: vals[k] for k in ("logged", "ess", "n")})
+        if keep_refused:
+            out["withheld"] = {k: vals[k] for k in ("ips", "snips", "dr")}
+        return out
+    out.update(vals)
     return out

@@ -40,6 +40,8 @@ __all__ = ["LatencyPredictor", "Observed", "OnlineLinear", "OnlineLinearParams",
 _LOG_MIN, _LOG_MAX = math.log(1e-5), math.log(600.0)   # predictions clipped to [10 µs, 10 min]
 _NR = len(REQUEST_FEATURES)
 _CACHE_MAX = 8192
+_K_INDEX = FEATURE_NAMES.index("log_inflight_ktokens")
+_LOAD_INDEX = FEATURE_NAMES.index("load")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,18 @@ class OnlineLinear:
                 la, lb = a + na, b + nb
                 out[i] = (exp(min(hi, max(lo, la))) if la == la else la, exp(min(hi, max(lo, lb))) if lb == lb else lb)
         return out
+
+    def tpot_elasticity(self, node: NodeView) -> float:
+        """d log(TPOT) / d log(in-flight tokens) at ``node``'s present load, from the learned TPOT
+        weights of the load features (log1p(in-flight ktokens) and in-flight / capacity): what the
+        ``predicted-latency`` scorer's interference term reads when no elasticity is configured.
+        May be ≤ 0 (the model learned no slowdown with load); the caller floors it."""
+        t = max(0, node.inflight_tokens)
+        e = float(self.w[_K_INDEX, 1]) * t / (t + 1000.0)
+        cap = node.capacity_tokens
+        if cap > 0 and t / cap < 4.0:
+            e += float(self.w[_LOAD_INDEX, 1]) * t / cap
+        return e
 
     def predict(self, row: Sequence[float]) -> Prediction:
         logs = np.clip(np.asarray(row, dtype=float) @ self.w, _LOG_MIN, _LOG_MAX)
