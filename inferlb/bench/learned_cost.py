@@ -8,7 +8,7 @@ Loads that script's ``bench(profile, n, iters)`` (decide alone, and select = ``F
 decide + ``Decision.to_json()``) and runs it for ``token-aware``, ``learned`` with its predictor
 active (``min_samples`` 0: every decision predicts, explores and logs its propensity and context)
 and ``learned`` while the predictor warms up (the token-aware fallback plus the pick's
-prediction). Prints p50 / p99 µs per decision.
+prediction), and ``learned`` with the interference term on. Prints p50 / p99 µs per decision.
 """
 
 from __future__ import annotations
@@ -32,12 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     assert spec is not None and spec.loader is not None
     rb: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
-    variants = {"token-aware": ("token-aware", None), "learned (active)": ("learned", {"min_samples": 0}),
-                "learned (warming)": ("learned", {"min_samples": 10**9})}
+    variants: dict[str, tuple[str, Any, Any]] = {
+        "token-aware": ("token-aware", None, None), "learned (active)": ("learned", {"min_samples": 0}, None),
+        "learned (warming)": ("learned", {"min_samples": 10**9}, None),
+        # the interference term (predicted-latency's opt-in params), with the predictor's learned elasticity
+        "learned+interference": ("learned", {"min_samples": 0},
+                                 {"predicted-latency": {"interference": 1.0, "elasticity": None}})}
     print(f"{'variant':20} {'nodes':>5} {'decide p50':>10} {'p99':>7} {'select p50':>10} {'p99':>7}  µs")
-    for label, (profile, predictor) in variants.items():
-        def make(p: str, seed: int | None = None, _pred: Any = predictor, **kw: Any) -> Any:
-            return build_router(p, seed=seed, predictor=_pred, **kw)
+    for label, (profile, predictor, params) in variants.items():
+        def make(p: str, seed: int | None = None, _pred: Any = predictor, _params: Any = params, **kw: Any) -> Any:
+            return build_router(p, seed=seed, predictor=_pred, params=_params, **kw)
 
         rb.build_router = make
         r = rb.bench(profile, a.nodes, a.iters)

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilon", type=float, default=None, help="learned: exploration rate (default: the profile's)")
     ap.add_argument("--temperature", type=float, default=None,
                     help="learned: softmax temperature (default: the profile's)")
+    ap.add_argument("--learned-params", default=None, help='learned: plugin params as JSON, e.g. '
+                    '\'{"predicted-latency": {"interference": 1.0}}\' (merged over the bandit options)')
     ap.add_argument("--ope-softmax", type=float, default=0.1, help="OPE also estimates token-aware with a softmax "
                     "over its scores at this temperature (run on-policy too, to compare); 0: not")
     ap.add_argument("--min-ess", type=float, default=MIN_ESS, help="OPE refuses below this effective sample size")
@@ -238,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         f"capacity {cap:.1f} req/s; offered {rate:.1f} req/s ({a.load:.0%}), {a.workload}, "
         f"~{a.requests} requests per seed over {duration:.0f} virtual s; seeds {seeds}", flush=True)
     bandit = {k: v for k, v in (("epsilon", a.epsilon), ("temperature", a.temperature)) if v is not None}
-    learned_kw: dict[str, Any] | None = {"params": {"softmax-bandit": bandit}} if bandit else None
+    lparams: dict[str, Any] = {"softmax-bandit": bandit} if bandit else {}
+    if a.learned_params:
+        for k, v in json.loads(a.learned_params).items():
+            lparams[k] = {**lparams.get(k, {}), **v}
+    learned_kw: dict[str, Any] | None = {"params": lparams} if lparams else None
     soft = f"token-aware~softmax({a.ope_softmax:g})"
     soft_kw = {"picker": "softmax-bandit", "params": {"softmax-bandit": {
         "epsilon": 1.0, "temperature": a.ope_softmax, "never_explore": []}}}
@@ -260,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  seed {seed} {p:18} e2e p99 {_f(r.summary['e2e_s']['p99'])} s, goodput "
                 f"{_f(r.summary['goodput_rps'], '.2f')} req/s, mean cost {_f(sum(r.cost) / len(r.cost))} s "
                 f"({r.wall_s:.1f} s wall){'  ' + json.dumps(r.learned) if r.learned else ''}", flush=True)
-    report: dict[str, Any] = {"learned_bandit": bandit, "nodes": a.nodes, "capacity_rps": cap,
+    report: dict[str, Any] = {"learned_bandit": bandit, "learned_params": lparams, "nodes": a.nodes,
+                              "capacity_rps": cap,
                               "per_preset_rps": per, "offered_rps": rate,
                               "load": a.load, "requests": a.requests, "seeds": seeds, "failure_cost_s": fail_cost,
                               "skipped": skipped, "profiles": {p: _pooled(rs) for p, rs in runs.items() if rs}}
