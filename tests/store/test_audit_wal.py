@@ -46,8 +46,9 @@ async def main():
     # An hour-long flush interval: nothing reaches the database; only the write-ahead log has them.
     w = AuditWriter(make_engine(sys.argv[1]), journal_dir=sys.argv[2], flush_interval_s=3600)
     await w.start()
-    for i in range(1, 5):
-        await w.begin(_record(i, status="unknown", last_byte_at=None, attempts=[]))
+    for i in range(1, 5):   # started under process p-7 and config c0ffee123456 (what gateway.py stamps)
+        await w.begin(_record(i, status="unknown", last_byte_at=None, attempts=[], process_version="p-7",
+                              config_version="c0ffee123456"))
     w.submit(_record(1))                 # finished
     w.submit(_record(5))                 # finished without a start entry (e.g. rejected input)
     await w.begin(_record(6, status="unknown", last_byte_at=None, attempts=[]))  # commits the group
@@ -85,6 +86,8 @@ async def test_sigkill_loses_nothing_finished_and_marks_the_rest_unknown_outcome
                       6: "unknown_outcome"}
     got = get_request(engine, "req-00003")
     assert got is not None and got["endpoint"] == "chat" and got["tenant"] == "acme"
+    # The start entry carries the versions the request started under, so the rebuilt row has them.
+    assert (got["process_version"], got["config_version"]) == ("p-7", "c0ffee123456")
     assert w.backlog()["records_recovered"] == 6   # 1 and 5 finished; 2, 3, 4 and 6 unfinished
     assert all(p.name.startswith(f"wal-{os.getpid()}-") for p in journal.glob("wal-*.log"))  # orphans gone
     await w.close()
@@ -111,6 +114,19 @@ def test_segments_rotate_carry_open_starts_and_are_deleted_once_released(
     assert [(r.request_id, r.status) for r in rec.records] == [("req-00002", "unknown_outcome")]
     wal.close()                                # b still in flight: the segment is kept
     assert len(list(tmp_path.glob("wal-*.log"))) == 1
+
+
+def test_a_recovered_start_keeps_its_versions_and_an_old_entry_without_them_still_recovers(
+    tmp_path: Path, make_record: MakeRecord
+) -> None:
+    a = make_record(1, process_version="p-3", config_version="abc123def456")
+    p = tmp_path / "wal-1-x-00000000.log"
+    old = json.dumps({"k": "s", "id": "req-00002", "t": a.received_at, "e": "chat", "m": "llama-8b"}) + "\n"
+    p.write_bytes(start_entry(a) + old.encode())      # no end for either: both were in flight
+    rec = recover([p])
+    got = {r.request_id: (r.status, r.process_version, r.config_version) for r in rec.records}
+    assert got == {"req-00001": ("unknown_outcome", "p-3", "abc123def456"),
+                   "req-00002": ("unknown_outcome", None, None)}
 
 
 def test_recover_skips_a_torn_line_and_lets_the_last_version_win(tmp_path: Path, make_record: MakeRecord) -> None:

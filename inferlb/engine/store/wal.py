@@ -6,7 +6,7 @@ file I/O and run in the writer's journal thread; :meth:`Wal.release` is cheap an
 * The log is a series of *segments* ``wal-<pid>-<random>-<seq>.log`` in the journal directory, each
   held with an exclusive ``flock`` while its writer lives (several gateway workers may share one
   directory). Lines are JSON: ``{"k":"s", ...}`` a request started (id, received time, endpoint,
-  model, tenant, stream, engine; never prompt content), ``{"k":"f","r":{record}}`` a request
+  model, tenant, stream, engine, process and config versions; never prompt content), ``{"k":"f","r":{record}}`` a request
   finished with its complete :class:`~inferlb.engine.store.records.RequestRecord`, ``{"k":"p"}``
   a no-op (:meth:`Wal.probe`).
 * :meth:`Wal.write` appends one group of entries and returns only after ``fsync`` (group commit:
@@ -53,7 +53,8 @@ _SUFFIX = ".log"
 def start_entry(record: RequestRecord) -> bytes:
     """The start line of ``record`` (what is known when a request begins)."""
     doc = {"k": "s", "id": record.request_id, "t": record.received_at, "e": record.endpoint,
-           "m": record.model_requested, "tn": record.tenant, "st": record.stream, "en": record.engine}
+           "m": record.model_requested, "tn": record.tenant, "st": record.stream, "en": record.engine,
+           "pv": record.process_version, "cv": record.config_version}
     return json.dumps(doc, separators=(",", ":"), default=str).encode("ascii") + b"\n"
 
 
@@ -85,7 +86,8 @@ class Recovered:
 def _unknown_record(entry: dict[str, Any]) -> RequestRecord:
     return RequestRecord(request_id=str(entry["id"]), received_at=float(entry["t"]), endpoint=str(entry["e"]),
                          model_requested=str(entry["m"]), tenant=entry.get("tn"), stream=bool(entry.get("st")),
-                         engine=entry.get("en"), status=UNKNOWN_OUTCOME, error_class="gateway_stopped",
+                         engine=entry.get("en"), process_version=entry.get("pv"), config_version=entry.get("cv"),
+                         status=UNKNOWN_OUTCOME, error_class="gateway_stopped",
                          tags={"recovered": "the gateway stopped while the request was in flight"})
 
 
