@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,25 @@ __all__ = ["PATCHABLE", "Effective", "add_node", "apply_fleet", "config_version"
            "remove_node", "set_drained", "settle"]
 
 # What PATCH /admin/nodes/{name} may change (the rest of a node is its identity: name, URL, kind, models).
-PATCHABLE = ("weight", "labels", "capacity_tokens", "max_concurrency", "price_per_hour")
+PATCHABLE = ("weight", "labels", "capacity_tokens", "max_concurrency", "price_per_hour", "api_key_env")
+
+log = logging.getLogger("inferlb.fleet")
+
+
+def _no_literal_key(spec: Mapping[str, Any]) -> None:
+    """A node added or changed live never carries its key: it would be stored in the overrides
+    table in plain text and reach every replica. It names an environment variable instead."""
+    if "api_key" in spec:
+        raise InvalidRequest("A literal api_key is not accepted here (it would be stored in the database in plain "
+                             "text): set the key in an environment variable on every gateway replica and send "
+                             "its name as api_key_env", param="api_key", code="literal_api_key")
+
+
+def _key_env_set(node: NodeConfig) -> None:
+    if node.missing_key_env is not None:
+        raise InvalidRequest(f"api_key_env: environment variable {node.missing_key_env} is not set (or empty) on "
+                             f"this gateway replica; set it on every replica first", param="api_key_env",
+                             code="api_key_env_missing")
 
 
 @dataclass(frozen=True)
@@ -135,7 +154,9 @@ def _find(eff: Effective, name: str) -> NodeConfig:
 def add_node(eff: Effective, rows: Sequence[NodeOverride], spec: Mapping[str, Any], *, key_id: str | None,
              at: float) -> tuple[str, list[NodeOverride]]:
     """A new node from ``spec`` (a node entry of the fleet file): (its name, the new overrides).
-    400 for an invalid spec (its field as ``param``) or a name already in use."""
+    400 for an invalid spec (its field as ``param``), a name already in use, a literal ``api_key``
+    or an ``api_key_env`` not set on this replica."""
+    _no_literal_key(spec)
     try:
         node = NodeConfig.model_validate(dict(spec))
     except ValidationError as exc:
@@ -146,6 +167,7 @@ def add_node(eff: Effective, rows: Sequence[NodeOverride], spec: Mapping[str, An
                              code="invalid_node") from None
     if any(n.name == node.name for n in eff.cfg.nodes) or any(o.name == node.name for o in rows):
         raise InvalidRequest(f"A node named {node.name!r} already exists", param="name", code="duplicate_node")
+    _key_env_set(node)
     row = NodeOverride(node.name, "admin", node.model_dump(), key_id=key_id, updated_at=at)
     return node.name, _replace(rows, row, node.name)
 
@@ -181,6 +203,7 @@ def patch_node(eff: Effective, rows: Sequence[NodeOverride], name: str, patch: M
     or an invalid value (validated by merging: the caller's :func:`merge_overrides`)."""
     if not patch:
         raise InvalidRequest(f"Nothing to change: send one of {', '.join(PATCHABLE)}", code="empty_patch")
+    _no_literal_key(patch)
     for key in patch:
         if key not in PATCHABLE:
             raise InvalidRequest(f"{key!r} cannot be changed on a live node (only {', '.join(PATCHABLE)}); "
@@ -188,13 +211,16 @@ def patch_node(eff: Effective, rows: Sequence[NodeOverride], name: str, patch: M
     _not_discovered(eff, name, "patched")
     o = _row_for(eff, rows, name)
     spec = {**o.spec, **patch}
+    if "api_key_env" in patch:   # the variable replaces a literal key the file may have for this node
+        spec["api_key"] = None
     try:
-        NodeConfig.model_validate({**_find(eff, name).model_dump(), **spec})
+        node = NodeConfig.model_validate({**_find(eff, name).model_dump(), **spec})
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise InvalidRequest(f"invalid value: {param + ': ' if param else ''}{first['msg']}", param=param,
                              code="invalid_value") from None
+    _key_env_set(node)
     return _replace(rows, NodeOverride(name, o.source, spec, drained=o.drained, key_id=key_id, updated_at=at), name)
 
 
@@ -241,6 +267,7 @@ def apply_fleet(fleet: Fleet, eff: Effective, evidence: Mapping[str, Any] | None
     for n in eff.cfg.nodes:
         st = fleet.nodes.get(n.name)
         fresh = st is None or st.retired or st.cfg.url != n.url or st.cfg.kind != n.kind
+        touched = fresh or st is None or st.cfg != n
         if st is None:
             st = fleet.nodes[n.name] = _new_state(fleet, n, prices[n.name])
             fleet.add_event(NodeEvent(n.name, None, "loading", st.reason, round(fleet.clock.time(), 6),
@@ -256,6 +283,8 @@ def apply_fleet(fleet: Fleet, eff: Effective, evidence: Mapping[str, Any] | None
             st.cfg = n
             changes.append(f"changed {n.name}")
         st.price_per_hour = prices[n.name]
+        if n.missing_key_env is not None and touched:
+            _report_missing_key(fleet, st, n.missing_key_env, ev)
         if fresh and not fleet.health.node(n.name).probe:
             fleet.to_healthy(st, "added; no probe configured for it", ev)
         if n.name in eff.drained and not st.held:
@@ -274,6 +303,17 @@ def apply_fleet(fleet: Fleet, eff: Effective, evidence: Mapping[str, Any] | None
     fleet.reindex()
     settle(fleet)
     return changes
+
+
+def _report_missing_key(fleet: Fleet, st: NodeState, var: str, ev: Mapping[str, Any]) -> None:
+    """A node whose ``api_key_env`` this replica lacks (another replica had it when an operator
+    added it): it is served without a key, which the node will likely refuse; say so in the node's
+    events and the log (the variable's name only: there is no value)."""
+    reason = (f"credential missing: environment variable {var} (api_key_env) is not set on this replica; requests "
+              f"and probes go to it without a key until it is set and the replica restarted")
+    fleet.add_event(NodeEvent(st.cfg.name, st.state, st.state, reason, round(fleet.clock.time(), 6),
+                              {**ev, "api_key_env": var}))
+    log.error("node %s: %s", st.cfg.name, reason)
 
 
 def settle(fleet: Fleet) -> int:

@@ -194,8 +194,9 @@ class Gateway:
         tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_budget
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
                    "x-inferlb-attempt": str(scope.attempts)}
-        if node.api_key:
-            headers["authorization"] = f"Bearer {node.api_key}"
+        node_key = node.credential()
+        if node_key:
+            headers["authorization"] = f"Bearer {node_key}"
         path = node_path(req.endpoint, model.upstream_name or model.name)
         mark = rt.fleet.acquire(node_name, tokens)
         released = False

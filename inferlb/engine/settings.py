@@ -18,6 +18,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -118,7 +119,31 @@ class NodeConfig(_Strict):
     weight: float = Field(1.0, gt=0)
     labels: dict[str, Annotated[str, BeforeValidator(_label_text)]] = Field(default_factory=dict)
     price_per_hour: float = Field(0.0, ge=0)
-    api_key: str | None = None                     # sent to the node; never the client's key
+    # The node's own key (never the client's), sent as a bearer token to it: either literally (fleet
+    # file only; masked in every dump and repr) or, as operators add nodes live, ``api_key_env``: the
+    # name of an environment variable holding it, read on each replica whenever this config is
+    # validated (so at every apply; a replica without it serves the node keyless and says so:
+    # engine/fleet_admin.py apply_fleet). Neither key value is ever stored or shown.
+    api_key: SecretStr | None = None
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)
+    _env_key: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _resolve_key(self) -> NodeConfig:
+        if self.api_key is not None and self.api_key_env is not None:
+            raise ValueError("set api_key or api_key_env, not both")
+        if self.api_key_env is not None:
+            self._env_key = os.environ.get(self.api_key_env) or None
+        return self
+
+    def credential(self) -> str | None:
+        """The key to send to the node (the literal one, or the variable's value when it is set)."""
+        return self.api_key.get_secret_value() if self.api_key is not None else self._env_key
+
+    @property
+    def missing_key_env(self) -> str | None:
+        """``api_key_env`` when that variable is not set (or empty) on this replica, else None."""
+        return self.api_key_env if self.api_key_env is not None and self._env_key is None else None
 
     @field_validator("url")
     @classmethod

@@ -43,6 +43,12 @@ def check_files(settings: Settings, services: ServiceTable, *, processes_dir: Pa
     fleet = settings.resolved_fleet()
     try:
         check_health_config(fleet)
+        for i, n in enumerate(fleet.nodes):
+            # The file's nodes are this replica's to serve: a key it cannot read is a start-up error
+            # (nodes added live are checked by the API instead, and reported per replica on apply).
+            if n.missing_key_env is not None:
+                raise ConfigError(f"node {n.name!r}: environment variable {n.missing_key_env} (its api_key_env) is "
+                                  f"not set or empty", path=f"nodes[{i}].api_key_env")
     except ConfigError as exc:
         source = str(settings.config) if settings.fleet is None and settings.config is not None else None
         raise ConfigError(exc.message, source=source, path=exc.path) from exc

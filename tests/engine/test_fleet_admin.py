@@ -190,3 +190,73 @@ def test_no_overrides_give_back_the_same_config_for_every_section() -> None:
     # removing a node the health section names drops its entry instead of failing
     rows = [NodeOverride("n1", "file", {}, drained=True, removed=True)]
     assert "n1" not in merge_overrides(cfg, rows).cfg.health.nodes
+
+
+# -- node keys: a live node names an environment variable; no key is ever stored or shown ------------
+
+KEY_VAR = "INFERLB_TEST_FLEET_ADMIN_NODE_KEY"
+SECRET = "sk-node-secret-4f1c9e"
+
+
+def test_a_literal_key_is_refused_live_and_a_missing_variable_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_VAR, raising=False)
+    cfg = base()
+    eff = merge_overrides(cfg, [])
+    spec = {"name": "x", "url": "http://127.0.0.1:9100", "models": ["m"]}
+    for bad, code in [({**spec, "api_key": SECRET}, "literal_api_key"),
+                      ({**spec, "api_key_env": KEY_VAR}, "api_key_env_missing"),
+                      ({**spec, "api_key_env": "not a name"}, "invalid_node")]:
+        with pytest.raises(InvalidRequest) as err:
+            add_node(eff, [], bad, key_id=None, at=1.0)
+        assert err.value.code == code and SECRET not in err.value.message, err.value.message
+    with pytest.raises(InvalidRequest) as err:
+        patch_node(eff, [], "n1", {"api_key": SECRET}, key_id=None, at=1.0)
+    assert err.value.code == "literal_api_key" and "api_key_env" in err.value.message
+    with pytest.raises(InvalidRequest) as err:
+        patch_node(eff, [], "n1", {"api_key_env": KEY_VAR}, key_id=None, at=1.0)
+    assert err.value.code == "api_key_env_missing" and KEY_VAR in err.value.message
+
+
+def test_a_key_from_the_environment_is_resolved_and_never_stored_or_dumped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    cfg = base(2)
+    cfg = fleet_from_mapping({**cfg.model_dump(), "nodes": [
+        {**cfg.nodes[0].model_dump(), "api_key": "file-literal-key-77"}, cfg.nodes[1].model_dump()]})
+    eff = merge_overrides(cfg, [])
+    _, rows = add_node(eff, [], {"name": "x", "url": "http://127.0.0.1:9100", "models": ["m"], "api_key_env": KEY_VAR},
+                       key_id=None, at=1.0)
+    rows = patch_node(merge_overrides(cfg, rows), rows, "n0", {"api_key_env": KEY_VAR}, key_id=None, at=2.0)
+    eff = merge_overrides(cfg, rows)
+    nodes = {n.name: n for n in eff.cfg.nodes}
+    assert nodes["x"].credential() == SECRET and nodes["n0"].credential() == SECRET   # env replaced the literal
+    assert nodes["n1"].credential() is None
+    assert cfg.nodes[0].credential() == "file-literal-key-77"                         # the file keeps literal keys
+    stored = repr([(o.spec, o.to_json()) for o in rows])
+    dumped = repr(eff.cfg) + eff.cfg.model_dump_json() + repr(eff.cfg.model_dump()) + repr(cfg) + cfg.model_dump_json()
+    for text in (stored, dumped):
+        assert SECRET not in text and "file-literal-key-77" not in text
+    assert KEY_VAR in stored
+    # a legacy row holding a literal key is never shown
+    legacy = NodeOverride("y", "admin", {"name": "y", "url": "http://127.0.0.1:9101", "models": ["m"],
+                                         "api_key": "legacy-key-1"})
+    assert "legacy-key-1" not in repr(legacy.to_json())
+    with pytest.raises(ConfigError, match="api_key or api_key_env, not both"):
+        fleet_from_mapping({**cfg.model_dump(), "nodes": [{**cfg.nodes[1].model_dump(), "api_key": "k",
+                                                          "api_key_env": KEY_VAR}]})
+
+
+def test_a_replica_without_the_variable_applies_the_node_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    f, _clock, cfg = make()
+    _, rows = add_node(merge_overrides(cfg, []), [], {"name": "x", "url": "http://127.0.0.1:9100", "models": ["m"],
+                                                      "api_key_env": KEY_VAR}, key_id=None, at=1.0)
+    monkeypatch.delenv(KEY_VAR)                        # this replica lacks it (another one had it)
+    with caplog.at_level("ERROR", logger="inferlb.fleet"):
+        apply_fleet(f, merge_overrides(cfg, rows), {"trigger": "overrides"})
+    assert "x" in f.nodes and f.nodes["x"].cfg.credential() is None
+    events = [e for e in f.take_events() if e.node == "x" and "credential missing" in e.reason]
+    assert len(events) == 1 and events[0].evidence["api_key_env"] == KEY_VAR
+    assert KEY_VAR in caplog.text and "credential missing" in caplog.text
+    apply_fleet(f, merge_overrides(cfg, rows))         # nothing changed: not reported again
+    assert not [e for e in f.take_events() if "credential missing" in e.reason]

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import NotFound
+from ..errors import InvalidRequest, NotFound
 from ..fleet import Fleet
 from ..fleet_admin import Effective, add_node, apply_fleet, merge_overrides, remove_node, set_drained
 from ..settings import FleetConfig, NodeConfig
@@ -86,6 +86,9 @@ class AdminFleetPort:
                 for name, st in self.fleet.nodes.items()]
 
     async def add_node(self, cfg: NodeConfig, *, price_per_hour: float = 0.0) -> None:
+        if cfg.api_key is not None:   # it would be stored in plain text with the overrides
+            raise InvalidRequest("A node added live takes its key from an environment variable (api_key_env), "
+                                 "not a literal api_key", param="api_key", code="literal_api_key")
         spec = cfg.model_dump(mode="json", exclude_none=True)
         if price_per_hour:
             spec["price_per_hour"] = price_per_hour

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -42,7 +42,7 @@ class Target:
     source: str            # probe | metrics | agent | dcgm
     url: str
     fmt: str | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)   # the node's key: never in a log line
 
 
 def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
@@ -51,10 +51,10 @@ def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
         h = cfg.node(n.name)
         if h.probe:
             path = h.probe_path or DEFAULT_PROBE_PATHS.get(n.kind, "/v1/models")
-            out.append(Target(n.name, "probe", n.url + path, api_key=n.api_key))
+            out.append(Target(n.name, "probe", n.url + path, api_key=n.credential()))
         fmt = h.metrics or DEFAULT_METRICS.get(n.kind, "none")
         if fmt != "none":
-            out.append(Target(n.name, "metrics", h.metrics_url or n.url + "/metrics", fmt, api_key=n.api_key))
+            out.append(Target(n.name, "metrics", h.metrics_url or n.url + "/metrics", fmt, api_key=n.credential()))
         if h.agent_url:
             out.append(Target(n.name, "agent", h.agent_url))
         if h.dcgm_url:

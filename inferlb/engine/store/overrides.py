@@ -69,7 +69,9 @@ class NodeOverride:
     updated_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "spec": self.spec, "drained": self.drained,
+        # A literal key (rows written before admin nodes took api_key_env only) is never shown.
+        spec = {k: ("**********" if k == "api_key" and v is not None else v) for k, v in self.spec.items()}
+        return {"name": self.name, "source": self.source, "spec": spec, "drained": self.drained,
                 "removed": self.removed, "key_id": self.key_id, "updated_at": self.updated_at}
 
 

@@ -6,9 +6,9 @@ file I/O and run in the writer's journal thread; :meth:`Wal.release` is cheap an
 * The log is a series of *segments* ``wal-<pid>-<random>-<seq>.log`` in the journal directory, each
   held with an exclusive ``flock`` while its writer lives (several gateway workers may share one
   directory). Lines are JSON: ``{"k":"s", ...}`` a request started (id, received time, endpoint,
-  model, tenant, stream, engine, process and config versions; never prompt content), ``{"k":"f","r":{record}}`` a request
-  finished with its complete :class:`~inferlb.engine.store.records.RequestRecord`, ``{"k":"p"}``
-  a no-op (:meth:`Wal.probe`).
+  model, tenant, stream, engine, process and config versions; never prompt content),
+  ``{"k":"f","r":{record}}`` a request finished with its complete
+  :class:`~inferlb.engine.store.records.RequestRecord`, ``{"k":"p"}`` a no-op (:meth:`Wal.probe`).
 * :meth:`Wal.write` appends one group of entries and returns only after ``fsync`` (group commit:
   the caller batches everything that arrived since the previous write); on failure it cuts the
   segment back to its previous size and raises :class:`OSError`. It returns the sequence number of
