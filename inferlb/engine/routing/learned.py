@@ -39,6 +39,14 @@ class PredictedLatencyParams(BaseModel):
     # Size-aware: charge the interference term only to requests whose output budget is at most
     # this (None: to every request), so short work is kept off the busy nodes the long outputs need.
     interference_max_output: int | None = Field(None, ge=0)
+    # Tail reservation (0: off): the share of a *fast* node's token capacity held back for long
+    # requests (output budget ≥ ``reserve_min_output``); a shorter request pays ``reserve_weight``
+    # of slack, in proportion to how deep into that reserve it would reach (see PredictedLatency).
+    reserve: float = Field(0.0, ge=0, lt=1)
+    reserve_min_output: int = Field(256, ge=1)
+    # A candidate is fast when its predicted TPOT ≤ (1 + reserve_fast) × the fastest candidate's.
+    reserve_fast: float = Field(0.25, ge=0)
+    reserve_weight: float = Field(1.0, ge=0)
 
 
 @dataclass
@@ -50,6 +58,7 @@ class Scored:
     slack: list[float]
     scores: list[float]
     others_s: list[float] | None = None    # interference: predicted slowdown of the others, seconds
+    reserved: list[float] | None = None    # tail reservation: slack charged per node (short requests)
 
 
 class PredictedLatency:
@@ -77,7 +86,21 @@ class PredictedLatency:
     overlap this request (at most o each, at most the tokens in flight in all), and the latency
     judged is own e2e + β · others. With ``interference_max_output`` = m only requests with o ≤ m
     are charged (size-aware: short work kept off the busy nodes, long outputs judged on their own
-    latency). O(candidates), no I/O; the per-node terms are in ``last``."""
+    latency). O(candidates), no I/O; the per-node terms are in ``last``.
+
+    Tail reservation (``reserve`` = r > 0; trunk reservation across speed classes): the p99 of a
+    heavy-tailed workload is its long outputs, and their time is TPOT × length, so they need fast
+    nodes whose batches are light *when they arrive*, which a greedy per-request score cannot keep.
+    A candidate is *fast* when its predicted TPOT for this request is within ``reserve_fast`` of
+    the fastest candidate's. On a fast node with token capacity C and in-flight tokens T, the top
+    r · C tokens are held for requests with output budget ≥ ``reserve_min_output``: a shorter
+    request of d tokens has its slack lowered by
+
+        reserve_weight × clamp((T + d − (1 − r) · C) / (r · C), 0, 1)
+
+    (nothing while it fits below the reserve, the full weight when it would fill it), so short
+    work spreads to the slower classes while they have slack, and still takes a fast node when
+    every other choice is worse by more than the charge. Long requests are scored as without it."""
 
     type_name = "predicted-latency"
     Params = PredictedLatencyParams
@@ -120,6 +143,8 @@ class PredictedLatency:
         cap_o = self.p.interference_max_output
         charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
         others = self._others(req, nodes, preds, model) if charged else None
+        reserved = (self._reserved(req, nodes, preds)
+                    if self.p.reserve > 0 and req.output_tokens < self.p.reserve_min_output else None)
         for i, (a, b) in enumerate(preds):
             own = a + b * rest
             if others is not None:
@@ -127,10 +152,30 @@ class PredictedLatency:
             s = (e2e_budget - own) / e2e_budget
             if ttft_budget is not None:
                 s = min(s, (ttft_budget - a) / ttft_budget)
+            if reserved is not None:
+                s -= reserved[i]
             slack.append(s)
             scores.append(min(1.0, max(0.0, 0.5 + 0.5 * s)))
-        self.last = Scored(list(nodes), preds, slack, scores, others)
+        self.last = Scored(list(nodes), preds, slack, scores, others, reserved)
         return scores
+
+    def _reserved(self, req: RouteRequest, nodes: Sequence[NodeView],
+                  preds: Sequence[tuple[float, float]]) -> list[float]:
+        """The slack a short request is charged on each node for reaching into its reserve (see
+        the class docstring): 0 on the slower candidates and below the reserve."""
+        r = self.p.reserve
+        w = self.p.reserve_weight
+        fast = (1.0 + self.p.reserve_fast) * min(b for _, b in preds)
+        d = max(0, req.tokens)
+        out: list[float] = []
+        for n, (_, b) in zip(nodes, preds, strict=True):
+            cap = n.capacity_tokens
+            if b > fast or cap <= 0:
+                out.append(0.0)
+                continue
+            over = (max(0, n.inflight_tokens) + d - (1.0 - r) * cap) / (r * cap)
+            out.append(w * (over if over < 1.0 else 1.0) if over > 0.0 else 0.0)
+        return out
 
     def _others(self, req: RouteRequest, nodes: Sequence[NodeView], preds: Sequence[tuple[float, float]],
                 model: Any) -> list[float]:
