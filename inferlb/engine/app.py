@@ -9,10 +9,12 @@ performer) → admission service (keys, queue tick, Redis sync) → cluster serv
 several replicas on one Redis: first sync, shared health, election; engine/cluster) → audit
 maintenance (on the leader) → node-event writer → health monitor (its first round runs before
 readiness, so a node still loading gets no traffic) → live config (reloads, node overrides from
-the database applied before readiness; engine/live.py) → discovery sources (engine/discovery).
+the database applied before readiness; engine/live.py) → discovery sources (engine/discovery) →
+rollout manager (running rollouts resumed from the database; ``rollout.bpmn`` every
+``rollouts.interval_s``).
 Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
-(``engine/server``; new inference requests get 503) → discovery sources → live config → monitor → upstream → cluster
-service (shares handed back, lease released) → admission service →
+(``engine/server``; new inference requests get 503) → discovery sources → rollout manager → live
+config → monitor → upstream → cluster service (shares handed back, lease released) → admission service →
 audit writer flushed → observability → event writer → database disposed.
 """
 
@@ -31,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
+from ..tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
 from .admission.controller import AdmissionController
 from .admission.service import AdmissionService
 from .api import admin, audit, edge, health, nodes, openai
@@ -39,6 +41,7 @@ from .api import capacity as capacity_api
 from .api import dashboard as dashboard_api
 from .api import keys as keys_api
 from .api import metrics as metrics_api
+from .api import rollouts as rollouts_api
 from .api import schema as openapi_schema
 from .api.auth import authenticate, require_admin_when_auth
 from .cluster.admission import SharedAdmission
@@ -54,6 +57,9 @@ from .live import LiveConfig
 from .observability.hub import Observability, queue_depth_of
 from .observability.learned import LearnedCollector
 from .request_end import EndStep, RequestEnd
+from .rollout.manager import RolloutManager
+from .rollout.metrics import RolloutCollector
+from .rollout.window import VersionWindow
 from .scope import Snapshot, build_runtime
 from .settings import Settings
 from .startup import Checked, check_files
@@ -65,6 +71,7 @@ from .store.records import RequestRecord
 from .store.writer import AuditWriter
 from .types import Clock, SystemClock
 from .upstream import Upstream
+from .versions.table import VersionTable
 
 __all__ = ["check_startup_files", "create_app", "default_processes_dir", "leader", "leadership", "request_end"]
 
@@ -85,17 +92,21 @@ def _envelope(status: int, message: str, etype: str, code: str | None, param: st
 
 
 def request_end(admission: AdmissionController, *, audit: Callable[[RequestRecord], None],
-                obs: Observability | None = None) -> RequestEnd:
+                obs: Observability | None = None,
+                versions: Callable[[RequestRecord], None] | None = None) -> RequestEnd:
     """What runs when a request ends, in this order, exactly once per request (rejections,
     clients gone and engine failures included; see engine/request_end.py for failures of a step):
 
     1. ``tenant spend``: the request's cost (``cost_est``, engine/cost.py) added to its key's spend;
     2. ``admission release``: its pool slot freed and handed on, its key's parallel/TPM settled;
     3. ``audit``: the record handed to the batched audit writer (never blocks);
-    4. ``metrics`` and 5. ``traces``: Prometheus counters and the OTel spans of the same record.
+    4. ``versions`` (when given): the per-version window canary rollouts decide on (engine/rollout/window.py);
+    5. ``metrics`` and 6. ``traces``: Prometheus counters and the OTel spans of the same record.
     """
     steps: list[EndStep] = [("tenant spend", admission.charge), ("admission release", admission.release),
                             ("audit", audit)]
+    if versions is not None:
+        steps.append(("versions", versions))
     if obs is not None and obs.metrics is not None:
         steps.append(("metrics", obs.metrics.observe))
     if obs is not None and obs.tracer is not None:
@@ -107,7 +118,7 @@ def check_startup_files(settings: Settings) -> Checked:
     """The fleet and both processes as the lifespan will use them, or ConfigError /
     ProcessValidationError (pure: ``inferlb validate --config`` and ``serve`` call it first)."""
     return check_files(settings, SERVICES, processes_dir=default_processes_dir(), request=REQUEST_CONTRACT,
-                       health=HEALTH_CONTRACT, autoscale=AUTOSCALE_CONTRACT)
+                       health=HEALTH_CONTRACT, autoscale=AUTOSCALE_CONTRACT, rollout=ROLLOUT_CONTRACT)
 
 
 def leader(app: FastAPI) -> bool:
@@ -177,12 +188,16 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                  f" (outside the compiled subset: {process.compiled_problems})" if process.compiled_problems else "")
         obs = state.observability = Observability(fleet_cfg, clock=clock)
         obs.instrument(process)
+        # Model versions and the per-version window that canary rollouts decide on.
+        versions = VersionTable.from_fleet(fleet_cfg)
+        window = VersionWindow(clock, lambda m: versions.get(m) is not None, slos=fleet_cfg.slos,
+                               max_age_s=max(fleet_cfg.rollouts.criteria.window_s, 3600.0))
         # writer.begin journals each request's start (fsynced) and refuses it (503) when it cannot be audited.
         clustered = settings.cluster_on()
         if settings.cluster.mode == "on" and not clustered:
             raise ConfigError("INFERLB_CLUSTER_MODE=on needs INFERLB_REDIS_URL (and INFERLB_LIMITS other than memory)")
-        rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.journal_start,
-                           end=functools.partial(request_end, audit=writer.submit, obs=obs),
+        rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.journal_start, versions=versions,
+                           end=functools.partial(request_end, audit=writer.submit, obs=obs, versions=window.observe),
                            admission_cls=SharedAdmission if clustered else AdmissionController)
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
@@ -251,6 +266,10 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                                                 clock=clock, admin=live, launcher=node_launcher,
                                                 registry=obs.registry, leader=leads)
             await state.autoscaler.start()
+        rollouts = state.rollouts = RolloutManager(versions=versions, window=window, process=checked.rollout_process,
+                                                   clock=clock, cfg=fleet_cfg.rollouts, engine=engine)
+        obs.registry.register(RolloutCollector(rollouts))
+        await rollouts.start()
         state.ready = True
         try:
             yield
@@ -260,6 +279,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             state.leader = None           # background work stops first
             for source in state.discovery:
                 await source.close()
+            await rollouts.close()
             await live.close()
             if state.autoscaler is not None:
                 await state.autoscaler.close()
@@ -280,7 +300,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
     # tenant keys when auth is on; then JSON bodies only, and no new requests while draining
     app.include_router(openai.router, dependencies=[Depends(authenticate), Depends(edge.openai_edge)])
     app.include_router(health.router)
-    for r in (audit.router, admin.router, nodes.router):
+    for r in (audit.router, admin.router, nodes.router, rollouts_api.router):
         app.include_router(r, dependencies=[Depends(require_admin_when_auth)])   # the admin key when auth is on
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)

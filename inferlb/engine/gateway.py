@@ -33,7 +33,7 @@ from .errors import (
 from .first_byte import FirstByteBudget
 from .routing.lifecycle import observe_decision
 from .scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
-from .settings import ModelConfig, NodeConfig, TimeoutConfig
+from .settings import NodeConfig, TimeoutConfig
 from .sse import SSERelay, extract_usage
 from .store.records import AttemptRecord, RequestRecord
 from .upstream import Upstream, UpstreamResponse
@@ -167,15 +167,14 @@ class Gateway:
             connect_s=min(t.connect_s, left), first_token_s=min(first, t.total_s, left),
             idle_s=min(t.idle_s, left), total_s=min(t.total_s, left), per_output_token_s=t.per_output_token_s)
 
-    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, model: ModelConfig,
-                       node: NodeConfig | None = None) -> bytes:
+    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, node: NodeConfig | None = None) -> bytes:
         body = dict(req.body)
         if node is not None and node.labels.get("scheduling-policy") == "priority":
             # vLLM --scheduling-policy priority: lower is served first. Set by the gateway, never
             # by the client (a tenant must not raise its own priority on the node).
             body["priority"] = self.rt.admission.node_priority(scope.record.priority)
         if req.endpoint != "predict":
-            body["model"] = model.upstream_name or model.name
+            body["model"] = scope.upstream_model()
         if req.stream and not req.include_usage and req.endpoint != "responses":
             # Ask for usage so streamed requests are accounted; the usage chunk is not forwarded.
             opts = dict(body.get("stream_options") or {})
@@ -189,20 +188,18 @@ class Gateway:
         attempt = scope.begin_attempt()
         node_name = attempt.node
         node = rt.fleet.nodes[node_name].cfg
-        # The request's own config first: a reload may have dropped the model since it started.
-        model = rt.fleet_cfg.model(scope.model) or rt.fleet.models[scope.model]
         tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_budget
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
                    "x-inferlb-attempt": str(scope.attempts)}
         node_key = node.credential()
         if node_key:
             headers["authorization"] = f"Bearer {node_key}"
-        path = node_path(req.endpoint, model.upstream_name or model.name)
+        path = node_path(req.endpoint, scope.upstream_model())
         mark = rt.fleet.acquire(node_name, tokens)
         released = False
         try:
             resp = await self.upstream.open(
-                node.url + path, self._upstream_body(scope, req, model, node), headers=headers,
+                node.url + path, self._upstream_body(scope, req, node), headers=headers,
                 timeouts=self._attempt_timeouts(scope, req.stream, node_name), node=node_name)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:

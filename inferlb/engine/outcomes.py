@@ -15,8 +15,9 @@ from .endpoints import serves
 from .errors import error_body
 from .scope import RequestScope
 from .settings import FleetConfig, ModelConfig
+from .versions.table import Version, VersionTable
 
-__all__ = ["GENERATE", "check_context", "check_model", "final_result", "rejection"]
+__all__ = ["GENERATE", "check_context", "check_model", "check_version", "final_result", "rejection"]
 
 GENERATE = frozenset({"chat", "completions", "responses"})   # endpoints that generate text
 
@@ -60,6 +61,27 @@ def check_context(model: ModelConfig, endpoint: str, prompt_est: int, output: in
                          f"about {prompt_est} prompt tokens + {output} output tokens exceed the "
                          f"model's context of {model.max_context_tokens}", "messages")
     return None
+
+
+def check_version(versions: VersionTable, model: ModelConfig, *, pinned: str | None, tenant: str | None,
+                  user: str | None, request_id: str) -> Version | dict[str, Any] | None:
+    """The version of ``model`` a request is served by, or its :func:`rejection`.
+
+    Pinned (``x-inferlb-model-version``, the API layer checked the key may pin): that version,
+    400 ``model_version_not_found`` when the model has no such version (a model without versions
+    accepts only its static ``version`` label, and then serves it as usual). Not pinned: sticky
+    by weight on (model, tenant, user) (engine/versions/assign.py). None: the model is not versioned.
+    """
+    mv = versions.get(model.name)
+    if pinned is not None:
+        v = mv.get(pinned) if mv is not None else None
+        if v is None and not (mv is None and pinned == model.version):
+            known = ", ".join(mv.names) if mv is not None else (model.version or "none")
+            return rejection(400, "model_version_not_found",
+                             f"The model '{model.name}' has no version '{pinned}' (versions: {known})",
+                             "x-inferlb-model-version")
+        return v
+    return versions.assign(model.name, tenant, user, request_id)
 
 
 # Attempt error classes that mean "nothing listens there": the node is out, not failing.

@@ -12,7 +12,10 @@ One home per per-request concept (every driver of the request process uses these
   deadline (:attr:`RequestScope.deadline_at`, also ``RequestRecord.deadline_at``) once;
 - ``routing/select`` records its pick in :attr:`RequestScope.decision`: that pick is the dispatch
   target (the ``routing`` variable is the process's copy, read by its conditions);
-- :meth:`RequestScope.begin_attempt` starts one attempt against that target.
+- :meth:`RequestScope.begin_attempt` starts one attempt against that target;
+- ``request/evaluate`` resolves the model version (:attr:`RequestScope.version`: sticky by
+  weight, or pinned by ``x-inferlb-model-version``); routing considers only its nodes and
+  :meth:`RequestScope.upstream_model` is the model name dispatch sends to the node.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .settings import FleetConfig, Settings
 from .store.records import AttemptRecord, RequestRecord
 from .tokens import TokenEstimator
 from .types import Clock
+from .versions.table import Version, VersionTable
 
 if TYPE_CHECKING:
     from .workflow import ProcessDefinition
@@ -57,6 +61,8 @@ class IncomingRequest:
     request_id: str | None = None
     key_id: str | None = None            # the tenant key's public id (auth on); admission applies its limits
     session: str | None = None           # the x-session-id header (the body's ``user`` is the fallback)
+    user: str | None = None              # the body's ``user`` or the x-session-id header: sticky version key
+    model_version: str | None = None     # x-inferlb-model-version: a version pinned by the client
 
 
 def _no_begin(record: RequestRecord) -> Awaitable[bool] | None:
@@ -85,6 +91,8 @@ class Runtime:
     begin: Callable[[RequestRecord], Awaitable[bool] | None] = field(default=_no_begin)
     # The learned profile's predictor lifecycle (routing/lifecycle.py); None for other profiles.
     learner: Any = None
+    # Model versions and their weights in force (engine/versions); rollouts change the weights.
+    versions: VersionTable = field(default_factory=lambda: VersionTable([], []))
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,21 @@ class RequestScope:
     # chained block hashes and the session's 64-bit key (engine/routing/prefix.py).
     prefix: tuple[int, ...] = ()
     session_key: int | None = None
+    version: Version | None = None               # the model version routed to now (None: unversioned model)
+    version_pinned: bool = False                 # chosen by the client's header: never swapped for another
+    user: str | None = None                      # the sticky key's user part (a fallback model's version too)
+    tenant: str | None = None
 
+    def upstream_model(self) -> str:
+        """The model name the node is asked for: the version's ``upstream_name``, else the
+        model's, else the model's own name. The one place dispatch reads it from."""
+        v = self.version
+        if v is not None and v.upstream_name:
+            return v.upstream_name
+        # The request's own config first: a reload may have dropped the model since it started.
+        name = self.model or self.record.model_requested
+        m = self.rt.fleet_cfg.model(name) or self.rt.fleet.models.get(name)
+        return (m.upstream_name or m.name) if m is not None else self.record.model_requested
 
     def begin_attempt(self) -> AttemptRecord:
         """Start the next attempt against the node the last routing decision picked.
@@ -157,7 +179,8 @@ def begin_request(rt: Runtime, req: IncomingRequest, *, engine: str | None = Non
     rid = req.request_id or uuid.uuid4().hex
     rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
                         model_requested=req.model, tenant=req.tenant, stream=req.stream, engine=engine)
-    scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text)
+    scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text,
+                         user=req.user, tenant=req.tenant)
     blocks = rt.router.prefix_blocks
     if blocks:
         if req.prompt_text:
@@ -170,7 +193,7 @@ def begin_request(rt: Runtime, req: IncomingRequest, *, engine: str | None = Non
         "request": {"id": rid, "endpoint": req.endpoint, "model": req.model, "stream": req.stream,
                     "tenant": req.tenant, "priority": req.priority, "max_tokens": req.max_tokens,
                     "n": req.n, "prompt_bytes": req.prompt_bytes, "deadline_s": req.deadline_s,
-                    "key_id": req.key_id},
+                    "key_id": req.key_id, "model_version": req.model_version},
         "tags": {},
     }
     return scope, data
@@ -185,6 +208,7 @@ def build_runtime(
     seed: int | None = None,
     begin: Callable[[RequestRecord], Awaitable[bool] | None] | None = None,
     admission_cls: type[AdmissionController] = AdmissionController,
+    versions: VersionTable | None = None,
 ) -> Runtime:
     """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
     end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``);
@@ -200,8 +224,9 @@ def build_runtime(
         if m.tokenizer:
             estimator.use_tokenizer(m.name, m.tokenizer)
     fleet = Fleet(fleet_cfg, clock)
+    versions = versions if versions is not None else VersionTable.from_fleet(fleet_cfg)
     admission = admission_cls(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
                               env=settings.admission)
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
                    clock=clock, rng=random.Random(seed), on_request_end=end(admission), admission=admission,
-                   begin=begin or _no_begin, learner=getattr(router, "lifecycle", None))
+                   begin=begin or _no_begin, learner=getattr(router, "lifecycle", None), versions=versions)

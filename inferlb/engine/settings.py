@@ -33,7 +33,9 @@ from .discovery.config import DiscoveryConfig
 from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
+from .rollout.config import RolloutConfig
 from .routing.selector import NodeSelector, label_number
+from .versions.config import VersionConfig, version_problems
 
 __all__ = [
     "FleetConfig",
@@ -98,6 +100,8 @@ class ModelConfig(_Strict):
     tokenizer: str | None = None                  # path to a HF tokenizer.json (needs the tokenizers extra)
     # Node labels this model needs (engine/routing/selector.py): {gpu: h100, gpu_memory_gib: ">= 40"}
     node_selector: NodeSelector | None = None
+    # Versions with weights and the nodes serving each (engine/versions): sticky A/B and canaries.
+    versions: list[VersionConfig] = Field(default_factory=list)
 
 
 def _label_text(v: Any) -> Any:
@@ -222,6 +226,7 @@ class FleetConfig(_Strict):
     admission: AdmissionPolicy = AdmissionPolicy()   # classes, queue, shedding, retry budget (engine/admission)
     autoscale: AutoscaleConfig | None = None   # forecast → plan → actuate (engine/autoscale); absent: off
     discovery: list[DiscoveryConfig] = Field(default_factory=list)   # nodes from Kubernetes (engine/discovery)
+    rollouts: RolloutConfig = RolloutConfig()   # canary rollouts: process, interval, default criteria (engine/rollout)
 
     @model_validator(mode="after")
     def _cross(self) -> FleetConfig:
@@ -245,6 +250,9 @@ class FleetConfig(_Strict):
         for i, mc in enumerate(self.models):
             if mc.node_selector is not None:
                 _check_selector(f"models[{i}].node_selector", mc.name, mc.node_selector, self.nodes)
+        problem = version_problems(self.models, self.nodes)
+        if problem is not None:
+            raise _KeyPathError(*problem)
         return self
 
     def model(self, name: str) -> ModelConfig | None:

@@ -33,13 +33,15 @@ class Checked:
     request_process: ProcessDefinition
     health_process: ProcessDefinition
     autoscale_process: ProcessDefinition | None = None   # loaded when the fleet has autoscale: (enabled)
+    rollout_process: ProcessDefinition | None = None    # rollout.bpmn (when a rollout contract is given)
 
 
 def check_files(settings: Settings, services: ServiceTable, *, processes_dir: Path,
                 request: ProcessContract, health: ProcessContract,
-                autoscale: ProcessContract | None = None) -> Checked:
+                autoscale: ProcessContract | None = None, rollout: ProcessContract | None = None) -> Checked:
     """The fleet (inline or from ``settings.config``) and both processes, validated; with an
-    enabled ``autoscale:`` section (and its contract), ``autoscale.bpmn`` too."""
+    enabled ``autoscale:`` section (and its contract), ``autoscale.bpmn`` too; with the rollout
+    contract, the rollout process (always on SpiffWorkflow, like node health)."""
     fleet = settings.resolved_fleet()
     try:
         check_health_config(fleet)
@@ -61,7 +63,11 @@ def check_files(settings: Settings, services: ServiceTable, *, processes_dir: Pa
     if autoscale is not None and fleet.autoscale is not None and fleet.autoscale.enabled:
         ap = load_process(pdir / "autoscale.bpmn", services, engine="spiff", required=dict(autoscale.required),
                           start_data=autoscale.start_data)
-    return Checked(fleet, req, hp, ap)
+    rp = None
+    if rollout is not None:
+        rp = load_process(pdir / fleet.rollouts.process, services, engine="spiff",
+                          required=dict(rollout.required), start_data=rollout.start_data)
+    return Checked(fleet, req, hp, autoscale_process=ap, rollout_process=rp)
 
 
 def check_journal_dir(path: Path) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from inferlb.engine.services import ProcessContract, ServiceSpec, ServiceTable
 
-from . import admission, audit, autoscale, evaluate, health, retry, routing
+from . import admission, audit, autoscale, evaluate, health, retry, rollout, routing
 
 __all__ = ["AUTOSCALE_CONTRACT", "AUTOSCALE_REQUIRED_TASKS", "AUTOSCALE_START_DATA", "HEALTH_CONTRACT",
            "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",
-           "REQUIRED_TASKS", "SERVICES"]
+           "REQUIRED_TASKS", "ROLLOUT_CONTRACT", "ROLLOUT_REQUIRED_TASKS", "ROLLOUT_START_DATA", "SERVICES"]
 
 SERVICES: ServiceTable = {
     "request/evaluate": ServiceSpec(
@@ -34,8 +34,9 @@ SERVICES: ServiceTable = {
             "ends or the request is shed; then the process goes back to admit."),
     "routing/select": ServiceSpec(
         result="routing", fn=routing.select, reads=("evaluation",),
-        writes=("ok", "node", "model", "ranked", "reason"),
-        doc="Filter → score → pick over live node snapshots; skips nodes already tried."),
+        writes=("ok", "node", "model", "ranked", "version", "reason"),
+        doc="Filter → score → pick over live node snapshots of the request's model version; skips nodes "
+            "already tried."),
     "upstream/dispatch": ServiceSpec(
         result="outcome", external=True, reads=("routing",),
         writes=("kind", "status", "error_class", "node", "retry_after_s", "tried"),
@@ -96,6 +97,29 @@ SERVICES: ServiceTable = {
     "autoscale/record": ServiceSpec(
         result="recorded", fn=autoscale.record, writes=("count", "statuses"),
         doc="Every change, failure, held scale-down and forecaster fallback to table scaling_events."),
+    # rollout.bpmn (one decision round of one canary rollout; the scope is a RolloutScope)
+    "rollout/observe": ServiceSpec(
+        result="observation", fn=rollout.observe, reads=("rollout",),
+        writes=("canary", "baseline", "percent", "step_age_s", "window_s", "slo"),
+        doc="Both versions' counts (attempts, failures, successes, SLO misses) over the step's sliding window."),
+    "rollout/decide": ServiceSpec(
+        result="decision", fn=rollout.decide, reads=("observation",),
+        writes=("action", "reason", "checks", "percent", "next_percent"),
+        params={"min_requests": "per version before any decision but hold", "confidence": "one-sided level",
+                "max_error_rate_increase": "error-rate margin", "max_slo_miss_increase": "SLO-miss margin",
+                "min_step_s": "least time at a step before a promotion",
+                "max_step_s": "a step not shown safe by then is rolled back"},
+        doc="The statistical guard: promote, hold or roll back (Newcombe bounds on the difference in error "
+            "and SLO-miss rates, minimum sample size)."),
+    "rollout/promote": ServiceSpec(
+        result="promoted", fn=rollout.promote, writes=("percent", "state", "completed"),
+        doc="Move to the next step's weights, or complete after the last."),
+    "rollout/rollback": ServiceSpec(
+        result="rolled_back", fn=rollout.rollback, reads=("decision",), writes=("percent", "state"),
+        doc="Restore the weights from before the rollout."),
+    "rollout/record": ServiceSpec(
+        result="recorded", fn=rollout.record, reads=("decision", "observation"), writes=("count", "action"),
+        doc="Queue this round's event for the rollout_events table (written after the round)."),
 }
 
 # Element ids every request process must contain (checked by ``inferlb validate``).
@@ -126,7 +150,7 @@ AUTOSCALE_REQUIRED_TASKS: dict[str, str] = {
 # process's ``request`` is what ``Gateway.handle`` builds; ``tags`` is the process author's own.
 REQUEST_START_DATA: dict[str, tuple[str, ...] | None] = {
     "request": ("id", "endpoint", "model", "stream", "tenant", "priority", "max_tokens", "prompt_bytes",
-                "deadline_s", "key_id", "n"),
+                "deadline_s", "key_id", "n", "model_version"),
     "tags": None,
 }
 
@@ -139,3 +163,17 @@ AUTOSCALE_START_DATA: dict[str, tuple[str, ...] | None] = {"round": None, "at": 
 REQUEST_CONTRACT = ProcessContract(REQUIRED_TASKS, REQUEST_START_DATA)
 HEALTH_CONTRACT = ProcessContract(HEALTH_REQUIRED_TASKS, HEALTH_START_DATA)
 AUTOSCALE_CONTRACT = ProcessContract(AUTOSCALE_REQUIRED_TASKS, AUTOSCALE_START_DATA)
+
+# Element ids every rollout process must contain (promote and rollback are the process's choice).
+ROLLOUT_REQUIRED_TASKS: dict[str, str] = {
+    "rollout/observe": "observe",
+    "rollout/decide": "decide",
+    "rollout/record": "record",
+}
+
+# What ``RolloutManager.run_once`` starts each rollout round with (Rollout.data()).
+ROLLOUT_START_DATA: dict[str, tuple[str, ...] | None] = {
+    "rollout": ("id", "model", "from_version", "to_version", "percent", "step", "steps", "next_percent", "state"),
+}
+
+ROLLOUT_CONTRACT = ProcessContract(ROLLOUT_REQUIRED_TASKS, ROLLOUT_START_DATA)

@@ -1,12 +1,12 @@
-"""``request/evaluate``: the model (its rules in :mod:`inferlb.engine.outcomes`), token estimate,
-output budget, priority, deadline."""
+"""``request/evaluate``: the model and its version (their rules in :mod:`inferlb.engine.outcomes`),
+token estimate, output budget, priority, deadline."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from inferlb.engine.outcomes import check_context, check_model
+from inferlb.engine.outcomes import check_context, check_model, check_version
 from inferlb.engine.scope import RequestScope
 from inferlb.engine.settings import ModelConfig
 
@@ -34,6 +34,12 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     refused = check_context(model, endpoint, prompt_est, output)
     if refused is not None:
         return refused
+    version = check_version(rt.versions, model, pinned=req.get("model_version"), tenant=req.get("tenant"),
+                            user=scope.user, request_id=str(req["id"]))
+    if isinstance(version, dict):
+        return version
+    scope.version = version
+    scope.version_pinned = version is not None and req.get("model_version") is not None
     timeout = rt.fleet_cfg.timeouts.total_s
     deadline_s = req.get("deadline_s")
     budget = min(float(deadline_s), timeout) if deadline_s else timeout
@@ -45,13 +51,13 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     scope.models_tried = [model.name]
     rec = scope.record
     rec.prompt_tokens_est = prompt_est
-    rec.model_version = model.version
+    rec.model_version = version.name if version is not None else model.version
     rec.priority = req.get("priority") or DEFAULT_PRIORITY
     rec.deadline_at = round(rec.received_at + budget, 6)
     return {
         "ok": True,
         "model": model.name,
-        "version": model.version,
+        "version": rec.model_version,
         "prompt_tokens_est": prompt_est,
         "output_budget": scope.output_budget,
         "priority": rec.priority,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from inferlb.engine.endpoints import serves
@@ -15,12 +16,18 @@ __all__ = ["fallback", "select"]
 def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Reads ``evaluation``; writes ``routing``. Nodes already tried for this request are skipped.
 
+    Only the nodes of the request's model version are considered (``scope.version``). When none
+    of them can serve and the version was assigned by weight (not pinned), the model's other
+    versions that take traffic are tried, heaviest first, and the record's ``model_version``
+    becomes the one that serves: a canary whose nodes fail costs a retry, not the client's request.
+
     The pick is the dispatch target (``scope.decision``; ``routing["node"]`` is the same name, for
-    the process's conditions). Every decision is kept in the audit record (``decisions``)."""
+    the process's conditions). Every decision is kept in the audit record (``decisions``), with
+    the version it routed for."""
     rt = scope.rt
     ev = data["evaluation"]
     asked = (data.get("request") or {}).get("deadline_s")   # the client's own deadline, not the total timeout
-    req = RouteRequest(
+    base = RouteRequest(
         model=scope.model,
         prompt_tokens=int(ev["prompt_tokens_est"]),
         output_tokens=int(ev["output_budget"]),
@@ -32,19 +39,39 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         session=scope.session_key,
         selector=rt.fleet.models[scope.model].node_selector,
     )
-    decision = rt.router.decide(req, rt.fleet.views())
+    views = rt.fleet.views()
+    version = scope.version
+    decision = rt.router.decide(replace(base, only=version.nodes) if version is not None else base, views)
+    switched_from = None
+    if decision.pick is None and version is not None and not scope.version_pinned:
+        mv = rt.versions.get(scope.model)
+        for alt in mv.alternatives(version.name) if mv is not None else ():
+            d = rt.router.decide(replace(base, only=alt.nodes), views)
+            if d.pick is not None:
+                switched_from, decision, version = scope.version, d, alt
+                scope.version = alt
+                break
     scope.decision = decision
     rec = scope.record
     rec.decision = decision.to_json()
+    if version is not None:
+        rec.model_version = version.name
     # One entry per decision; ``begin_attempt`` fills in the attempt it picked the node for.
-    rec.decisions.append({"attempt": None, "model": scope.model, **rec.decision})
+    entry: dict[str, Any] = {"attempt": None, "model": scope.model, **rec.decision}
+    if version is not None:
+        entry["version"] = version.name
+    if switched_from is not None:
+        entry["version_fallback_from"] = switched_from.name
+    rec.decisions.append(entry)
     rec.routed_at = round(rt.clock.time(), 6)
     node = decision.pick
     if node is None:
         reasons = sorted({f"{e.node}: {e.reason}" for e in decision.eliminated})
         return {"ok": False, "node": None, "model": scope.model, "ranked": [],
+                "version": version.name if version is not None else None,
                 "reason": "no node can serve: " + "; ".join(reasons) if reasons else "no node serves the model"}
-    return {"ok": True, "node": node, "model": scope.model, "ranked": decision.ranked, "reason": "picked"}
+    return {"ok": True, "node": node, "model": scope.model, "ranked": decision.ranked,
+            "version": version.name if version is not None else None, "reason": "picked"}
 
 
 def _not_serving(scope: RequestScope) -> frozenset[str]:
@@ -69,5 +96,9 @@ def fallback(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
             scope.models_tried.append(name)
             scope.model = name
             scope.record.model_served = name
+            # The fallback model's own version, sticky for the same user; a pin named the first model.
+            v = rt.versions.assign(name, scope.tenant, scope.user, scope.record.request_id)
+            scope.version, scope.version_pinned = v, False
+            scope.record.model_version = v.name if v is not None else rt.fleet.models[name].version
             return {"ok": True, "model": name, "reason": f"falling back from {scope.models_tried[-2]}"}
     return {"ok": False, "model": None, "reason": "no fallback model left"}

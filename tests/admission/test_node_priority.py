@@ -26,7 +26,7 @@ def _body(priority: str | None, labels: dict[str, str], client_field: Any = None
     if client_field is not None:
         body["priority"] = client_field
     req = IncomingRequest(endpoint="chat", model="m", body=body)
-    out: dict[str, Any] = json.loads(gw._upstream_body(scope, req, rt.fleet.models["m"], cfg.nodes[0]))
+    out: dict[str, Any] = json.loads(gw._upstream_body(scope, req, cfg.nodes[0]))
     return out
 
 

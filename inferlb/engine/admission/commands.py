@@ -33,6 +33,8 @@ def add_keys_parser(sub: Any) -> None:
     c.add_argument("--max-parallel", dest="max_parallel", type=int, help="requests in flight at once")
     c.add_argument("--budget", type=float, help="spend budget (the fleet's price units)")
     c.add_argument("--expires-in-days", dest="expires_in_days", type=float)
+    c.add_argument("--pin-versions", dest="pin_versions", action="store_true",
+                   help="may pin a model version with the x-inferlb-model-version header")
     c.add_argument("--json", action="store_true")
     lst = ks.add_parser("list", help="list keys (never the keys themselves)")
     lst.add_argument("--tenant")
@@ -68,7 +70,8 @@ def keys_command(args: argparse.Namespace, database_url: str) -> int:
             key, secret = create_key(engine, tenant=args.tenant, now=now, name=args.name, models=models,
                                      priority_ceiling=args.priority_ceiling, rpm=args.rpm, tpm=args.tpm,
                                      max_parallel=args.max_parallel, budget=args.budget,
-                                     expires_at=now + args.expires_in_days * 86_400 if args.expires_in_days else None)
+                                     expires_at=now + args.expires_in_days * 86_400 if args.expires_in_days else None,
+                                     pin_versions=args.pin_versions)
             if args.json:
                 print(json.dumps({**key.public(), "key": secret}))
             else:

@@ -70,6 +70,7 @@ class ApiKey:
     created_at: float = 0.0
     expires_at: float | None = None
     revoked_at: float | None = None
+    pin_versions: bool = False                   # may pin a model version (x-inferlb-model-version)
 
     def active(self, now: float) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
@@ -83,7 +84,8 @@ class ApiKey:
                 "models": list(self.models) if self.models is not None else None,
                 "priority_ceiling": self.priority_ceiling, "rpm": self.rpm, "tpm": self.tpm,
                 "max_parallel": self.max_parallel, "budget": self.budget, "spent": round(self.spent, 9),
-                "created_at": self.created_at, "expires_at": self.expires_at, "revoked_at": self.revoked_at}
+                "created_at": self.created_at, "expires_at": self.expires_at, "revoked_at": self.revoked_at,
+                "pin_versions": self.pin_versions}
 
 
 @dataclass

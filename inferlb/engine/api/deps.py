@@ -25,14 +25,14 @@ from ..gateway import Gateway
 from ..health.monitor import HealthMonitor
 from ..live import LiveConfig
 from ..observability.hub import Observability
+from ..rollout.manager import RolloutManager
 from ..settings import Settings
 from ..store import StoreHandle
 from ..store.events import EventWriter
 
 __all__ = ["AdmissionDep", "AutoscalerDep", "ClusterDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep",
-           "LiveDep", "MonitorDep",
-           "ObservabilityDep", "OptionalStoreDep", "SettingsDep", "StoreDep", "get_admission", "get_gateway",
-           "get_settings", "get_store"]
+           "LiveDep", "MonitorDep", "ObservabilityDep", "OptionalStoreDep", "RolloutsDep", "SettingsDep", "StoreDep",
+           "get_admission", "get_gateway", "get_rollouts", "get_settings", "get_store"]
 
 
 def _required(request: Request, name: str) -> Any:
@@ -62,6 +62,11 @@ async def get_store(request: Request) -> StoreHandle:
     if not isinstance(store, StoreHandle):
         raise RuntimeError("app.state.store is not a StoreHandle")
     return store
+
+
+async def get_rollouts(request: Request) -> RolloutManager:
+    manager: RolloutManager = _required(request, "rollouts")
+    return manager
 
 
 def _optional(name: str) -> Callable[[Request], Awaitable[Any]]:
@@ -101,3 +106,4 @@ LiveDep = Annotated[LiveConfig | None, Depends(_optional("live"))]
 AutoscalerDep = Annotated[AutoscaleRunner | None, Depends(_optional("autoscaler"))]
 ClusterDep = Annotated[ClusterService | None, Depends(_optional("cluster"))]   # None: one replica alone
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]
+RolloutsDep = Annotated[RolloutManager, Depends(get_rollouts)]

@@ -52,6 +52,7 @@ class NewKey(BaseModel):
     max_parallel: int | None = Field(None, ge=1)
     budget: float | None = Field(None, ge=0)
     expires_in_s: float | None = Field(None, gt=0)
+    pin_versions: bool = False     # may pin a model version (x-inferlb-model-version)
 
 
 async def _db(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -83,7 +84,7 @@ async def create(body: NewKey, ctl: AdmissionDep, store: StoreDep) -> JSONRespon
     key, secret = await _db(create_key, store.engine, tenant=body.tenant, now=now, name=body.name,
                             models=body.models, priority_ceiling=body.priority_ceiling, rpm=body.rpm,
                             tpm=body.tpm, max_parallel=body.max_parallel, budget=body.budget,
-                            expires_at=expires_at)
+                            expires_at=expires_at, pin_versions=body.pin_versions)
     ctl.keys.put(key)
     return JSONResponse({**key.public(), "key": secret}, status_code=201)
 

@@ -4,7 +4,10 @@ passthrough. Thin: read the body under a size cap, validate, hand to the gateway
 Request headers read here (all optional): ``x-inferlb-tenant`` (a tenant label while auth is off;
 with auth on the key's tenant is used), ``x-inferlb-priority`` (a priority class name, capped at the
 key's ceiling), ``x-inferlb-deadline-ms`` (the client's deadline, else the class's default; the
-gateway never works on a request past it). Tenant keys are checked by the router's
+gateway never works on a request past it), ``x-session-id`` (the sticky key of the
+model-version split when the body has no ``user``), ``x-inferlb-model-version`` (pin a version
+of a versioned model: allowed while auth is off, and for keys created with ``pin_versions``;
+403 otherwise). Tenant keys are checked by the router's
 ``authenticate`` dependency (wired in ``app.py``); see ``engine/api/auth.py``.
 """
 
@@ -18,8 +21,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import ClientError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from ..admission.auth import Identity
+from ..errors import ClientError, Forbidden, InvalidRequest, ModelNotFound, PayloadTooLarge
 from ..gateway import Gateway, IncomingRequest
+from ..versions.config import VERSION_NAME
 from .auth import identity
 from .deps import GatewayDep
 from .labels import clean_text, model_label
@@ -87,13 +92,27 @@ _SESSION_MAX = 256
 
 
 def _session(request: Request) -> str | None:
-    """The ``x-session-id`` header (session affinity, engine/routing/affinity.py), if sent."""
+    """The ``x-session-id`` header (session affinity, engine/routing/affinity.py; the sticky key of
+    model versions), if sent."""
     sid = request.headers.get("x-session-id")
     if sid is None:
         return None
     if not sid or len(sid) > _SESSION_MAX or not sid.isprintable():
         raise InvalidRequest(f"x-session-id must be 1–{_SESSION_MAX} printable characters", param="x-session-id")
     return sid
+
+
+def _pinned_version(request: Request, who: Identity, auth_on: bool) -> str | None:
+    """The version pinned by ``x-inferlb-model-version``; 400 when malformed, 403 when the key may not pin."""
+    pinned = request.headers.get("x-inferlb-model-version")
+    if pinned is not None:
+        if not VERSION_NAME.fullmatch(pinned):
+            raise InvalidRequest("x-inferlb-model-version must be a version name (letters, digits, _ . : -)",
+                                 param="x-inferlb-model-version", code="invalid_model_version")
+        if auth_on and (who.key is None or not who.key.pin_versions):
+            raise Forbidden("This API key may not pin a model version (x-inferlb-model-version): create the key "
+                            "with pin_versions", code="version_pin_not_allowed")
+    return pinned
 
 
 def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
@@ -121,6 +140,7 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
     try:
         who = identity(request, gw.rt.admission, *_headers(request))   # tenant, priority class, deadline, key
         session = _session(request)
+        pinned = _pinned_version(request, who, gw.rt.admission.auth_on)
         body = await _parse(await read_body(request, settings.max_body_bytes), settings)
         m = body.get("model")
         model_hint = m if isinstance(m, str) else None
@@ -136,8 +156,14 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
                           include_usage=v.include_usage, max_tokens=v.max_tokens, n=v.n,
                           prompt_bytes=v.prompt_bytes + 4 * v.prompt_token_ids, prompt_text=v.prompt_text,
                           tenant=who.tenant, priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id,
-                          session=session)
+                          session=session, user=_user(v.body) or session, model_version=pinned)
     return await gw.handle(inc, _disconnect_waiter(request))
+
+
+def _user(body: dict[str, Any]) -> str | None:
+    """The body's ``user`` (validated: a string of at most 256 characters) or None."""
+    u = body.get("user")
+    return u if isinstance(u, str) and u else None
 
 
 @router.post("/v1/chat/completions")
@@ -169,6 +195,8 @@ async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
     try:
         who = identity(request, gw.rt.admission, *_headers(request))
         who.check_model(model)
+        session = _session(request)
+        pinned = _pinned_version(request, who, gw.rt.admission.auth_on)
         raw = await read_body(request, settings.max_body_bytes)
         if model not in gw.rt.fleet.models:
             raise ModelNotFound(model)
@@ -176,7 +204,8 @@ async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
     except ClientError as err:
         return _rejected(gw, "predict", model, err)
     inc = IncomingRequest(endpoint="predict", model=model, body=body, prompt_bytes=len(raw), tenant=who.tenant,
-                          priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id)
+                          priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id, session=session,
+                          user=session, model_version=pinned)
     return await gw.handle(inc, _disconnect_waiter(request))
 
 

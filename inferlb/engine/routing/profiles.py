@@ -89,6 +89,10 @@ class Router:
 
     ``prefix_blocks``: how many prompt blocks the request's data must carry (the largest any of
     the profile's plugins reads; 0: none, and the prompt is not hashed at all).
+
+    Model versions: when ``req.only`` is set (the nodes of the request's version), the pool is
+    cut to those nodes first, before sampling (so a canary served by 1 node of 100 is always in
+    the sample), and the nodes left out are counted under ``model-version`` in the decision.
     """
 
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]],
@@ -122,6 +126,12 @@ class Router:
             pool = by_model.get(req.model, [])
             if len(nodes) > len(pool):
                 counts["serves-model"] = len(nodes) - len(pool)
+        only = req.only
+        if only is not None:
+            size = len(pool)
+            pool = [n for n in pool if n.name in only]
+            if len(pool) < size:
+                counts["model-version"] = size - len(pool)
         k = self.sample
         size = len(pool)
         if 0 < k < size:

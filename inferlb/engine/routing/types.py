@@ -76,7 +76,9 @@ class RouteRequest:
     ``prefix``: chained hashes of the prompt's leading text blocks (:mod:`.prefix`), computed only
     when the router asks for them (``Router.prefix_blocks``); ``session``: a stable 64-bit hash of
     the client's session (``x-session-id`` header, else the body's ``user``), None without one;
-    ``selector``: the node labels the model requires (None: any node).
+    ``selector``: the node labels the model requires (None: any node); ``only``: the nodes of the
+    request's model version: when set, no other node is considered (the router's built-in
+    ``model-version`` filter, applied to the pool before sampling).
     """
 
     model: str
@@ -89,6 +91,7 @@ class RouteRequest:
     prefix: tuple[int, ...] = ()
     session: int | None = None
     selector: LabelSelector | None = None
+    only: frozenset[str] | None = None
 
     @property
     def tokens(self) -> int:

@@ -49,20 +49,22 @@ def _key(row: Any) -> ApiKey:
         rpm=row.rpm, tpm=row.tpm, max_parallel=row.max_parallel, budget=row.budget,
         spent=float(row.spent or 0.0), created_at=from_us(row.created_at_us) or 0.0,
         expires_at=from_us(row.expires_at_us), revoked_at=from_us(row.revoked_at_us),
+        pin_versions=bool(getattr(row, "pin_versions", False)),
     )
 
 
 def create_key(engine: Engine, *, tenant: str, now: float, name: str | None = None,
                models: Sequence[str] | None = None, priority_ceiling: str | None = None,
                rpm: int | None = None, tpm: int | None = None, max_parallel: int | None = None,
-               budget: float | None = None, expires_at: float | None = None) -> tuple[ApiKey, str]:
+               budget: float | None = None, expires_at: float | None = None,
+               pin_versions: bool = False) -> tuple[ApiKey, str]:
     """A new key for ``tenant``; returns (its record, the key to hand over once)."""
     secret = generate_key()
     row = {"id": new_key_id(), "key_hash": hash_key(secret), "hint": key_hint(secret), "tenant": tenant,
            "name": name, "models": list(models) if models is not None else None,
            "priority_ceiling": priority_ceiling, "rpm": rpm, "tpm": tpm, "max_parallel": max_parallel,
            "budget": budget, "spent": 0.0, "created_at_us": to_us(now), "expires_at_us": to_us(expires_at),
-           "revoked_at_us": None}
+           "revoked_at_us": None, "pin_versions": pin_versions}
 
     def insert(conn: Connection) -> ApiKey:
         conn.execute(_KEYS.insert().values(**row))

@@ -21,6 +21,9 @@ Contract:
   node-override tables of :mod:`inferlb.engine.store.overrides`.
 * Migration ``0004_decisions_deadline`` adds ``requests.decisions`` (every routing decision of the
   request, each with the attempt it picked a node for) and ``requests.deadline_at_us``.
+* Migration ``0006_rollouts`` adds ``rollouts`` (one canary rollout each; at most one ``running``
+  per model, kept by a partial unique index), ``rollout_events`` (every decision of a rollout) and
+  ``api_keys.pin_versions`` (the key may pin a model version with ``x-inferlb-model-version``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -52,6 +56,8 @@ __all__ = [
     "AttemptRow",
     "Base",
     "RequestRow",
+    "RolloutEventRow",
+    "RolloutRow",
     "from_us",
     "json_type",
     "to_us",
@@ -197,8 +203,56 @@ class ApiKeyRow(Base):
     created_at_us: Mapped[int] = mapped_column(BigInteger)
     expires_at_us: Mapped[int | None] = mapped_column(BigInteger)
     revoked_at_us: Mapped[int | None] = mapped_column(BigInteger)
+    # Migration 0006: may pin a model version (x-inferlb-model-version).
+    pin_versions: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
 
     __table_args__ = (Index("ix_api_keys_tenant", "tenant"),)
+
+
+class RolloutRow(Base):
+    """One canary rollout (migration 0006); see :mod:`inferlb.engine.rollout`."""
+
+    __tablename__ = "rollouts"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    model: Mapped[str] = mapped_column(String)
+    from_version: Mapped[str] = mapped_column(String)
+    to_version: Mapped[str] = mapped_column(String)
+    steps: Mapped[list[float]] = mapped_column(json_type())
+    criteria: Mapped[dict[str, Any]] = mapped_column(json_type())
+    base_weights: Mapped[dict[str, float]] = mapped_column(json_type())
+    state: Mapped[str] = mapped_column(String)          # running | completed | rolled_back | aborted
+    step: Mapped[int] = mapped_column(Integer)
+    percent: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str | None] = mapped_column(String)
+    started_at_us: Mapped[int] = mapped_column(BigInteger)
+    step_started_at_us: Mapped[int] = mapped_column(BigInteger)
+    ended_at_us: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index("ix_rollouts_started", "started_at_us"),
+        # One running rollout per model, whichever gateway replica starts it.
+        Index("uq_rollouts_running_model", "model", unique=True,
+              sqlite_where=text("state = 'running'"), postgresql_where=text("state = 'running'")),
+    )
+
+
+class RolloutEventRow(Base):
+    """One decision or action of a rollout (migration 0006)."""
+
+    __tablename__ = "rollout_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    rollout_id: Mapped[str] = mapped_column(String, ForeignKey("rollouts.id", ondelete="CASCADE"))
+    at_us: Mapped[int] = mapped_column(BigInteger)
+    action: Mapped[str] = mapped_column(String)         # start | promote | hold | rollback | complete | abort
+    from_percent: Mapped[float] = mapped_column(Double)
+    to_percent: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(String)
+    evidence: Mapped[dict[str, Any]] = mapped_column(json_type())
+
+    __table_args__ = (Index("ix_rollout_events_rollout", "rollout_id", "at_us"),)
 
 
 # Core views of the two tables, for the writer's bulk upserts and the report queries.
