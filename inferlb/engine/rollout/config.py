@@ -28,6 +28,9 @@ class RolloutCriteria(BaseModel):
     * ``ttft_max_s`` / ``e2e_max_s``: the SLO a request must meet; default: the model's SLO
       (``slos:``); with neither, only the error test runs.
     * ``window_s``: the sliding window the counts come from (never older than the step's start).
+      It bounds the sample: a canary with no errors is shown within a margin ``m`` only once it
+      has about ``z² / m`` attempts (``m`` = 0.02 at 95 %: 136), so at a 1 % step the model needs
+      about ``z² / (m × 0.01 × window_s)`` requests a second (0.23 for the defaults) to promote.
     * ``min_step_s``: the least time at a step before a promotion; ``max_step_s``: a step not
       shown safe by then is rolled back (not proven safe is not safe).
     """
@@ -36,13 +39,13 @@ class RolloutCriteria(BaseModel):
 
     min_requests: int = Field(100, ge=1, le=10_000_000)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    max_error_rate_increase: float = Field(0.01, ge=0.0, lt=1.0)
+    max_error_rate_increase: float = Field(0.02, ge=0.0, lt=1.0)
     max_slo_miss_increase: float = Field(0.05, ge=0.0, lt=1.0)
     ttft_max_s: float | None = Field(None, gt=0)
     e2e_max_s: float | None = Field(None, gt=0)
-    window_s: float = Field(300.0, gt=0, le=86_400)
+    window_s: float = Field(600.0, gt=0, le=86_400)
     min_step_s: float = Field(30.0, ge=0, le=86_400)
-    max_step_s: float = Field(900.0, gt=0, le=7 * 86_400)
+    max_step_s: float = Field(1800.0, gt=0, le=7 * 86_400)
 
     @field_validator("ttft_max_s", "e2e_max_s", "window_s", "min_step_s", "max_step_s")
     @classmethod

@@ -374,10 +374,11 @@ class RolloutManager:
             else:
                 raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
             call = inst.advance()
-        return dict(inst.data)
+        return {**inst.data, "path": list(inst.path)}
 
     async def run_once(self) -> list[dict[str, Any]]:
-        """One round for every running rollout; returns each instance's final data."""
+        """One round for every running rollout; returns each instance's final data (with ``path``:
+        the element ids it visited)."""
         async with self._lock:
             self.rounds += 1
             out = []

@@ -1,0 +1,94 @@
+"""A rollout rig with an injected clock: fleet, version table, window, manager running the real
+``processes/rollout.bpmn`` on SpiffWorkflow, and synthetic finished requests fed to the window."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from inferlb.engine.rollout.config import RolloutConfig, RolloutSpec
+from inferlb.engine.rollout.manager import RolloutManager
+from inferlb.engine.rollout.window import VersionWindow
+from inferlb.engine.settings import FleetConfig, fleet_from_mapping
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.types import ManualClock
+from inferlb.engine.versions.table import VersionTable
+from inferlb.engine.workflow import load_process
+from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
+
+from ..support import ROOT
+
+MAIN = ROOT / "processes" / "rollout.bpmn"
+
+
+def fleet(**rollouts: Any) -> FleetConfig:
+    return fleet_from_mapping({
+        "models": [{"name": "m", "versions": [{"name": "v1", "weight": 100, "nodes": ["a", "b"]},
+                                              {"name": "v2", "weight": 0, "nodes": ["c"], "upstream_name": "m-v2"}]}],
+        "nodes": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "models": ["m"]} for i, n in enumerate("abc")],
+        "slos": [{"model": "m", "e2e_max_s": 1.0, "ttft_max_s": 0.5}],
+        "rollouts": rollouts,
+    })
+
+
+@dataclass
+class Rig:
+    clock: ManualClock
+    cfg: FleetConfig
+    versions: VersionTable
+    window: VersionWindow
+    manager: RolloutManager
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    served: dict[str, int] = field(default_factory=dict)
+    n: int = 0
+
+    def feed(self, count: int, *, errors: dict[str, float] | None = None, e2e: dict[str, float] | None = None,
+             users: int = 2000) -> None:
+        """``count`` finished requests from ``users`` users; ``errors``: version → failure rate of
+        its attempts (a failed attempt is retried once on v1, as the gateway's version fallback
+        does); ``e2e``: version → end-to-end seconds (default 0.2)."""
+        errors, e2e = errors or {}, e2e or {}
+        for _ in range(count):
+            self.n += 1
+            rid = f"r{self.n}"
+            user = f"u{self.rng.randrange(users)}"
+            v = self.versions.assign("m", "acme", user, rid)
+            assert v is not None
+            now = self.clock.time()
+            rec = RequestRecord(request_id=rid, received_at=now, endpoint="chat", model_requested="m",
+                                tenant="acme", stream=True, model_version=v.name)
+            failed = self.rng.random() < errors.get(v.name, 0.0)
+            node = sorted(v.nodes)[0]
+            rec.decisions.append({"attempt": 1, "model": "m", "version": v.name})
+            rec.attempts.append(AttemptRecord(1, node, "m", now, now, "retryable" if failed else "ok",
+                                              500 if failed else 200))
+            served = v.name
+            if failed:
+                served = "v1"
+                rec.decisions.append({"attempt": 2, "model": "m", "version": "v1"})
+                rec.attempts.append(AttemptRecord(2, "a", "m", now, now, "ok", 200))
+            rec.model_version = served
+            rec.status = "ok"
+            d = e2e.get(served, 0.2)
+            rec.first_byte_at, rec.last_byte_at = now + d / 4, now + d
+            self.served[v.name] = self.served.get(v.name, 0) + 1
+            self.window.observe(rec)
+
+    def spec(self, **kw: Any) -> RolloutSpec:
+        return RolloutSpec(**{"model": "m", "from_version": "v1", "to_version": "v2", **kw})
+
+
+def rig(process: Path = MAIN, engine: Engine | None = None, **rollouts: Any) -> Rig:
+    clock = ManualClock()
+    cfg = fleet(**rollouts)
+    versions = VersionTable.from_fleet(cfg)
+    window = VersionWindow(clock, lambda m: versions.get(m) is not None, slos=cfg.slos)
+    proc = load_process(process, SERVICES, engine="spiff", required=dict(ROLLOUT_CONTRACT.required),
+                        start_data=ROLLOUT_CONTRACT.start_data)
+    cfg_r: RolloutConfig = cfg.rollouts
+    mgr = RolloutManager(versions=versions, window=window, process=proc, clock=clock, cfg=cfg_r, engine=engine)
+    return Rig(clock, cfg, versions, window, mgr)
