@@ -19,6 +19,7 @@
     inferlb bench run|compare|capacity  open-loop load against simulated fleets (routing strategies)
     inferlb fleet [show] --url URL    node states of a running gateway (GET /admin/fleet) as a table
     inferlb fleet add|drain|undrain|set|remove|reload   change the running fleet (inferlb/cli_fleet.py)
+    inferlb rollout start|status|abort  canary rollouts of model versions (inferlb/cli_rollout.py)
     inferlb agent [--port 9401]       the GPU node agent: NVML readings over HTTP (GET /gpu)
 """
 
@@ -320,6 +321,9 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_routing import add_routing_parser
 
     add_routing_parser(sub)
+    from .cli_rollout import register as add_rollout_parser
+
+    add_rollout_parser(sub)
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=["overhead", "run", "compare", "capacity", "overload", "replicas"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
@@ -362,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
 
             asyncio.run(serve_agent(args.host, args.port,
                                     on_ready=lambda url: print(f"inferlb agent serving {url}/gpu", flush=True)))
+        elif args.cmd == "rollout":
+            from .cli_rollout import rollout_command
+
+            return rollout_command(args)
         elif args.cmd == "keys":
             from .engine.admission.commands import keys_command
 
