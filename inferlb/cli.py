@@ -183,7 +183,7 @@ def _print_problems(exc: ProcessValidationError | ConfigError) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, SERVICES
+    from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
 
     from .engine.app import check_startup_files
     from .engine.workflow import load_process
@@ -195,9 +195,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.file is not None:
         contract = REQUEST_CONTRACT
         engine = args.engine or "auto"
-        if Path(args.file).is_file() and "health/probe" in Path(args.file).read_text(errors="replace"):
-            # A node-health process: its own required tasks and start data; always on SpiffWorkflow.
-            contract = HEALTH_CONTRACT
+        text = Path(args.file).read_text(errors="replace") if Path(args.file).is_file() else ""
+        if "health/probe" in text or "rollout/observe" in text:
+            # A node-health or rollout process: its own required tasks and start data; always on SpiffWorkflow.
+            contract = HEALTH_CONTRACT if "health/probe" in text else ROLLOUT_CONTRACT
             engine = args.engine or "spiff"
         try:
             d = load_process(args.file, SERVICES, engine=engine,
@@ -220,7 +221,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         else:
             print(f"OK {args.config}: {len(checked.fleet.nodes)} node(s), {len(checked.fleet.models)} model(s); "
                   f"{checked.request_process.path} (executor {checked.request_process.mode}), "
-                  f"{checked.health_process.path} (executor {checked.health_process.mode})")
+                  f"{checked.health_process.path} (executor {checked.health_process.mode})"
+                  + (f", {checked.rollout_process.path} (executor {checked.rollout_process.mode})"
+                     if checked.rollout_process is not None else ""))
     return 1 if failed else 0
 
 

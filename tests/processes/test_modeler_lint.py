@@ -57,6 +57,7 @@ def test_bpmn_files_import_cleanly_and_pass_bpmnlint(node: str) -> None:
     print(proc.stdout)  # bpmnlint warnings stay visible with -s / on failure
     assert proc.returncode == 0, f"modeler check failed:\n{proc.stdout}\n{proc.stderr}"
     assert "processes/inference_request.bpmn" in proc.stdout
+    assert "ok   processes/rollout.bpmn\n" in proc.stdout   # no warning either
 
 
 def test_check_rejects_a_broken_diagram(node: str, tmp_path: Path) -> None:
