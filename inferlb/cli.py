@@ -104,10 +104,15 @@ async def _serve(settings: Settings, banner: str | None = None, *, watch: bool =
 
 
 def demo_fleet(urls: dict[str, str]) -> FleetConfig:
-    """The demo fleet over the simulated nodes (3 speeds; one also serves embeddings)."""
+    """The demo fleet over the simulated nodes (3 speeds; one also serves embeddings). ``demo-llm``
+    has two versions on every node: ``v1`` (all traffic) and ``v2`` (none yet; the nodes know it
+    as ``demo-llm-v2``), so ``inferlb rollout start --model demo-llm --from v1 --to v2`` works at
+    once, with criteria a few minutes of demo traffic can satisfy."""
     return fleet_from_mapping({
         "models": [
-            {"name": "demo-llm", "max_context_tokens": 8192, "max_output_tokens": 2048, "default_max_tokens": 64},
+            {"name": "demo-llm", "max_context_tokens": 8192, "max_output_tokens": 2048, "default_max_tokens": 64,
+             "versions": [{"name": "v1", "weight": 100},
+                          {"name": "v2", "weight": 0, "upstream_name": "demo-llm-v2"}]},
             {"name": "demo-embed", "kind": "embedding"},
         ],
         "nodes": [
@@ -118,6 +123,9 @@ def demo_fleet(urls: dict[str, str]) -> FleetConfig:
         ],
         "routing": {"profile": "token-aware"},
         "slos": [{"model": "demo-llm", "e2e_max_s": 5.0, "ttft_max_s": 1.0}],
+        "rollouts": {"steps": [10, 50, 100],
+                     "criteria": {"min_requests": 30, "min_step_s": 10, "max_step_s": 600, "window_s": 300,
+                                  "max_error_rate_increase": 0.1, "max_slo_miss_increase": 0.1}},
     }, source="demo")
 
 
@@ -140,6 +148,7 @@ audit database: {db}   engine: INFERLB_ENGINE={engine}
   curl -s 'http://{host}:{port}/audit/requests?limit=5'         # the audit trail
   open http://{host}:{port}/dashboard                             # latency, SLO, cost and node-state charts
   curl -s http://{host}:{port}/metrics                              # Prometheus metrics
+  inferlb rollout start --url http://{host}:{port} --model demo-llm --from v1 --to v2   # a canary of v2
 
 {auth} Ctrl-C stops it.
 """

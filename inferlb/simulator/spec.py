@@ -271,9 +271,10 @@ class NodeSpec:
 
 def demo_specs() -> list[NodeSpec]:
     """Three vLLM-like nodes of different speeds and KV sizes (the ``h100`` / ``a100`` / ``l4``
-    presets), each serving ``demo-llm`` (chat, completions) and ``demo-embed``."""
+    presets), each serving ``demo-llm`` and its second version ``demo-llm-v2`` (chat, completions;
+    two names on one server, like two LoRA adapters) and ``demo-embed``."""
     from .presets import preset_spec  # presets builds on this module
 
-    models = ["demo-llm", "demo-embed"]
+    models = ["demo-llm", "demo-llm-v2", "demo-embed"]
     return [preset_spec(name, preset, list(models), default_output_tokens=32)
             for name, preset in (("sim-fast", "h100"), ("sim-medium", "a100"), ("sim-slow", "l4"))]

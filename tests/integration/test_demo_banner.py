@@ -32,3 +32,29 @@ def test_banner_says_on_when_the_fleet_file_turns_auth_on(tmp_path: Path) -> Non
     fleet = fleet_from_mapping({"models": [{"name": "m"}], "nodes": [{"name": "a", "url": URLS[0], "models": ["m"]}],
                                 "admission": {"auth": True}})
     assert "Authentication is ON" in demo_banner(_settings(tmp_path, fleet=fleet), URLS)
+
+
+async def test_the_demo_ships_two_versions_and_a_rollout_starts_at_once(tmp_path: Path) -> None:
+    """``inferlb demo``'s fleet over its simulated nodes: both versions answer (v2 under the name
+    the nodes know it by) and ``POST /admin/rollouts`` from v1 to v2 is accepted as is."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    from inferlb.simulator import SimFleet, demo_specs
+
+    from ..support import running_gateway, settings_for
+
+    async with SimFleet(demo_specs()) as sim:
+        fleet = demo_fleet({n: node.url for n, node in sim.nodes.items()})
+        async with running_gateway(settings_for(tmp_path, fleet)) as (base, _app), \
+                httpx.AsyncClient(base_url=base, timeout=10) as http:
+            client = AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+            msg = [{"role": "user", "content": "hi"}]
+            v1 = await client.chat.completions.create(model="demo-llm", messages=msg, max_tokens=2)
+            v2 = await client.chat.completions.create(model="demo-llm", messages=msg, max_tokens=2,
+                                                      extra_headers={"x-inferlb-model-version": "v2"})
+            assert (v1.model, v2.model) == ("demo-llm", "demo-llm-v2")
+            await client.close()
+            r = await http.post("/admin/rollouts", json={"model": "demo-llm", "from_version": "v1", "to_version": "v2"})
+            assert r.status_code == 201, r.text
+            assert r.json()["percent"] == 10.0 and r.json()["next_percent"] == 50.0

@@ -106,7 +106,7 @@ def test_estimate_tokens_and_specs() -> None:
     assert [estimate_tokens(n) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
     specs = demo_specs()
     assert len(specs) == 3 and len({s.name for s in specs}) == 3
-    assert all(set(s.models) == {"demo-llm", "demo-embed"} for s in specs)
+    assert all(set(s.models) == {"demo-llm", "demo-llm-v2", "demo-embed"} for s in specs)
     assert len({s.tpot_s for s in specs}) == 3
     with pytest.raises(ValueError, match="unknown fault key"):
         FaultSpec.from_mapping({"stauts": 500})
