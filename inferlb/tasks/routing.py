@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from inferlb.engine.endpoints import serves
-from inferlb.engine.routing import RouteRequest
+from inferlb.engine.routing import NodeView, RouteRequest
 from inferlb.engine.scope import RequestScope
 
 __all__ = ["fallback", "select"]
@@ -17,9 +17,12 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     """Reads ``evaluation``; writes ``routing``. Nodes already tried for this request are skipped.
 
     Only the nodes of the request's model version are considered (``scope.version``). When none
-    of them can serve and the version was assigned by weight (not pinned), the model's other
-    versions that take traffic are tried, heaviest first, and the record's ``model_version``
-    becomes the one that serves: a canary whose nodes fail costs a retry, not the client's request.
+    of them is up (every one unhealthy or already tried) and the version was assigned by weight
+    (not pinned), the model's other versions that take traffic are tried, heaviest first, and the
+    record's ``model_version`` becomes the one that serves: a canary whose nodes fail costs a
+    retry, not the client's request. A version whose nodes are up but busy keeps its requests:
+    sending its overflow elsewhere would give each version a different mix of requests (the long
+    ones overflow first) and bias the comparison a canary rollout makes.
 
     The pick is the dispatch target (``scope.decision``; ``routing["node"]`` is the same name, for
     the process's conditions). Every decision is kept in the audit record (``decisions``), with
@@ -43,7 +46,8 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     version = scope.version
     decision = rt.router.decide(replace(base, only=version.nodes) if version is not None else base, views)
     switched_from = None
-    if decision.pick is None and version is not None and not scope.version_pinned:
+    if decision.pick is None and version is not None and not scope.version_pinned \
+            and not _any_up(views, version.nodes, base.exclude):
         mv = rt.versions.get(scope.model)
         for alt in mv.alternatives(version.name) if mv is not None else ():
             d = rt.router.decide(replace(base, only=alt.nodes), views)
@@ -72,6 +76,11 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
                 "reason": "no node can serve: " + "; ".join(reasons) if reasons else "no node serves the model"}
     return {"ok": True, "node": node, "model": scope.model, "ranked": decision.ranked,
             "version": version.name if version is not None else None, "reason": "picked"}
+
+
+def _any_up(views: list[NodeView], nodes: frozenset[str], exclude: frozenset[str]) -> bool:
+    """Whether one of ``nodes`` is healthy and not excluded (busy or not)."""
+    return any(v.healthy and v.name in nodes and v.name not in exclude for v in views)
 
 
 def _not_serving(scope: RequestScope) -> frozenset[str]:

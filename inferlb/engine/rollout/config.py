@@ -29,8 +29,10 @@ class RolloutCriteria(BaseModel):
       (``slos:``); with neither, only the error test runs.
     * ``window_s``: the sliding window the counts come from (never older than the step's start).
       It bounds the sample: a canary with no errors is shown within a margin ``m`` only once it
-      has about ``z² / m`` attempts (``m`` = 0.02 at 95 %: 136), so at a 1 % step the model needs
-      about ``z² / (m × 0.01 × window_s)`` requests a second (0.23 for the defaults) to promote.
+      has about ``z² / m`` attempts (``m`` = 0.02 at 95 %: 136), so a step of ``p`` % can promote
+      only when the model gets at least ``z² / (m × p/100 × window_s)`` requests a second (at
+      1 % with the defaults: 7.5). A model with less traffic needs a larger first step, a wider
+      margin or a longer window.
     * ``min_step_s``: the least time at a step before a promotion; ``max_step_s``: a step not
       shown safe by then is rolled back (not proven safe is not safe).
     """
@@ -43,7 +45,7 @@ class RolloutCriteria(BaseModel):
     max_slo_miss_increase: float = Field(0.05, ge=0.0, lt=1.0)
     ttft_max_s: float | None = Field(None, gt=0)
     e2e_max_s: float | None = Field(None, gt=0)
-    window_s: float = Field(600.0, gt=0, le=86_400)
+    window_s: float = Field(1800.0, gt=0, le=86_400)
     min_step_s: float = Field(30.0, ge=0, le=86_400)
     max_step_s: float = Field(1800.0, gt=0, le=7 * 86_400)
 
