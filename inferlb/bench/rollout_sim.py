@@ -21,8 +21,9 @@ TTFT at most its p95 there. Then a rollout from v1 to v2 starts with the default
 Printed per scenario: the outcome, the time from the rollout's start to its last decision
 (virtual seconds), the step timeline, the share of requests v2 served between start and
 decision, the requests that met one of v2's faults, the requests no attempt could serve, and the
-wall time of the run on this machine. Healthy is the baseline of the same run. No HTTP, no wall
-clock in the figures: a run is deterministic.
+wall time of the run on this machine, and the wall time of one ``rollout.bpmn`` round on
+SpiffWorkflow (p50 / p99). Healthy is the baseline of the same run. No HTTP; apart from those two
+wall times, no wall clock in the figures: a run is deterministic.
 """
 
 from __future__ import annotations
@@ -78,11 +79,14 @@ class Outcome:
     slo_ttft_s: float = 0.0
     reason: str | None = None
     wall_s: float = 0.0
+    round_ms: list[float] = field(default_factory=list)   # wall time of each rollout.bpmn round
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["v2_share"] = self.v2_served / self.requests if self.requests else None
         d["faulted_share"] = self.v2_faulted / self.requests if self.requests else None
+        d["round_ms_p50"], d["round_ms_p99"] = _pct(self.round_ms, 0.5), _pct(self.round_ms, 0.99)
+        del d["round_ms"]
         return d
 
 
@@ -263,7 +267,9 @@ async def simulate(scenario: str, *, rate: float, max_s: float, seed: int, warmu
             else:
                 ro = manager.rollouts[rollout_id]
                 before = ro.percent
+                t0 = time.perf_counter()
                 await manager.run_once()
+                out.round_ms.append((time.perf_counter() - t0) * 1000.0)
                 if ro.percent != before or not ro.running:
                     out.timeline.append((round(r.t - (started_at or 0.0), 1),
                                          ro.state if not ro.running else "promote", ro.percent))
@@ -320,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     for o in results:
         if o.reason:
             print(f"  {o.scenario}: {o.reason}")
+    rounds = [ms for o in results for ms in o.round_ms]
+    print(f"one rollout.bpmn round (observe, decide, act, record on SpiffWorkflow): p50 {_pct(rounds, 0.5):.2f} ms, "
+          f"p99 {_pct(rounds, 0.99):.2f} ms wall over {len(rounds)} rounds")
     if a.json_out:
         with open(a.json_out, "w") as fh:
             json.dump({"rate": a.rate, "seed": a.seed, "results": [o.to_json() for o in results]}, fh, indent=1)

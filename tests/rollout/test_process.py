@@ -129,3 +129,45 @@ async def test_bad_requests_are_refused_and_change_nothing() -> None:
     assert again.value.status == 409
     # Aborted, the model is free for a new rollout.
     assert (await r.manager.start_rollout(r.spec(criteria=CRITERIA))).running
+
+
+async def test_rollouts_are_recorded_and_resume_after_a_restart(tmp_path: Path) -> None:
+    from inferlb.engine.store.db import make_engine, upgrade
+    from inferlb.engine.store.rollouts import rollout_events
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        r = rig(engine=engine)
+        ro = await r.manager.start_rollout(r.spec(steps=[1, 50, 100], criteria=CRITERIA))
+        while ro.percent < 50:
+            for _ in range(5):
+                r.clock.advance(1.0)
+                r.feed(200)
+            await r.manager.run_once()
+        assert ro.running and ro.percent == 50.0
+        actions = [e["action"] for e in rollout_events(engine, ro.id)]
+        assert actions[0] == "start" and actions[-1] == "promote" and set(actions[1:-1]) <= {"hold"}
+        # A new gateway process on the same database: the rollout continues at 50 %.
+        again = rig(engine=engine)
+        again.clock.advance(r.clock.time() - again.clock.time() + 1.0)   # the wall clock moved on meanwhile
+        await again.manager.resume()
+        back = again.manager.get(ro.id)
+        assert back is not None and back.running and back.percent == 50.0
+        assert again.versions.get("m").shares() == {"v1": 0.5, "v2": 0.5}   # type: ignore[union-attr]
+        await again.manager.abort(ro.id)
+        assert [e["action"] for e in rollout_events(engine, ro.id)][-1] == "abort"
+        # A completed rollout is re-applied while the fleet file still has the weights it started from.
+        done = await again.manager.start_rollout(again.spec(steps=[50, 100], criteria={**CRITERIA, "min_requests": 1}))
+        again.clock.advance(11.0)
+        again.feed(400)
+        again.clock.advance(1.0)
+        await again.manager.run_once()
+        assert done.state == "completed"
+        third = rig(engine=engine)
+        third.clock.advance(again.clock.time() - third.clock.time() + 1.0)
+        await third.manager.resume()
+        assert third.versions.get("m").shares() == {"v1": 0.0, "v2": 1.0}   # type: ignore[union-attr]
+    finally:
+        engine.dispose()

@@ -65,7 +65,8 @@ class RolloutCriteria(BaseModel):
 
 def check_steps(steps: list[float]) -> list[float]:
     """Percentages of traffic for the new version: strictly increasing, each in (0, 100], the last
-    100. ValueError saying what is wrong otherwise."""
+    100, at least one below 100 (at 100 % the old version has no traffic to compare with).
+    ValueError saying what is wrong otherwise."""
     if not steps:
         raise ValueError("steps must list at least one percentage (the last must be 100)")
     if len(steps) > 100:
@@ -77,6 +78,8 @@ def check_steps(steps: list[float]) -> list[float]:
             raise ValueError(f"steps[{i}] = {s:g}: steps must increase ({steps[i - 1]:g} before it)")
     if steps[-1] != 100:
         raise ValueError(f"the last step must be 100 (got {steps[-1]:g}): a rollout ends with all traffic moved")
+    if len(steps) < 2:
+        raise ValueError("steps need a canary step below 100 before the last (e.g. [10, 100])")
     return steps
 
 
