@@ -47,10 +47,11 @@ class NewKey(BaseModel):
     name: str | None = Field(None, max_length=128)
     models: list[str] | None = None
     priority_ceiling: str | None = None
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    max_parallel: int | None = Field(None, ge=1)
-    budget: float | None = Field(None, ge=0)
+    # Bounded by their columns (Integer: 32 bits; BigInteger: 64): a larger number is a 400, not a 500.
+    rpm: int | None = Field(None, ge=1, le=2_147_483_647)
+    tpm: int | None = Field(None, ge=1, le=9_223_372_036_854_775_807)
+    max_parallel: int | None = Field(None, ge=1, le=2_147_483_647)
+    budget: float | None = Field(None, ge=0, allow_inf_nan=False)
     expires_in_s: float | None = Field(None, gt=0)
     pin_versions: bool = False     # may pin a model version (x-inferlb-model-version)
 
