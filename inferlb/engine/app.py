@@ -8,10 +8,11 @@ hub → runtime (fleet, router, admission controller) → gateway (with the ``ad
 performer) → admission service (keys, queue tick, Redis sync) → cluster service (only with
 several replicas on one Redis: first sync, shared health, election; engine/cluster) → audit
 maintenance (on the leader) → node-event writer → health monitor (its first round runs before
-readiness, so a node still loading gets no traffic) → live config (reloads, node overrides from
-the database applied before readiness; engine/live.py) → discovery sources (engine/discovery) →
-rollout manager (running rollouts resumed from the database; ``rollout.bpmn`` every
-``rollouts.interval_s``).
+readiness, so a node still loading gets no traffic) → rollout manager (built, not started) → live
+config (reloads, swapping the version table and the rollout config too; node overrides and the
+rollouts from the database followed before readiness; engine/live.py) → discovery sources
+(engine/discovery) → rollout manager started (``rollout.bpmn`` every ``rollouts.interval_s``, only
+while :func:`leader`: one replica decides, every replica follows the ``rollouts`` table).
 Shutdown: readiness false at the stop signal → in-flight requests drain with the listener open
 (``engine/server``; new inference requests get 503) → discovery sources → rollout manager → live
 config → monitor → upstream → cluster service (shares handed back, lease released) → admission service →
@@ -143,8 +144,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                leader: Callable[[], bool] | None = None) -> FastAPI:
     """``node_launcher``: what the ``local`` autoscale actuator starts nodes with (``inferlb demo
     --autoscale`` passes the simulator's); ``leader``: whether this replica runs the once-only
-    background work (audit maintenance, autoscale rounds); default: the cluster's election when
-    replicas share Redis (:func:`leader`), else always."""
+    background work (audit maintenance, autoscale rounds, rollout steps); default: the cluster's
+    election when replicas share Redis (:func:`leader`), else always."""
     clock = clock or SystemClock()
 
     @contextlib.asynccontextmanager
@@ -241,12 +242,19 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             if cluster is not None:   # the other replicas compare it (config conflicts)
                 cluster.config_hash = config_hash(snap.rt.fleet_cfg, (snap.process.path, live.health_process.path))
 
-        # Reloads and node overrides (engine/live.py): the database's overrides apply before readiness.
+        # Canary rollouts: steps decided on the leader only (its writes fenced by the election's
+        # token); every replica follows the rollouts table.
+        rollouts = state.rollouts = RolloutManager(versions=versions, window=window, process=checked.rollout_process,
+                                                   clock=clock, cfg=fleet_cfg.rollouts, engine=engine,
+                                                   leader=leads, fence=lambda conn: leadership(app).fence(conn))
+        obs.registry.register(RolloutCollector(rollouts))
+        # Reloads, node overrides and rollouts of other replicas (engine/live.py): the database's
+        # overrides and running rollouts apply before readiness.
         live = state.live = LiveConfig(settings=settings, checked=checked, gateway=state.gateway,
                                        check=check_startup_files, clock=clock, engine=engine, monitor=monitor,
                                        obs=obs, store=state.store, record=events.submit,
                                        on_swap=swapped,
-                                       poll_s=settings.overrides_poll_s)
+                                       poll_s=settings.overrides_poll_s, rollouts=rollouts)
         await live.start()
         # Node discovery (engine/discovery): every replica watches; pods join through the live config.
         state.discovery = []
@@ -266,9 +274,6 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                                                 clock=clock, admin=live, launcher=node_launcher,
                                                 registry=obs.registry, leader=leads)
             await state.autoscaler.start()
-        rollouts = state.rollouts = RolloutManager(versions=versions, window=window, process=checked.rollout_process,
-                                                   clock=clock, cfg=fleet_cfg.rollouts, engine=engine)
-        obs.registry.register(RolloutCollector(rollouts))
         await rollouts.start()
         state.ready = True
         try:

@@ -22,6 +22,16 @@ reads the config. Contracts:
   here; every other replica polls the revision every ``poll_s`` (:meth:`sync_once`, one
   primary-key read) and applies the rows when it moved. A database that is away fails a node
   change with 503 (nothing applied) and leaves polling to retry; reloads need no database.
+* **Model versions and rollouts are part of it.** A reload that changes a model's ``versions``
+  swaps the version table in the same atomic swap (:meth:`RolloutManager.follow_config
+  <inferlb.engine.rollout.manager.RolloutManager.follow_config>`: a running rollout's weights
+  survive a reload that keeps its versions), and one that drops a version a running rollout
+  uses is refused first (409 ``rollout_running``); the config version is the hash of the whole
+  effective config, ``versions`` and ``rollouts`` included. The shared revision also moves with
+  every rollout state change (engine/store/rollouts.py): when it moved, the poll re-reads the
+  node overrides only if their rows changed, and always has the rollout manager follow the
+  ``rollouts`` table (:meth:`RolloutManager.sync <inferlb.engine.rollout.manager.RolloutManager.sync>`),
+  so a rollout started, stepped or aborted on any replica sets the same weights on every one.
 * Changes are serialised by one lock; each is counted and the last one described (:meth:`status`).
 * **Discovered nodes** (engine/discovery: pods of a Kubernetes EndpointSlice watch) are per replica,
   never written to the database: each source hands its rows to :meth:`set_discovered`, and every
@@ -46,6 +56,7 @@ from .health.monitor import HealthMonitor
 from .health.probe import targets_for
 from .health.types import NodeEvent
 from .observability.hub import Observability
+from .rollout.manager import RolloutManager
 from .routing import build_router
 from .scope import Snapshot
 from .settings import FleetConfig, Settings
@@ -72,7 +83,8 @@ class LiveConfig:
                  clock: Clock, engine: Engine | None = None, monitor: HealthMonitor | None = None,
                  obs: Observability | None = None, store: StoreHandle | None = None,
                  record: Callable[[list[NodeEvent]], None] | None = None,
-                 on_swap: Callable[[Snapshot], None] | None = None, poll_s: float = 1.0) -> None:
+                 on_swap: Callable[[Snapshot], None] | None = None, poll_s: float = 1.0,
+                 rollouts: RolloutManager | None = None) -> None:
         self.settings = settings
         self.base: FleetConfig = checked.fleet
         self.gateway = gateway
@@ -85,6 +97,7 @@ class LiveConfig:
         self.record = record
         self.on_swap = on_swap
         self.poll_s = poll_s
+        self.rollouts = rollouts
         self.overrides: list[NodeOverride] = []
         self.discovered: dict[str, list[NodeOverride]] = {}   # discovery source -> its rows (engine/discovery)
         self.revision = 0
@@ -146,9 +159,11 @@ class LiveConfig:
             eff = merge_overrides(checked.fleet, self.overrides, source=self._source(),
                                   discovered=self._discovered())
             self._restart_only(eff.cfg)
+            if self.rollouts is not None:
+                self.rollouts.check_config(eff.cfg, source=self._source())
             old = self.gateway.snapshot
             changes = self._swap(eff, checked.request_process, checked.health_process,
-                                 {"trigger": trigger, **(actor or {})})
+                                 {"trigger": trigger, **(actor or {})}, rollout=checked.rollout_process)
             self.base = checked.fleet
             self.reloads += 1
             proc = {"file": checked.request_process.path.name, "version": checked.request_process.version,
@@ -157,8 +172,12 @@ class LiveConfig:
                    "reloaded": True, "trigger": trigger, "process": proc,
                    "health_process": {"file": checked.health_process.path.name,
                                       "version": checked.health_process.version},
+                   "rollout_process": {"file": checked.rollout_process.path.name,
+                                       "version": checked.rollout_process.version}
+                   if checked.rollout_process is not None else None,
                    "config_version": eff.version, "previous_config_version": old.config_version,
-                   "nodes": changes, "took_ms": round((self.clock.monotonic() - t0) * 1000.0, 3)}
+                   "nodes": changes, "versions": self.gateway.rt.versions.describe(),
+                   "took_ms": round((self.clock.monotonic() - t0) * 1000.0, 3)}
             self.last_change = {"at": round(self.clock.time(), 6), "kind": "reload", **out}
             log.info("reloaded (%s): process %s, config %s, %s", trigger, proc["version"], eff.version,
                      ", ".join(changes) or "no node changes")
@@ -186,9 +205,11 @@ class LiveConfig:
         return self.engine
 
     async def sync_once(self) -> bool:
-        """Apply the database's overrides when their revision moved; True when something changed.
-        A database that is away, or overrides this replica's file cannot take, leave everything as
-        it is (``sync_error`` says why)."""
+        """When the shared revision moved: apply the database's overrides if their rows changed,
+        and have the rollout manager follow the ``rollouts`` table; True when something changed.
+        A database that is away, or overrides this replica's file cannot take, leave the node
+        config as it is (``sync_error`` says why; rollouts are still followed) and the revision
+        unread, so the next poll tries again."""
         if self.engine is None:
             return False
         try:
@@ -200,11 +221,26 @@ class LiveConfig:
                 rev, rows = await asyncio.to_thread(load_overrides, self.engine)
                 if rev == self.revision:
                     return False
-                eff = merge_overrides(self.base, rows, source="node overrides", discovered=self._discovered())
-                self.overrides, self.revision = rows, rev
-                self._swap(eff, self.gateway.process, self.health_process, {"trigger": "overrides", "revision": rev})
+                changed = False
+                refused: ConfigError | None = None
+                if rows != self.overrides:    # the revision moves with rollouts too (module docstring)
+                    try:
+                        eff = merge_overrides(self.base, rows, source="node overrides",
+                                              discovered=self._discovered())
+                    except ConfigError as exc:
+                        refused = exc
+                    else:
+                        self._swap(eff, self.gateway.process, self.health_process,
+                                   {"trigger": "overrides", "revision": rev})
+                        self.overrides = rows
+                        changed = True
+                if self.rollouts is not None:
+                    changed = await self.rollouts.sync() or changed
+                if refused is not None:
+                    raise refused
+                self.revision = rev
                 self.sync_error = None
-                return True
+                return changed
         except (StoreError, ConfigError) as exc:
             error = str(exc)[:500]
             if error != self.sync_error:    # once per distinct problem, not every poll
@@ -246,7 +282,11 @@ class LiveConfig:
                 except StoreError as exc:
                     raise Unavailable(f"The node override could not be saved: {exc}",
                                       code="overrides_unavailable") from exc
-                self.overrides, self.revision = new_rows, new_rev
+                # The revision moves with rollouts too: when it moved before this change, leave it
+                # for the poll, which then has the rollout manager follow (the rows are applied here).
+                self.overrides = new_rows
+                if rev == self.revision:
+                    self.revision = new_rev
                 changes = self._swap(eff, self.gateway.process, self.health_process,
                                      {"trigger": what, **actor, "revision": new_rev})
                 self.last_change = {"at": round(self.clock.time(), 6), "kind": what, "node": name,
@@ -277,9 +317,11 @@ class LiveConfig:
     # ------------------------------------------------------------------ the swap
 
     def _swap(self, eff: Effective, process: ProcessDefinition, health: ProcessDefinition,
-              evidence: Mapping[str, Any]) -> list[str]:
+              evidence: Mapping[str, Any], *, rollout: ProcessDefinition | None = None) -> list[str]:
         """Install ``eff`` and the processes everywhere; no ``await`` in here (atomic on the loop).
-        The only refusal (a new router that needs a restart) comes before anything changed."""
+        The only refusal (a new router that needs a restart) comes before anything changed. The
+        version table (and with a rollout manager, its config and ``rollout``, the rollout
+        process of a reload) is swapped here too."""
         gw = self.gateway
         old = gw.snapshot
         rt = old.rt
@@ -296,6 +338,10 @@ class LiveConfig:
                 rt.estimator.use_tokenizer(m.name, m.tokenizer)
         if process is not old.process and self.obs is not None:
             self.obs.instrument(process)
+        if self.rollouts is not None:
+            self.rollouts.follow_config(eff.cfg, rollout)
+        else:
+            rt.versions.swap_config(eff.cfg)
         changes = apply_fleet(rt.fleet, eff, evidence)
         new = Snapshot(dataclasses.replace(rt, fleet_cfg=eff.cfg, router=router), process, eff.version)
         gw.swap(new)

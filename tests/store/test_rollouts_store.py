@@ -1,5 +1,7 @@
 """Rollouts in the database on SQLite and PostgreSQL: the row and its events, one running rollout
-per model (the partial unique index, true across replicas), resume after a restart."""
+per model (the partial unique index, true across replicas), resume after a restart, and what
+replicas follow: every state change bumps the shared revision, a state written over a rollout
+another replica ended is refused (stale) with its events."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from inferlb.engine.store.overrides import read_revision
 from inferlb.engine.store.rollouts import (
     RolloutConflict,
+    following,
     get_rollout,
     insert_rollout,
     list_rollouts,
@@ -67,3 +71,29 @@ def test_one_running_rollout_per_model(engine: Engine, model: str) -> None:
     save_progress(engine, {str(first["id"]): {"state": "rolled_back", "ended_at": T0 + 5}}, {})
     insert_rollout(engine, _row(model))
     assert len(list_rollouts(engine, model=model)) == 2
+
+
+def test_state_changes_bump_the_shared_revision_and_an_ended_rollout_is_never_moved_back(
+        engine: Engine, model: str) -> None:
+    row = _row(model)
+    rid = str(row["id"])
+    rev = read_revision(engine)
+    insert_rollout(engine, row, [_event("start", 0.0, 1.0)])
+    assert read_revision(engine) == rev + 1
+    assert save_progress(engine, {}, {rid: [_event("hold", 1.0, 1.0, T0 + 5)]}) == set()
+    assert read_revision(engine) == rev + 1                   # events alone: nothing to follow
+    # Another replica aborts it; then the leader writes its promotion, made before it knew.
+    assert save_progress(engine, {rid: {"state": "aborted", "percent": 0.0, "ended_at": T0 + 6}},
+                         {rid: [_event("abort", 1.0, 0.0, T0 + 6)]}) == set()
+    assert read_revision(engine) == rev + 2
+    assert save_progress(engine, {rid: {"state": "running", "step": 1, "percent": 50.0}},
+                         {rid: [_event("promote", 1.0, 50.0, T0 + 7)]}) == {rid}
+    assert read_revision(engine) == rev + 2
+    got = get_rollout(engine, rid)
+    assert got is not None and (got["state"], got["percent"]) == ("aborted", 0.0)
+    assert [e["action"] for e in rollout_events(engine, rid)] == ["start", "hold", "abort"]
+    # What a replica follows: the running rollouts, and those it knows whatever their state.
+    other = _row(model + "_b")
+    insert_rollout(engine, other)
+    assert [r["id"] for r in following(engine) if r["model"].startswith(model)] == [other["id"]]
+    assert {r["id"] for r in following(engine, [rid])} >= {rid, other["id"]}

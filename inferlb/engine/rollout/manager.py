@@ -18,6 +18,21 @@ Contract:
   the new version the two versions' whole weight. That override lasts until the fleet file says
   otherwise: on start-up the newest completed rollout of a model is re-applied only while the
   file still has the weights it started from.
+* **Several replicas, one decider.** Rounds run only while ``leader()`` is true (one replica:
+  always; app.py injects the predicate, an election plugs in there). Every replica follows the
+  ``rollouts`` table: a start, a step, an end or an abort written by any replica bumps the shared
+  revision (engine/store/rollouts.py), and each replica's live-config poll then calls
+  :meth:`sync` (engine/live.py), which applies the rows' weights here. A state written over a
+  rollout another replica ended meanwhile is refused by the database (stale) and re-read, so an
+  abort on one replica and the leader's promotion on another never leave two truths. The leader's
+  guard sees the requests the leader served (its own window): with a load balancer spreading
+  clients evenly in front of the replicas that is a sample of the same traffic. The leader's
+  writes after a round carry ``fence`` (the election's token check, in the same transaction):
+  a replica that lost the lead meanwhile writes nothing, drops its round and follows the table.
+* **Reloads** (engine/live.py): :meth:`check_config` refuses (409 ``rollout_running``) a fleet
+  config that drops a model or version a running rollout moves traffic between, before anything
+  changed; :meth:`follow_config` is the manager's part of the atomic swap (version table, the
+  ``rollouts:`` section, ``rollout.bpmn``, the SLOs); a running rollout's weights survive it.
 * Time comes from the injected clock; nothing here sleeps except the timer loop itself.
 """
 
@@ -27,15 +42,17 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
-from ..errors import ClientError, InvalidRequest, StoreError, WorkflowRuntimeError
+from ..cluster.election import FencedOut
+from ..errors import ClientError, Conflict, InvalidRequest, StoreError, WorkflowRuntimeError
 from ..store.rollouts import (
     RolloutConflict,
+    following,
     insert_rollout,
     list_rollouts,
     running_rollouts,
@@ -49,12 +66,19 @@ from .guard import Counts, guard
 from .state import Rollout, new_rollout_id
 from .window import VersionWindow
 
+if TYPE_CHECKING:   # settings imports rollout.config: a runtime import here would be a cycle
+    from ..settings import FleetConfig
+
 __all__ = ["RolloutBusy", "RolloutManager", "RolloutNotFound", "RolloutScope", "RolloutUnavailable"]
 
 log = logging.getLogger("inferlb.rollout")
 
 _KEEP_FINISHED = 100          # finished rollouts kept in memory (the database keeps all)
 _MAX_PENDING_EVENTS = 10_000  # events waiting for the database, per manager
+
+
+def _always() -> bool:
+    return True
 
 
 class RolloutBusy(ClientError):
@@ -118,8 +142,11 @@ class RolloutManager:
     """See the module docstring."""
 
     def __init__(self, *, versions: VersionTable, window: VersionWindow, process: ProcessDefinition | None,
-                 clock: Clock, cfg: RolloutConfig | None = None, engine: Engine | None = None) -> None:
+                 clock: Clock, cfg: RolloutConfig | None = None, engine: Engine | None = None,
+                 leader: Callable[[], bool] = _always, fence: Callable[[Connection], None] | None = None) -> None:
         self.versions = versions
+        self.leader = leader
+        self.fence = fence
         self.window = window
         self.process = process
         self.clock = clock
@@ -134,6 +161,9 @@ class RolloutManager:
         self.events_dropped = 0
         self._events: dict[str, list[dict[str, Any]]] = {}
         self._changed: dict[str, dict[str, Any]] = {}
+        self._ignored: set[str] = set()        # rows this replica's config cannot follow (warned once)
+        self._reread: set[str] = set()         # stale rollouts whose rows could not be read yet
+        self.follows = 0                       # rollout changes applied from the database
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -150,7 +180,8 @@ class RolloutManager:
 
     def status(self) -> dict[str, Any]:
         return {"interval_s": self.interval_s, "process": self.process.path.name if self.process else None,
-                "rounds": self.rounds, "failed_rounds": self.failed_rounds, "last_error": self.last_error,
+                "leader": self.leader(), "follows": self.follows, "rounds": self.rounds,
+                "failed_rounds": self.failed_rounds, "last_error": self.last_error,
                 "pending_events": sum(len(v) for v in self._events.values()), "events_dropped": self.events_dropped}
 
     # ------------------------------------------------------------------ starting and stopping
@@ -253,8 +284,10 @@ class RolloutManager:
             before = r.percent
             self._finish(r, "aborted", reason)
             self._queue(r, self._event(r, "abort", before, 0.0, reason, {}))
+            if rollout_id in await self._flush():
+                # Another replica ended it first (the leader's last step or rollback): its row wins.
+                raise RolloutBusy(f"rollout {rollout_id} is not running (it is {r.state})", code="rollout_not_running")
             self.decisions[(r.model, "abort")] += 1
-            await self.flush()
             return r
 
     # ------------------------------------------------------------------ the process's operations
@@ -339,19 +372,36 @@ class RolloutManager:
 
     async def flush(self) -> None:
         """Write the queued state changes and events; on a database failure they stay queued."""
+        await self._flush()
+
+    async def _flush(self, *, fenced: bool = False) -> set[str]:
+        """:meth:`flush`; returns the stale ids (ended by another replica: re-read, nothing written).
+        ``fenced``: a round's writes, with the election's token check; fenced out, every queued
+        change is dropped as stale (another replica leads now)."""
         if self.engine is None:
             self._events.clear()
             self._changed.clear()
-            return
+            return set()
         if not self._events and not self._changed:
-            return
+            return set()
         changes, events = dict(self._changed), {k: list(v) for k, v in self._events.items()}
         try:
-            await asyncio.to_thread(save_progress, self.engine, changes, events)
+            stale = await asyncio.to_thread(save_progress, self.engine, changes, events,
+                                            self.fence if fenced else None)
+        except FencedOut as exc:
+            log.warning("rollouts: this replica no longer leads; its round is dropped: %s", exc)
+            stale = set(changes) | set(events)
+            changes, events = {}, {}
         except StoreError as exc:
             log.error("rollouts: could not write %d event(s): %s", sum(map(len, events.values())), exc)
-            return
+            return set()
+        for k in stale:
+            self._changed.pop(k, None)
+            self._events.pop(k, None)
+            events.pop(k, None)
         for k in changes:
+            if k in stale:
+                continue
             if self._changed.get(k) == changes[k]:
                 del self._changed[k]
         for k, evs in events.items():
@@ -359,6 +409,17 @@ class RolloutManager:
             del left[:len(evs)]
             if not left:
                 self._events.pop(k, None)
+        if stale:
+            log.warning("rollouts: %s changed on another replica meanwhile; following the database",
+                        ", ".join(sorted(stale)))
+            try:
+                rows = await asyncio.to_thread(following, self.engine, sorted(stale))
+            except StoreError as exc:
+                self._reread |= stale       # the next sync reads them
+                log.error("rollouts: cannot re-read %s: %s", ", ".join(sorted(stale)), exc)
+            else:
+                self._follow([row for row in rows if row["id"] in stale])
+        return stale
 
     # ------------------------------------------------------------------ rounds
 
@@ -378,8 +439,12 @@ class RolloutManager:
 
     async def run_once(self) -> list[dict[str, Any]]:
         """One round for every running rollout; returns each instance's final data (with ``path``:
-        the element ids it visited)."""
+        the element ids it visited). Not the leader: only this replica's pending writes are
+        flushed, and nothing is decided (returns [])."""
         async with self._lock:
+            if not self.leader():
+                await self._flush()
+                return []
             self.rounds += 1
             out = []
             for r in [r for r in self.rollouts.values() if r.running]:
@@ -389,7 +454,7 @@ class RolloutManager:
                     self.failed_rounds += 1
                     self.last_error = f"{r.id}: {type(exc).__name__}: {exc}"[:500]
                     log.error("rollout round failed: %s", self.last_error)
-            await self.flush()
+            await self._flush(fenced=True)
             return out
 
     async def resume(self) -> None:
@@ -407,6 +472,8 @@ class RolloutManager:
             return
         mono = self.clock.monotonic()
         for row in rows:
+            if row["id"] in self.rollouts:    # already followed (the live config's first poll)
+                continue
             r = self._from_row(row, mono)
             if r is None:
                 continue
@@ -438,6 +505,94 @@ class RolloutManager:
                        step_started_mono=mono, state=row["state"], step=int(row["step"]),
                        percent=float(row["percent"]), reason=row["reason"], ended_at=row["ended_at"])
 
+    # ------------------------------------------------------------------ following other replicas
+
+    async def sync(self) -> bool:
+        """Follow the ``rollouts`` table: rollouts started elsewhere, steps and ends decided by the
+        leader, aborts sent to another replica; their weights applied here. True when something
+        changed. Called by the live config's poll when the shared revision moved (engine/live.py);
+        StoreError when the database is away (the poll retries)."""
+        if self.engine is None:
+            return False
+        async with self._lock:
+            known = sorted({r.id for r in self.rollouts.values() if r.running} | self._reread)
+            rows = await asyncio.to_thread(following, self.engine, known)
+            return self._follow(rows)
+
+    def _follow(self, rows: Sequence[Mapping[str, Any]]) -> bool:
+        mono = self.clock.monotonic()
+        changed = False
+        for row in rows:
+            rid = row["id"]
+            self._reread.discard(rid)
+            if rid in self._changed:      # this replica's own change, not written yet: it is ahead
+                continue
+            r = self.rollouts.get(rid)
+            if r is None:
+                if row["state"] != "running" or rid in self._ignored:
+                    continue
+                r = self._from_row(row, mono)
+                if r is None:
+                    self._ignored.add(rid)
+                    continue
+                self._admit(r)
+                self._apply(r)
+                log.info("rollout %s followed: %s %s -> %s at %g%%", r.id, r.model, r.from_version, r.to_version,
+                         r.percent)
+            else:
+                state, step, percent = str(row["state"]), int(row["step"]), float(row["percent"])
+                if (r.state, r.step, r.percent) == (state, step, percent):
+                    continue
+                if step != r.step:
+                    r.step_started_mono = mono      # the new step's window starts now, here
+                r.state, r.step, r.percent = state, step, percent
+                r.reason, r.ended_at = row["reason"], row["ended_at"]
+                r.step_started_at = row["step_started_at"] or r.step_started_at
+                self._apply(r)
+                if not r.running:
+                    self.window.set_slo(r.model, None)
+                log.info("rollout %s followed: %s at %g%%", r.id, r.state, r.percent)
+            self.follows += 1
+            changed = True
+        return changed
+
+    # ------------------------------------------------------------------ reloads
+
+    def check_config(self, cfg: FleetConfig, *, source: str = "fleet") -> None:
+        """409 ``rollout_running`` when ``cfg`` drops the model or a version of a running rollout
+        (nothing is changed by this check)."""
+        for r in self.rollouts.values():
+            if not r.running:
+                continue
+            idx = next((i for i, m in enumerate(cfg.models) if m.name == r.model), None)
+            names = {v.name for v in cfg.models[idx].versions} if idx is not None else set()
+            missing = [v for v in (r.from_version, r.to_version) if v not in names]
+            if missing:
+                where = f"models[{idx}].versions" if idx is not None else "models"
+                gone = f"version {missing[0]!r} of model {r.model!r}" if idx is not None else f"model {r.model!r}"
+                raise Conflict(f"{source}: {where}: {gone} is in running rollout {r.id} ({r.from_version} -> "
+                               f"{r.to_version} at {r.percent:g}%): abort it first (inferlb rollout abort {r.id}) "
+                               f"or keep the version, then reload", param=where, code="rollout_running")
+
+    def follow_config(self, cfg: FleetConfig, process: ProcessDefinition | None = None) -> None:
+        """The manager's part of a reload's swap (no ``await``: engine/live.py calls it inside its
+        atomic swap, after :meth:`check_config`). The version table takes the new models and
+        nodes; a running rollout's weights stay; a model without a running rollout whose file
+        weights changed goes back to the file's (a finished rollout's weights last until the file
+        says otherwise); the ``rollouts:`` section, ``rollout.bpmn`` and the SLOs are the new ones."""
+        before = {m: self.versions.file_weights(m) for m in self.versions.models()}
+        self.versions.swap_config(cfg)
+        for model in self.versions.models():
+            mv = self.versions.get(model)
+            if mv is not None and mv.overridden and self.running_for(model) is None \
+                    and self.versions.file_weights(model) != before.get(model):
+                self.versions.clear_weights(model)
+        self.cfg = cfg.rollouts
+        self.interval_s = cfg.rollouts.interval_s
+        if process is not None:
+            self.process = process
+        self.window.set_default_slos(cfg.slos)
+
     async def start(self) -> None:
         await self.resume()
         self._task = asyncio.create_task(self._loop(), name="inferlb-rollouts")
@@ -449,7 +604,13 @@ class RolloutManager:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             next_at = loop.time() + self.interval_s
             if any(r.running for r in self.rollouts.values()) or self._events or self._changed:
-                await self.run_once()
+                try:
+                    await self.run_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:   # the timer must outlive one bad turn (a database away)
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                    log.error("rollouts: %s", self.last_error)
 
     async def close(self) -> None:
         if self._task is not None:

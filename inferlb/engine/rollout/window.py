@@ -64,8 +64,7 @@ class VersionWindow:
         self.versioned = versioned
         self.max_age_s = max_age_s
         self._default_slo: dict[str, Slo] = {}
-        for s in slos:
-            self._default_slo[s.model] = (s.ttft_max_s, s.e2e_max_s)
+        self.set_default_slos(slos)
         self._slo: dict[str, Slo] = {}
         self._buckets: dict[tuple[str, str], collections.deque[_Bucket]] = {}
         self.totals: dict[tuple[str, str], list[int]] = {}   # since start: attempts, failed, ok, slo_missed
@@ -76,6 +75,10 @@ class VersionWindow:
         """The thresholds in force for ``model``: a rollout's, else the model's SLO, else ``*``'s."""
         got = self._slo.get(model) or self._default_slo.get(model) or self._default_slo.get("*")
         return got if got is not None else (None, None)
+
+    def set_default_slos(self, slos: Iterable[Any]) -> None:
+        """The fleet's ``slos:`` (at start-up, and again on a reload)."""
+        self._default_slo = {s.model: (s.ttft_max_s, s.e2e_max_s) for s in slos}
 
     def set_slo(self, model: str, slo: Slo | None) -> None:
         """Thresholds for ``model`` (a rollout's criteria); None: back to the fleet's."""

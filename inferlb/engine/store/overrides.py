@@ -9,7 +9,9 @@ The fleet file stays the base; these rows say what differs (engine/fleet_admin.p
   ``key_id`` (who changed it last) and ``updated_at_us`` (epoch µs);
 * table ``fleet_revision``, one row (``id`` 1) whose ``revision`` goes up by one in the same
   transaction as every change: each replica polls it (one primary-key read) and reloads the rows
-  only when it moved.
+  only when it moved. It is the one change counter of the live state every replica follows: the
+  rollouts' state changes bump it too (:func:`bump_revision`, engine/store/rollouts.py), so the
+  same poll brings a replica the weights another replica's rollout set (engine/live.py).
 
 Both are created by migration ``0005`` and registered on the audit models' metadata so Alembic
 compares them. Every function here is synchronous (call it through ``asyncio.to_thread``);
@@ -29,8 +31,8 @@ from ..errors import StoreError
 from .db import describe_db_error
 from .models import Base, json_type, to_us
 
-__all__ = ["FLEET_REVISION", "NODE_OVERRIDES", "NodeOverride", "StaleOverrides", "load_overrides", "read_revision",
-           "save_override"]
+__all__ = ["FLEET_REVISION", "NODE_OVERRIDES", "NodeOverride", "StaleOverrides", "bump_revision", "load_overrides",
+           "read_revision", "save_override"]
 
 NODE_OVERRIDES: Table = Table(
     "node_overrides",
@@ -100,7 +102,8 @@ def load_overrides(engine: Engine) -> tuple[int, list[NodeOverride]]:
                            for r in rows]
 
 
-def _bump(conn: Connection) -> int:
+def bump_revision(conn: Connection) -> int:
+    """Add one to the shared revision inside the caller's transaction; returns the new revision."""
     got = conn.execute(select(FLEET_REVISION.c.revision).where(FLEET_REVISION.c.id == 1)).scalar()
     if got is None:
         conn.execute(insert(FLEET_REVISION), [{"id": 1, "revision": 1}])
@@ -129,6 +132,6 @@ def save_override(engine: Engine, name: str, override: NodeOverride | None, *,
                                           "drained": override.drained, "removed": override.removed,
                                           "key_id": override.key_id,
                                           "updated_at_us": to_us(override.updated_at) or 0}])
-            return _bump(conn)
+            return bump_revision(conn)
     except SQLAlchemyError as exc:
         raise StoreError(f"cannot save the node override of {name!r}: {describe_db_error(exc)}") from exc

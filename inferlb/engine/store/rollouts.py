@@ -7,7 +7,14 @@ Contract:
 * :func:`insert_rollout` raises :class:`RolloutConflict` when the model already has a running
   rollout (the partial unique index ``uq_rollouts_running_model``: true across replicas), and
   :class:`~inferlb.engine.errors.StoreError` for any other database failure.
-* :func:`save_progress` writes a rollout's new state and its events in one transaction.
+* :func:`save_progress` writes rollouts' new states and their events in one transaction. A state
+  is written only over a row still ``running``: a rollout that another replica ended meanwhile
+  (an abort, the leader's rollback) is never moved back; its id is returned as *stale*, and its
+  events are not written, so the caller re-reads it (:func:`following`) instead.
+* Every insert and every state change bumps the shared revision (``fleet_revision``,
+  :func:`~inferlb.engine.store.overrides.bump_revision`) in the same transaction: each replica's
+  live-config poll sees it move and re-reads the rollouts (engine/live.py). Events alone (a "hold")
+  do not bump it.
 * Rows come back as plain dicts with epoch-second floats (``*_at``), like the audit queries.
 """
 
@@ -16,16 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from ..errors import StoreError
 from .db import describe_db_error
 from .models import RolloutEventRow, RolloutRow, from_us, to_us
+from .overrides import bump_revision
 
-__all__ = ["ROLLOUTS", "ROLLOUT_EVENTS", "RolloutConflict", "get_rollout", "insert_rollout", "list_rollouts",
-           "rollout_events", "running_rollouts", "save_progress"]
+__all__ = ["ROLLOUTS", "ROLLOUT_EVENTS", "RolloutConflict", "following", "get_rollout", "insert_rollout",
+           "list_rollouts", "rollout_events", "running_rollouts", "save_progress"]
 
 _T = TypeVar("_T")
 ROLLOUTS: Table = cast(Table, RolloutRow.__table__)
@@ -78,22 +86,48 @@ def insert_rollout(engine: Engine, rollout: Mapping[str, Any], events: Sequence[
         conn.execute(ROLLOUTS.insert().values(**_row_values(rollout)))
         if events:
             conn.execute(ROLLOUT_EVENTS.insert(), [_event_values(rollout["id"], e) for e in events])
+        bump_revision(conn)
 
     _run(engine, insert)
 
 
 def save_progress(engine: Engine, changes: Mapping[str, Mapping[str, Any]],
-                  events: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+                  events: Mapping[str, Sequence[Mapping[str, Any]]],
+                  fence: Callable[[Connection], None] | None = None) -> set[str]:
     """``changes``: rollout id → the columns that changed (times as epoch seconds); ``events``:
-    rollout id → new events. One transaction."""
-    def save(conn: Connection) -> None:
+    rollout id → new events. One transaction; returns the stale ids (see the module docstring).
+    ``fence`` (the election's token check, engine/cluster/election.py) runs first in the
+    transaction: a replica that lost the lead writes nothing (it raises)."""
+    def save(conn: Connection) -> set[str]:
+        if fence is not None:
+            fence(conn)
+        stale: set[str] = set()
         for rid, values in changes.items():
-            conn.execute(update(ROLLOUTS).where(ROLLOUTS.c.id == rid).values(**_row_values(values)))
-        rows = [_event_values(rid, e) for rid, evs in events.items() for e in evs]
+            done = conn.execute(update(ROLLOUTS).where(ROLLOUTS.c.id == rid, ROLLOUTS.c.state == "running")
+                                .values(**_row_values(values)))
+            if done.rowcount == 0:
+                stale.add(rid)
+        rows = [_event_values(rid, e) for rid, evs in events.items() if rid not in stale for e in evs]
         if rows:
             conn.execute(ROLLOUT_EVENTS.insert(), rows)
+        if len(stale) < len(changes):
+            bump_revision(conn)
+        return stale
 
-    _run(engine, save)
+    return _run(engine, save)
+
+
+def following(engine: Engine, known: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """What a replica follows: every running rollout, and the rollouts ``known`` (the ones it has
+    running) whatever their state now, oldest first."""
+    def fetch(conn: Connection) -> list[dict[str, Any]]:
+        cond = ROLLOUTS.c.state == "running"
+        if known:
+            cond = or_(cond, ROLLOUTS.c.id.in_(list(known)))
+        q = select(ROLLOUTS).where(cond).order_by(ROLLOUTS.c.started_at_us, ROLLOUTS.c.id)
+        return [_rollout(r) for r in conn.execute(q)]
+
+    return _run(engine, fetch)
 
 
 def list_rollouts(engine: Engine, *, model: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
