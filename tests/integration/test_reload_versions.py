@@ -68,9 +68,11 @@ async def test_reloads_swap_versions_keep_a_running_rollout_and_refuse_dropping_
             assert app.state.gateway.rt.versions.get("m").names == ["v1"]
             # 1. A reload adds v2: swapped with the process and the fleet; a new config version.
             write(tmp_path, fleet_doc(urls, [V1, V2]))
+            old_rollout_process = app.state.rollouts.process
             r = await http.post("/admin/reload")
             assert r.status_code == 200, r.text
             doc = r.json()
+            assert app.state.rollouts.process is not old_rollout_process      # rollout.bpmn re-read, swapped
             assert doc["config_version"] != doc["previous_config_version"]
             assert doc["config_version"] == gw.snapshot.config_version
             assert [v["name"] for v in doc["versions"][0]["versions"]] == ["v1", "v2"]
