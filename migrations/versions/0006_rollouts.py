@@ -1,7 +1,7 @@
 """canary rollouts and their decisions; a key permission to pin a model version
 
 Revision ID: 0006
-Revises: 0008 (written against 0004; relinked after main gained 0007, then 0008, so the chain has one head)
+Revises: 0009 (written against 0004; relinked as main gained 0007, 0008 and 0009, so the chain has one head)
 Create Date: 2026-03-01 00:00:00
 
 ``rollouts``: one row per canary rollout (model, from / to version, steps, criteria, the weights
@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql
 __all__ = ["branch_labels", "depends_on", "down_revision", "downgrade", "revision", "upgrade"]
 
 revision: str = "0006"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,20 +1,26 @@
 """Two replicas' rollout managers on one database (SQLite and PostgreSQL), each with its own
 version table, window and injected clock, running the real ``rollout.bpmn``: a rollout started
 on either is followed by the other (same weights, same user → version assignment), only the
-leader decides steps, an abort on a follower wins over the leader's next step, and an abort of a
-rollout the leader already ended is a 409. ``sync`` is what each replica's live-config poll calls
-when the shared revision moved (engine/live.py); the tests call it, nothing sleeps."""
+leader decides steps, an abort on a follower wins over the leader's next step, an abort of a
+rollout the leader already ended is a 409, and a former leader's round is fenced out. ``sync`` is
+what each replica's live-config poll calls when the shared revision moved (engine/live.py); the
+tests call it, nothing sleeps."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from inferlb.engine.cluster.election import Election
 from inferlb.engine.rollout.manager import RolloutBusy
 from inferlb.engine.store.overrides import read_revision
 from inferlb.engine.store.rollouts import get_rollout, rollout_events
+from inferlb.engine.types import ManualClock
 
 from .rig import Rig, rig
 
@@ -102,3 +108,34 @@ async def test_aborting_a_rollout_the_leader_already_ended_is_409(shared_db: Eng
     assert "rolled_back" in err.value.message
     assert b.manager.get(ro.id).state == "rolled_back" and split(b) == split(a)   # type: ignore[union-attr]
     assert [e["action"] for e in rollout_events(shared_db, ro.id)][-1] == "rollback"
+
+
+async def test_a_former_leader_is_fenced_out_and_follows_the_new_one(shared_db: Engine) -> None:
+    """The election of engine/cluster/election.py on the real database: A led and paused past its
+    lease; B took the role (the next fencing token). A still believes it leads, and its round would
+    promote: the fence refuses the write, A drops the round and follows the table; B decides."""
+    role = "rollouts-test-" + secrets.token_hex(4)
+    ea = Election(shared_db, "a", lease_s=30, clock=ManualClock(), role=role)
+    eb = Election(shared_db, "b", lease_s=30, clock=ManualClock(), role=role)
+    a, b = rig(engine=shared_db), rig(engine=shared_db)
+    a.manager.leader, a.manager.fence = ea.leader, ea.fence
+    b.manager.leader, b.manager.fence = eb.leader, eb.fence
+    assert await asyncio.to_thread(ea.attempt) and not await asyncio.to_thread(eb.attempt)
+    ro = await a.manager.start_rollout(a.spec(steps=[10, 50, 100], criteria=CRITERIA))
+    assert await b.manager.sync()
+    # A's lease runs out on the database's clock (as if A paused for longer than the lease) ...
+    with shared_db.begin() as conn:
+        conn.execute(text("UPDATE leader_leases SET expires_at = acquired_at WHERE name = :n"), {"n": role})
+    assert await asyncio.to_thread(eb.attempt) and eb.token == 2
+    assert ea.leader()                                      # ... and A has not noticed yet
+    rounds = await round_with_traffic(a)
+    assert rounds and rounds[-1]["decision"]["action"] == "promote"   # A decided, but could not write
+    mine = a.manager.get(ro.id)
+    assert mine is not None and mine.percent == 10.0 and split(a)[0] == {"v1": 0.9, "v2": 0.1}
+    row = get_rollout(shared_db, ro.id)
+    assert row is not None and row["percent"] == 10.0
+    assert [e["action"] for e in rollout_events(shared_db, ro.id)] == ["start"]
+    # B leads now: its round promotes, and A follows it.
+    await round_with_traffic(b)
+    assert b.manager.get(ro.id).percent == 50.0             # type: ignore[union-attr]
+    assert await a.manager.sync() and split(a) == split(b)
