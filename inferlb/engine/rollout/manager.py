@@ -34,6 +34,10 @@ Contract:
   changed; :meth:`follow_config` is the manager's part of the atomic swap (version table, the
   ``rollouts:`` section, ``rollout.bpmn``, the SLOs); a running rollout's weights survive it.
 * Time comes from the injected clock; nothing here sleeps except the timer loop itself.
+* Layout: this module holds the state, starting and aborting, the round driver, the reloads and
+  the timer; :mod:`.persist` the database side (writes, resume, :meth:`sync`), :mod:`.rounds`
+  one round on SpiffWorkflow and the process's operations, :mod:`.errors` the client errors.
+  Every public name stays importable from here.
 """
 
 from __future__ import annotations
@@ -42,27 +46,21 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
-from ..cluster.election import FencedOut
-from ..errors import ClientError, Conflict, InvalidRequest, StoreError, WorkflowRuntimeError
-from ..store.rollouts import (
-    RolloutConflict,
-    following,
-    insert_rollout,
-    list_rollouts,
-    running_rollouts,
-    save_progress,
-)
+from ..errors import Conflict, InvalidRequest, StoreError
+from ..store.rollouts import RolloutConflict, insert_rollout
 from ..types import Clock
 from ..versions.table import VersionTable
-from ..workflow import TIMER_OPERATION, ProcessDefinition
+from ..workflow import ProcessDefinition
 from .config import RolloutConfig, RolloutCriteria, RolloutSpec
-from .guard import Counts, guard
+from .errors import RolloutBusy, RolloutNotFound, RolloutUnavailable
+from .persist import RolloutPersistence
+from .rounds import RolloutRounds, RolloutScope
 from .state import Rollout, new_rollout_id
 from .window import VersionWindow
 
@@ -74,71 +72,13 @@ __all__ = ["RolloutBusy", "RolloutManager", "RolloutNotFound", "RolloutScope", "
 log = logging.getLogger("inferlb.rollout")
 
 _KEEP_FINISHED = 100          # finished rollouts kept in memory (the database keeps all)
-_MAX_PENDING_EVENTS = 10_000  # events waiting for the database, per manager
 
 
 def _always() -> bool:
     return True
 
 
-class RolloutBusy(ClientError):
-    """409: the model already has a running rollout, or the rollout is not running."""
-
-    status = 409
-
-    def __init__(self, message: str, *, code: str = "rollout_conflict") -> None:
-        super().__init__(message, code=code)
-
-
-class RolloutNotFound(ClientError):
-    """404: no rollout has this id."""
-
-    status = 404
-
-    def __init__(self, rollout_id: str) -> None:
-        super().__init__(f"No rollout with id {rollout_id!r}", param="id", code="rollout_not_found")
-
-
-class RolloutUnavailable(ClientError):
-    """503: the rollout could not be written to the database; nothing was applied."""
-
-    status = 503
-    type = "server_error"
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"The rollout store is unavailable: {detail[:200]}", code="store_unavailable")
-
-
-class RolloutScope:
-    """What the rollout process's operations act on: the manager and one rollout."""
-
-    def __init__(self, manager: RolloutManager, rollout: Rollout) -> None:
-        self.manager = manager
-        self.rollout = rollout
-
-    def observe(self) -> dict[str, Any]:
-        return self.manager.observe(self.rollout)
-
-    def decide(self, observation: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        return self.manager.decide(self.rollout, observation, params)
-
-    def promote(self) -> dict[str, Any]:
-        return self.manager.promote(self.rollout)
-
-    def rollback(self, reason: str) -> dict[str, Any]:
-        return self.manager.rollback(self.rollout, reason)
-
-    def record(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        return self.manager.record(self.rollout, data)
-
-
-def _counts(raw: Any) -> Counts:
-    d = raw if isinstance(raw, Mapping) else {}
-    return Counts(int(d.get("attempts") or 0), int(d.get("failed") or 0), int(d.get("ok") or 0),
-                  int(d.get("slo_missed") or 0))
-
-
-class RolloutManager:
+class RolloutManager(RolloutRounds, RolloutPersistence):
     """See the module docstring."""
 
     def __init__(self, *, versions: VersionTable, window: VersionWindow, process: ProcessDefinition | None,
@@ -290,152 +230,7 @@ class RolloutManager:
             self.decisions[(r.model, "abort")] += 1
             return r
 
-    # ------------------------------------------------------------------ the process's operations
-
-    def observe(self, r: Rollout) -> dict[str, Any]:
-        """``rollout/observe``: both versions' counts over the step's window."""
-        c = r.criteria
-        since = r.step_started_mono
-        canary = self.window.counts(r.model, r.to_version, since=since, window_s=c.window_s)
-        base = self.window.counts(r.model, r.from_version, since=since, window_s=c.window_s)
-        ttft, e2e = self.window.slo_of(r.model)
-        return {"canary": canary.to_json(), "baseline": base.to_json(), "percent": r.percent,
-                "step_age_s": round(self.clock.monotonic() - since, 3), "window_s": c.window_s,
-                "slo": {"ttft_max_s": ttft, "e2e_max_s": e2e}}
-
-    def decide(self, r: Rollout, observation: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        """``rollout/decide``: the guard's verdict; ``params`` may override criteria (a process edit)."""
-        criteria = r.criteria
-        if params:
-            try:
-                criteria = RolloutCriteria.model_validate({**criteria.model_dump(), **dict(params)})
-            except ValidationError as exc:
-                raise ValueError(f"decide parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
-        slo = observation.get("slo") or {}
-        has_slo = bool(slo.get("ttft_max_s") or slo.get("e2e_max_s"))
-        v = guard(_counts(observation.get("canary")), _counts(observation.get("baseline")), criteria, slo=has_slo,
-                  step_age_s=float(observation.get("step_age_s") or 0.0))
-        r.last = v.to_json()
-        return {**v.to_json(), "percent": r.percent, "next_percent": r.next_percent()}
-
-    def promote(self, r: Rollout) -> dict[str, Any]:
-        """``rollout/promote``: the next step, or completion after the last."""
-        if not r.running:
-            return {"percent": r.percent, "state": r.state, "completed": r.state == "completed"}
-        nxt = r.next_percent()
-        if nxt is None or nxt >= 100.0:
-            r.step = len(r.steps) - 1
-            r.percent = 100.0
-            self._finish(r, "completed", f"{r.to_version} serves all of {r.model}'s traffic")
-        else:
-            r.step += 1
-            r.percent = nxt
-            r.step_started_mono = self.clock.monotonic()
-            r.step_started_at = round(self.clock.time(), 6)
-            self._apply(r)
-            self._changed[r.id] = r.progress()
-        return {"percent": r.percent, "state": r.state, "completed": r.state == "completed"}
-
-    def rollback(self, r: Rollout, reason: str) -> dict[str, Any]:
-        """``rollout/rollback``: the weights from before the rollout come back."""
-        if r.running:
-            self._finish(r, "rolled_back", reason or "rolled back")
-        return {"percent": r.percent, "state": r.state}
-
-    def record(self, r: Rollout, data: Mapping[str, Any]) -> dict[str, Any]:
-        """``rollout/record``: queue this round's event (written after the round)."""
-        decision = data.get("decision") or {}
-        action = str(decision.get("action") or "hold")
-        if action == "promote" and r.state == "completed":
-            action = "complete"
-        pct = decision.get("percent")
-        before = float(pct) if isinstance(pct, int | float) else r.percent
-        after = r.percent
-        evidence = {"observation": data.get("observation"), "checks": decision.get("checks")}
-        self._queue(r, self._event(r, action, before, after, str(decision.get("reason") or ""), evidence))
-        self.decisions[(r.model, action)] += 1
-        return {"count": 1, "action": action}
-
-    # ------------------------------------------------------------------ events and persistence
-
-    def _event(self, r: Rollout, action: str, before: float, after: float, reason: str,
-               evidence: Mapping[str, Any]) -> dict[str, Any]:
-        return {"at": round(self.clock.time(), 6), "action": action, "from_percent": before, "to_percent": after,
-                "reason": reason, "evidence": dict(evidence)}
-
-    def _queue(self, r: Rollout, event: dict[str, Any]) -> None:
-        evs = self._events.setdefault(r.id, [])
-        if sum(len(v) for v in self._events.values()) >= _MAX_PENDING_EVENTS:
-            evs.pop(0) if evs else None
-            self.events_dropped += 1
-        evs.append(event)
-
-    async def flush(self) -> None:
-        """Write the queued state changes and events; on a database failure they stay queued."""
-        await self._flush()
-
-    async def _flush(self, *, fenced: bool = False) -> set[str]:
-        """:meth:`flush`; returns the stale ids (ended by another replica: re-read, nothing written).
-        ``fenced``: a round's writes, with the election's token check; fenced out, every queued
-        change is dropped as stale (another replica leads now)."""
-        if self.engine is None:
-            self._events.clear()
-            self._changed.clear()
-            return set()
-        if not self._events and not self._changed:
-            return set()
-        changes, events = dict(self._changed), {k: list(v) for k, v in self._events.items()}
-        try:
-            stale = await asyncio.to_thread(save_progress, self.engine, changes, events,
-                                            self.fence if fenced else None)
-        except FencedOut as exc:
-            log.warning("rollouts: this replica no longer leads; its round is dropped: %s", exc)
-            stale = set(changes) | set(events)
-            changes, events = {}, {}
-        except StoreError as exc:
-            log.error("rollouts: could not write %d event(s): %s", sum(map(len, events.values())), exc)
-            return set()
-        for k in stale:
-            self._changed.pop(k, None)
-            self._events.pop(k, None)
-            events.pop(k, None)
-        for k in changes:
-            if k in stale:
-                continue
-            if self._changed.get(k) == changes[k]:
-                del self._changed[k]
-        for k, evs in events.items():
-            left = self._events.get(k, [])
-            del left[:len(evs)]
-            if not left:
-                self._events.pop(k, None)
-        if stale:
-            log.warning("rollouts: %s changed on another replica meanwhile; following the database",
-                        ", ".join(sorted(stale)))
-            try:
-                rows = await asyncio.to_thread(following, self.engine, sorted(stale))
-            except StoreError as exc:
-                self._reread |= stale       # the next sync reads them
-                log.error("rollouts: cannot re-read %s: %s", ", ".join(sorted(stale)), exc)
-            else:
-                self._follow([row for row in rows if row["id"] in stale])
-        return stale
-
     # ------------------------------------------------------------------ rounds
-
-    def _round(self, r: Rollout) -> dict[str, Any]:
-        if self.process is None:
-            raise RuntimeError("no rollout process loaded")
-        r.rounds += 1
-        inst = self.process.executor.start({"rollout": r.data()}, RolloutScope(self, r))
-        call = inst.advance()
-        while call is not None:
-            if call.operation in ("clock/wait", TIMER_OPERATION):
-                inst.complete({"seconds": 0.0})   # a round never waits: the next round is the wait
-            else:
-                raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
-            call = inst.advance()
-        return {**inst.data, "path": list(inst.path)}
 
     async def run_once(self) -> list[dict[str, Any]]:
         """One round for every running rollout; returns each instance's final data (with ``path``:
@@ -456,106 +251,6 @@ class RolloutManager:
                     log.error("rollout round failed: %s", self.last_error)
             await self._flush(fenced=True)
             return out
-
-    async def resume(self) -> None:
-        """Running rollouts from the database continue (their step's window starts again now);
-        a model's newest completed rollout is re-applied while the fleet file still has the
-        weights it started from."""
-        if self.engine is None:
-            return
-        try:
-            rows = await asyncio.to_thread(running_rollouts, self.engine)
-            latest = {m: await asyncio.to_thread(list_rollouts, self.engine, model=m, limit=1)
-                      for m in self.versions.models()}
-        except StoreError as exc:
-            log.error("rollouts: cannot resume from the database: %s", exc)
-            return
-        mono = self.clock.monotonic()
-        for row in rows:
-            if row["id"] in self.rollouts:    # already followed (the live config's first poll)
-                continue
-            r = self._from_row(row, mono)
-            if r is None:
-                continue
-            self._admit(r)
-            self._apply(r)
-            log.info("rollout %s resumed: %s at %g%%", r.id, r.model, r.percent)
-        for model, last in latest.items():
-            if not last or last[0]["state"] != "completed" or self.running_for(model) is not None:
-                continue
-            r = self._from_row(last[0], mono)
-            if r is not None and all(self.versions.file_weights(model).get(k) == w
-                                     for k, w in r.base_weights.items()):
-                self._apply(r)
-                self.rollouts[r.id] = r
-
-    def _from_row(self, row: Mapping[str, Any], mono: float) -> Rollout | None:
-        mv = self.versions.get(row["model"])
-        if mv is None or mv.get(row["from_version"]) is None or mv.get(row["to_version"]) is None:
-            log.warning("rollout %s: model or versions no longer configured; left as is", row["id"])
-            return None
-        try:
-            criteria = RolloutCriteria.model_validate(row["criteria"])
-        except ValidationError:
-            criteria = self.cfg.criteria
-        return Rollout(id=row["id"], model=row["model"], from_version=row["from_version"],
-                       to_version=row["to_version"], steps=tuple(float(s) for s in row["steps"]), criteria=criteria,
-                       base_weights={k: float(v) for k, v in row["base_weights"].items()},
-                       started_at=row["started_at"], step_started_at=row["step_started_at"] or row["started_at"],
-                       step_started_mono=mono, state=row["state"], step=int(row["step"]),
-                       percent=float(row["percent"]), reason=row["reason"], ended_at=row["ended_at"])
-
-    # ------------------------------------------------------------------ following other replicas
-
-    async def sync(self) -> bool:
-        """Follow the ``rollouts`` table: rollouts started elsewhere, steps and ends decided by the
-        leader, aborts sent to another replica; their weights applied here. True when something
-        changed. Called by the live config's poll when the shared revision moved (engine/live.py);
-        StoreError when the database is away (the poll retries)."""
-        if self.engine is None:
-            return False
-        async with self._lock:
-            known = sorted({r.id for r in self.rollouts.values() if r.running} | self._reread)
-            rows = await asyncio.to_thread(following, self.engine, known)
-            return self._follow(rows)
-
-    def _follow(self, rows: Sequence[Mapping[str, Any]]) -> bool:
-        mono = self.clock.monotonic()
-        changed = False
-        for row in rows:
-            rid = row["id"]
-            self._reread.discard(rid)
-            if rid in self._changed:      # this replica's own change, not written yet: it is ahead
-                continue
-            r = self.rollouts.get(rid)
-            if r is None:
-                if row["state"] != "running" or rid in self._ignored:
-                    continue
-                r = self._from_row(row, mono)
-                if r is None:
-                    self._ignored.add(rid)
-                    continue
-                self._admit(r)
-                self._apply(r)
-                log.info("rollout %s followed: %s %s -> %s at %g%%", r.id, r.model, r.from_version, r.to_version,
-                         r.percent)
-            else:
-                state, step, percent = str(row["state"]), int(row["step"]), float(row["percent"])
-                if (r.state, r.step, r.percent) == (state, step, percent):
-                    continue
-                if step != r.step:
-                    r.step_started_mono = mono      # the new step's window starts now, here
-                r.state, r.step, r.percent = state, step, percent
-                r.reason, r.ended_at = row["reason"], row["ended_at"]
-                r.step_started_at = row["step_started_at"] or r.step_started_at
-                self._apply(r)
-                if not r.running:
-                    self.window.set_slo(r.model, None)
-                log.info("rollout %s followed: %s at %g%%", r.id, r.state, r.percent)
-            self.follows += 1
-            changed = True
-        return changed
-
     # ------------------------------------------------------------------ reloads
 
     def check_config(self, cfg: FleetConfig, *, source: str = "fleet") -> None:
