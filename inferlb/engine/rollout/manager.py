@@ -251,6 +251,7 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
                     log.error("rollout round failed: %s", self.last_error)
             await self._flush(fenced=True)
             return out
+
     # ------------------------------------------------------------------ reloads
 
     def check_config(self, cfg: FleetConfig, *, source: str = "fleet") -> None:
