@@ -3,8 +3,9 @@
 Layout: ``engine`` (:class:`FastCore`: the emulator's continuous-batching engine of
 :mod:`inferlb.simulator.batching`, fast-forwarded over runs of equal steps), ``node`` (one node:
 engine, life cycle, the gateway's view of it), ``admission`` (the hook for admission rules),
-``results`` (per-request columns, the node table), ``sim`` (:class:`Simulation`: the event loop,
-the real routing core, the controller hook), ``prefix`` (:class:`PrefixCaches`: per-node prefix
+``results`` (per-request columns, the node table), ``sim`` (:class:`Simulation`: the event loop;
+over ``fleet``: the controller API and node views, ``lifecycle``: one request's life through the
+real routing core, ``api``: the hook and window types), ``prefix`` (:class:`PrefixCaches`: per-node prefix
 caches behind the ``prefill_cached`` hook, and the prompt text affinity routing hashes).
 
 The entry point for other code::

@@ -1,0 +1,225 @@
+"""The simulation's fleet: the controller API (add, drain, remove a node; read the nodes and the
+window), admission's :class:`~.admission.Pools` view, the gateway's node views routing reads, and
+the node event heap.
+
+Contract: :meth:`SimFleet.add_node` puts a node in now (traffic after ``cold_start_s``; a name
+already in the fleet is a ValueError), :meth:`SimFleet.drain_node` stops routing to it (removed
+once idle), :meth:`SimFleet.remove_node` removes it at once (what runs on it fails). A node state
+change rebuilds its view lazily (before the next routing decision) and recounts the pools' slots.
+The base of :class:`~.sim.Simulation`, which holds the state (declared here) and the event loop;
+:mod:`.lifecycle` settles the requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from inferlb.engine.routing import Router
+from inferlb.engine.routing.types import Decision, NodeList, NodeView
+
+from ..spec import NodeSpec
+from .admission import Admission
+from .api import Controller, NodeInfo, PrefillHook, RequestLike, Window
+from .engine import FastSeq
+from .feedback import Feedback
+from .node import DesNode
+from .prefix import PromptInfo
+from .results import DesResults, NodeRecord
+
+__all__ = ["SimFleet"]
+
+_WAKE, _READY, _UP = 0, 1, 2    # node events on the heap: the engine's next step, cold start over, crash over
+
+
+class SimFleet:
+    """The fleet part of :class:`~.sim.Simulation` (its state is declared here, set by its ``__init__``)."""
+
+    router: Router
+    admission: Admission
+    model: str
+    scrape_s: float
+    timeout_s: float | None
+    controller: Controller | None
+    control_every_s: float
+    prefill_cached: PrefillHook | None
+    prompt_of: Callable[[RequestLike], PromptInfo | None] | None
+    feedback: Feedback | None
+    now: float
+    results: DesResults
+    events: int
+    _next_tick: float
+    _decisions: dict[int, tuple[Decision, RequestLike]]
+    _nodes: dict[str, DesNode]
+    _views: NodeList
+    _pos: dict[str, int]
+    _mpos: dict[str, list[tuple[str, int]]]
+    _dirty: set[DesNode]
+    _slots: dict[str, int]
+    _heap: list[tuple[float, int, int, DesNode]]
+    _seq: int
+    _live: dict[int, tuple[FastSeq, DesNode]]
+    _queued: set[int]
+    _inflight: int
+    _timeouts: deque[tuple[float, int]]
+    _next_scrape: float
+    _next_control: float
+    _window: Window
+    _reqs: dict[int, RequestLike]
+    _loading: bool
+
+    if TYPE_CHECKING:   # defined by SimRequests (lifecycle.py), which settles a lost request
+        def _lost(self, seq: FastSeq, node: DesNode, why: str) -> None: ...
+
+    # ------------------------------------------------------------------ the fleet (controller API)
+
+    def add_node(self, spec: NodeSpec, *, cold_start_s: float = 0.0) -> None:
+        """Add a node now; it takes traffic after ``cold_start_s`` (GPU time counts from now)."""
+        if spec.name in self._nodes:
+            raise ValueError(f"a node named {spec.name!r} is already in the fleet")
+        if cold_start_s < 0:
+            raise ValueError("cold_start_s must be >= 0")
+        node = DesNode(spec, len(self.results.nodes), self.now, self.now + cold_start_s)
+        self.results.nodes.append(NodeRecord(spec.name, spec.preset, spec.gpu.name, self.now, node.ready_at))
+        self._nodes[spec.name] = node
+        views = self._views
+        self._pos[spec.name] = len(views)
+        views.append(node.view)
+        mpos = self._mpos[spec.name] = []
+        for m in sorted(node.models):
+            lst = views.by_model.setdefault(m, [])
+            mpos.append((m, len(lst)))
+            lst.append(node.view)
+        if node.state == "starting":
+            self._push(node.ready_at, _READY, node)
+        else:
+            self._changed(node)
+
+    def drain_node(self, name: str) -> None:
+        """Stop routing to ``name``; it is removed once its requests have ended."""
+        node = self._node(name)
+        if node.state in ("draining", "removed"):
+            return
+        node.state = "draining"
+        self._changed(node)
+        if node.idle():
+            self._remove(node)
+
+    def remove_node(self, name: str) -> None:
+        """Remove ``name`` now: its running and queued requests fail."""
+        node = self._node(name)
+        if node.state == "removed":
+            return
+        for seq in node.core.crash(self.now, 0.0):
+            self._lost(seq, node, "the node was removed")
+        self._remove(node)
+
+    def nodes_info(self) -> list[NodeInfo]:
+        """Every node not yet removed."""
+        return [NodeInfo(n.name, n.spec.preset, n.models, n.state, n.added_at, n.ready_at, n.inflight_requests,
+                         len(n.core.waiting), n.core.busy_s_total)
+                for n in self._nodes.values() if n.state != "removed"]
+
+    def take_window(self) -> Window:
+        """The counts since the previous call (or the start), and start a new window."""
+        w = self._window
+        w.end = self.now
+        self._window = Window(self.now)
+        return w
+
+    def _node(self, name: str) -> DesNode:
+        node = self._nodes.get(name)
+        if node is None:
+            raise ValueError(f"no node named {name!r}")
+        return node
+
+    def _remove(self, node: DesNode) -> None:
+        node.state = "removed"
+        node.removed_at = self.now
+        rec = self.results.nodes[node.index]
+        rec.removed_at = self.now
+        self._record(node)
+        del self._nodes[node.name]
+        self._dirty.discard(node)
+        # Rebuild the lists without it (rare: a scaling decision, not a request).
+        keep = [n for n in self._nodes.values()]
+        self._views = NodeList([], {})
+        self._pos, self._mpos = {}, {}
+        for n in keep:
+            views = self._views
+            self._pos[n.name] = len(views)
+            views.append(n.view)
+            mpos = self._mpos[n.name] = []
+            for m in sorted(n.models):
+                lst = views.by_model.setdefault(m, [])
+                mpos.append((m, len(lst)))
+                lst.append(n.view)
+        self._recount_slots()
+
+    def _record(self, node: DesNode) -> None:
+        rec = self.results.nodes[node.index]
+        rec.requests = node.served
+        rec.busy_s = node.core.busy_s_total
+        rec.preemptions = node.core.preemptions_total
+
+    def _changed(self, node: DesNode) -> None:
+        """A state change (ready, draining, crash): rebuild its view and the pools' slots."""
+        self._dirty.add(node)
+        if not self._loading:
+            self._recount_slots()
+
+    def _recount_slots(self) -> None:
+        slots: dict[str, int] = {}
+        now = self.now
+        for n in self._nodes.values():
+            if n.routable(now):
+                for m in n.models:
+                    slots[m] = slots.get(m, 0) + n.spec.max_concurrency
+        self._slots = slots
+
+    # ------------------------------------------------------------------ Pools (admission's view)
+
+    def slots(self, pool: str) -> int:
+        return self._slots.get(pool, 0)
+
+    def views(self, pool: str) -> list[NodeView]:
+        self._refresh_views()
+        return self._views.by_model.get(pool, [])
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def routing_views(self) -> NodeList:
+        """The views routing reads now (the simulation's own list: read it, do not keep it)."""
+        self._refresh_views()
+        return self._views
+
+    # ------------------------------------------------------------------ the node event heap and views
+
+    def _push(self, at: float, what: int, node: DesNode) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, what, self._seq, node))
+
+    def _schedule(self, node: DesNode) -> None:
+        at = node.core.next_event_at()
+        if at is not None and at != node.wake:
+            node.wake = at
+            self._seq += 1
+            heapq.heappush(self._heap, (at, _WAKE, self._seq, node))
+
+    def _refresh_views(self) -> None:
+        dirty = self._dirty
+        if not dirty:
+            return
+        now = self.now
+        views = self._views
+        by_model = views.by_model
+        for n in dirty:
+            v = n.build_view(now)
+            n.view = v
+            views[self._pos[n.name]] = v
+            for m, j in self._mpos[n.name]:
+                by_model[m][j] = v
+        dirty.clear()

@@ -1,0 +1,218 @@
+"""One request's life in the simulation: arrival and admission, routing and dispatch to a node's
+engine, completion, failure, client timeout, and the feedback it reports.
+
+Contract: every admitted request ends exactly once (``ok``, ``failed``, ``timeout`` or
+``no_node``; ``rejected`` if admission refuses it) in the results and the current window, releases
+its admission slot (which may grant queued requests) and, with a ``feedback``, is reported to it
+with its routing decision and the node's own times. The client sees the node's network delay on
+its TTFT and e2e. The middle of :class:`~.sim.Simulation` (over :class:`~.fleet.SimFleet`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from inferlb.engine.routing import RouteRequest
+from inferlb.engine.routing.prefix import block_hashes, text_key
+
+from .admission import ADMIT, QUEUE
+from .api import RequestLike
+from .engine import RUNNING, FastSeq
+from .feedback import Finished
+from .fleet import _UP, SimFleet
+from .node import DesNode
+from .results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT
+
+__all__ = ["SimRequests"]
+
+
+class SimRequests(SimFleet):
+    """The request part of :class:`~.sim.Simulation`."""
+
+    # ------------------------------------------------------------------ one request
+
+    def _arrive(self, r: RequestLike) -> None:
+        res = self.results
+        i = res.add(r.t, r.prompt_tokens, r.output_tokens, r.stream, r.priority)
+        w = self._window
+        w.arrivals += 1
+        w.prompt_tokens += r.prompt_tokens
+        w.output_tokens += r.output_tokens
+        if self.timeout_s is not None:
+            self._timeouts.append((r.t + self.timeout_s, i))
+        verdict = self.admission.admit(i, r.model or self.model, r.priority, self.now, self)
+        if verdict.kind == ADMIT:
+            self._inflight += 1
+            self._dispatch(i, r)
+        elif verdict.kind == QUEUE:
+            self._queued.add(i)
+            self._reqs[i] = r
+        else:
+            res.finish(i, REJECTED, reason=verdict.reason)
+            w.rejected += 1
+
+    def _dispatch(self, i: int, r: RequestLike) -> None:
+        self._refresh_views()
+        now = self.now
+        res = self.results
+        res.queue[i] = now - r.t
+        prompt, output = r.prompt_tokens, r.output_tokens
+        prefix: tuple[int, ...] = ()
+        session: int | None = None
+        blocks = self.router.prefix_blocks
+        if blocks and self.prompt_of is not None:
+            info = self.prompt_of(r)
+            if info is not None:
+                if info.text:
+                    prefix = block_hashes(info.text, blocks)
+                if info.session:
+                    session = text_key(info.session)
+        d = self.router.decide(RouteRequest(r.model or self.model, prompt, output, r.priority, stream=r.stream,
+                                            prefix=prefix, session=session), self._views)
+        name = d.pick
+        if self.feedback is not None:
+            self._decisions[i] = (d, r)
+        if name is None:
+            self._end(i, NO_NODE, reason="no node may serve it")
+            return
+        node = self._nodes[name]
+        core = node.core
+        if not core.fits_ever(prompt + output - 1):
+            self._end(i, FAILED, node=node.index, reason="context over the node's KV cache")
+            return
+        self._advance(node, now)
+        cached = self.prefill_cached(i, r, node) if self.prefill_cached is not None else 0
+        seq = core.submit(prompt, output, now, cached=cached, tag=i)
+        self._live[i] = (seq, node)
+        node.inflight_requests += 1
+        node.inflight_tokens += prompt + output
+        node.served += 1
+        self._dirty.add(node)
+        self._schedule(node)
+
+    def _wake(self, node: DesNode, at: float) -> None:
+        node.wake = None
+        self._advance(node, at)
+        self._schedule(node)
+        if node.state == "draining" and node.idle():
+            self._remove(node)
+
+    def _advance(self, node: DesNode, at: float) -> None:
+        """Run ``node``'s engine to ``at`` and settle what ended."""
+        report = node.core.advance(at)
+        for seq in report.finished:
+            self._complete(seq, node)
+        for seq in report.failed:
+            self._lost(seq, node, "the node crashed (KV cache full)" if report.crashed_at is not None
+                       else "context over the node's KV cache")
+        if report.crashed_at is not None:
+            self._changed(node)
+            self._push(node.core.down_until, _UP, node)
+
+    def _complete(self, seq: FastSeq, node: DesNode) -> None:
+        i = seq.tag
+        if self._live.pop(i, None) is None:
+            return
+        res = self.results
+        arrived = res.t[i]
+        delay = node.spec.network_delay_s    # the round trip: the client sees every time that much later
+        first = None if seq.first_token_at is None else seq.first_token_at + delay
+        end = (seq.finished_at if seq.finished_at is not None else self.now) + delay
+        ttft = (first - arrived) if first is not None else math.nan
+        e2e = end - arrived
+        res.finish(i, OK, node=node.index, ttft=ttft, e2e=e2e, tokens=seq.output)
+        w = self._window
+        w.completed += 1
+        w.e2e_sum_s += e2e
+        if first is not None:
+            w.ttft_sum_s += ttft
+        start = arrived + res.queue[i]
+        node.learn(stream=bool(res.stream[i]), tokens=seq.output,
+                   ttft_s=None if first is None else first - start, e2e_s=end - start)
+        self._leave(i, node, seq, True)
+        if self.feedback is not None:
+            self._feed(i, node.name, OK, seq.output, None if first is None else first - start, end - start)
+
+    def _lost(self, seq: FastSeq, node: DesNode, why: str) -> None:
+        i = seq.tag
+        if self._live.pop(i, None) is None:
+            return
+        self.results.finish(i, FAILED, node=node.index, reason=why)
+        self._window.failed += 1
+        self._leave(i, node, seq, False)
+        if self.feedback is not None:
+            self._feed(i, node.name, FAILED, 0, None, None)
+
+    def _leave(self, i: int, node: DesNode, seq: FastSeq, ok: bool) -> None:
+        node.inflight_requests -= 1
+        node.inflight_tokens -= seq.prompt + seq.output
+        self._dirty.add(node)
+        self._inflight -= 1
+        for j in self.admission.release(i, self.now, ok, self):
+            self._grant(j)
+
+    def _end(self, i: int, outcome: int, *, node: int = -1, reason: str) -> None:
+        """An admitted request that never reached a node engine."""
+        self.results.finish(i, outcome, node=node, reason=reason)
+        self._window.failed += 1
+        if self.feedback is not None:
+            self._feed(i, self.results.nodes[node].name if node >= 0 else None, outcome, 0, None, None)
+        self._inflight -= 1
+        for j in self.admission.release(i, self.now, False, self):
+            self._grant(j)
+
+    def _feed(self, i: int, node: str | None, outcome: int, tokens: int, ttft: float | None,
+              e2e: float | None) -> None:
+        got = self._decisions.pop(i, None)
+        if got is None or self.feedback is None:
+            return
+        d, r = got
+        self.feedback.on_finish(Finished(i, r, r.model or self.model, d, node, OUTCOMES[outcome], bool(r.stream),
+                                         tokens, ttft, e2e, self.results.queue[i], self.now))
+
+    def _grant(self, i: int) -> None:
+        r = self._reqs.pop(i, None)
+        if r is None or i not in self._queued:
+            return
+        self._queued.discard(i)
+        self._inflight += 1
+        self._dispatch(i, r)
+
+    def _reject(self, i: int, why: str) -> None:
+        if i not in self._queued:
+            return
+        self._queued.discard(i)
+        self._reqs.pop(i, None)
+        self.results.finish(i, REJECTED, reason=why)
+        self.results.queue[i] = self.now - self.results.t[i]
+        self._window.rejected += 1
+
+    def _timeout(self, i: int) -> None:
+        res = self.results
+        if res.outcome[i] != -1:
+            return
+        live = self._live.pop(i, None)
+        if live is not None:
+            seq, node = live
+            self._live[i] = live
+            self._advance(node, self.now)
+            if self._live.pop(i, None) is None:
+                return    # it ended at this very instant
+            if seq.state <= RUNNING:
+                node.core.abort(seq, self.now)
+            res.finish(i, TIMEOUT, node=node.index, reason="the client gave up (timeout_s)")
+            self._window.failed += 1
+            self._leave(i, node, seq, False)
+            if self.feedback is not None:
+                self._feed(i, node.name, TIMEOUT, 0, None, None)
+            self._schedule(node)
+            if node.state == "draining" and node.idle():
+                self._remove(node)
+        elif i in self._queued:
+            self._queued.discard(i)
+            self._reqs.pop(i, None)
+            res.finish(i, TIMEOUT, reason="the client gave up in the gateway queue (timeout_s)")
+            res.queue[i] = self.now - res.t[i]
+            self._window.failed += 1
+            for j in self.admission.release(i, self.now, False, self):
+                self._grant(j)
