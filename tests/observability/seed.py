@@ -42,17 +42,28 @@ AUTOSCALE: dict[str, Any] = {
 }
 
 
-def fleet(urls: dict[str, str] | None = None, *, autoscale: bool = False) -> FleetConfig:
+# With versions: llama-3-8b has two versions (all its traffic on v2 until a rollout moves it) and
+# rollouts run on a clock the test drives (one round an hour by the gateway's own timer: never in a test).
+VERSIONS: dict[str, Any] = {"llama-3-8b": [{"name": "v2", "weight": 100, "nodes": ["gpu-a", "gpu-b"]},
+                                           {"name": "v3", "weight": 0, "nodes": ["gpu-c"]}]}
+ROLLOUTS: dict[str, Any] = {"interval_s": 3600, "steps": [10, 50, 100],
+                            "criteria": {"min_requests": 20, "min_step_s": 0, "max_step_s": 3600}}
+
+
+def fleet(urls: dict[str, str] | None = None, *, autoscale: bool = False, versions: bool = False) -> FleetConfig:
     """The fleet the seeded history ran on (node URLs are not contacted by report tests); with
-    ``autoscale``, the :data:`AUTOSCALE` section too."""
+    ``autoscale``, the :data:`AUTOSCALE` section too; with ``versions``, :data:`VERSIONS` and
+    :data:`ROLLOUTS`."""
     return fleet_from_mapping({
-        "models": [{"name": m, "version": v} for m, v in MODELS.items()],
+        "models": [{"name": m, "version": v, **({"versions": VERSIONS[m]} if versions and m in VERSIONS else {})}
+                   for m, v in MODELS.items()],
         "nodes": [{"name": n, "url": (urls or {}).get(n, "http://127.0.0.1:9"), "models": list(MODELS),
                    "price_per_hour": price, "labels": {"gpu": gpu}} for n, (gpu, price, _) in NODES.items()],
         "slos": [{"model": "llama-3-8b", "e2e_max_s": 5.0, "ttft_max_s": 0.6, "e2e_p95_s": 5.0},
                  {"model": "*", "e2e_max_s": 8.0}],
         "observability": {"metrics": {"tenants": list(TENANTS)}},
         **({"autoscale": AUTOSCALE} if autoscale else {}),
+        **({"rollouts": ROLLOUTS} if versions else {}),
     }, source="seed")
 
 

@@ -6,7 +6,10 @@ The gateway serves a seeded audit history, over which its autoscaler (dry-run) h
 rounds (the app's clock injected); the page must load with no console error, no failed request and
 no request to another origin, and every chart must draw data (points reported by the page, inked
 canvas pixels), the autoscaling panel's too (forecast / actual / capacity and replicas per model,
-the last scaling events). With autoscaling off the panel says so. The screenshot goes to
+the last scaling events), and the versions and rollouts panel's (the weights bar of the versioned
+model at a running rollout's first step, the rollouts table: the running one, then one aborted, each
+with its last decision; both started through ``POST /admin/rollouts``). With autoscaling off and no
+versions, both panels say so. The screenshot goes to
 ``test-artifacts/dashboard-<backend>.png``; with ``INFERLB_UPDATE_DOCS_SCREENSHOT=1`` it also
 replaces ``docs/dashboard.png`` (the README's).
 
@@ -26,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+import httpx
 import pytest
 from sqlalchemy import text
 
@@ -83,6 +87,23 @@ async def _drive(node: str, url: str, shot: Path, admin_key: str | None = None) 
     return result
 
 
+async def _rollouts(base: str, app: Any, clock: ManualClock) -> None:
+    """Through the admin API: a rollout of llama-3-8b aborted, then one running that has played one
+    round of rollout.bpmn (too few requests: it holds at 10 %)."""
+    spec = {"model": "llama-3-8b", "from_version": "v2", "to_version": "v3"}
+    async with httpx.AsyncClient(base_url=base) as http:
+        first = await http.post("/admin/rollouts", json=spec)
+        assert first.status_code == 201, first.text
+        clock.advance(60)
+        aborted = await http.post(f"/admin/rollouts/{first.json()['id']}/abort")
+        assert aborted.status_code == 200, aborted.text
+        clock.advance(60)
+        second = await http.post("/admin/rollouts", json=spec)
+        assert second.status_code == 201, second.text
+    clock.advance(60)
+    await app.state.rollouts.run_once()
+
+
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -91,16 +112,18 @@ async def test_dashboard_renders_seeded_history_in_chromium(node: str, db_url: s
     engine = make_engine(db_url)
     try:
         with engine.begin() as conn:   # the PostgreSQL schema is shared by the session
-            conn.execute(text("DELETE FROM scaling_events"))
+            for table in ("scaling_events", "rollout_events", "rollouts"):
+                conn.execute(text(f"DELETE FROM {table}"))
         seed.seed(engine)
         seed.settle_partitions(engine)
     finally:
         engine.dispose()
     backend = "sqlite" if db_url.startswith("sqlite") else "postgresql"
-    settings = settings_for(tmp_path, seed.fleet(autoscale=True), database_url=db_url)
+    settings = settings_for(tmp_path, seed.fleet(autoscale=True, versions=True), database_url=db_url)
     clock = ManualClock(wall=seed.AUTOSCALE_FROM)
     async with running_gateway(settings, clock=clock) as (base, app):
         await seed.autoscale_rounds(app.state.autoscaler, clock)
+        await _rollouts(base, app, clock)
         url = f"{base}/dashboard?since={_iso(seed.START)}&until={_iso(seed.END)}&bucket=5m&refresh=0"
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / f"dashboard-{backend}.png"
@@ -128,6 +151,20 @@ async def test_dashboard_renders_seeded_history_in_chromium(node: str, db_url: s
     assert len(rows) == 11 and rows[0].startswith("2026-01-01 02:00:00 qwen-14b a100 4 → 3"), rows
     assert all(("dry_run" in r or "held" in r) and "seasonal-naive" in r for r in rows), rows
     assert result["autoscaleOff"] is None
+    # the versions panel: llama-3-8b's bar at the running rollout's first step, the rollouts table
+    assert result["versions"] == {"enabled": True, "models": 1, "rollouts": 2}, result["rolloutRows"]
+    assert result["versionsOff"] is None
+    (bar,) = result["versionBars"]
+    assert bar["model"] == "llama-3-8b (overridden)" and "v2: weight 90" in bar["title"], bar
+    assert [s["text"] for s in bar["segments"]] == ["v2 90.0%", "v3 10.0%"], bar
+    v2, v3 = bar["segments"]
+    assert v2["color"] != v3["color"] and bar["width"] > 300
+    assert v2["width"] == pytest.approx(0.9 * bar["width"], abs=2)
+    assert v3["width"] == pytest.approx(0.1 * bar["width"], abs=2)
+    running, aborted = result["rolloutRows"]
+    assert " llama-3-8b v2 → v3 running 10% (1/3) hold 2026-01-01 02:02:00 – " in running, running
+    assert " llama-3-8b v2 → v3 aborted 0% (1/3) abort 2026-01-01 02:00:00 2026-01-01 02:01:00 aborted by an operator" \
+        in aborted, aborted
     assert shot.stat().st_size > 20_000
     if os.environ.get("INFERLB_UPDATE_DOCS_SCREENSHOT") == "1" and backend == "sqlite":
         shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
@@ -165,3 +202,7 @@ async def test_dashboard_signs_in_with_the_admin_key_when_auth_is_on(node: str, 
     assert result["autoscale"] == {"enabled": False, "models": 0, "events": 0}
     assert result["autoscaleOff"] and result["autoscaleOff"].startswith("autoscaling is off"), result["autoscaleOff"]
     assert not any(k.startswith(("chart-autoscale", "chart-replicas")) for k in result["charts"])
+    # no model has versions: the versions panel says so, with no bar and no table
+    assert result["versions"] == {"enabled": False, "models": 0, "rollouts": 0}
+    assert result["versionsOff"] and result["versionsOff"].startswith("no model has versions"), result["versionsOff"]
+    assert result["versionBars"] == [] and result["rolloutRows"] == []

@@ -10,11 +10,16 @@ the observability hub, ``ObservabilityDep``; empty when there is none) and
 ``GET /dashboard/autoscale`` (the autoscaling panel: forecast vs actual vs capacity and replicas
 per model from the runner, the last ``events`` scaling decisions from ``scaling_events``, default
 20, at most 200; ``{"enabled": false, "reason": ...}`` when no autoscaler runs;
-:func:`inferlb.engine.autoscale.panel.autoscale_panel` says the shape).
+:func:`inferlb.engine.autoscale.panel.autoscale_panel` says the shape) and ``GET /dashboard/versions``
+(the versions and rollouts panel: each versioned model's weights in force, the running rollouts
+then the last ``limit`` ended ones, default 10, at most 100, each with its last decision;
+``enabled`` false with a ``reason`` when no model has versions;
+:func:`inferlb.engine.rollout.panel.versions_panel` says the shape; when the database cannot be read
+the panel shows what this gateway knows).
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
 needs the admin key while auth is on (``/reports/*``, ``/dashboard/node-states``,
-``/dashboard/autoscale``). On a 401/403
+``/dashboard/autoscale``, ``/dashboard/versions``). On a 401/403
 the page asks for the key once, keeps it in the tab's ``sessionStorage`` (never a cookie, so other
 sites cannot make the browser send it) and sends it as ``Authorization: Bearer`` on its fetches.
 """
@@ -30,12 +35,14 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from ..autoscale.panel import AUTOSCALE_OFF, autoscale_panel
-from ..errors import ClientError, InvalidRequest
+from ..errors import ClientError, InvalidRequest, StoreError
+from ..rollout.panel import versions_panel
+from ..store.rollouts import ended_rollouts, last_rollout_events, running_rollouts
 from ..store.scaling import recent_scaling_events
 from .auth import require_admin_when_auth
-from .deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep
+from .deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
 
-__all__ = ["ASSETS", "CSP", "MAX_EVENTS", "router"]
+__all__ = ["ASSETS", "CSP", "MAX_EVENTS", "MAX_ROLLOUTS", "router"]
 
 router = APIRouter()
 
@@ -48,6 +55,7 @@ ASSETS: dict[str, tuple[str, str]] = {
     "uPlot.LICENSE": ("static/vendor/uPlot.LICENSE", "text/plain; charset=utf-8"),
 }
 MAX_EVENTS = 200
+MAX_ROLLOUTS = 100
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
 
@@ -90,23 +98,47 @@ async def node_states(obs: ObservabilityDep) -> dict[str, Any]:
     return snap
 
 
-def _events_limit(value: str | None) -> int:
+def _bounded(name: str, value: str | None, *, default: int, maximum: int) -> int:
     if value is None:
-        return 20
+        return default
     try:
         n = int(value)
     except ValueError:
         n = 0
-    if not 1 <= n <= MAX_EVENTS:
-        raise InvalidRequest(f"'events' must be an integer from 1 to {MAX_EVENTS}", param="events")
+    if not 1 <= n <= maximum:
+        raise InvalidRequest(f"'{name}' must be an integer from 1 to {maximum}", param=name)
     return n
 
 
 @router.get("/dashboard/autoscale", dependencies=[Depends(require_admin_when_auth)])
 async def autoscale(runner: AutoscalerDep, store: OptionalStoreDep, events: str | None = None) -> dict[str, Any]:
     """The autoscaling panel's series and last scaling events (or that autoscaling is off)."""
-    limit = _events_limit(events)
+    limit = _bounded("events", events, default=20, maximum=MAX_EVENTS)
     if runner is None:
         return dict(AUTOSCALE_OFF)
     rows = [] if store is None else await asyncio.to_thread(recent_scaling_events, store.engine, limit=limit)
     return autoscale_panel(runner.status(), list(runner.points), rows)
+
+
+def _stored_rollouts(engine: Any, limit: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    rows = running_rollouts(engine) + ended_rollouts(engine, limit=limit)
+    return rows, last_rollout_events(engine, [str(r["id"]) for r in rows])
+
+
+@router.get("/dashboard/versions", dependencies=[Depends(require_admin_when_auth)])
+async def versions(manager: RolloutsDep, store: OptionalStoreDep, limit: str | None = None) -> dict[str, Any]:
+    """Each versioned model's weights in force, and the running then recently ended rollouts."""
+    n = _bounded("limit", limit, default=10, maximum=MAX_ROLLOUTS)
+    live = manager.describe()
+    stored: list[dict[str, Any]] = []
+    last: dict[str, dict[str, Any]] = {}
+    if store is not None:
+        try:
+            stored, last = await asyncio.to_thread(_stored_rollouts, store.engine, n)
+        except StoreError:
+            stored, last = [], {}   # the database is away: what this gateway knows still shows
+    for r in live:
+        pending = manager.pending_event(r["id"])   # decided, not yet written: newer than the table's
+        if pending is not None:
+            last[r["id"]] = pending
+    return versions_panel(manager.versions.describe(), live, stored, last, limit=n)

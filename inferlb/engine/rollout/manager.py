@@ -118,6 +118,11 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
     def get(self, rollout_id: str) -> Rollout | None:
         return self.rollouts.get(rollout_id)
 
+    def pending_event(self, rollout_id: str) -> dict[str, Any] | None:
+        """The rollout's latest event not yet written to the database (None: all written)."""
+        evs = self._events.get(rollout_id)
+        return dict(evs[-1]) if evs else None
+
     def status(self) -> dict[str, Any]:
         return {"interval_s": self.interval_s, "process": self.process.path.name if self.process else None,
                 "leader": self.leader(), "follows": self.follows, "rounds": self.rounds,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Table, or_, select, update
+from sqlalchemy import Table, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -32,8 +32,9 @@ from .db import describe_db_error
 from .models import RolloutEventRow, RolloutRow, from_us, to_us
 from .overrides import bump_revision
 
-__all__ = ["ROLLOUTS", "ROLLOUT_EVENTS", "RolloutConflict", "following", "get_rollout", "insert_rollout",
-           "list_rollouts", "rollout_events", "running_rollouts", "save_progress"]
+__all__ = ["ROLLOUTS", "ROLLOUT_EVENTS", "RolloutConflict", "ended_rollouts", "following", "get_rollout",
+           "insert_rollout", "last_rollout_events", "list_rollouts", "rollout_events", "running_rollouts",
+           "save_progress"]
 
 _T = TypeVar("_T")
 ROLLOUTS: Table = cast(Table, RolloutRow.__table__)
@@ -167,5 +168,31 @@ def rollout_events(engine: Engine, rollout_id: str, *, limit: int = 200) -> list
         rows.reverse()
         return [{"at": from_us(r["at_us"]), "action": r["action"], "from_percent": r["from_percent"],
                  "to_percent": r["to_percent"], "reason": r["reason"], "evidence": r["evidence"]} for r in rows]
+
+    return _run(engine, fetch)
+
+
+def ended_rollouts(engine: Engine, *, limit: int = 10) -> list[dict[str, Any]]:
+    """The last ``limit`` rollouts that ended (any state but running), the latest ended first."""
+    def fetch(conn: Connection) -> list[dict[str, Any]]:
+        q = (select(ROLLOUTS).where(ROLLOUTS.c.state != "running")
+             .order_by(ROLLOUTS.c.ended_at_us.desc(), ROLLOUTS.c.id.desc()).limit(limit))
+        return [_rollout(r) for r in conn.execute(q)]
+
+    return _run(engine, fetch)
+
+
+def last_rollout_events(engine: Engine, rollout_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each rollout's latest event (the one written last), by rollout id; rollouts without events
+    are absent. One query, whatever the number of events."""
+    if not rollout_ids:
+        return {}
+
+    def fetch(conn: Connection) -> dict[str, dict[str, Any]]:
+        t = ROLLOUT_EVENTS.c
+        last = select(func.max(t.id)).where(t.rollout_id.in_(list(rollout_ids))).group_by(t.rollout_id)
+        rows = conn.execute(select(ROLLOUT_EVENTS).where(t.id.in_(last.scalar_subquery())))
+        return {r.rollout_id: {"at": from_us(r.at_us), "action": r.action, "from_percent": r.from_percent,
+                               "to_percent": r.to_percent, "reason": r.reason} for r in rows}
 
     return _run(engine, fetch)

@@ -2,7 +2,9 @@
 // the page says it has drawn everything, takes a full-page screenshot and prints one JSON line:
 // the HTTP status, console errors / page errors / failed requests, requests to other origins,
 // and what each chart drew (series, points, inked pixels of each canvas), and what the autoscaling
-// panel showed (its charts are .chart elements too; its events table rows; or its "off" text).
+// panel showed (its charts are .chart elements too; its events table rows; or its "off" text), and
+// what the versions and rollouts panel showed (each model's weights bar, its rollouts table rows;
+// or its "no versions" text).
 // With ADMIN_KEY given, a page that asks for the key (auth on) is signed in through its form and
 // the key it then sends is reported (askedForKey, keyStored).
 // usage: node dashboard.mjs URL SCREENSHOT.png [timeout_ms] [ADMIN_KEY]
@@ -40,7 +42,8 @@ try {
   if (adminKey && askedForKey) {
     page.on("request", (r) => {
       const u = r.url();
-      if (u.includes("/reports/") || u.includes("/dashboard/node-states") || u.includes("/dashboard/autoscale")) {
+      if (u.includes("/reports/") || u.includes("/dashboard/node-states") || u.includes("/dashboard/autoscale") ||
+          u.includes("/dashboard/versions")) {
         bearer.push(r.headers().authorization || "");
       }
     });
@@ -52,6 +55,7 @@ try {
   // The autoscaling panel draws after the data calls: its charts, or the sentence saying it is off.
   if (!(await page.evaluate(() => window.inferlbDashboard.needsKey))) {
     await page.waitForSelector("#autoscale canvas, #autoscale-off", { timeout });
+    await page.waitForSelector("#versions .vr-row, #versions-off", { timeout });
   }
   const keyStored = await page.evaluate(() => sessionStorage.getItem("inferlb.adminKey") !== null);
   const drawn = await page.evaluate(() => {
@@ -74,6 +78,16 @@ try {
       autoscaleOff: document.getElementById("autoscale-off")?.innerText ?? null,
       autoscaleStatus: document.getElementById("autoscale-status")?.innerText ?? null,
       scalingRows: [...document.querySelectorAll("#table-scaling tbody tr")].map((tr) => tr.innerText.replace(/\s+/g, " ")),
+      versions: window.inferlbDashboard.versions || null,
+      versionsOff: document.getElementById("versions-off")?.innerText ?? null,
+      versionBars: [...document.querySelectorAll("#versions .vr-row")].map((row) => ({
+        model: row.querySelector(".name").innerText,
+        width: row.querySelector(".vr-bar").getBoundingClientRect().width,
+        title: row.querySelector(".vr-bar").title,
+        segments: [...row.querySelectorAll(".vr-seg")].map((s) => ({
+          text: s.innerText, width: s.getBoundingClientRect().width, color: getComputedStyle(s).backgroundColor })),
+      })),
+      rolloutRows: [...document.querySelectorAll("#table-rollouts tbody tr")].map((tr) => tr.innerText.replace(/\s+/g, " ")),
     };
   });
   await page.screenshot({ path: shot, fullPage: true });

@@ -3,7 +3,8 @@
 // or ISO-8601); bucket (30s, 5m, 1h, ...; chosen from the window when absent); refresh (seconds,
 // 0 = off; default 60). When everything is drawn, window.inferlbDashboard.ready is true and
 // .charts says how many series and points each chart got (the browser test reads it), and
-// .autoscale what the autoscaling panel showed (enabled, models, events).
+// .autoscale what the autoscaling panel showed (enabled, models, events), .versions what the
+// versions and rollouts panel showed (enabled, models, rollouts).
 // With authentication on, the data routes want the admin key: on a 401/403 the page shows its
 // sign-in form (.needsKey is true), keeps the key in this tab's sessionStorage and sends it as
 // "Authorization: Bearer" on every fetch.
@@ -210,6 +211,69 @@
       "no scaling event recorded yet");
   }
 
+  // The versions and rollouts panel (GET /dashboard/versions): per versioned model, one bar of its
+  // versions' traffic shares in force; then the rollouts, running first, then the last ended ones,
+  // with their step and last decision. No model with versions: says so.
+  const utc = (t) => (t == null ? "–" : new Date(t * 1000).toISOString().slice(0, 19).replace("T", " "));
+
+  function versionsPanel(data) {
+    const el = $("versions");
+    el.textContent = "";
+    const models = data.models || [];
+    const rollouts = data.rollouts || [];
+    dash.versions = { enabled: Boolean(data.enabled), models: models.length, rollouts: rollouts.length };
+    if (!data.enabled) {
+      const off = document.createElement("div");
+      off.className = "empty";
+      off.id = "versions-off";
+      off.textContent = data.reason || "no model has versions";
+      el.appendChild(off);
+    }
+    models.forEach((m, i) => {
+      const row = document.createElement("div");
+      row.className = "vr-row";
+      row.id = `versions-${i}`;
+      const name = document.createElement("span");
+      name.className = "name";
+      name.textContent = m.model;
+      if (m.overridden) {
+        const tag = document.createElement("span");
+        tag.textContent = " (overridden)";
+        name.appendChild(tag);
+      }
+      const bar = document.createElement("div");
+      bar.className = "vr-bar";
+      m.versions.forEach((v, j) => {
+        if (!(v.share > 0)) return;   // a version with no traffic takes no room; its name is in the title
+        const seg = document.createElement("div");
+        seg.className = "vr-seg";
+        seg.style.width = `${v.share * 100}%`;
+        seg.style.background = PALETTE[j % PALETTE.length];
+        seg.textContent = `${v.name} ${fmt.pct(v.share)}`;
+        bar.appendChild(seg);
+      });
+      bar.title = m.versions.map((v) => `${v.name}: weight ${v.weight} (${fmt.pct(v.share)})`).join(", ");
+      row.append(name, bar);
+      el.appendChild(row);
+    });
+    if (!data.enabled && !rollouts.length) return;
+    const box = document.createElement("div");
+    box.className = "vr-rollouts";
+    box.id = "table-rollouts";
+    el.appendChild(box);
+    table("table-rollouts", ["rollout", "model", "from → to", "state", "step", "last decision", "started (UTC)",
+      "ended (UTC)", "reason"],
+      rollouts.map((r) => {
+        const d = r.last_decision;
+        const steps = r.steps || [];
+        return [r.id, r.model, `${r.from_version} → ${r.to_version}`, r.state,
+          `${r.percent}%` + (steps.length ? ` (${Math.min(r.step + 1, steps.length)}/${steps.length})` : ""),
+          d ? d.action : "–", utc(r.started_at), utc(r.ended_at),
+          (d && d.reason) || r.reason || "–"];
+      }),
+      "no rollout yet");
+  }
+
   function states(hist) {
     const el = $("chart-states");
     el.textContent = "";
@@ -264,7 +328,7 @@
     const b = { ...w, bucket: `${r.bucket}s` };
     // One call first: without a key (auth on) only it is refused, not nine (failures are rate-limited).
     const hist = await getJSON("/dashboard/node-states");
-    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, scaling] = await Promise.all([
+    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, scaling, versions] = await Promise.all([
       getJSON("/reports/sla", { ...b, group_by: "none" }),
       getJSON("/reports/sla", { ...b, group_by: "model" }),
       getJSON("/reports/sla", { ...b, group_by: "node" }),
@@ -274,6 +338,7 @@
       getJSON("/reports/sla", { ...w, group_by: "model" }),
       getJSON("/reports/cost", { ...w, group_by: "tenant" }),
       getJSON("/dashboard/autoscale", { events: 20 }),
+      getJSON("/dashboard/versions", { limit: 10 }),
     ]);
     while (plots.length) plots.pop().destroy();
     const xs = axis(r);
@@ -297,6 +362,7 @@
     chart("chart-cost-model", xs, costSeries(costModel.data, "model"), fmt.money);
     states(hist);
     autoscalePanel(scaling);
+    versionsPanel(versions);
     const total = slaTotal.data[0] || {};
     const sum = costTotal.summary || {};
     tiles([
