@@ -6,8 +6,8 @@ Checked, in one run (one start-up of the three replicas keeps the test short):
 1. global admission: 36 concurrent requests spread over the replicas never put more than the
    pool's limit (4) in flight at its node (measured at the node: ``max_live``); a key's
    ``max_parallel`` (2) holds in total, and its RPM (6) too;
-2. shared health: a node ejected by one replica is ejected on the two others within 1 s
-   (polled with a bounded deadline: the cross-process bound);
+2. shared health: a node ejected by one replica is ejected on the two others, through Redis
+   (polled with a hang guard, not a latency bound);
 3. the elected replica (database lease) is SIGKILLed while holding pool slots: its slots come
    back after the lease (another replica is granted the whole pool again, and four concurrent
    requests then run at once), and another replica takes the leadership with the next token;
@@ -223,9 +223,10 @@ async def _check_shared_ejection(reps: list[Replica], sim: SimFleet, keys: dict[
             break
     else:
         pytest.fail("replica r0 never ejected e1")
-    took = await _until("e1 ejected on r1 and r2",
-                        lambda: _all([ejected_on(r) for r in reps[1:]]), deadline_s=1.0)
-    assert took <= 1.0
+    # Pushed through Redis (evidence below names r0): a hang guard here, not a latency bound, which
+    # a loaded 2-core machine could break on scheduling alone; e1's health interval (5 s) and
+    # ejection (30 s) are far longer, so the others cannot have found e1 failing by themselves.
+    await _until("e1 ejected on r1 and r2", lambda: _all([ejected_on(r) for r in reps[1:]]), deadline_s=10.0)
     nodes = {n["name"]: n for n in (await reps[2].cluster())["nodes"]}
     assert nodes["e1"]["evidence"]["shared_from"] == "r0" and nodes["e1"]["ejections"] == 1
     await sim.nodes["e1"].set_faults(FaultSpec())
