@@ -11,11 +11,13 @@ HTTP hops per request (milliseconds each, tens of milliseconds on a loaded 2-cor
 event-loop lateness of the node's step loop (a late step runs late, the rest of its schedule
 with it). Routing reads in-flight counts at slightly different instants in the two runs, so a few
 requests land on the other node, which moves their latency by the node's speed ratio. So the test
-compares distributions, not requests: mean and median e2e within 25 % + 0.1 s of the real-time
-figure (a request here takes 0.3–1.5 s); mean and median TTFT within 50 % + 0.1 s (TTFT is tens
-of milliseconds, where the gateway's overhead is the largest share); the fast node's share of
-requests within 0.2. Nothing asserts on wall-clock time: the real-time run is bounded by the
-plan (~8 s of arrivals) and the workload's timeout.
+compares distributions, not requests: mean and median e2e no more than 25 % + 0.1 s above the
+real-time figure (a request here takes 0.3–1.5 s); mean and median TTFT no more than 50 % + 0.1 s
+above (TTFT is tens of milliseconds, where the gateway's overhead is the largest share); the fast
+node's share of requests within 0.2. The latency checks are one-sided because a loaded machine
+only ever makes the real-time side slower; the other side, the node model's own timing, is held
+exactly by tests/simulator/des/test_engine.py. The real-time run is bounded by the plan (~8 s of
+arrivals) and the workload's timeout.
 """
 
 from __future__ import annotations
@@ -47,10 +49,6 @@ def _specs() -> list[NodeSpec]:
     return [node("fast", 0.02), node("slow", 0.05)]
 
 
-def _close(des: float, rt: float, rel: float, abs_: float) -> bool:
-    return abs(des - rt) <= rel * rt + abs_
-
-
 async def test_des_agrees_with_the_real_time_simulator(tmp_path: Path) -> None:
     reqs = plan(WORKLOAD, seed=2)
     assert 30 <= len(reqs) <= 80
@@ -69,6 +67,11 @@ async def test_des_agrees_with_the_real_time_simulator(tmp_path: Path) -> None:
     report = {k: (rt[k], des[k]) for k in ("e2e_s", "ttft_s", "share")}
     for key, rel in (("e2e_s", 0.25), ("ttft_s", 0.5)):
         for stat in ("mean", "p50"):
-            assert _close(des[key][stat], rt[key][stat], rel, 0.1), (key, stat, report)
+            # One-sided: real time adds the gateway, two HTTP hops and step-loop lateness, which a
+            # loaded machine stretches without bound, so only "the DES is not slower" is load-safe;
+            # the lower side (the node model itself) is held exactly in virtual time by
+            # tests/simulator/des/test_engine.py, side by side with the emulator's engine.
+            assert des[key][stat] <= rt[key][stat] * (1 + rel) + 0.1, (key, stat, report)
+            assert des[key][stat] > 0, (key, stat, report)
     assert des["share"]["fast"] == pytest.approx(rt["share"]["fast"], abs=0.2), report
     assert des["share"]["fast"] > 0.5   # both send the fast node most of the work
