@@ -11,7 +11,7 @@
 
 ``--policy`` may be repeated or comma-separated (``all``: the four); the policies share one plan
 and one capacity calibration. Prints one line of figures per policy and, with ``predictive`` and
-the policy it is compared with, issue 11's goals and whether each is met (``--json``: the whole
+the policy it is compared with, the backtest goals (docs/benchmarks.md) and whether each is met (``--json``: the whole
 result as JSON, without the per-round series, which the plots show). How the run works and what
 each figure means: inferlb/bench/autoscale_backtest.py. Exit 0 when it ran (goals missed
 included), 2 on bad input.

@@ -1,4 +1,5 @@
-"""The goals of learned routing, measured in the discrete-event simulator (issue 12, parts 3 and 8).
+"""The goals of learned routing, measured in the discrete-event simulator
+(docs/benchmarks.md, "Learned routing: the goals in the discrete-event simulator").
 
 ``python -m inferlb.bench.learned_goals [--nodes 12] [--load 0.85] [--requests 10000]
 [--seeds 1,2,3] [--profiles learned,token-aware,...] [--no-ope] [--json] [--max-seconds 60]``

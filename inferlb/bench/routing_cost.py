@@ -3,7 +3,8 @@
 ``python -m inferlb.bench.routing_cost [--sizes 10,100,1000] [--profiles token-aware] [--iters 20000]
 [--rounds 3] [--baseline-tree DIR] [--gc on|off]``
 
-The workload is the peer bench's (/work/shared/peer-bench/routing_bench.py): every node serves
+The workload is the peer bench's routing_bench.py (docs/benchmarks.md, "Routing decision cost at
+fleet scale"): every node serves
 ``m0``, a third also ``m1``, 5 % ejected, capacities 16k-128k tokens, random in-flight counts and
 learned speeds; the request is 400 + 256 tokens for ``m0``. Two measurements per (profile, size):
 

@@ -1,4 +1,4 @@
-"""The routing core as it was before the speed work of issue 14 / issue 11 part 1 (main at
+"""The routing core as it was before its speed work (main at
 21e94db): the built-in plugins of routing/plugins.py, ``Router`` and ``Decision`` copied verbatim
 (renamed ``Ref*``), so tests/engine/test_routing_differential.py can hold the optimised core to the
 same decisions. Plugins that work did not touch (node-selector, rtt, affinity, learned) come from

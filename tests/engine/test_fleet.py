@@ -249,7 +249,7 @@ def test_inflight_accounting() -> None:
     assert f.inflight_total() == 0
 
 
-# ---- learned decode speed (issue 13 item 11)
+# ---- learned decode speed
 
 
 def test_decode_speed_is_learned_from_streamed_timings() -> None:

@@ -1,4 +1,4 @@
-"""has-capacity keeps a request off a node whose whole KV budget cannot hold it (issue 3)."""
+"""has-capacity keeps a request off a node whose whole KV budget cannot hold it."""
 
 from __future__ import annotations
 

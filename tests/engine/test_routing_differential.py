@@ -1,4 +1,4 @@
-"""The routing core decides exactly as it did before its speed work (issue 14; issue 11 part 1).
+"""The routing core decides exactly as it did before its speed work.
 
 tests/engine/routing_reference.py holds the core as it was (plugins, ``Router``, ``Decision``,
 copied verbatim). Here both run side by side from the same seed over random fleets and requests

@@ -1,4 +1,4 @@
-"""The predicted-latency scorer's tail reservation (issue 12 part 8): pure, no I/O, known values."""
+"""The predicted-latency scorer's tail reservation: pure, no I/O, known values."""
 
 from __future__ import annotations
 

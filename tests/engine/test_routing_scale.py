@@ -1,4 +1,4 @@
-"""Routing at fleet scale (issue 14): the incremental node snapshot agrees with a full rebuild,
+"""Routing at fleet scale: the incremental node snapshot agrees with a full rebuild,
 sampling (power-of-k) keeps decisions correct, and the audit copy of a decision stays bounded."""
 
 from __future__ import annotations

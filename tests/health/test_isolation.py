@@ -212,7 +212,7 @@ def test_a_slow_fleet_is_judged_per_node_not_against_peers() -> None:
         assert outlier_sweep(f) == []
 
 
-# ---- the latency rule compares like with like, and a node with its peers (issue 13 item 10)
+# ---- the latency rule compares like with like, and a node with its peers
 
 
 def _streamed(f: Fleet, node: str, n: int, ttft: float, tokens: int = 64, tpot: float = 0.02) -> None:

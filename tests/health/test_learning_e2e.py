@@ -1,4 +1,4 @@
-"""What the gateway teaches the fleet from real answers (issue 13 items 10-11): real HTTP between
+"""What the gateway teaches the fleet from real answers: real HTTP between
 the gateway and a simulated node, the real OpenAI SDK as client. The node decodes at 100 tokens/s
 (10 ms per token); the bound asserted is 10 × that, so a loaded machine's timing jitter cannot fail
 the test while the old measure (first byte to last byte of a non-streamed answer: ~0 s) does."""
@@ -39,7 +39,7 @@ async def test_time_in_the_gateways_queue_is_not_the_nodes_latency(tmp_path: Pat
     # One node that the gateway gives one request at a time, which holds it >= 1.05 s (the first
     # of 4 tokens at once, the next 3 at 0.35 s intervals): of two concurrent requests, the second
     # waits at least that long in the gateway's admission queue. The latency the fleet learns for
-    # the node must not contain that wait (issue 13 item 10).
+    # the node must not contain that wait.
     import asyncio
 
     from inferlb.engine.settings import fleet_from_mapping

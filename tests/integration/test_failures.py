@@ -54,7 +54,7 @@ async def test_refused_node_is_retried_elsewhere(tmp_path: Path) -> None:  # C-0
         assert nodes[0] == "n0" and len(nodes) == 2 and nodes[1] != "n0"
         assert [a["outcome"] for a in rec["attempts"]] == ["retryable", "ok"]
         assert rec["node"] == nodes[1] and rec["status"] == "ok"
-        # one routing decision per attempt, through the database (issue 13 item 13)
+        # one routing decision per attempt, through the database
         assert [(d["attempt"], d["pick"]) for d in rec["decisions"]] == [(1, nodes[0]), (2, nodes[1])]
         assert rec["deadline_at"] == pytest.approx(rec["received_at"] + 10.0)
 

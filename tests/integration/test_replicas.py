@@ -1,5 +1,5 @@
 """Three ``inferlb serve`` processes on one real Redis and one real PostgreSQL, in front of the
-emulated fleet, behave as one gateway (issue 10: parts 1–4).
+emulated fleet, behave as one gateway.
 
 Checked, in one run (one start-up of the three replicas keeps the test short):
 

@@ -111,7 +111,7 @@ def test_cli_report_cost_and_sla(seeded: Engine, db_url: str, tmp_path: Path, ca
 
 def test_ttft_percentiles_count_streamed_requests_only_and_group_by_stream(engine: Engine) -> None:
     # A non-streamed answer's first byte comes with its last: its "TTFT" is the whole generation
-    # (3 s here) and must not enter the TTFT percentiles (issue 13 item 12), nor fail a TTFT SLO.
+    # (3 s here) and must not enter the TTFT percentiles, nor fail a TTFT SLO.
     from inferlb.engine.settings import SLOConfig
     from inferlb.engine.store.ledger import cost_report
     from inferlb.engine.store.writer import upsert_records
