@@ -167,14 +167,17 @@ class Gateway:
             connect_s=min(t.connect_s, left), first_token_s=min(first, t.total_s, left),
             idle_s=min(t.idle_s, left), total_s=min(t.total_s, left), per_output_token_s=t.per_output_token_s)
 
-    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, node: NodeConfig | None = None) -> bytes:
+    def _upstream_body(self, scope: RequestScope, req: IncomingRequest, node: NodeConfig | None = None,
+                       model: str | None = None) -> bytes:
+        """The body sent to ``node``; ``model``: the upstream model name when the caller has it
+        (else :meth:`RequestScope.upstream_model`)."""
         body = dict(req.body)
         if node is not None and node.labels.get("scheduling-policy") == "priority":
             # vLLM --scheduling-policy priority: lower is served first. Set by the gateway, never
             # by the client (a tenant must not raise its own priority on the node).
             body["priority"] = self.rt.admission.node_priority(scope.record.priority)
         if req.endpoint != "predict":
-            body["model"] = scope.upstream_model()
+            body["model"] = model if model is not None else scope.upstream_model()
         if req.stream and not req.include_usage and req.endpoint != "responses":
             # Ask for usage so streamed requests are accounted; the usage chunk is not forwarded.
             opts = dict(body.get("stream_options") or {})
@@ -194,12 +197,13 @@ class Gateway:
         node_key = node.credential()
         if node_key:
             headers["authorization"] = f"Bearer {node_key}"
-        path = node_path(req.endpoint, scope.upstream_model())
+        upstream_model = scope.upstream_model()   # once: the path and the body name the same model
+        path = node_path(req.endpoint, upstream_model)
         mark = rt.fleet.acquire(node_name, tokens)
         released = False
         try:
             resp = await self.upstream.open(
-                node.url + path, self._upstream_body(scope, req, node), headers=headers,
+                node.url + path, self._upstream_body(scope, req, node, upstream_model), headers=headers,
                 timeouts=self._attempt_timeouts(scope, req.stream, node_name), node=node_name)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
