@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from inferlb.engine.errors import InvalidRequest
 
@@ -43,6 +43,7 @@ __all__ = [
     "check_tools",
     "check_user",
     "clip",
+    "fail",
     "find_forbidden",
     "join_path",
     "json_type",
@@ -129,6 +130,11 @@ def join_path(path: str, key: str | int) -> str:
         return f"{path}[{key}]"
     key = clip(str(key))
     return f"{path}.{key}" if path else key
+
+
+def fail(message: str, param: str | None = None, code: str = "invalid_value") -> NoReturn:
+    """Raise the 400 for ``param``; the one raiser the validation modules share."""
+    raise InvalidRequest(message, param=param, code=code)
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequest:
