@@ -40,7 +40,8 @@ from pydantic import ValidationError
 
 from .cost import Share, node_prices
 from .errors import ConfigError, Conflict, InvalidRequest, NotFound
-from .fleet import Fleet, NodeState
+from .fleet import Fleet
+from .fleet_node import NodeState
 from .health.monitor import check_health_config
 from .health.types import NodeEvent
 from .settings import FleetConfig, NodeConfig, fleet_from_mapping

@@ -29,7 +29,8 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from ..fleet import Fleet, NodeState
+from ..fleet import Fleet
+from ..fleet_node import NodeState
 from .rules import (
     LatencyStats,
     failure_percentage_outliers,
