@@ -33,79 +33,28 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..store.records import RequestRecord
 from ..types import Clock
 from .buckets import Limiter
 from .budget import RetryBudget
-from .config import AdmissionPolicy, AdmissionSettings, PriorityClass
+from .config import AdmissionPolicy, AdmissionSettings
 from .keys import ApiKey, KeyCache
-from .queue import PoolQueue, Ticket
+from .queue import Ticket
+from .state import Hold, PoolState, _reject
 
 if TYPE_CHECKING:
     from ..fleet import Fleet
     from ..routing.types import NodeView
 
-__all__ = ["AdmissionController", "Hold", "PoolState"]
+__all__ = ["AdmissionController", "Hold", "PoolState"]   # Hold, PoolState: state.py
 
 log = logging.getLogger("inferlb.admission")
 
 _EWMA = 0.2
-_RATE_TAU_S = 5.0       # arrival rates per class decay with this time constant
 _MAX_LOAD_ABOVE = 0.95  # classes above use this share of the slots or more: a wait never ends
 _SHED_STATUSES = frozenset({"rejected_overload", "rejected_queue_timeout"})
-
-
-@dataclass(eq=False)
-class Hold:
-    """What one request holds from admission until it ends."""
-
-    request_id: str
-    pool: str
-    cls: PriorityClass
-    rank: int
-    deadline_at: float
-    key_id: str | None = None
-    tokens: int = 0                    # TPM taken at admission (0 without a TPM limit)
-    rpm: bool = False                  # one RPM unit taken
-    admitted_at: float | None = None   # monotonic; set once it holds a slot
-    ticket: Ticket | None = None
-    queue_wait_s: float = 0.0
-
-
-@dataclass(eq=False)
-class PoolState:
-    name: str
-    admitted: int = 0
-    queue: PoolQueue | None = None
-    service_s: float | None = None     # EWMA of admitted → finished for successful requests
-    shed: int = 0
-    expired: int = 0
-    granted_from_queue: int = 0
-    rates: dict[int, tuple[float, float]] = field(default_factory=dict)   # rank → (arrivals/s, at)
-
-    def arrive(self, rank: int, now: float) -> None:
-        """Count one arrival of class ``rank`` in a decaying rate (time constant ``_RATE_TAU_S``)."""
-        rate, at = self.rates.get(rank, (0.0, now))
-        self.rates[rank] = (rate * math.exp(-(now - at) / _RATE_TAU_S) + 1.0 / _RATE_TAU_S, now)
-
-    def rate_above(self, rank: int, now: float) -> float:
-        """Arrivals per second of the classes above ``rank`` (those that will overtake it)."""
-        return sum(r * math.exp(-(now - at) / _RATE_TAU_S) for k, (r, at) in self.rates.items() if k < rank)
-
-    def q(self) -> PoolQueue:
-        if self.queue is None:
-            self.queue = PoolQueue()
-        return self.queue
-
-
-def _reject(status: int, record_status: str, code: str, etype: str, message: str,
-            retry_after: float | None, reason: str) -> dict[str, Any]:
-    ra = None if retry_after is None else round(max(1.0, math.ceil(retry_after)), 3)
-    return {"admitted": False, "queue": False, "reason": reason, "status": status, "retry_after_s": ra,
-            "code": code, "type": etype, "message": message, "record_status": record_status}
 
 
 class AdmissionController:

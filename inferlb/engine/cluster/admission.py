@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..admission.buckets import Limiter, TokenBucket
 from ..admission.budget import RetryBudget
-from ..admission.controller import AdmissionController, PoolState, _reject
+from ..admission.controller import AdmissionController
+from ..admission.state import PoolState, _reject
 from .shares import SlotShares
 
 if TYPE_CHECKING:
-    from ..admission.controller import Hold
     from ..admission.keys import ApiKey
+    from ..admission.state import Hold
     from ..routing.types import NodeView
 
 __all__ = ["SharedAdmission", "SharedLimiter", "SharedRetryBudget"]
