@@ -89,7 +89,7 @@ def capacity_command(args: argparse.Namespace, database_url: str, fleet: FleetCo
 
     from .engine.autoscale.report import capacity_report
     from .engine.store.db import make_engine
-    from .engine.store.queries import parse_time
+    from .engine.store.report_params import parse_time
 
     if fleet is None:
         print("inferlb: error: report capacity needs --config FLEET (nodes, GPU labels, prices, SLOs)",

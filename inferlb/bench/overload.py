@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from inferlb.engine.store.queries import percentile
+from inferlb.engine.store.sla import percentile
 
 from .loadgen.results import node_figures
 from .loadgen.runner import run_plan

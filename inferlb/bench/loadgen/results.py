@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from inferlb.engine.store.queries import percentile
+from inferlb.engine.store.sla import percentile
 
 from .runner import Outcome, RunData, Sample
 from .workload import Workload

@@ -8,7 +8,7 @@ several replicas on one Redis, ``cluster`` (engine/cluster/service.py: replicas,
 away, this replica's slot shares, config hashes and any conflict, the election).
 ``GET /admin/fleet/events?node=&limit=&since=``: node state changes, newest first (table
 ``node_events``). ``since`` takes what the reports take (epoch seconds, ISO-8601 or a look-back
-like ``1h``) and is checked by the same validator (:func:`~inferlb.engine.store.queries.parse_time`):
+like ``1h``) and is checked by the same validator (:func:`~inferlb.engine.store.report_params.parse_time`):
 a non-finite or out-of-range time is a 400 ``invalid_time``.
 """
 
@@ -22,7 +22,7 @@ from fastapi import APIRouter, Query
 from ..errors import StoreError
 from ..store import StoreHandle
 from ..store.events import EventWriter, recent_events
-from ..store.queries import parse_time
+from ..store.report_params import parse_time
 from .deps import ClusterDep, EventsDep, GatewayDep, LiveDep, MonitorDep, OptionalStoreDep
 
 __all__ = ["router"]

@@ -15,7 +15,7 @@ from fastapi import APIRouter
 
 from ..autoscale.report import capacity_report
 from ..errors import ClientError
-from ..store.queries import parse_time
+from ..store.report_params import parse_time
 from .deps import AutoscalerDep, GatewayDep, StoreDep
 
 __all__ = ["AutoscaleOff", "router"]

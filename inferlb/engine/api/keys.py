@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse
 
 from ..errors import ClientError, InvalidRequest, StoreError
 from ..store.keys import create_key, get_key, list_keys, revoke_key
-from ..store.queries import parse_time
+from ..store.report_params import parse_time
 from .auth import require_admin
 from .deps import AdmissionDep, StoreDep
 

@@ -21,7 +21,7 @@ from ..cost import node_prices
 from ..errors import InvalidRequest
 from ..settings import FleetConfig
 from ..store.capacity import node_buckets
-from ..store.queries import parse_bucket
+from ..store.report_params import parse_bucket
 from .advice import PoolUsage, advise, pool_prices
 from .capacity import learn_capacity
 

@@ -10,7 +10,7 @@ Contract:
   ``since``.
 * :func:`node_buckets`: per node, model served and bucket (aligned on the epoch): tokens,
   requests eligible for the SLO (client errors excluded) and those within it, by the SLO rule of
-  the SLA report (:mod:`.queries`: ``e2e_max_s``, and ``ttft_max_s`` for streamed answers). Models
+  the SLA report (:mod:`.sla`: ``e2e_max_s``, and ``ttft_max_s`` for streamed answers). Models
   without an SLO count every ``ok`` request as within it.
 * Aggregation happens in the database (``GROUP BY``), identically on SQLite and PostgreSQL, so a
   week of audit rows is one grouped scan of the ``received_at`` index, not rows shipped to Python.
@@ -29,8 +29,9 @@ from sqlalchemy.engine import Connection, Engine
 from ..autoscale.capacity import NodeBucket
 from ..errors import InvalidRequest
 from ..settings import SLOConfig
+from .db import run_query
 from .models import REQUESTS
-from .queries import CLIENT_STATUSES, run_query
+from .sla import CLIENT_STATUSES
 
 __all__ = ["SeriesData", "load_series", "node_buckets", "slo_condition"]
 

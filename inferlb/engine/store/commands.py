@@ -23,7 +23,8 @@ from ..errors import InvalidRequest
 from ..settings import SLOConfig
 from .db import make_engine, upgrade
 from .ledger import cost_report
-from .queries import parse_bucket, parse_group_by, parse_time, sla_report
+from .report_params import parse_bucket, parse_group_by, parse_time
+from .sla import sla_report
 from .tabular import iso_utc, report_columns, to_csv
 
 __all__ = ["REPORT_FORMATS", "db_upgrade", "render_report", "render_sla", "report_cost", "report_sla"]

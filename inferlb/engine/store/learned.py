@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
+from .db import run_query
 from .models import ATTEMPTS, REQUESTS, to_us
-from .queries import _run
 
 __all__ = ["LearnedAttempt", "learned_attempts"]
 
@@ -81,4 +81,4 @@ def learned_attempts(engine: Engine, *, since: float | None = None, until: float
         out.sort(key=lambda x: x.received_at)
         return out
 
-    return _run(engine, fetch)
+    return run_query(engine, fetch)

@@ -43,15 +43,15 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
 from ..cost import Share, cost_of, node_prices
+from .db import run_query
 from .models import ATTEMPTS, REQUESTS
-from .queries import (
+from .report_params import (
     GROUP_BY,
     bucket_of,
     check_buckets,
     group_columns,
     parse_bucket,
     parse_group_by,
-    run_query,
     time_window,
 )
 
@@ -184,7 +184,7 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
     return ledger
 
 
-_ALL_KEYS = GROUP_BY   # every report groups by the same keys (queries.GROUP_BY)
+_ALL_KEYS = GROUP_BY   # every report groups by the same keys (report_params.GROUP_BY)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,10 @@
 """The SLA report's per-group tallies, computed by PostgreSQL instead of in Python.
 
 Contract: :func:`tally_sql` returns, for each group (the bucket start first when bucketing, then
-the group columns' values), the same :class:`Tally` that :mod:`.queries` computes in Python from
-the fetched rows, so :func:`~.queries.sla_report` gives the same report either way (a test compares
+the group columns' values), the same :class:`Tally` that :mod:`.sla` computes in Python from
+the fetched rows, so :func:`~.sla.sla_report` gives the same report either way (a test compares
 the two on PostgreSQL). Percentiles come from ``percentile_cont``, which interpolates linearly
-between closest ranks exactly as :func:`~.queries.percentile` does (``lo + (hi - lo) · frac`` with
+between closest ranks exactly as :func:`~.sla.percentile` does (``lo + (hi - lo) · frac`` with
 ``frac`` from ``q · (n - 1)``, in float8, the same IEEE operations). The SLO of a request is the
 one for its model, else ``*`` (:func:`slo_table`, shared with the Python path); its bounds are
 computed in Python and bound as parameters, so comparisons see the same doubles.

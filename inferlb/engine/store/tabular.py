@@ -1,6 +1,6 @@
 """Report rows as tables: the column order of each report, and CSV (shared by the API and the CLI).
 
-Contract: rows are the dicts :func:`~.queries.sla_report` and :func:`~.ledger.cost_report` return.
+Contract: rows are the dicts :func:`~.sla.sla_report` and :func:`~.ledger.cost_report` return.
 :func:`report_columns` gives their column order (``bucket`` first when bucketed, then the group
 keys, then the report's own columns); :func:`to_csv` writes them with a header line, ``bucket`` as
 ISO-8601 UTC (``2026-01-01T00:05:00Z``), missing values empty and booleans ``true``/``false``.
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from .ledger import COST_COLUMNS
-from .queries import SLA_COLUMNS
+from .sla import SLA_COLUMNS
 
 __all__ = ["iso_utc", "report_columns", "to_csv"]
 
