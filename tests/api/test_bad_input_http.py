@@ -1,6 +1,6 @@
 """Bad input over real HTTP: every rejection is a 4xx in the OpenAI envelope, never a 500, and
 leaves an audit row (``rejected_invalid``). The body-level rows V-01..V-31 are unit-tested in
-test_validation.py; this file proves the HTTP layer keeps the same promises end to end."""
+test_validation*.py; this file proves the HTTP layer keeps the same promises end to end."""
 
 from __future__ import annotations
 
