@@ -331,4 +331,3 @@ class EmulatedNode(NodeServer):
                                        created=int(self._clock.time()))
         self.stats.completed += 1
         return resp
-

@@ -76,7 +76,6 @@ def _rows(rows: list[tuple[Any, ...]]) -> list[Any]:
 _TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 
-
 def _msgs(*messages: Any) -> dict[str, Any]:
     return {"messages": list(messages)}
 
@@ -103,4 +102,3 @@ def _tools(*tools: Any, **over: Any) -> dict[str, Any]:
 
 def _fn(**function: Any) -> dict[str, Any]:
     return {"type": "function", "function": function}
-
