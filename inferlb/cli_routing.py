@@ -22,7 +22,7 @@ from .engine.errors import InferlbError
 from .engine.routing.ope_replay import MIN_ESS, REWARD_MODELS, LoggedDecision, evaluate, softmax_policy
 from .engine.store.db import make_engine
 from .engine.store.learned import LearnedAttempt, learned_attempts
-from .engine.store.report_params import parse_time
+from .engine.store.queries import parse_time
 
 __all__ = ["add_routing_parser", "reward_of", "routing_command"]
 

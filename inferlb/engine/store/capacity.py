@@ -29,8 +29,8 @@ from sqlalchemy.engine import Connection, Engine
 from ..autoscale.capacity import NodeBucket
 from ..errors import InvalidRequest
 from ..settings import SLOConfig
-from .db import run_query
 from .models import REQUESTS
+from .read import run_query
 from .sla import CLIENT_STATUSES
 
 __all__ = ["SeriesData", "load_series", "node_buckets", "slo_condition"]

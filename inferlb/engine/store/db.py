@@ -21,12 +21,11 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
@@ -40,7 +39,6 @@ __all__ = [
     "make_engine",
     "migrations_dir",
     "normalize_url",
-    "run_query",
     "upgrade",
 ]
 
@@ -50,7 +48,6 @@ SQLITE_CACHED_STATEMENTS = 16   # per connection; see make_engine
 _PG_CONNECT_TIMEOUT_S = 5
 # Server-side bound on one statement (PostgreSQL default: none); a batch upsert takes milliseconds.
 _PG_STATEMENT_TIMEOUT_MS = 5_000
-_T = TypeVar("_T")
 
 
 def describe_db_error(exc: BaseException) -> str:
@@ -58,15 +55,6 @@ def describe_db_error(exc: BaseException) -> str:
     inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     text = " ".join(str(inner).split())
     return f"{type(inner).__name__}: {text}"[:300]
-
-
-def run_query(engine: Engine, fn: Callable[[Connection], _T]) -> _T:
-    """Run ``fn`` on a connection: the one place the report queries' database errors become StoreError."""
-    try:
-        with engine.connect() as conn:
-            return fn(conn)
-    except SQLAlchemyError as exc:
-        raise StoreError(f"audit query failed: {describe_db_error(exc)}") from exc
 
 
 def normalize_url(url: str | URL) -> URL:

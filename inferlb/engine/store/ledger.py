@@ -43,8 +43,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
 from ..cost import Share, cost_of, node_prices
-from .db import run_query
 from .models import ATTEMPTS, REQUESTS
+from .read import run_query
 from .report_params import (
     GROUP_BY,
     bucket_of,

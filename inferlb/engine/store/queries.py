@@ -21,8 +21,8 @@ from sqlalchemy import literal, or_, select, tuple_
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from ..errors import InvalidRequest
-from .db import run_query
 from .models import ATTEMPTS, REQUESTS, from_us
+from .read import run_query
 from .report_params import (
     GROUP_BY,
     MAX_BUCKETS,

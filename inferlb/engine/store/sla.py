@@ -36,8 +36,8 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from ..settings import SLOConfig
-from .db import run_query
 from .models import REQUESTS
+from .read import run_query
 from .report_params import _check_window, _window, bucket_of, check_buckets, group_columns, parse_bucket, parse_group_by
 from .sla_sql import QUANTILES, Tally, slo_table, tally_sql
 
