@@ -12,18 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .plotting import pyplot
+
 __all__ = ["plot_backtests"]
 
 
 def plot_backtests(runs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Write the charts of ``runs`` (results of :func:`~.autoscale_backtest.run_backtest`); their paths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'inferlb[plot]'") from exc
+    plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     for run in runs:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..plotting import pyplot
+
 __all__ = ["capacity_lines", "compare_rows", "plot_runs", "print_table", "table_markdown"]
 
 Row = list[str]
@@ -113,13 +115,7 @@ def capacity_lines(cap: dict[str, Any]) -> tuple[Row, list[Row]]:
 def plot_runs(summaries: Sequence[dict[str, Any]], outcomes: dict[str, list[list[Any]]], out_dir: Path,
               capacity: dict[str, Any] | None = None) -> list[Path]:
     """Write latency_cdf.png, goodput_vs_offered.png, node_share_<target>.png; returns the paths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'inferlb[plot]'") from exc
+    plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     curves = [(s["label"], sorted(row[3] for row in outcomes.get(s["label"], []) if row[2])) for s in summaries]
