@@ -34,8 +34,8 @@ from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
 from .rollout.config import RolloutConfig
-from .routing.selector import NodeSelector, label_number
-from .versions.config import VersionConfig, version_problems
+from .routing.selector import NodeSelector, all_of, label_number
+from .versions.config import VersionConfig, version_nodes, version_problems
 
 __all__ = [
     "FleetConfig",
@@ -249,10 +249,21 @@ class FleetConfig(_Strict):
             _check_template(f"discovery[{i}].node", d.node, known)
         for i, mc in enumerate(self.models):
             if mc.node_selector is not None:
-                _check_selector(f"models[{i}].node_selector", mc.name, mc.node_selector, self.nodes)
+                serving = [(j, n) for j, n in enumerate(self.nodes) if mc.name in n.models]
+                _check_selector(f"models[{i}].node_selector", f"serving {mc.name!r}", mc.node_selector, serving)
+        for i, mc in enumerate(self.models):   # a compared label that is no number first: the likelier typo
+            serving = [(j, n) for j, n in enumerate(self.nodes) if mc.name in n.models]
+            for j, v in enumerate(mc.versions):
+                if v.selector is not None:
+                    _check_selector(f"models[{i}].versions[{j}].selector", f"serving {mc.name!r}", v.selector,
+                                    serving, need_one=False)
         problem = version_problems(self.models, self.nodes)
         if problem is not None:
             raise _KeyPathError(*problem)
+        for i, mc in enumerate(self.models):
+            for j, v in enumerate(mc.versions):
+                if v.node_selector is not None:
+                    _check_version_node_selector(f"models[{i}].versions[{j}].node_selector", mc, v, self.nodes)
         return self
 
     def model(self, name: str) -> ModelConfig | None:
@@ -262,10 +273,25 @@ class FleetConfig(_Strict):
         return None
 
 
-def _check_selector(path: str, model: str, sel: NodeSelector, nodes: list[NodeConfig]) -> None:
-    """At least one node serving ``model`` meets ``sel``, and every label ``sel`` compares as a
-    number is a number on the nodes serving it (a typo there would silently rule the node out)."""
-    serving = [(j, n) for j, n in enumerate(nodes) if model in n.models]
+def _check_version_node_selector(path: str, mc: ModelConfig, v: VersionConfig, nodes: list[NodeConfig]) -> None:
+    """Some node of version ``v`` meets its ``node_selector`` and, joined with it, the model's
+    (its compared labels are numbers on the version's nodes: :func:`_check_selector`)."""
+    assert v.node_selector is not None
+    names = set(version_nodes(v, mc.name, nodes))
+    mine = [(j, n) for j, n in enumerate(nodes) if n.name in names]
+    _check_selector(path, f"of version {v.name!r} of {mc.name!r}", v.node_selector, mine)
+    both = all_of(mc.node_selector, v.node_selector)
+    if both is not None and mine and not any(both.matches(n.labels) for _, n in mine):
+        why = "; ".join(f"{n.name}: {', '.join(both.missing(n.labels))}" for _, n in mine[:4])
+        raise _KeyPathError(path, f"no node of version {v.name!r} of {mc.name!r} meets the model's and the "
+                                  f"version's node_selector ({why})")
+
+
+def _check_selector(path: str, what: str, sel: NodeSelector, serving: list[tuple[int, NodeConfig]], *,
+                    need_one: bool = True) -> None:
+    """At least one of the nodes ``serving`` (index in ``nodes``, node) meets ``sel`` (when
+    ``need_one``), and every label ``sel`` compares as a number is a number on each of them (a typo
+    there would silently rule the node out). ``what`` says which nodes, in the messages."""
     for t in sel.terms:
         if t.number is None:
             continue
@@ -274,9 +300,9 @@ def _check_selector(path: str, model: str, sel: NodeSelector, nodes: list[NodeCo
             if have is not None and label_number(have) is None:
                 raise _KeyPathError(f"nodes[{j}].labels.{t.label}",
                                     f"{have!r} is not a number, but {path} compares it ({t})")
-    if serving and not any(sel.matches(n.labels) for _, n in serving):
+    if need_one and serving and not any(sel.matches(n.labels) for _, n in serving):
         why = "; ".join(f"{n.name}: {', '.join(sel.missing(n.labels))}" for _, n in serving[:4])
-        raise _KeyPathError(path, f"no node serving {model!r} meets {sel.describe()} ({why})")
+        raise _KeyPathError(path, f"no node {what} meets {sel.describe()} ({why})")
 
 
 def _check_template(path: str, node: dict[str, Any], known: set[str]) -> None:
@@ -313,6 +339,11 @@ def check_routing(cfg: FleetConfig) -> None:
             if m.node_selector is not None:
                 raise ConfigError(f"model {m.name!r} has a node_selector, but routing.filters leaves out "
                                   f"'node-selector', so it would be ignored", path=f"models[{i}].node_selector")
+            for j, v in enumerate(m.versions):
+                if v.node_selector is not None:
+                    raise ConfigError(f"version {v.name!r} of model {m.name!r} has a node_selector, but "
+                                      f"routing.filters leaves out 'node-selector', so it would be ignored",
+                                      path=f"models[{i}].versions[{j}].node_selector")
 
 
 class Settings(BaseSettings):

@@ -44,13 +44,15 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     )
     views = rt.fleet.views()
     version = scope.version
-    decision = rt.router.decide(replace(base, only=version.nodes) if version is not None else base, views)
+    # A version's requirements are the model's node_selector joined with its own (versions/table.py).
+    decision = rt.router.decide(replace(base, only=version.nodes, selector=version.selector)
+                                if version is not None else base, views)
     switched_from = None
     if decision.pick is None and version is not None and not scope.version_pinned \
             and not _any_up(views, version.nodes, base.exclude):
         mv = rt.versions.get(scope.model)
         for alt in mv.alternatives(version.name) if mv is not None else ():
-            d = rt.router.decide(replace(base, only=alt.nodes), views)
+            d = rt.router.decide(replace(base, only=alt.nodes, selector=alt.selector), views)
             if d.pick is not None:
                 switched_from, decision, version = scope.version, d, alt
                 scope.version = alt

@@ -122,6 +122,7 @@ def test_the_audit_says_affinity_was_used_and_why() -> None:
     d = router.decide(_req(session="alice"), nodes)
     detail = d.to_json()["pick_detail"]
     assert detail["affinity"] == "session" and detail["hrw_first"] == d.pick and detail["escaped_total"] == 0
+    assert "escape" not in detail                          # the key's own node took it
     assert "alice" not in str(detail)                      # the key, never the session id
     none = router.decide(_req(text="hi"), nodes).to_json()["pick_detail"]
     assert none == {"affinity": "none", "reason": "no session id and no full prompt block"}
@@ -141,6 +142,13 @@ def test_an_overloaded_home_node_escapes_to_the_next_in_hrw_order() -> None:
     assert detail["escaped"] == [{"node": home, "inflight": 10,
                                   "bound": load_bound(0.25, 13, 32768, 4 * 32768)}]
     assert detail["escaped_total"] == 1
+    bound = load_bound(0.25, 13, 32768, 4 * 32768)
+    esc = detail["escape"]                                  # in words, for the audit (and the metric)
+    assert esc["from"] == home and esc["to"] == d.pick
+    assert f"{home}, first in this session key's order, holds 10 request(s)" in esc["why"]
+    assert f"load bound of {bound}" in esc["why"] and f"so {d.pick}" in esc["why"]
+    assert d.to_json()["pick_detail"]["escape"] == esc
+
 
 
 def test_filters_run_first_an_unhealthy_or_full_home_is_never_picked() -> None:

@@ -1,14 +1,18 @@
-"""The predicted-latency scorer's interference term: pure, no I/O, known values."""
+"""The predicted-latency scorer's interference term: pure, no I/O, known values; and what the audit
+record keeps of it per candidate (routing/explain.py)."""
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from inferlb.engine.routing import NodeView, RouteRequest
+from inferlb.engine.routing import NodeView, RouteRequest, build_router
 from inferlb.engine.routing.learned import PredictedLatency, PredictedLatencyParams
+from inferlb.engine.routing.lifecycle import LifecycleParams, PredictorLifecycle
 from inferlb.engine.routing.predictor import OnlineLinear
 
 
@@ -97,3 +101,49 @@ def test_params_reject_unknown_keys_and_negative_weights() -> None:
         PredictedLatencyParams.model_validate({"interference": -1})
     with pytest.raises(ValidationError):
         PredictedLatencyParams.model_validate({"interferance": 1})
+
+
+def _guarded(**params: object) -> Any:
+    lc = PredictorLifecycle(LifecycleParams(min_samples=0), model=FixedPredictor())   # active at once
+    return build_router("learned", seed=1, sample=0, lifecycle=lc,
+                        params={"predicted-latency": dict(params),
+                                "softmax-bandit": {"epsilon": 0.0}})
+
+
+def test_the_audit_keeps_each_candidates_interference_and_slack_bounded() -> None:
+    router = _guarded(interference=1.0, elasticity=0.5, e2e_slo_s=60.0)
+    busy = _node("busy", 9_000, 10)
+    others = [_node(f"n{i:02d}", 100 * i, i) for i in range(1, 30)]        # 31 candidates: the log keeps 16
+    d = router.decide(RouteRequest("m", 100, 900), [_node("idle", 0, 0), busy, *others])
+    lj = json.loads(json.dumps(d.to_json()))["learned"]                     # what GET /audit/requests/{id} shows
+    ctx = lj["ctx"]
+    assert lj["interference"] == {"weight": 1.0, "charged": True} and lj["ctx_total"] == 31
+    assert all(len(ctx[k]) == 16 for k in ("node", "slack_permille", "others_us"))
+    assert "reserved_permille" not in ctx                                    # tail reservation off
+    row = {k: dict(zip(ctx["node"], ctx[k], strict=True)) for k in ("slack_permille", "others_us")}
+    scorer = router.scorers[0][0]
+    names = [n.name for n in scorer.last.nodes]
+    for name in ctx["node"]:                                                 # the scorer's own values
+        i = names.index(name)
+        assert row["others_us"][name] == int(scorer.last.others_s[i] * 1e6)
+        assert row["slack_permille"][name] == int(scorer.last.slack[i] * 1000)
+    pick = lj["pick"]
+    assert pick["node"] == "idle" and pick["others_s"] == 0.0                # nothing in flight there
+    # a pick with something in flight: its share is named in the pick and the sentence
+    d2 = router.decide(RouteRequest("m", 100, 900), [busy])
+    lj2 = d2.to_json()["learned"]
+    expected = 0.02 * 0.5 * 1000 / 10_000 * 9_000
+    assert lj2["pick"]["others_s"] == pytest.approx(expected, rel=1e-6)
+    assert lj2["ctx"]["others_us"] == [int(expected * 1e6)]
+    assert "slowing the requests in flight there by 9.000 s" in lj2["why"] and "weight 1" in lj2["why"]
+
+
+def test_interference_columns_only_when_charged() -> None:
+    off = _guarded().decide(RouteRequest("m", 100, 900), [_node("a", 9_000, 10)]).to_json()["learned"]
+    assert "interference" not in off and "others_us" not in off["ctx"] and "others_s" not in off["pick"]
+    assert off["ctx"]["slack_permille"] == [int(off["pick"]["slack"] * 1000)]
+    sized = _guarded(interference=1.0, interference_max_output=64)           # size-aware: a long request
+    lj = sized.decide(RouteRequest("m", 100, 900), [_node("a", 9_000, 10)]).to_json()["learned"]
+    assert lj["interference"] == {"weight": 1.0, "charged": False} and "others_us" not in lj["ctx"]
+    reserve = _guarded(reserve=0.2).decide(RouteRequest("m", 100, 10), [_node("a", 95_000, 10)]).to_json()
+    assert reserve["learned"]["ctx"]["reserved_permille"][0] > 0 and reserve["learned"]["pick"]["reserved"] > 0

@@ -100,6 +100,21 @@ def test_what_is_not_observed() -> None:
                                                                 "tenant": "acme", "reason": "overloaded"}) == 1
 
 
+def test_affinity_escapes_are_counted_per_decision_by_model_and_kind() -> None:
+    reg, m = _metrics()
+    esc = {"affinity": "session", "hrw_first": "n1", "escaped_total": 1, "escape": {"from": "n1", "to": "n0"}}
+    home = {"affinity": "prefix", "hrw_first": "n0", "escaped_total": 0}
+    m.observe(_rec(1, decisions=[{"model": "m", "pick_detail": esc}, {"model": "m", "pick_detail": home}]))
+    m.observe(_rec(2, decisions=[{"model": "m", "pick_detail": {**esc, "affinity": "prefix"}},
+                                 {"model": "m"}]))               # a decision without affinity: not counted
+    m.observe(_rec(3, decisions=[{"model": "elsewhere", "pick_detail": esc}]))
+    for labels, want in ((("m", "session"), 1.0), (("m", "prefix"), 1.0), (("other", "session"), 1.0)):
+        got = reg.get_sample_value("inferlb_routing_affinity_escapes_total",
+                                   {"model": labels[0], "kind": labels[1]})
+        assert got == want, labels
+    assert reg.get_sample_value("inferlb_routing_affinity_escapes_total", {"model": "m", "kind": "none"}) is None
+
+
 def test_tenant_labels_from_config_or_capped() -> None:
     reg, m = _metrics(tenants=["acme"])
     for t in ("acme", "globex", "req-7f3a9c", None):

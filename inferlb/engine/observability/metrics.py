@@ -23,8 +23,12 @@ Contract:
   ``shed_requests_total``                       model, priority, tenant, reason              429/503 rejections
   ``request_cost_total``                        model, node, tenant                          the gateway's estimate
   ``engine_seconds`` (histogram)                engine                                       workflow execution
+  ``routing_affinity_escapes_total``            model, kind (``prefix`` / ``session``)       load escapes (below)
   ============================================  ===========================================  ====================
 
+* ``routing_affinity_escapes_total`` counts routing decisions (retries included) whose ``affinity``
+  pick left the key's own node because that node was past the bounded-load rule; the decision's
+  ``pick_detail.escape`` says the same in words (engine/routing/affinity.py).
 * Label values are bounded: ``model`` and ``node`` only from the fleet config (else ``other``),
   ``tenant`` only from ``observability.metrics.tenants`` or the first ``max_tenants`` well-formed
   values seen (else ``other``), ``priority``/``status``/``outcome``/``reason`` capped the same way;
@@ -212,9 +216,14 @@ class RequestMetrics(Collector):
         self.engine_time = _Histogram("inferlb_engine_seconds",
                                       "Workflow engine time per request (process steps, not I/O waits)",
                                       ["engine"], ENGINE_BUCKETS)
+        self.kind = LabelGuard(("prefix", "session"))
+        self.escapes = _Counter("inferlb_routing_affinity_escapes",
+                                "Routing decisions whose affinity pick left the key's own node because it was "
+                                "past the bounded-load rule ((1 + epsilon) x its share of the mean)",
+                                ["model", "kind"])
         self._families: tuple[_Counter | _Histogram, ...] = (
             self.requests, self.e2e, self.ttft, self.tpot, self.prompt_tokens, self.completion_tokens, self.attempts,
-            self.retries, self.shed, self.cost, self.engine_time)
+            self.retries, self.shed, self.cost, self.engine_time, self.escapes)
         registry.register(self)
 
     def collect(self) -> Iterable[Metric]:
@@ -249,6 +258,10 @@ class RequestMetrics(Collector):
             self.shed.inc((model, priority, tenant, self.reason(rec.error_class)))
         if rec.cost_est:
             self.cost.inc((model, node, tenant), rec.cost_est)
+        for d in rec.decisions:   # one per routing decision (retries and fallbacks included)
+            pd = d.get("pick_detail")
+            if pd is not None and "escape" in pd:
+                self.escapes.inc((self.model(d.get("model")), self.kind(pd.get("affinity"))))
 
     def observe_engine(self, mode: str, seconds: float) -> None:
         self.engine_time.observe((self.engine(mode),), seconds)

@@ -85,7 +85,9 @@ class Affinity:
 
     ``Decision.pick_detail`` says what happened: ``affinity`` (``session`` / ``prefix`` /
     ``none``), the key (12 hex digits, never the session id itself), the block it came from, the
-    node HRW put first, and the nodes skipped for load with their load and bound.
+    node HRW put first, and the nodes skipped for load with their load and bound; when the pick
+    is not the key's own node because of the load bound, ``escape`` (``from``, ``to`` and a
+    ``why`` sentence).
     """
 
     type_name = "affinity"
@@ -171,9 +173,20 @@ class Affinity:
                     if len(escaped) < _DETAIL_ESCAPED:
                         escaped.append({"node": n.name, "inflight": n.inflight_requests,
                                         "bound": max(ceil(per_cap * n.capacity_tokens), floor)})
-        detail: dict[str, Any] = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": nodes[order[0]].name,
+        first = nodes[order[0]].name
+        detail: dict[str, Any] = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": first,
                                   "epsilon": eps, "min_bound": floor, "candidates_inflight": total,
                                   "escaped": escaped, "escaped_total": skipped}
         if kind == "prefix":
             detail["blocks"] = blocks
+        if skipped and under:
+            # The key's own node was passed over for load alone (bounded-load rule): say so in
+            # words; the request-end metrics count these (inferlb_routing_affinity_escapes_total).
+            top = escaped[0]
+            detail["escape"] = {
+                "from": first, "to": under[0],
+                "why": (f"{first}, first in this {kind} key's order, holds {top['inflight']} request(s): one more "
+                        f"would pass its load bound of {top['bound']} ((1 + {eps:g}) × its capacity share of the "
+                        f"candidates' {total} in flight, at least {floor}), so {under[0]}, the next under its "
+                        f"bound in the key's order, takes it")}
         return under + over, detail

@@ -11,7 +11,13 @@ of the audit record's decision (bounded: at most :data:`CTX_NODES` candidates, �
 * ``req`` and ``ctx``: the request (tokens, stream, priority, deadline) and, per candidate, what
   routing saw (:data:`CTX_KEYS`, one column each) with its predictions and pick probability: enough to rebuild the
   decision's context, which off-policy evaluation (routing/ope_replay.py) and the retrain from the
-  audit trail read back with :func:`context_of`.
+  audit trail read back with :func:`context_of`;
+* the ``predicted-latency`` scorer's per-candidate terms, as more ``ctx`` columns (same candidates,
+  same order): ``slack_permille`` (the predicted slack × 1000, what the score is made of), and when
+  the scorer charged them, ``others_us`` (interference: the predicted slowdown this request would
+  cause the requests in flight there, µs, before the weight) and ``reserved_permille`` (tail
+  reservation: the slack charged × 1000); ``interference`` holds the weight and whether this
+  request was charged, ``pick`` the pick's own ``others_s`` / ``reserved``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 def _us(x: float | None) -> int | None:
     return None if x is None or not x < 1e12 else int(x * 1e6)
+
+
+def _permille(xs: list[float]) -> list[int | None]:
+    return [int(x * 1000) if -1e9 < x < 1e9 else None for x in xs]
 
 
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
@@ -80,6 +90,12 @@ class LearnedInfo:
     preds: list[tuple[float, float]] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     best: str | None = None                                       # the greedy choice, when it explored
+    # The predicted-latency scorer's per-candidate terms (aligned with ``nodes``; see the module
+    # docstring): slack, interference (seconds, before the weight; None: not charged), reservation.
+    slack: list[float] = field(default_factory=list)
+    others: list[float] | None = None
+    reserved: list[float] | None = None
+    interference: float = 0.0                                     # the interference weight β in force
 
     @property
     def pick_row(self) -> list[float] | None:
@@ -95,6 +111,10 @@ class LearnedInfo:
         if self.fallback is not None:
             return f"{self.fallback} picked {self.pick.name} ({what}): learned routing off ({self.reason})"
         slack = f", slack {self.pick_slack:.2f}" if self.pick_slack is not None else ""
+        i = self._pick_index()
+        if i is not None and self.others is not None and i < len(self.others) and self.others[i] > 0:
+            slack += (f", slowing the requests in flight there by {self.others[i]:.3f} s in all "
+                      f"(interference weight {self.interference:g})")
         n = len(self.nodes)
         if self.explored:
             return (f"explored: picked {self.pick.name} ({what}{slack}) with probability {self.propensity:.3f} "
@@ -102,6 +122,15 @@ class LearnedInfo:
         return (f"{self.pick.name} had the best score of {n} candidate(s): predicted slack with the "
                 f"profile's other scorers ({what}{slack}); "
                 f"picked greedily, probability {self.propensity:.3f}")
+
+    def _pick_index(self) -> int | None:
+        pick = self.pick
+        if pick is None:
+            return None
+        for i, n in enumerate(self.nodes):
+            if n is pick or n.name == pick.name:
+                return i
+        return None
 
     def to_json(self) -> dict[str, Any]:
         r = self.req
@@ -115,6 +144,11 @@ class LearnedInfo:
             out["pick"] = {"node": self.pick.name,
                            "ttft_s": _r(pr.ttft_s) if pr else None, "tpot_s": _r(pr.tpot_s, 7) if pr else None,
                            "e2e_s": _r(pr.e2e_s(r.output_tokens)) if pr else None, "slack": _r(self.pick_slack, 4)}
+            i = self._pick_index() if self.others is not None or self.reserved is not None else None
+            if i is not None and self.others is not None and i < len(self.others):
+                out["pick"]["others_s"] = _r(self.others[i])
+            if i is not None and self.reserved is not None and i < len(self.reserved):
+                out["pick"]["reserved"] = _r(self.reserved[i], 4)
         out["why"] = self.why()
         out["req"] = {"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "stream": r.stream,
                       "priority": r.priority, "deadline_s": _r(r.deadline_s, 3)}
@@ -122,15 +156,32 @@ class LearnedInfo:
         preds: list[tuple[float, float] | None] = list(self.preds) if self.preds else [
             (self.pick_pred.ttft_s, self.pick_pred.tpot_s) if self.pick_pred is not None else None for _ in nodes]
         probs: list[float | None] = list(self.probs) if self.probs else [None] * len(nodes)
+        terms = _terms_of(self, len(nodes)) if self.nodes else {}
         if len(nodes) > CTX_NODES:   # keep the likeliest (the pick always)
             idx = sorted(range(len(nodes)), key=lambda i: -(probs[i] or 0.0))[:CTX_NODES]
             nodes, preds, probs = [nodes[i] for i in idx], [preds[i] for i in idx], [probs[i] for i in idx]
+            terms = {k: [col[i] for i in idx] for k, col in terms.items()}
         out["ctx"] = _ctx(nodes, preds, probs)
+        out["ctx"].update(terms)
+        if self.interference > 0:
+            out["interference"] = {"weight": self.interference, "charged": self.others is not None}
         out["ctx_total"] = len(self.nodes) or len(nodes)
         gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
         if gpu:
             out["gpu"] = gpu
         return out
+
+
+def _terms_of(info: LearnedInfo, n: int) -> dict[str, list[Any]]:
+    """The scorer's per-candidate columns that line up with the ``n`` candidates (none that do not)."""
+    out: dict[str, list[Any]] = {}
+    if len(info.slack) == n:
+        out["slack_permille"] = _permille(info.slack)
+    if info.others is not None and len(info.others) == n:
+        out["others_us"] = [_us(x) for x in info.others]
+    if info.reserved is not None and len(info.reserved) == n:
+        out["reserved_permille"] = _permille(info.reserved)
+    return out
 
 
 @dataclass

@@ -40,6 +40,8 @@ class GuardedRouter(Router):
         self.lifecycle = lifecycle
         self._bound = [s for s, _ in scorers if hasattr(s, "bind")]
         self._explainer = next((s for s in self._bound if hasattr(s, "last")), None)
+        # The interference weight the explainer charges (recorded with its per-candidate terms).
+        self._beta = float(getattr(getattr(self._explainer, "p", None), "interference", 0.0) or 0.0)
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         lc = self.lifecycle
@@ -71,6 +73,9 @@ class GuardedRouter(Router):
         info.pick = sc.nodes[i]
         info.pick_pred = Prediction(*sc.preds[i])
         info.pick_slack = sc.slack[i]
+        # The scorer's per-candidate terms, for the audit (explain.py bounds them to CTX_NODES).
+        info.slack, info.others, info.reserved = sc.slack, sc.others_s, sc.reserved
+        info.interference = self._beta
         if choice is not None and choice.pick == d.pick and len(choice.probs) == len(names):
             info.probs = choice.probs
             info.propensity = choice.propensity

@@ -2,7 +2,8 @@
 ``node-selector`` filter that applies it.
 
 A selector is a mapping of label → requirement, reusable wherever something must be placed on
-nodes (a model today; a model version or a tenant later, by the same type):
+nodes (a model's and a model version's ``node_selector``, a version's ``selector``; a tenant later,
+by the same type):
 
 - ``gpu: h100`` (or ``== h100``): the label equals the text;
 - ``gpu: "!= t4"``: the label is missing or differs;
@@ -11,7 +12,8 @@ nodes (a model today; a model version or a tenant later, by the same type):
 
 Parsed and validated once, at load (a comparison with a non-number is a
 :class:`~pydantic.ValidationError` naming the label); matching is pure and runs per request only
-for models that have a selector.
+for models that have a selector. :func:`all_of` joins a model's and its version's into the one
+the request carries (``RouteRequest.selector``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, RootModel, model_valida
 
 from .types import Elimination, NodeView, RouteRequest
 
-__all__ = ["NodeSelector", "NodeSelectorFilter", "Term", "label_number"]
+__all__ = ["AllOf", "NodeSelector", "NodeSelectorFilter", "Term", "all_of", "label_number"]
 
 _OPS = (">=", "<=", "!=", "==", ">", "<")   # two-character operators first
 _NUMERIC = frozenset({">=", "<=", ">", "<"})
@@ -124,6 +126,31 @@ class NodeSelector(RootModel[dict[str, Any]]):
                 have = labels.get(t.label)
                 out.append(f"{t} (has {t.label}={have})" if have is not None else f"{t} (no {t.label})")
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf:
+    """Every one of ``parts`` must hold (a model's selector and its version's)."""
+
+    parts: tuple[NodeSelector, ...]
+
+    def matches(self, labels: tuple[tuple[str, str], ...] | dict[str, str]) -> bool:
+        have = labels if isinstance(labels, dict) else dict(labels)
+        return all(p.matches(have) for p in self.parts)
+
+    def describe(self) -> str:
+        return ", ".join(p.describe() for p in self.parts)
+
+    def missing(self, labels: dict[str, str]) -> list[str]:
+        return [m for p in self.parts for m in p.missing(labels)]
+
+
+def all_of(*selectors: NodeSelector | None) -> NodeSelector | AllOf | None:
+    """The selectors given (None ones dropped) as one: None, the only one, or :class:`AllOf`."""
+    parts = tuple(s for s in selectors if s is not None)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else AllOf(parts)
 
 
 class _NoParams(BaseModel):

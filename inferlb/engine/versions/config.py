@@ -6,12 +6,20 @@ A model with versions::
       - name: llama-8b
         versions:
           - {name: v1, weight: 100, selector: {track: stable}}
-          - {name: v2, weight: 0, nodes: [gpu-7], upstream_name: llama-8b-v2}
+          - {name: v2, weight: 0, nodes: [gpu-7], upstream_name: llama-8b-v2,
+             node_selector: {gpu_memory_gib: ">= 80"}}
 
-Each version names the nodes that serve it (``nodes``) or a label ``selector`` (every label must
-match), or neither (every node that serves the model). ``upstream_name`` is the model name its
-nodes know it by (default: the model's ``upstream_name``, else its name): two versions may share
-nodes and differ only by it (two LoRA adapters, two tags of one server).
+Each version names the nodes that serve it (``nodes``) or a label ``selector`` (every requirement
+must hold), or neither (every node that serves the model). ``selector`` takes the node-selector
+syntax (engine/routing/selector.py: ``track: stable``, ``gpu_memory_gib: ">= 80"``, ``!= t4``).
+``node_selector`` is the version's hardware requirement, joined with the model's ``node_selector``:
+the ``node-selector`` filter applies both to the version's nodes per request, so a node that does
+not meet it is eliminated with the reason in the audit record (``selector`` decides which nodes
+run the version; ``node_selector`` what they must have). The fleet loader checks that some node of
+the version meets both, and that every label they compare as a number is a number there.
+``upstream_name`` is the model name its nodes know it by (default: the model's ``upstream_name``,
+else its name): two versions may share nodes and differ only by it (two LoRA adapters, two tags of
+one server).
 
 :func:`version_problems` returns the first problem as ``(key path, message)``, so the fleet loader
 (``engine/settings.py``) raises one ConfigError naming file, key path and problem. It does not
@@ -27,6 +35,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..routing.selector import NodeSelector
+
 __all__ = ["VERSION_NAME", "VersionConfig", "version_nodes", "version_problems"]
 
 # Version names reach metric labels, audit rows and an HTTP header: short, no spaces or slashes.
@@ -41,8 +51,9 @@ class VersionConfig(BaseModel):
     name: str
     weight: float = Field(1.0, ge=0)
     nodes: list[str] | None = None                 # node names, or
-    selector: dict[str, str] | None = None         # node labels that must all match
+    selector: NodeSelector | None = None           # node labels that must all match (which nodes run it)
     upstream_name: str | None = None               # the name the nodes know this version by
+    node_selector: NodeSelector | None = None      # what its nodes must have (joined with the model's)
 
     @field_validator("name")
     @classmethod
@@ -69,7 +80,7 @@ def version_nodes(version: VersionConfig, model: str, nodes: Sequence[Any]) -> l
         return [n.name for n in serving if n.name in wanted]
     if version.selector is not None:
         sel = version.selector
-        return [n.name for n in serving if all(n.labels.get(k) == v for k, v in sel.items())]
+        return [n.name for n in serving if sel.matches(n.labels)]
     return [n.name for n in serving]
 
 
@@ -103,7 +114,7 @@ def version_problems(models: Sequence[Any], nodes: Sequence[Any]) -> tuple[str, 
                     if m.name not in node.models:
                         return f"{path}.nodes[{k}]", f"node {name!r} does not serve model {m.name!r}"
             elif not version_nodes(v, m.name, nodes):
-                what = f"selector {v.selector}" if v.selector is not None else "the model"
+                what = f"selector {v.selector.describe()}" if v.selector is not None else "the model"
                 return path, f"no node of model {m.name!r} matches {what}"
         total = sum(v.weight for v in versions)
         if not total > 0:

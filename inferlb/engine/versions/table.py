@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..routing.selector import all_of
+from ..routing.types import LabelSelector
 from .assign import choose, sticky_key
 from .config import VersionConfig, version_nodes
 
@@ -28,13 +30,15 @@ __all__ = ["ModelVersions", "Version", "VersionTable"]
 
 @dataclass(frozen=True, slots=True)
 class Version:
-    """One version as routing and dispatch use it."""
+    """One version as routing and dispatch use it. ``selector``: the node labels a request for it
+    requires, the model's ``node_selector`` and the version's joined (None: any node)."""
 
     model: str
     name: str
     weight: float
     nodes: frozenset[str]
     upstream_name: str | None = None
+    selector: LabelSelector | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,8 @@ def _build(model: Any, nodes: Sequence[Any], weights: Mapping[str, float] | None
         w = vc.weight if weights is None else weights.get(vc.name, 0.0)
         out.append(Version(model=model.name, name=vc.name, weight=float(w),
                            nodes=frozenset(version_nodes(vc, model.name, nodes)),
-                           upstream_name=vc.upstream_name or model.upstream_name))
+                           upstream_name=vc.upstream_name or model.upstream_name,
+                           selector=all_of(getattr(model, "node_selector", None), vc.node_selector)))
     return ModelVersions(model.name, tuple(out), overridden=weights is not None)
 
 
