@@ -11,7 +11,13 @@ one asyncio task:
   20 % is lower than the current model's, or when the current one cannot be used;
 * after each turn: the lifecycle's state changes become ``node_events`` rows (node
   ``routing:learned``, from / to the predictor states, the reason and the error as evidence) and
-  log lines; the Prometheus figures are read at scrape time (observability/learned.py).
+  log lines; the Prometheus figures are read at scrape time (observability/learned.py);
+* persistence (``routing.predictor.persist``, on by default): at :meth:`start` the predictor
+  saved in the database (engine/store/predictors.py) is restored with its version when it fits the
+  configured one (routing/predictor_state.py), else ignored with a ``restore_ignored`` event
+  saying why (routing then starts from the untrained model, as without a saved one); the state is
+  saved after each installed retrain, every ``save_interval_s`` and at :meth:`close`. A database
+  that is away only costs a log line: routing never waits on it.
 """
 
 from __future__ import annotations
@@ -25,12 +31,15 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from .errors import StoreError
 from .health.types import NodeEvent
 from .routing.explain import context_of
 from .routing.features import features
 from .routing.lifecycle import PredictorLifecycle, observed_from
 from .routing.predictor import Observed, OnlineLinear
+from .routing.predictor_state import IncompatibleState, restore, state_of
 from .store.learned import LearnedAttempt, learned_attempts
+from .store.predictors import load_saved_predictor, save_predictor
 from .types import Clock
 
 __all__ = ["EVENT_NODE", "LearnedLoop", "training_set"]
@@ -85,9 +94,19 @@ class LearnedLoop:
         self.last_retrain: dict[str, Any] | None = None
         self._task: asyncio.Task[None] | None = None
         self._next_retrain = clock.monotonic() + lifecycle.p.retrain_interval_s
+        self._next_save = clock.monotonic() + lifecycle.p.save_interval_s
+        self.saves = 0
+        self.last_saved: dict[str, Any] | None = None
+        self.restored: dict[str, Any] | None = None
+
+    @property
+    def _persist(self) -> bool:
+        return self.engine is not None and self.lc.p.persist
 
     async def start(self) -> None:
         if self._task is None:
+            if self._persist:
+                await self.restore()
             self._task = asyncio.create_task(self._run(), name="inferlb-learned-routing")
 
     async def close(self) -> None:
@@ -96,6 +115,52 @@ class LearnedLoop:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            if self._persist:
+                await self.save()
+
+    async def restore(self) -> dict[str, Any] | None:
+        """Restore the saved predictor (see the module docstring); what happened, or None when
+        nothing was saved."""
+        assert self.engine is not None
+        try:
+            saved = await asyncio.to_thread(load_saved_predictor, self.engine, EVENT_NODE)
+        except StoreError as exc:
+            log.warning("learned routing: the saved predictor cannot be read (%s); starting untrained", exc)
+            return {"restored": False, "why": str(exc)}
+        if saved is None:
+            return None
+        evidence = {"saved_version": saved.version, "saved_at": saved.saved_at, "type": saved.type}
+        try:
+            if saved.problem is not None:
+                raise IncompatibleState(saved.problem)
+            model = restore(saved.state, self.lc.p)
+        except IncompatibleState as exc:
+            self.lc.note("restore_ignored", f"saved predictor v{saved.version} ignored: {exc}; "
+                         "starting from the untrained model", evidence)
+            out: dict[str, Any] = {"restored": False, "why": str(exc), **evidence}
+        else:
+            self.lc.restore(model, "restored from the database", {**evidence, "seen": model.seen})
+            out = {"restored": True, **evidence}
+        self.restored = out
+        self.publish()
+        return out
+
+    async def save(self) -> bool:
+        """Save the current predictor (a snapshot taken here, on the loop; written in a thread).
+        False when there is nothing this gateway saves or the database refused (logged)."""
+        assert self.engine is not None
+        state = state_of(self.lc.model)
+        if state is None:
+            return False
+        at = self.clock.time()
+        try:
+            await asyncio.to_thread(save_predictor, self.engine, EVENT_NODE, state, at=at)
+        except StoreError as exc:
+            log.warning("learned routing: saving predictor v%s failed: %s", state["version"], exc)
+            return False
+        self.saves += 1
+        self.last_saved = {"version": state["version"], "seen": state["seen"], "at": round(at, 6)}
+        return True
 
     async def _run(self) -> None:
         p = self.lc.p
@@ -107,6 +172,9 @@ class LearnedLoop:
                 if p.retrain_interval_s > 0 and self.engine is not None and due:
                     self._next_retrain = self.clock.monotonic() + p.retrain_interval_s
                     await self.retrain()
+                if p.save_interval_s > 0 and self._persist and self.clock.monotonic() >= self._next_save:
+                    self._next_save = self.clock.monotonic() + p.save_interval_s
+                    await self.save()
             except Exception:   # the loop must outlive one bad turn; routing falls back by itself
                 log.exception("learned routing: training turn failed")
 
@@ -121,7 +189,7 @@ class LearnedLoop:
         for ev in self.lc.take_events():
             text = f"learned routing: predictor v{ev['version']} {ev['from']} → {ev['to']}: {ev['reason']}"
             (log.warning if ev["to"] in ("drifted", "faulted") else log.info)(text)
-            events.append(NodeEvent(EVENT_NODE, ev["from"], ev["to"] if ev["kind"] == "state" else "installed",
+            events.append(NodeEvent(EVENT_NODE, ev["from"], ev["to"] if ev["kind"] == "state" else ev["kind"],
                                      ev["reason"], round(float(ev["at"] or self.clock.time()), 6),
                                      {**ev["evidence"], "version": ev["version"]}))
         if events and self.record is not None:
@@ -136,6 +204,8 @@ class LearnedLoop:
         self.last_retrain = out
         if out.get("install") is not None:
             self.lc.install(out.pop("install"), "scheduled retrain from the audit trail", out)
+            if self._persist:
+                await self.save()
         self.publish()
         return out
 

@@ -17,6 +17,7 @@ from inferlb.engine.store import (
     events,  # noqa: F401  (registers node_events on Base.metadata)
     leases,  # noqa: F401  (registers leader_leases)
     overrides,  # noqa: F401  (registers node_overrides, fleet_revision)
+    predictors,  # noqa: F401  (registers routing_predictors)
     scaling,  # noqa: F401  (registers scaling_events on Base.metadata)
 )
 from inferlb.engine.store.db import downgrade, is_sqlite, make_engine, migrations_dir, normalize_url, upgrade

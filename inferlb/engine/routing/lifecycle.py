@@ -11,6 +11,7 @@
   TTFT and TPOT windows of ``window`` observations each) is what is watched; answers of nodes
   the gateway had not measured yet (their prediction is the prior's) train but are not counted;
 * :meth:`install`: a retrained model (a higher version) replaces the current one;
+  :meth:`restore`: a saved one (engine/learned_loop.py, at start-up) keeps its own version;
 * :meth:`fault`: a decision found the predictor's answer unusable (NaN, ≤ 0).
 
 States (each change queued as an event, :meth:`take_events`, and counted):
@@ -62,6 +63,10 @@ class LifecycleParams(BaseModel):
     retrain_interval_s: float = Field(600.0, ge=0)   # scheduled retrain from the audit trail (0: never)
     retrain_rows: int = Field(20_000, ge=100)     # the most recent answers it reads
     retrain_min_rows: int = Field(200, ge=10)     # fewer usable answers: no retrain this time
+    # Saved to the database (engine/learned_loop.py) after each retrain, this often (0: only then
+    # and at shutdown) and at shutdown; restored at start-up when it fits these settings.
+    persist: bool = True
+    save_interval_s: float = Field(300.0, ge=0)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> LifecycleParams:
@@ -225,7 +230,19 @@ class PredictorLifecycle:
             self._check()
         return n
 
-    def install(self, model: LatencyPredictor, reason: str, evidence: dict[str, Any] | None = None) -> None:
+    def restore(self, model: LatencyPredictor, reason: str, evidence: dict[str, Any] | None = None) -> None:
+        """Make a saved ``model`` the active predictor with its own version (at start-up, over the
+        configured untrained one), so versions go on from where the saved one was."""
+        self.version = 0
+        self.install(model, reason, evidence, kind="restored")
+
+    def note(self, kind: str, reason: str, evidence: dict[str, Any] | None = None) -> None:
+        """Queue an event that changes no state (a saved predictor ignored, say)."""
+        self.events.append({"kind": kind, "from": self.state, "to": self.state, "version": self.version,
+                            "reason": reason, "at": self._clock(), "evidence": dict(evidence or {})})
+
+    def install(self, model: LatencyPredictor, reason: str, evidence: dict[str, Any] | None = None, *,
+                kind: str = "installed") -> None:
         """Make ``model`` the active predictor; its version is kept (or assigned, if not higher)."""
         version = max(int(getattr(model, "version", 0) or 0), self.version + 1)
         with contextlib.suppress(AttributeError):   # a user's predictor may not let us set it
@@ -235,7 +252,7 @@ class PredictorLifecycle:
         self.learned = int(getattr(model, "seen", 0) or 0)
         self.faults_in_a_row = 0
         self._ok_in_a_row = 0
-        self.events.append({"kind": "installed", "from": None, "to": self.state, "version": version,
+        self.events.append({"kind": kind, "from": None, "to": self.state, "version": version,
                             "reason": reason, "at": self._clock(), "evidence": dict(evidence or {})})
         if self.state == "faulted":
             self._to("warming", f"predictor v{version} installed ({reason})", {"version": version})

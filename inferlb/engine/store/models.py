@@ -24,6 +24,8 @@ Contract:
 * Migration ``0006_rollouts`` adds ``rollouts`` (one canary rollout each; at most one ``running``
   per model, kept by a partial unique index), ``rollout_events`` (every decision of a rollout) and
   ``api_keys.pin_versions`` (the key may pin a model version with ``x-inferlb-model-version``).
+* Migration ``0010_routing_predictors`` adds ``routing_predictors``: the learned routing
+  predictor's saved state (:mod:`inferlb.engine.store.predictors`).
 """
 
 from __future__ import annotations
