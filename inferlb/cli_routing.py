@@ -2,12 +2,18 @@
 
     inferlb routing evaluate --policy token-aware [--since 24h] [--until …] [--metric e2e|ttft]
                              [--failure-cost-s 30] [--limit 20000] [--json] [--database-url …]
+                             [--against learned|logged --max-regression 0.05 --estimator snips]
 
 Reads the attempts of decisions the ``learned`` profile logged with a propensity
 (engine/store/learned.py), replays each under ``--policy`` (routing/ope_replay.py) and prints
 the estimated mean cost per decision (seconds; lower is better) by IPS, self-normalised IPS and
 doubly robust estimation with 95 % bootstrap intervals, next to what the logging policy measured.
 A failed attempt costs ``--failure-cost-s``. Exit status 1 when there is nothing to evaluate on.
+
+With ``--against`` it is the check a gated reload runs (``routing.require_evaluation``,
+routing/gate.py): ``--policy`` against a current profile (``logged``: the policy that logged the
+decisions, by what it measured) with ``--max-regression`` and ``--min-ess``; it prints the
+verdict and exits 1 when the change would be refused (a CI step before a reload).
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from .engine.errors import InferlbError
-from .engine.routing.ope_replay import MIN_ESS, REWARD_MODELS, LoggedDecision, evaluate, softmax_policy
+from .engine.policy_gate import logged_decisions, reward_of
+from .engine.routing.gate import EvaluationRequirement, judge
+from .engine.routing.ope_replay import MIN_ESS, REWARD_MODELS, evaluate, softmax_policy
 from .engine.store.db import make_engine
-from .engine.store.learned import LearnedAttempt, learned_attempts
+from .engine.store.learned import learned_attempts
 from .engine.store.queries import parse_time
 
 __all__ = ["add_routing_parser", "reward_of", "routing_command"]
@@ -46,18 +54,16 @@ def add_routing_parser(sub: Any) -> None:
                    help=f"refuse (insufficient overlap) below this effective sample size ({MIN_ESS:g})")
     e.add_argument("--reward-model", dest="reward_model", choices=list(REWARD_MODELS), default="fitted",
                    help="DR's reward model: fitted on the logged costs (default) or the logged predictions")
+    e.add_argument("--against", metavar="PROFILE",
+                   help="judge --policy against this current profile ('logged': the policy that logged the "
+                        "decisions) as a gated reload would; exit status 1 when it would be refused")
+    e.add_argument("--max-regression", dest="max_regression", type=float, default=0.05,
+                   help="with --against: how much worse (a fraction) the policy may be estimated (0.05)")
+    e.add_argument("--estimator", choices=["snips", "dr", "ips"], default="snips",
+                   help="with --against: the estimator compared (snips)")
     e.add_argument("--json", action="store_true")
     e.add_argument("--database-url", dest="database_url")
     e.add_argument("--config", type=Path)
-
-
-def reward_of(a: LearnedAttempt, metric: str, failure_cost_s: float) -> float | None:
-    """The cost of one attempt: its e2e (or streamed TTFT) seconds; a failure costs ``failure_cost_s``."""
-    if a.outcome != "ok":
-        return failure_cost_s
-    if metric == "ttft":
-        return a.ttfb_s if a.stream else None
-    return a.e2e_s
 
 
 def routing_command(args: argparse.Namespace, database_url: str) -> int:
@@ -73,12 +79,10 @@ def routing_command(args: argparse.Namespace, database_url: str) -> int:
     except InferlbError as exc:
         print(f"error: {exc}")
         return 2
-    logged = []
-    for a in rows:
-        r = reward_of(a, args.metric, args.failure_cost_s)
-        if r is not None:
-            logged.append(LoggedDecision(a.model, a.learned, r))
+    logged = logged_decisions(rows, args.metric, args.failure_cost_s)
     # (getattr: a Namespace built by hand, as the integration test does, may lack the newer options)
+    if getattr(args, "against", None) is not None:
+        return _gate(args, logged, len(rows))
     softmax = getattr(args, "softmax", None)
     try:
         policy: Any = args.policy if softmax is None else softmax_policy(args.policy, softmax, seed=args.seed)
@@ -93,6 +97,26 @@ def routing_command(args: argparse.Namespace, database_url: str) -> int:
     else:
         _print(out)
     return 1 if "error" in out else 0
+
+
+def _gate(args: argparse.Namespace, logged: list[Any], read: int) -> int:
+    """``--against``: the verdict a gated reload would reach (routing/gate.py)."""
+    try:
+        req = EvaluationRequirement(min_ess=getattr(args, "min_ess", MIN_ESS),
+                                    max_regression=getattr(args, "max_regression", 0.05),
+                                    estimator=getattr(args, "estimator", "snips"), metric=args.metric,
+                                    failure_cost_s=args.failure_cost_s, bootstrap=args.bootstrap, seed=args.seed)
+        against = "the logging policy" if args.against == "logged" else args.against
+        verdict = judge(logged, args.policy, against, req, current_logged=args.against == "logged")
+    except (ValueError, InferlbError) as exc:
+        print(f"error: {exc}")
+        return 2
+    verdict["decisions_read"] = read
+    if args.json:
+        print(json.dumps(verdict, indent=1))
+    else:
+        print(("PASSED: " if verdict["passed"] else "REFUSED: ") + verdict["reason"])
+    return 0 if verdict["passed"] else 1
 
 
 def _print(out: dict[str, Any]) -> None:

@@ -56,8 +56,11 @@ from .health.monitor import HealthMonitor
 from .health.probe import targets_for
 from .health.types import NodeEvent
 from .observability.hub import Observability
+from .policy_gate import gate_routing_change, requirement_for, routing_changed, verdict_event
 from .rollout.manager import RolloutManager
 from .routing import build_router
+from .routing.lifecycle import LifecycleParams
+from .routing.profiles import Router
 from .scope import Snapshot
 from .settings import FleetConfig, Settings
 from .startup import Checked
@@ -161,6 +164,7 @@ class LiveConfig:
             self._restart_only(eff.cfg)
             if self.rollouts is not None:
                 self.rollouts.check_config(eff.cfg, source=self._source())
+            evaluation = await self._gate_routing(eff.cfg, actor or {})
             old = self.gateway.snapshot
             changes = self._swap(eff, checked.request_process, checked.health_process,
                                  {"trigger": trigger, **(actor or {})}, rollout=checked.rollout_process)
@@ -176,6 +180,7 @@ class LiveConfig:
                                        "version": checked.rollout_process.version}
                    if checked.rollout_process is not None else None,
                    "config_version": eff.version, "previous_config_version": old.config_version,
+                   "routing_evaluation": evaluation,
                    "nodes": changes, "versions": self.gateway.rt.versions.describe(),
                    "took_ms": round((self.clock.monotonic() - t0) * 1000.0, 3)}
             self.last_change = {"at": round(self.clock.time(), 6), "kind": "reload", **out}
@@ -190,11 +195,61 @@ class LiveConfig:
                 raise Conflict(f"{self._source()}: {key}: this section changed, and a running gateway cannot take "
                                f"it (it is built once at start-up): restart to apply it, or undo the change "
                                f"to reload the rest", param=key, code="restart_required")
-        if cfg.routing != current.routing and (self.gateway.rt.learner is not None or cfg.routing.profile == "learned"):
-            # The learned profile's predictor, training loop and metrics are wired once (engine/app.py).
-            raise Conflict(f"{self._source()}: routing: the learned profile is built once at start-up; restart to "
-                           f"change routing to or from it, or its settings", param="routing",
+        if cfg.routing != current.routing:
+            self._router_for(cfg)   # 409 restart_required when it needs a predictor not wired at start-up
+
+    def _router_for(self, cfg: FleetConfig) -> Router:
+        """The router of ``cfg.routing``. The learned profile's predictor, training loop and
+        metrics are wired once (engine/app.py): a routing whose scorers need a predictor reloads
+        only onto that same lifecycle (same ``routing.predictor``); switching away from it reloads
+        (the predictor stays wired, idle). Anything else: 409 ``restart_required``."""
+        r = cfg.routing
+        learner = self.gateway.rt.learner
+        same = learner is not None and _predictor_params(r.predictor) == learner.p
+        router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
+                              seed=r.seed, sample=r.sample, predictor=r.predictor, clock=self.clock.time,
+                              lifecycle=learner if same else None)
+        if getattr(router, "lifecycle", None) is not None and not same:
+            why = ("a routing with a latency predictor is built once at start-up" if learner is None else
+                   "routing.predictor differs from the predictor wired at start-up")
+            raise Conflict(f"{self._source()}: routing: {why}; restart to apply it", param="routing",
                            code="restart_required")
+        return router
+
+    async def _gate_routing(self, cfg: FleetConfig, actor: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The off-policy evaluation a routing-policy change must pass first (engine/policy_gate.py):
+        None when none is required or the policy is unchanged, the verdict when it passed; 409
+        ``evaluation_failed`` when refused, 503 ``evaluation_unavailable`` without an audit trail.
+        Either outcome is a ``routing:policy`` node event."""
+        old, new = self.effective.cfg.routing, cfg.routing
+        req = requirement_for(old, new)
+        if req is None or not routing_changed(old, new):
+            return None
+        now = self.clock.time()
+        who = {"by": actor.get("by", actor.get("trigger")), "key_id": actor.get("key_id")}
+        try:
+            if self.engine is None:
+                raise StoreError("no audit database")
+            current_logged = getattr(self.gateway.rt.router, "lifecycle", None) is not None
+            # Reading and replaying thousands of decisions is CPU work: off the event loop.
+            verdict = await asyncio.to_thread(gate_routing_change, self.engine, old, new, req,
+                                              current_logged=current_logged, now=now)
+        except StoreError as exc:
+            verdict = {"passed": False, "from": old.profile, "to": new.profile,
+                       "reason": f"the audit trail cannot be read ({exc}), so the change cannot be evaluated"}
+            self._record(verdict_event(verdict, at=now, actor=who))
+            raise Unavailable(f"{self._source()}: routing: {verdict['reason']}; nothing changed",
+                              code="evaluation_unavailable") from exc
+        self._record(verdict_event(verdict, at=now, actor=who))
+        if not verdict["passed"]:
+            raise Conflict(f"{self._source()}: routing: the change from {old.profile} to {new.profile} needs a "
+                           f"passing off-policy evaluation (routing.require_evaluation): {verdict['reason']}; "
+                           f"nothing changed", param="routing", code="evaluation_failed")
+        return verdict
+
+    def _record(self, event: NodeEvent) -> None:
+        if self.record is not None:
+            self.record([event])
 
     # ------------------------------------------------------------------ node overrides (database)
 
@@ -327,12 +382,7 @@ class LiveConfig:
         rt = old.rt
         router = rt.router
         if eff.cfg.routing != rt.fleet_cfg.routing:
-            r = eff.cfg.routing
-            router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
-                                  seed=r.seed, sample=r.sample, predictor=r.predictor, clock=self.clock.time)
-            if getattr(router, "lifecycle", None) is not None:   # a predictor: wired once (engine/app.py)
-                raise Conflict(f"{self._source()}: routing: a routing with a latency predictor is built once at "
-                               f"start-up; restart to apply it", param="routing", code="restart_required")
+            router = self._router_for(eff.cfg)
         for m in eff.cfg.models:
             if m.tokenizer and rt.fleet_cfg.model(m.name) != m:
                 rt.estimator.use_tokenizer(m.name, m.tokenizer)
@@ -380,3 +430,10 @@ class LiveConfig:
                 "overrides_revision": self.revision, "overrides": [o.to_json() for o in self.overrides],
                 "reloads": self.reloads, "changes": self.changes, "last_change": self.last_change,
                 "sync_error": self.sync_error, "poll_s": self.poll_s}
+
+
+def _predictor_params(raw: Mapping[str, Any]) -> LifecycleParams | None:
+    try:
+        return LifecycleParams.model_validate(raw)
+    except ValueError:   # a ValidationError: the fleet check reports it with its key path
+        return None

@@ -34,6 +34,7 @@ from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
 from .health.config import HealthConfig
 from .observability.config import ObservabilityConfig
 from .rollout.config import RolloutConfig
+from .routing.gate import EvaluationRequirement
 from .routing.selector import NodeSelector, all_of, label_number
 from .versions.config import VersionConfig, version_nodes, version_problems
 
@@ -169,6 +170,9 @@ class RoutingConfig(_Strict):
     sample: int | None = Field(None, ge=0)
     # The latency predictor of a profile that learns (``learned``): routing/lifecycle.py LifecycleParams.
     predictor: dict[str, Any] = Field(default_factory=dict)
+    # A live change of the routing policy must first pass an off-policy evaluation on the audit
+    # trail (routing/gate.py, engine/policy_gate.py); None: changes apply without one.
+    require_evaluation: EvaluationRequirement | None = None
 
 
 class RetryPolicy(_Strict):
