@@ -108,6 +108,16 @@ async def test_gated_reload_interference_audit_and_a_restored_predictor(tmp_path
             events = (await http.get("/admin/fleet/events", params={"node": POLICY_NODE})).json()["events"]
             assert [(e["from"], e["to"]) for e in events] == [("learned", "accepted"), ("learned", "refused")]
             assert events[1]["evidence"]["candidate"]["refused"].startswith("insufficient overlap")
+            # back onto the predictor wired at start-up (same routing.predictor): it reloads; other
+            # predictor settings need a restart, refused before any evaluation
+            _write(tmp_path, urls, {**LEARNED, "predictor": {**PREDICTOR, "min_samples": 7}})
+            r = await http.post("/admin/reload")
+            assert r.status_code == 409 and r.json()["error"]["code"] == "restart_required", r.text
+            _write(tmp_path, urls, {**LEARNED, "require_evaluation": gate})
+            r = await http.post("/admin/reload")
+            assert r.status_code == 200 and r.json()["routing_evaluation"]["passed"] is True, r.text
+            assert r.json()["routing_evaluation"]["baseline"]["how"] == "estimated by snips"   # token-aware's
+            assert app.state.gateway.rt.router.lifecycle is lc
             version, learned = lc.version, lc.learned
             probe = RouteRequest("m", 40, 12)
             views = app.state.gateway.rt.fleet.views()
