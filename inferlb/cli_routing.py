@@ -131,7 +131,8 @@ def _print(out: dict[str, Any]) -> None:
         print(f"  REFUSED: {out['refused']}")
         print("  (try --softmax T: a stochastic version of the policy that the log overlaps)")
         return
-    for k, label in (("ips", "IPS"), ("snips", "self-normalised IPS"), ("dr", "doubly robust")):
+    for k, label in (("ips", "IPS"), ("snips", "self-normalised IPS"), ("dr", "doubly robust"),
+                     ("switch_dr", "SWITCH-DR (τ 10)")):
         e = out[k]
         print(f"  {label:22} {e['value']:.4f}   95% CI [{e['ci_low']:.4f}, {e['ci_high']:.4f}]")
     print(f"  DR reward model: {out['reward_model']}. Accuracy (±5 % in the simulator) holds only where the log "

@@ -8,7 +8,8 @@ Loads that script's ``bench(profile, n, iters)`` (decide alone, and select = ``F
 decide + ``Decision.to_json()``) and runs it for ``token-aware``, ``learned`` with its predictor
 active (``min_samples`` 0: every decision predicts, explores and logs its propensity and context)
 and ``learned`` while the predictor warms up (the token-aware fallback plus the pick's
-prediction), and ``learned`` with the interference term on, and with the tail reservation on.
+prediction), and ``learned`` with the interference term on, with the tail reservation on, and with
+the reservation, the size-aware interference and the prefill interference on together.
 Prints p50 / p99 µs per decision.
 """
 
@@ -41,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
                                  {"predicted-latency": {"interference": 1.0, "elasticity": None}}),
         # the tail reservation (predicted-latency's opt-in params); the request is short, so it is charged
         "learned+reserve": ("learned", {"min_samples": 0},
-                            {"predicted-latency": {"reserve": 0.7, "reserve_min_output": 700, "reserve_fast": 0.1}})}
+                            {"predicted-latency": {"reserve": 0.7, "reserve_min_output": 700, "reserve_fast": 0.1}}),
+        # all three terms at once, the frontier setting of docs/benchmarks.md ("prefill interference")
+        "learned+reserve+both": ("learned", {"min_samples": 0},
+                                 {"predicted-latency": {"reserve": 0.9, "reserve_min_output": 800, "reserve_fast": 0.1,
+                                                        "interference": 2.0, "interference_max_output": 64,
+                                                        "prefill_interference": 1.0}})}
     print(f"{'variant':20} {'nodes':>5} {'decide p50':>10} {'p99':>7} {'select p50':>10} {'p99':>7}  µs")
     for label, (profile, predictor, params) in variants.items():
         def make(p: str, seed: int | None = None, _pred: Any = predictor, _params: Any = params, **kw: Any) -> Any:

@@ -174,7 +174,7 @@ def ope_check(learned_run: ProfileRun, on_policy: dict[str, ProfileRun], *, n_bo
         entry: dict[str, Any] = {"measured": measured, "measured_all": sum(run.cost) / len(run.cost),
                                  "ess": est.get("ess"), "skipped": est.get("skipped"), "n": est.get("n"),
                                  "refused": est.get("refused")}
-        for k in ("ips", "snips", "dr"):
+        for k in ("ips", "snips", "dr", "switch_dr"):
             e = est.get(k) or (est.get("withheld") or {}).get(k)
             if isinstance(e, dict):
                 entry[k] = e
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"(insufficient overlap, ESS < {a.min_ess:g}): the ±5 % criterion applies only where "
                         "the log overlaps the policy")
                     continue
-                for m in ("snips", "dr"):
+                for m in ("snips", "dr", "switch_dr"):
                     errs = [e.get(f"{m}_error") for e in entries]
                     goals[f"OPE ({m.upper()}) of {target} within ±5 %"] = all(
                         x is not None and abs(x) <= 0.05 for x in errs)
@@ -343,7 +343,7 @@ def _print(r: dict[str, Any]) -> None:
             if not e:
                 continue
             parts = [f"{m.upper()} {e[m]['value']:.3f} [{e[m]['ci_low']:.3f}, {e[m]['ci_high']:.3f}] "
-                     f"({e[m + '_error']:+.1%})" for m in ("snips", "dr") if m in e]
+                     f"({e[m + '_error']:+.1%})" for m in ("snips", "dr", "switch_dr") if m in e]
             flag = "  REFUSED (insufficient overlap; withheld values shown)" if e.get("refused") else ""
             print(f"OPE seed {o['seed']} {pol:12} measured {e['measured']:.3f} s on the {o['logged']} logged rows "
                   f"(all rows {e['measured_all']:.3f}); " + "; ".join(parts) + f"; ESS {_f(e['ess'], '.0f')}{flag}")

@@ -144,9 +144,9 @@ def test_refuses_below_the_effective_sample_size_threshold() -> None:
     out = evaluate(logged, "token-aware", n_boot=20, min_ess=200)
     assert out["ess"] < 200
     assert out["refused"].startswith("insufficient overlap")
-    assert not {"ips", "snips", "dr", "withheld"} & set(out)
+    assert not {"ips", "snips", "dr", "switch_dr", "withheld"} & set(out)
     kept = evaluate(logged, "token-aware", n_boot=20, min_ess=200, keep_refused=True)
-    assert set(kept["withheld"]) == {"ips", "snips", "dr"}
+    assert set(kept["withheld"]) == {"ips", "snips", "dr", "switch_dr"}
     # the same log with the threshold at 0 gives the numbers (the caller's explicit choice)
     assert "snips" in evaluate(logged, "token-aware", n_boot=20, min_ess=0)
 
@@ -187,3 +187,22 @@ def test_the_reward_model_is_cross_fitted_on_logged_costs() -> None:
     assert q2[1] != pytest.approx(q[1])
     with pytest.raises(ValueError):
         rounds_for([], "token-aware", reward_model="oracle")
+
+
+def test_switch_dr_drops_the_correction_of_heavy_rounds_only() -> None:
+    # Two rounds with a reward model: w = 0.5 (kept) and w = 20 (over τ 10: q̂ alone);
+    # one heavy round without a reward model keeps its IPS term.
+    rounds = [Round(2.0, 0.5, 0.25, q_logged=1.5, q_target=1.0),
+              Round(4.0, 0.05, 1.0, q_logged=3.0, q_target=3.0),
+              Round(1.0, 0.05, 1.0)]
+    est = estimate(rounds, n_boot=50, seed=1, switch_tau=10.0)
+    dr = ((1.0 + 0.5 * 0.5) + (3.0 + 20 * 1.0) + 20 * 1.0) / 3
+    switch = ((1.0 + 0.5 * 0.5) + 3.0 + 20 * 1.0) / 3
+    assert est["dr"].value == pytest.approx(dr)
+    assert est["switch_dr"].value == pytest.approx(switch)
+    assert est["switched"] == 1
+    # τ above every weight: SWITCH-DR is DR
+    wide = estimate(rounds, n_boot=50, seed=1, switch_tau=100.0)
+    assert wide["switch_dr"].value == pytest.approx(dr) and wide["switched"] == 0
+    with pytest.raises(ValueError):
+        estimate(rounds, switch_tau=0.0)

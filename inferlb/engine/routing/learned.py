@@ -47,6 +47,10 @@ class PredictedLatencyParams(BaseModel):
     # A candidate is fast when its predicted TPOT ≤ (1 + reserve_fast) × the fastest candidate's.
     reserve_fast: float = Field(0.25, ge=0)
     reserve_weight: float = Field(1.0, ge=0)
+    # Prefill interference (0: off): the weight of the stall this request's prompt is predicted to
+    # cause the requests in flight on the node (a step that prefills a prompt, or a chunk of one,
+    # is longer for every running sequence); see PredictedLatency.
+    prefill_interference: float = Field(0.0, ge=0)
 
 
 @dataclass
@@ -100,7 +104,15 @@ class PredictedLatency:
 
     (nothing while it fits below the reserve, the full weight when it would fill it), so short
     work spreads to the slower classes while they have slack, and still takes a fast node when
-    every other choice is worse by more than the charge. Long requests are scored as without it."""
+    every other choice is worse by more than the charge. Long requests are scored as without it.
+
+    Prefill interference (``prefill_interference`` = γ > 0): an engine step that prefills a prompt
+    delays every sequence running there by that prefill, and prefill speed differs across GPU
+    classes far more than decode speed (a long prompt on a slow-prefill node stalls its whole
+    batch). The stall is taken as the request's predicted TTFT there (its prefill plus any wait: an
+    upper bound on the prefill alone, as the router has no separate prefill estimate) times the
+    node's in-flight requests n, and the latency judged is own e2e + γ · TTFT · n (on top of the
+    decode interference above, when that is on). Applies to every request, long or short."""
 
     type_name = "predicted-latency"
     Params = PredictedLatencyParams
@@ -145,10 +157,13 @@ class PredictedLatency:
         others = self._others(req, nodes, preds, model) if charged else None
         reserved = (self._reserved(req, nodes, preds)
                     if self.p.reserve > 0 and req.output_tokens < self.p.reserve_min_output else None)
+        bp = self.p.prefill_interference
         for i, (a, b) in enumerate(preds):
             own = a + b * rest
             if others is not None:
                 own += beta * others[i]
+            if bp > 0:
+                own += bp * a * max(0, nodes[i].inflight_requests)
             s = (e2e_budget - own) / e2e_budget
             if ttft_budget is not None:
                 s = min(s, (ttft_budget - a) / ttft_budget)

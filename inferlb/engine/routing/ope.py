@@ -10,6 +10,10 @@ reward model's estimate q̂ for that action (``q_logged``) and its expectation u
 * SNIPS (self-normalised IPS): Σ w·r / Σ w. Slightly biased, much lower variance;
 * DR (doubly robust): mean(q_target + w · (r − q_logged)). Unbiased if either the propensities
   or the reward model is right; falls back to IPS terms where no q̂ was logged.
+* SWITCH-DR (a per-round form of the SWITCH estimator):
+  mean(q_target + [w ≤ τ] · w · (r − q_logged)): DR where the weight is at most ``switch_tau``
+  (τ), the reward model alone where a round's weight is larger. Trades the variance of the few
+  heavy rounds for the reward model's bias on them; rounds without q̂ keep their IPS term.
 
 Confidence intervals: percentile bootstrap over rounds (``n_boot`` resamples, seeded). The
 effective sample size (Σw)² / Σw² says how many logged rounds the estimate is really worth.
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Estimate", "Round", "estimate"]
+__all__ = ["SWITCH_TAU", "Estimate", "Round", "estimate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,19 +52,27 @@ class Estimate:
         return {"method": self.method, "value": self.value, "ci_low": self.low, "ci_high": self.high, "n": self.n}
 
 
-def _values(r: np.ndarray, w: np.ndarray, qa: np.ndarray, qpi: np.ndarray) -> dict[str, float]:
+SWITCH_TAU = 10.0
+
+
+def _values(r: np.ndarray, w: np.ndarray, qa: np.ndarray, qpi: np.ndarray, keep: np.ndarray) -> dict[str, float]:
     sw = float(w.sum())
+    corr = w * (r - qa)
     return {"ips": float(np.mean(w * r)),
             "snips": float((w * r).sum() / sw) if sw > 0 else float("nan"),
-            "dr": float(np.mean(qpi + w * (r - qa)))}
+            "dr": float(np.mean(qpi + corr)),
+            "switch_dr": float(np.mean(qpi + np.where(keep, corr, 0.0)))}
 
 
-def estimate(rounds: Sequence[Round], *, n_boot: int = 500, alpha: float = 0.05, seed: int = 0
-             ) -> dict[str, Any]:
-    """IPS, SNIPS and DR with (1 − ``alpha``) bootstrap intervals, the logging policy's own mean
-    (``logged``), the effective sample size and the number of rounds."""
+def estimate(rounds: Sequence[Round], *, n_boot: int = 500, alpha: float = 0.05, seed: int = 0,
+             switch_tau: float = SWITCH_TAU) -> dict[str, Any]:
+    """IPS, SNIPS, DR and SWITCH-DR (weight threshold ``switch_tau``) with (1 − ``alpha``)
+    bootstrap intervals, the logging policy's own mean (``logged``), the effective sample size,
+    the number of rounds and ``switched`` (rounds whose correction SWITCH-DR dropped)."""
     if not rounds:
         raise ValueError("no logged rounds to evaluate")
+    if not switch_tau > 0:
+        raise ValueError("switch_tau must be > 0")
     r = np.array([x.reward for x in rounds], dtype=float)
     mu = np.array([x.propensity for x in rounds], dtype=float)
     if np.any(mu <= 0) or not np.all(np.isfinite(mu)):
@@ -70,13 +82,16 @@ def estimate(rounds: Sequence[Round], *, n_boot: int = 500, alpha: float = 0.05,
     # Where no reward model was logged, DR's term is the IPS term (q̂ = 0).
     qa = np.array([0.0 if x.q_logged is None or x.q_target is None else x.q_logged for x in rounds])
     qpi = np.array([0.0 if x.q_logged is None or x.q_target is None else x.q_target for x in rounds])
-    point = _values(r, w, qa, qpi)
+    has_q = np.array([x.q_logged is not None and x.q_target is not None for x in rounds])
+    # A heavy round is switched to the reward model only where there is one.
+    keep = (w <= switch_tau) | ~has_q
+    point = _values(r, w, qa, qpi, keep)
     rng = np.random.default_rng(seed)
     n = len(rounds)
     boots: dict[str, list[float]] = {k: [] for k in point}
     for _ in range(n_boot):
         idx = rng.integers(0, n, n)
-        for k, v in _values(r[idx], w[idx], qa[idx], qpi[idx]).items():
+        for k, v in _values(r[idx], w[idx], qa[idx], qpi[idx], keep[idx]).items():
             boots[k].append(v)
     out: dict[str, Any] = {}
     for k, v in point.items():
@@ -86,4 +101,5 @@ def estimate(rounds: Sequence[Round], *, n_boot: int = 500, alpha: float = 0.05,
     out["logged"] = float(r.mean())
     out["ess"] = sw * sw / sw2 if sw2 > 0 else 0.0
     out["n"] = n
+    out["switched"] = int((~keep).sum())
     return out

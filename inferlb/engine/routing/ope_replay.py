@@ -215,7 +215,7 @@ def evaluate(decisions: Iterable[LoggedDecision], policy: str | Router, *, metri
                           f"< {min_ess:g}; the logged decisions rarely agree with {name}, so no estimate is given")
         out.update({k: vals[k] for k in ("logged", "ess", "n")})
         if keep_refused:
-            out["withheld"] = {k: vals[k] for k in ("ips", "snips", "dr")}
+            out["withheld"] = {k: vals[k] for k in ("ips", "snips", "dr", "switch_dr")}
         return out
     out.update(vals)
     return out
