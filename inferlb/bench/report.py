@@ -16,6 +16,12 @@ _LEGEND = ("added = this row minus direct in the same cell (difference of percen
            "the nodes, the measured gateway and the load generator (idle gateways, other people's jobs).")
 
 
+_ENGINE_LEGEND = ("CPU = thread CPU of the whole scripted request (gateway bookkeeping, process, service "
+                  "operations); process = the same process with every operation stubbed to the result it gave "
+                  "on a recorded request (executor, conditions, parameters, data passing); ops = time inside "
+                  "the real service operations per request (inferlb/bench/engine.py).")
+
+
 def _f(v: Any, digits: int = 1, signed: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -37,14 +43,19 @@ def overhead_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def engine_table(engine: dict[str, Any]) -> Table:
-    """One line per (executor, scenario) of the engine-alone measurement."""
+    """One line per (executor, scenario) of the engine-alone measurement: the whole request, then
+    the process alone (operations stubbed) and the time inside the service operations (rows from
+    before those were measured show "-")."""
     head = ["executor", "scenario", "n", "CPU µs p50", "CPU µs p90", "CPU µs p99", "CPU µs mean",
-            "wall µs p50"]
+            "wall µs p50", "process CPU µs p50", "process CPU µs p90", "process CPU µs mean",
+            "ops µs p50", "ops µs mean"]
     body = []
     for r in engine["rows"]:
         c, w = r["cpu_us"], r["wall_us"]
+        p, o = r.get("process_cpu_us") or {}, r.get("ops_us") or {}
         body.append([r["engine"], r["scenario"], str(r["n"]), _f(c["p50"]), _f(c["p90"]), _f(c["p99"]),
-                     _f(c["mean"]), _f(w["p50"])])
+                     _f(c["mean"]), _f(w["p50"]), _f(p.get("p50")), _f(p.get("p90")), _f(p.get("mean")),
+                     _f(o.get("p50")), _f(o.get("mean"))])
     return head, body
 
 
@@ -96,4 +107,6 @@ def render(report: dict[str, Any], *, markdown: bool = False) -> str:
                    else "Engine alone (request process, in-process, no HTTP; thread CPU per request)")
         out.append("")
         out.append(format_table(engine_table(report["engine"]), markdown))
+        out.append("")
+        out.append(_ENGINE_LEGEND)
     return "\n".join(out)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from inferlb.bench import engine as engine_bench
 from inferlb.bench.engine import ENGINES, SCENARIOS, measure_engine
 from inferlb.bench.overhead import BenchConfig, main, run_bench
 from inferlb.bench.report import render
@@ -25,11 +26,30 @@ def test_engine_alone_measures_both_executors() -> None:
     for row in rows.values():
         assert row["n"] == 50
         assert row["records"] == 55          # every request handed its audit record over
-        for key in ("cpu_us", "wall_us"):
+        for key in ("cpu_us", "wall_us", "process_cpu_us", "ops_us"):
             stats = row[key]
             assert stats["n"] == 50
             assert 0 < stats["p50"] <= stats["p99"] <= stats["max"]
             assert math.isfinite(stats["mean"])
+
+
+def test_replay_refuses_a_process_that_calls_something_else() -> None:
+    replay = engine_bench._Replay([("request/evaluate", {"ok": True}), ("routing/select", {"ok": True})])
+    assert replay.stub("request/evaluate")(None, {}, {}) == {"ok": True}
+    with pytest.raises(RuntimeError, match="replay expected 'routing/select'"):
+        replay.take("audit/record")
+
+
+def test_engine_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_file = tmp_path / "engine.json"
+    assert engine_bench.main(["--n", "3", "--warmup", "1", "--engines", "compiled", "--scenarios", "retry",
+                              "--json", str(out_file), "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "| executor | scenario |" in printed and "process CPU µs p50" in printed
+    rows = json.loads(out_file.read_text())["rows"]
+    assert [(r["engine"], r["scenario"], r["process_cpu_us"]["n"]) for r in rows] == [("compiled", "retry", 3)]
+    with pytest.raises(SystemExit):
+        engine_bench.main(["--scenarios", "nope"])
 
 
 def test_engine_table_renders() -> None:
