@@ -3,8 +3,9 @@
 Tuning (see docs/spiffworkflow-notes.md): expressions compiled once and cached (:class:`ScriptEnv`);
 our own driver loop that looks for the next READY task below the one just run instead of walking
 the whole tree; no re-scan of WAITING tasks after every completion unless the process has
-elements that wait (joins, catch events); the ``spiff`` logger at WARNING. Runs any BPMN
-SpiffWorkflow supports; timers park the instance as a ``clock/timer`` call.
+elements that wait (joins, catch events); the ``spiff`` logger at WARNING, and no walk of the
+whole task tree to build a log record's extras nobody logs. Runs any BPMN SpiffWorkflow
+supports; timers park the instance as a ``clock/timer`` call.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _MAX_STEPS = 10_000
 
 logging.getLogger("spiff").setLevel(logging.WARNING)
 _task_log = logging.getLogger("spiff.task")
+_workflow_log = logging.getLogger("spiff.workflow")
 
 
 def _quiet_set_state(self: Task, value: int) -> None:
@@ -105,6 +107,18 @@ class _Workflow(BpmnWorkflow):  # type: ignore[misc]
     """BpmnWorkflow that skips the WAITING re-scan when nothing in the process can wait."""
 
     refresh_waiting = True
+
+    def collect_log_extras(self, dct: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The extras of a workflow log record, built only when the record will be emitted.
+
+        SpiffWorkflow 3.2.0 lists every task of the tree in them (a whole-tree walk, ≈ 10 % of an
+        instance) whenever the ``spiff.workflow`` logger's own level is unset, i.e. below INFO,
+        even when its effective level drops the record; it does so at start and at completion.
+        """
+        if _workflow_log.isEnabledFor(logging.INFO):
+            extras: dict[str, Any] = super().collect_log_extras(dct)
+            return extras
+        return dct if dct is not None else {}
 
     def _task_completed_notify(self, task: Any) -> None:
         self.last_task = task
