@@ -12,12 +12,14 @@ from typing import Any, ClassVar
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import full_tag
+from SpiffWorkflow.bpmn.parser.task_parsers import ConditionalGatewayParser
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
-from SpiffWorkflow.bpmn.specs.defaults import ServiceTask
+from SpiffWorkflow.bpmn.specs.defaults import ExclusiveGateway, ServiceTask
 from SpiffWorkflow.spiff.parser.process import VALIDATOR, SpiffBpmnParser
 from SpiffWorkflow.spiff.parser.task_spec import SpiffTaskParser
 
-__all__ = ["CAMUNDA_NS", "InferlbParser", "OperationTask", "OperationTaskParser", "element_tags", "make_parser",
+__all__ = ["CAMUNDA_NS", "InferlbParser", "LazyExclusiveGateway", "OperationTask", "OperationTaskParser",
+           "element_tags", "make_parser",
            "sequence_flows"]
 
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
@@ -48,6 +50,27 @@ class OperationTask(ServiceTask):  # type: ignore[misc]
     def _run_hook(self, task: Any) -> bool | None:
         result: bool | None = task.workflow.script_engine.run_operation(task, self)
         return result
+
+
+class LazyExclusiveGateway(ExclusiveGateway):  # type: ignore[misc]
+    """``bpmn:exclusiveGateway`` that can leave its branches unpredicted until it runs.
+
+    When an instance reaches a gateway, SpiffWorkflow predicts every outgoing branch (MAYBE /
+    LIKELY tasks, each with predicted children of its own) and removes all but the chosen one
+    when the gateway runs: in the request process that is about a third of the tasks an instance
+    creates, each with a random UUID and its own data. With ``predict_branches`` False only the
+    chosen branch is ever built: ``ExclusiveChoice._run_hook`` creates it (and predicts below it)
+    whether or not it was predicted, so the tasks that run, their order and their data are the
+    same. The spiff executor turns prediction off only for processes with nothing that reads
+    predicted tasks (no joins, inclusive or event gateways, catch or boundary events; see
+    ``SpiffExecutor``); the hook is SpiffWorkflow's documented override point for predictions.
+    """
+
+    predict_branches = True
+
+    def _predict_hook(self, my_task: Any) -> None:
+        if self.predict_branches:
+            super()._predict_hook(my_task)
 
 
 class OperationTaskParser(SpiffTaskParser):  # type: ignore[misc]
@@ -99,6 +122,7 @@ class InferlbParser(SpiffBpmnParser):  # type: ignore[misc]
     OVERRIDE_PARSER_CLASSES: ClassVar[dict[str, Any]] = {
         **SpiffBpmnParser.OVERRIDE_PARSER_CLASSES,
         full_tag("serviceTask"): (OperationTaskParser, OperationTask),
+        full_tag("exclusiveGateway"): (ConditionalGatewayParser, LazyExclusiveGateway),
     }
 
 

@@ -4,8 +4,9 @@ Tuning (see docs/spiffworkflow-notes.md): expressions compiled once and cached (
 our own driver loop that looks for the next READY task below the one just run instead of walking
 the whole tree; no re-scan of WAITING tasks after every completion unless the process has
 elements that wait (joins, catch events); the ``spiff`` logger at WARNING, and no walk of the
-whole task tree to build a log record's extras nobody logs. Runs any BPMN SpiffWorkflow
-supports; timers park the instance as a ``clock/timer`` call.
+whole task tree to build a log record's extras nobody logs; in processes where nothing waits,
+exclusive gateways build only the branch they take (:class:`~.parser.LazyExclusiveGateway`).
+Runs any BPMN SpiffWorkflow supports; timers park the instance as a ``clock/timer`` call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from SpiffWorkflow.version import __version__ as SPIFF_VERSION
 from ..errors import WorkflowRuntimeError
 from ..services import ServiceTable
 from .base import ExternalCall, ScriptEnv
-from .parser import OperationTask
+from .parser import LazyExclusiveGateway, OperationTask
 
 __all__ = ["TIMER_OPERATION", "SpiffExecutor", "SpiffInstance"]
 
@@ -233,6 +234,9 @@ class SpiffExecutor:
     """Runs a parsed spec on SpiffWorkflow."""
 
     mode = "spiff"
+    # Exclusive gateways build only the branch they take where nothing reads predicted tasks
+    # (parser.LazyExclusiveGateway); False keeps SpiffWorkflow's full prediction everywhere.
+    lazy_gateways = True
 
     def __init__(self, spec: Any, services: ServiceTable, env: ScriptEnv) -> None:
         self.spec = spec
@@ -244,6 +248,11 @@ class SpiffExecutor:
             "EventBasedGateway", "ReceiveTask", "_BoundaryEventParent", "BoundaryEventSplit",
             "BoundaryEventJoin",
         })
+        # Only joins, event gateways and waiting events read predicted tasks; without them the
+        # gateways need not predict the branches they will not take (parser.LazyExclusiveGateway).
+        for ts in spec.task_specs.values():
+            if isinstance(ts, LazyExclusiveGateway):
+                ts.predict_branches = self.has_waiting or not self.lazy_gateways
 
     def start(self, data: dict[str, Any], scope: Any) -> SpiffInstance:
         return SpiffInstance(self, data, scope)
