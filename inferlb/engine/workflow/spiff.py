@@ -146,8 +146,10 @@ class SpiffInstance:
         self.wf = _Workflow(ex.spec, script_engine=engine)
         self.wf.refresh_waiting = ex.has_waiting
         self._last: Any = None
-        for t in self.wf.get_tasks(state=TaskState.READY):
-            t.data.update(data)
+        # A new instance holds a handful of tasks: scan the id -> task map rather than walk the tree.
+        for t in list(self.wf.tasks.values()):
+            if t.state == TaskState.READY:
+                t.data.update(data)
         self.data: dict[str, Any] = data
 
     @property
@@ -175,6 +177,9 @@ class SpiffInstance:
     def _next_ready(self) -> Any:
         # The task that just ran made its successors READY: look there before walking the tree.
         last = self._last
+        if self.wf.completed:
+            # ``End`` ran, so the end join saw every other task finished: nothing can be READY.
+            return None
         if last is not None:
             for child in last.children:
                 if child.state == TaskState.READY:
