@@ -136,7 +136,8 @@ class CompiledInstance:
                         raise WorkflowRuntimeError(step.bpmn_id or step.name, "no condition matched and no default")
                     self._cur = target
                 elif kind == "service":
-                    params = {k: env.evaluate(v, data) for k, v in step.params.items()}
+                    # Most operations take no parameters: no comprehension to build for them.
+                    params = {k: env.evaluate(v, data) for k, v in step.params.items()} if step.params else {}
                     if step.external:
                         self._parked = step
                         self._cur = None

@@ -90,7 +90,7 @@ class _ScriptEngine(PythonScriptEngine):  # type: ignore[misc]
         var = spec.result_variable or svc.result
         env = self.environment.env
         try:
-            params = {k: env.evaluate(v, data) for k, v in spec.params.items()}
+            params = {k: env.evaluate(v, data) for k, v in spec.params.items()} if spec.params else {}
             if svc.external:
                 self.inst._park(task, ExternalCall(spec.bpmn_id or spec.name, spec.operation, params, var))
                 return None
