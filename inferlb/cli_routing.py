@@ -59,7 +59,7 @@ def add_routing_parser(sub: Any) -> None:
                         "decisions) as a gated reload would; exit status 1 when it would be refused")
     e.add_argument("--max-regression", dest="max_regression", type=float, default=0.05,
                    help="with --against: how much worse (a fraction) the policy may be estimated (0.05)")
-    e.add_argument("--estimator", choices=["snips", "dr", "ips"], default="snips",
+    e.add_argument("--estimator", choices=["snips", "dr", "ips", "switch_dr"], default="snips",
                    help="with --against: the estimator compared (snips)")
     e.add_argument("--json", action="store_true")
     e.add_argument("--database-url", dest="database_url")

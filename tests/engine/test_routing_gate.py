@@ -110,6 +110,23 @@ def test_too_little_overlap_or_no_log_is_a_refusal_never_a_pass(logged: tuple[li
     assert v["passed"] is False
 
 
+def test_switch_dr_is_an_estimator_the_gate_accepts(logged: tuple[list[LoggedDecision], list]) -> None:
+    decisions, ctxs = logged
+    req = _req(estimator="switch_dr")
+    assert req.estimator == "switch_dr"
+    with pytest.raises(ValueError):
+        EvaluationRequirement.model_validate({"estimator": "switch-dr"})
+    current = build_router("learned", seed=3, params=BANDIT)
+    worse = build_router("round-robin", seed=1)
+    v = judge(decisions, worse, current, req, current_logged=True)
+    # refused by the SWITCH-DR estimate, which is the one reported, and close to the law's truth
+    assert v["passed"] is False and v["estimator"] == "switch_dr" and "switch_dr," in v["reason"]
+    assert v["candidate"]["estimate"]["value"] == pytest.approx(_truth(worse, ctxs), rel=0.05)
+    same = judge(decisions, build_router("learned", seed=9, params=BANDIT), current, _req(estimator="switch_dr",
+                 max_regression=0.001), current_logged=True)
+    assert same["passed"] is True, same["reason"]
+
+
 def test_requirement_parsing_and_what_counts_as_a_policy_change() -> None:
     assert [span_seconds(x) for x in ("90s", "30m", "24h", "7d", "120", 60)] == [90, 1800, 86400, 604800, 120, 60]
     for bad in ("yesterday", "-1h", "0", "400d"):

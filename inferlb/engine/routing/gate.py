@@ -7,6 +7,9 @@ the last ``since``. :func:`judge` decides, on costs (seconds, lower is better):
 
 * the **candidate**'s estimate by ``estimator`` (self-normalised IPS by default: the steadiest in
   docs/benchmarks.md, "Learned routing: the interference objective and OPE with overlap");
+  ``switch_dr`` (DR that drops the importance-weighted correction of rounds whose weight is past
+  routing/ope.py's ``SWITCH_TAU``) is accepted too; docs/benchmarks.md ("prefill interference, and
+  SWITCH-DR") found it no better than DR at high load, so it is not the default;
   refused when the effective sample size is below ``min_ess`` (the log rarely agrees with it) or
   when there is nothing to evaluate on;
 * the **baseline**: the current policy. When it is the policy that logged the decisions (it
@@ -59,7 +62,7 @@ class EvaluationRequirement(BaseModel):
     min_ess: float = Field(100.0, ge=1)                   # below this effective sample size: refused
     max_regression: float = Field(0.05, ge=0, le=10)      # the candidate may cost at most this much more
     since: str = "24h"                                    # how far back the logged decisions are read
-    estimator: Literal["snips", "dr", "ips"] = "snips"
+    estimator: Literal["snips", "dr", "ips", "switch_dr"] = "snips"
     metric: Literal["e2e", "ttft"] = "e2e"
     failure_cost_s: float = Field(30.0, gt=0)             # the cost of a failed attempt
     limit: int = Field(20_000, ge=10, le=1_000_000)       # the most recent decisions read

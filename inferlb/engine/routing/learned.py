@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .quantile import WindowQuantile
 from .types import NodeView, RouteRequest
 
 __all__ = ["BanditChoice", "PredictedLatency", "PredictedLatencyParams", "PredictionFault", "Scored",
@@ -44,6 +45,13 @@ class PredictedLatencyParams(BaseModel):
     # of slack, in proportion to how deep into that reserve it would reach (see PredictedLatency).
     reserve: float = Field(0.0, ge=0, lt=1)
     reserve_min_output: int = Field(256, ge=1)
+    # Adaptive cut (None: the fixed ``reserve_min_output``): a request is long when its output
+    # budget is ≥ this quantile of the output budgets of the last ``reserve_window`` requests
+    # scored (``reserve_min_output`` until ``RESERVE_MIN_SAMPLES`` have been seen), so the
+    # reservation holds the fast nodes for the same share of the traffic, the share that forms
+    # the tail, whatever the workload's lengths are.
+    reserve_quantile: float | None = Field(None, gt=0, lt=1)
+    reserve_window: int = Field(4096, ge=1, le=1_000_000)
     # A candidate is fast when its predicted TPOT ≤ (1 + reserve_fast) × the fastest candidate's.
     reserve_fast: float = Field(0.25, ge=0)
     reserve_weight: float = Field(1.0, ge=0)
@@ -51,6 +59,9 @@ class PredictedLatencyParams(BaseModel):
     # cause the requests in flight on the node (a step that prefills a prompt, or a chunk of one,
     # is longer for every running sequence); see PredictedLatency.
     prefill_interference: float = Field(0.0, ge=0)
+
+
+RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
 
 
 @dataclass
@@ -63,6 +74,7 @@ class Scored:
     scores: list[float]
     others_s: list[float] | None = None    # interference: predicted slowdown of the others, seconds
     reserved: list[float] | None = None    # tail reservation: slack charged per node (short requests)
+    reserve_cut: int | None = None         # tail reservation: the output budget that counted as long
 
 
 class PredictedLatency:
@@ -121,6 +133,17 @@ class PredictedLatency:
         self.p = params or PredictedLatencyParams()
         self.predictor: Any = None
         self.last: Scored | None = None
+        q = self.p.reserve_quantile
+        self._lengths = WindowQuantile(self.p.reserve_window) if q is not None and self.p.reserve > 0 else None
+
+    def reserve_cut(self) -> int:
+        """The output budget from which a request counts as long for the tail reservation: the
+        ``reserve_quantile`` of the recent budgets once enough were seen, else ``reserve_min_output``."""
+        w = self._lengths
+        if w is None or len(w) < RESERVE_MIN_SAMPLES or self.p.reserve_quantile is None:
+            return self.p.reserve_min_output
+        cut = w.quantile(self.p.reserve_quantile)
+        return max(1, cut) if cut is not None else self.p.reserve_min_output
 
     def bind(self, predictor: Any) -> None:
         """``predictor``: anything with ``predict_nodes(req, nodes)`` (a model, or the lifecycle's
@@ -155,8 +178,14 @@ class PredictedLatency:
         cap_o = self.p.interference_max_output
         charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
         others = self._others(req, nodes, preds, model) if charged else None
-        reserved = (self._reserved(req, nodes, preds)
-                    if self.p.reserve > 0 and req.output_tokens < self.p.reserve_min_output else None)
+        cut: int | None = None
+        reserved = None
+        if self.p.reserve > 0:
+            cut = self.reserve_cut()
+            if self._lengths is not None:   # seen after the cut is read: a request is not its own reference
+                self._lengths.add(max(0, req.output_tokens))
+            if req.output_tokens < cut:
+                reserved = self._reserved(req, nodes, preds)
         bp = self.p.prefill_interference
         for i, (a, b) in enumerate(preds):
             own = a + b * rest
@@ -171,7 +200,7 @@ class PredictedLatency:
                 s -= reserved[i]
             slack.append(s)
             scores.append(min(1.0, max(0.0, 0.5 + 0.5 * s)))
-        self.last = Scored(list(nodes), preds, slack, scores, others, reserved)
+        self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
 
     def _reserved(self, req: RouteRequest, nodes: Sequence[NodeView],

@@ -1,0 +1,110 @@
+"""The tail reservation's adaptive cut (a quantile of recent output budgets) and the learned
+profile's default params: pure, no I/O, known values."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from inferlb.engine.routing import NodeView, RouteRequest, build_router
+from inferlb.engine.routing.learned import RESERVE_MIN_SAMPLES, PredictedLatency, PredictedLatencyParams
+from inferlb.engine.routing.quantile import WindowQuantile
+
+
+class TablePredictor:
+    """Per node name: (TTFT, TPOT)."""
+
+    version = 1
+
+    def __init__(self, table: dict[str, tuple[float, float]]) -> None:
+        self.table = table
+
+    def predict_nodes(self, req: RouteRequest, nodes: list[NodeView]) -> list[tuple[float, float]]:
+        return [self.table[n.name] for n in nodes]
+
+
+TABLE = {"fast": (0.1, 0.010), "slow": (0.1, 0.020)}
+
+
+def _node(name: str, tokens: int, capacity: int = 10_000) -> NodeView:
+    return NodeView(name=name, models=frozenset({"m"}), capacity_tokens=capacity, max_concurrency=64,
+                    inflight_requests=1 if tokens else 0, inflight_tokens=tokens)
+
+
+def _scorer(**params: object) -> PredictedLatency:
+    s = PredictedLatency(PredictedLatencyParams.model_validate({"e2e_slo_s": 20.0, **params}))
+    s.bind(TablePredictor(TABLE))
+    return s
+
+
+def test_window_quantile_known_values_and_eviction() -> None:
+    w = WindowQuantile(10)
+    assert w.quantile(0.5) is None
+    for x in (7, 3, 10, 1, 5, 9, 2, 8, 4, 6):
+        w.add(x)
+    assert len(w) == 10 and w.quantile(0.0) == 1 and w.quantile(0.5) == 6 and w.quantile(0.95) == 10
+    w3 = WindowQuantile(3)
+    for x in (5, 1, 9, 2):        # 5 leaves: the window is 1, 9, 2
+        w3.add(x)
+    assert len(w3) == 3 and w3.quantile(0.0) == 1 and w3.quantile(0.5) == 2 and w3.quantile(0.99) == 9
+    with pytest.raises(ValueError):
+        WindowQuantile(0)
+
+
+def test_the_cut_is_the_fixed_one_until_enough_budgets_were_seen_then_their_quantile() -> None:
+    s = _scorer(reserve=0.5, reserve_min_output=700, reserve_quantile=0.9, reserve_fast=0.1)
+    nodes = [_node("fast", 9_000), _node("slow", 0)]
+    for o in range(1, RESERVE_MIN_SAMPLES + 1):      # output budgets 1..100, one decision each
+        assert s.reserve_cut() == 700
+        s.score_all(RouteRequest("m", 10, o), nodes)
+    # the 0.9-quantile of 1..100: the value at rank 90 of the sorted 100, i.e. 91
+    assert s.reserve_cut() == 91
+    s.score_all(RouteRequest("m", 10, 91), nodes)
+    assert s.last is not None and s.last.reserve_cut == 91 and s.last.reserved is None   # long: not charged
+    s.score_all(RouteRequest("m", 10, 90), nodes)
+    # short (90 < the cut, now 91 still): (9,000 + 100 − 5,000) / 5,000 = 0.82 on the fast node
+    assert s.last is not None and s.last.reserved == [pytest.approx(0.82), 0.0]
+
+
+def test_a_request_is_not_its_own_reference_and_the_window_slides() -> None:
+    s = _scorer(reserve=0.5, reserve_min_output=700, reserve_quantile=0.5, reserve_window=RESERVE_MIN_SAMPLES)
+    nodes = [_node("fast", 0)]
+    for _ in range(RESERVE_MIN_SAMPLES):
+        s.score_all(RouteRequest("m", 10, 10), nodes)
+    s.score_all(RouteRequest("m", 10, 5_000), nodes)
+    assert s.last is not None and s.last.reserve_cut == 10       # read before 5,000 joined the window
+    for _ in range(RESERVE_MIN_SAMPLES):                          # the 10s slide out
+        s.score_all(RouteRequest("m", 10, 300), nodes)
+    assert s.reserve_cut() == 300
+
+
+def test_no_window_without_a_reservation_or_a_quantile() -> None:
+    s = _scorer(reserve_quantile=0.9)                              # reserve 0: nothing tracked
+    s.score_all(RouteRequest("m", 10, 10), [_node("fast", 0)])
+    assert s.last is not None and s.last.reserved is None and s.last.reserve_cut is None
+    assert _scorer(reserve=0.5, reserve_min_output=321).reserve_cut() == 321
+
+
+@pytest.mark.parametrize("bad", [{"reserve_quantile": 0}, {"reserve_quantile": 1}, {"reserve_window": 0},
+                                 {"reserve_quantile": "high"}])
+def test_params_reject_out_of_range(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        PredictedLatencyParams.model_validate(bad)
+
+
+# The setting docs/benchmarks.md ("an adaptive tail reservation") measured; opt-in, not the default.
+ADAPTIVE = {"reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
+            "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}
+
+
+def _pl(r: object) -> PredictedLatency:
+    found = [s for s, _ in r.scorers if isinstance(s, PredictedLatency)]   # type: ignore[attr-defined]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_the_learned_profile_takes_the_adaptive_params_and_ships_without_them() -> None:
+    p = _pl(build_router("learned", seed=1, params={"predicted-latency": ADAPTIVE})).p
+    assert p.model_dump(include=set(ADAPTIVE)) == ADAPTIVE
+    shipped = _pl(build_router("learned", seed=1)).p
+    assert shipped.reserve == 0.0 and shipped.reserve_quantile is None
