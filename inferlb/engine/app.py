@@ -69,6 +69,7 @@ from .store.db import is_sqlite, make_engine, upgrade
 from .store.events import EventWriter
 from .store.maintenance import AuditMaintenance
 from .store.records import RequestRecord
+from .store.revision_watch import revision_watch
 from .store.writer import AuditWriter
 from .types import Clock, SystemClock
 from .upstream import Upstream
@@ -253,8 +254,9 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         live = state.live = LiveConfig(settings=settings, checked=checked, gateway=state.gateway,
                                        check=check_startup_files, clock=clock, engine=engine, monitor=monitor,
                                        obs=obs, store=state.store, record=events.submit,
-                                       on_swap=swapped,
-                                       poll_s=settings.overrides_poll_s, rollouts=rollouts)
+                                       on_swap=swapped, poll_s=settings.overrides_poll_s, rollouts=rollouts,
+                                       watch=revision_watch(engine, clock=clock,
+                                                            reread_s=settings.overrides_reread_s))
         await live.start()
         # Node discovery (engine/discovery): every replica watches; pods join through the live config.
         state.discovery = []

@@ -19,9 +19,12 @@ reads the config. Contracts:
   in-flight counts and learned speeds.
 * **Every replica converges.** Node changes are written to the database first (one transaction,
   with the revision the change was validated against, :func:`save_override`), then applied
-  here; every other replica polls the revision every ``poll_s`` (:meth:`sync_once`, one
-  primary-key read) and applies the rows when it moved. A database that is away fails a node
-  change with 503 (nothing applied) and leaves polling to retry; reloads need no database.
+  here; every other replica looks every ``poll_s`` (:meth:`poll_once`): its revision watch
+  (engine/store/revision_watch.py: the SQLite file's stat, PostgreSQL ``NOTIFY``, and a re-read
+  every ``reread_s`` whatever they say) tells whether the database may have moved, and only then
+  is the revision read (:meth:`sync_once`, one primary-key read) and the rows applied when it
+  moved. A database that is away fails a node change with 503 (nothing applied) and leaves the
+  poll to retry; reloads need no database.
 * **Model versions and rollouts are part of it.** A reload that changes a model's ``versions``
   swaps the version table in the same atomic swap (:meth:`RolloutManager.follow_config
   <inferlb.engine.rollout.manager.RolloutManager.follow_config>`: a running rollout's weights
@@ -66,6 +69,7 @@ from .settings import FleetConfig, Settings
 from .startup import Checked
 from .store import StoreHandle
 from .store.overrides import NodeOverride, StaleOverrides, load_overrides, read_revision, save_override
+from .store.revision_watch import PollWatch, RevisionWatch
 from .types import Clock
 from .workflow import ProcessDefinition
 
@@ -87,7 +91,7 @@ class LiveConfig:
                  obs: Observability | None = None, store: StoreHandle | None = None,
                  record: Callable[[list[NodeEvent]], None] | None = None,
                  on_swap: Callable[[Snapshot], None] | None = None, poll_s: float = 1.0,
-                 rollouts: RolloutManager | None = None) -> None:
+                 rollouts: RolloutManager | None = None, watch: RevisionWatch | None = None) -> None:
         self.settings = settings
         self.base: FleetConfig = checked.fleet
         self.gateway = gateway
@@ -101,6 +105,7 @@ class LiveConfig:
         self.on_swap = on_swap
         self.poll_s = poll_s
         self.rollouts = rollouts
+        self.watch = watch if watch is not None else PollWatch(clock=clock)
         self.overrides: list[NodeOverride] = []
         self.discovered: dict[str, list[NodeOverride]] = {}   # discovery source -> its rows (engine/discovery)
         self.revision = 0
@@ -121,7 +126,9 @@ class LiveConfig:
 
     async def start(self) -> None:
         """Apply the overrides the database holds (before readiness), then poll in a task."""
-        await self.sync_once()
+        if self.engine is not None:
+            await self.watch.start()
+        await self.poll_once()
         self._task = asyncio.create_task(self._loop(), name="inferlb-live-config")
 
     async def close(self) -> None:
@@ -130,12 +137,13 @@ class LiveConfig:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self.watch.close()
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.poll_s)
+            await self.watch.wait(self.poll_s)
             try:
-                await self.sync_once()
+                await self.poll_once()
                 if settle(self.gateway.rt.fleet):
                     self._flush_events()
             except asyncio.CancelledError:
@@ -258,6 +266,17 @@ class LiveConfig:
             raise Unavailable("Live node changes need the database that holds the node overrides",
                               code="overrides_unavailable")
         return self.engine
+
+    async def poll_once(self) -> bool:
+        """One turn of the poll: :meth:`sync_once` when the revision watch says a read is due,
+        the watch told of it once the read succeeded (a failed one is tried at the next turn)."""
+        mark = self.watch.due()
+        if mark is None:
+            return False
+        changed = await self.sync_once()
+        if self.sync_error is None:
+            self.watch.seen(mark)
+        return changed
 
     async def sync_once(self) -> bool:
         """When the shared revision moved: apply the database's overrides if their rows changed,
@@ -429,7 +448,7 @@ class LiveConfig:
         return {"config_version": self.effective.version, "process_version": self.gateway.process.version,
                 "overrides_revision": self.revision, "overrides": [o.to_json() for o in self.overrides],
                 "reloads": self.reloads, "changes": self.changes, "last_change": self.last_change,
-                "sync_error": self.sync_error, "poll_s": self.poll_s}
+                "sync_error": self.sync_error, "poll_s": self.poll_s, "watch": self.watch.describe()}
 
 
 def _predictor_params(raw: Mapping[str, Any]) -> LifecycleParams | None:

@@ -65,7 +65,11 @@ def _relevant(changes: Iterable[tuple[Any, str]], config: Path | None) -> bool:
 
 async def run_triggers(app: Any, *, started: Callable[[], bool], stopping: Callable[[], bool],
                        watch: bool, config: Path | None, processes_dir: Path, debounce_ms: int = 300) -> None:
-    """SIGHUP (and with ``watch``, file changes) → reload, until ``stopping()``; see the module docstring."""
+    """SIGHUP (and with ``watch``, file changes) → reload, until cancelled (see the module
+    docstring). With ``watch`` it also returns once ``stopping()`` (checked every 0.2 s: the file
+    watcher's thread must be told to stop); without it nothing polls, so an idle gateway does not
+    wake five times a second for it, and the caller cancels it when the server stops
+    (``inferlb serve`` does)."""
     while not started():
         if stopping():
             return
@@ -89,7 +93,7 @@ async def run_triggers(app: Any, *, started: Callable[[], bool], stopping: Calla
             await asyncio.sleep(0.2)
         stop.set()
 
-    stopper = asyncio.ensure_future(poll_stop())
+    stopper = asyncio.ensure_future(poll_stop()) if watch else None
     try:
         if watch:
             from watchfiles import awatch
@@ -102,6 +106,7 @@ async def run_triggers(app: Any, *, started: Callable[[], bool], stopping: Calla
         else:
             await stop.wait()
     finally:
-        stopper.cancel()
+        if stopper is not None:
+            stopper.cancel()
         if hup:
             loop.remove_signal_handler(signal.SIGHUP)

@@ -411,8 +411,14 @@ class Settings(BaseSettings):
     # The OpenAI routes' input caps and the scrape token (engine/api).
     max_n: int = Field(8, ge=1, le=128)              # INFERLB_MAX_N: most choices ('n') per request
     metrics_token: SecretStr | None = None           # INFERLB_METRICS_TOKEN: a bearer token for /metrics only
-    # Live changes (engine/live.py): how often each replica checks the node overrides' revision.
+    # Live changes (engine/live.py): how soon a replica notices a node change or a rollout step made
+    # by another replica or process (INFERLB_OVERRIDES_POLL_S). Every poll_s it asks its revision
+    # watch (engine/store/revision_watch.py), which needs no thread and no SQL: the SQLite file's
+    # stat, or PostgreSQL NOTIFY (a change then applies at once); the revision is read only when
+    # the watch says the database moved, and in any case every overrides_reread_s
+    # (INFERLB_OVERRIDES_REREAD_S), the safety net for what the watch cannot see.
     overrides_poll_s: float = Field(1.0, gt=0)       # INFERLB_OVERRIDES_POLL_S
+    overrides_reread_s: float = Field(30.0, gt=0)    # INFERLB_OVERRIDES_REREAD_S
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""

@@ -12,6 +12,11 @@ ready and afterwards probes get "connection refused". Here the order is:
    gateway sees as a client that left;
 4. then uvicorn's own shutdown: listener closed, lifespan shutdown (the audit writer flushes).
 
+The main loop wakes once a second (the ``Date`` header uvicorn refreshes every second) and at once
+when ``should_exit`` is set (by the signal handler or a caller), where uvicorn's wakes every 0.1 s
+to look at it: ten wake-ups a second were about 1 ms of CPU per second of an idle gateway
+(docs/benchmarks.md, "Idle CPU: the revision poll made event-driven").
+
 A SIGTERM ends the process with status 0: uvicorn re-raises the signal it handled after a graceful
 shutdown, which would end the process with status 143 instead. A second Ctrl-C skips the drain.
 """
@@ -44,6 +49,23 @@ class GatewayServer(uvicorn.Server):
         self._on_drain = on_drain
         self._on_deadline = on_deadline
         self._drain_started = False
+        self.tick_s = 1.0     # the main loop's longest sleep (the Date header's refresh)
+        self._exit_loop: asyncio.AbstractEventLoop | None = None
+        self._exit_event: asyncio.Event | None = None
+
+    @property
+    def should_exit(self) -> bool:
+        """uvicorn's stop flag; setting it true wakes the main loop (from any thread, or a signal handler)."""
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._should_exit = value
+        loop, event = getattr(self, "_exit_loop", None), getattr(self, "_exit_event", None)
+        if value and loop is not None and event is not None:
+            # Thread- and signal-safe; a loop already closed has nobody left to wake.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -57,9 +79,25 @@ class GatewayServer(uvicorn.Server):
             self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
     async def main_loop(self) -> None:
-        await super().main_loop()
+        await self._tick_until_exit()
         if not self.force_exit:
             await self.drain()
+
+    async def _tick_until_exit(self) -> None:
+        """uvicorn's ``main_loop`` with its 0.1 s sleep replaced by a wait on ``should_exit`` of
+        at most ``tick_s`` (1 s); ``on_tick`` sees the counter move by 10 (one second) each turn,
+        so it refreshes the ``Date`` header (and checks ``limit_max_requests``) at every turn."""
+        self._exit_loop = asyncio.get_running_loop()
+        event = self._exit_event = asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000
+            if not self.should_exit:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.tick_s):
+                        await event.wait()
+            should_exit = await self.on_tick(counter)
 
     async def drain(self) -> None:
         """Keep serving until no request is in flight or the drain deadline passes (steps 1–3)."""

@@ -39,6 +39,8 @@ __all__ = [
     "make_engine",
     "migrations_dir",
     "normalize_url",
+    "pg_connect_params",
+    "sqlite_file",
     "upgrade",
 ]
 
@@ -81,6 +83,15 @@ def _sqlite_in_memory(u: URL) -> bool:
     return u.database in (None, "", ":memory:") or (u.query.get("mode") == "memory")
 
 
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file a SQLite URL names (absolute), or None: an in-memory database, a ``file:`` URI
+    (``uri=true``), or not SQLite at all."""
+    u = normalize_url(url)
+    if u.get_backend_name() != "sqlite" or _sqlite_in_memory(u) or u.query.get("uri") in ("true", "1"):
+        return None
+    return Path(str(u.database)).resolve()
+
+
 def _pg_options(u: URL, statement_timeout_ms: int) -> str:
     """The URL's own ``options`` (e.g. a ``search_path``) plus the statement timeout."""
     given = u.query.get("options")
@@ -88,6 +99,29 @@ def _pg_options(u: URL, statement_timeout_ms: int) -> str:
     if statement_timeout_ms > 0 and not any("statement_timeout" in p for p in parts):
         parts.append(f"-c statement_timeout={int(statement_timeout_ms)}")
     return " ".join(parts)
+
+
+def _pg_connect_args(u: URL, connect_timeout_s: int, statement_timeout_ms: int) -> dict[str, Any]:
+    """psycopg's bounds on one connection: TCP keepalives, ``connect_timeout``, statement timeout."""
+    pg_args: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                               "keepalives_count": 3}
+    if "connect_timeout" not in u.query:
+        pg_args["connect_timeout"] = max(1, int(connect_timeout_s))
+    options = _pg_options(u, statement_timeout_ms)
+    if options:
+        pg_args["options"] = options
+    return pg_args
+
+
+def pg_connect_params(engine: Engine) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect`` / ``psycopg.AsyncConnection.connect`` that open a
+    connection like ``engine``'s own (same server, database, user, URL options, and the bounds
+    :func:`make_engine` adds with its default timeouts), for a connection outside the pool (the
+    revision listener, engine/store/revision_watch.py). PostgreSQL engines only."""
+    _args, params = engine.dialect.create_connect_args(engine.url)
+    params = {k: v for k, v in params.items() if k != "context"}   # SQLAlchemy's own type adapters
+    params.update(_pg_connect_args(engine.url, _PG_CONNECT_TIMEOUT_S, _PG_STATEMENT_TIMEOUT_MS))
+    return params
 
 
 def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = _PG_CONNECT_TIMEOUT_S,
@@ -133,14 +167,7 @@ def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = 
         return engine
     if backend == "postgresql":
         kwargs["pool_pre_ping"] = True
-        pg_args: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
-                                   "keepalives_count": 3}
-        if "connect_timeout" not in u.query:
-            pg_args["connect_timeout"] = max(1, int(connect_timeout_s))
-        options = _pg_options(u, statement_timeout_ms)
-        if options:
-            pg_args["options"] = options
-        kwargs["connect_args"] = pg_args
+        kwargs["connect_args"] = _pg_connect_args(u, connect_timeout_s, statement_timeout_ms)
     try:
         return create_engine(u, **kwargs)
     except (SQLAlchemyError, ImportError) as exc:

@@ -8,10 +8,12 @@ The fleet file stays the base; these rows say what differs (engine/fleet_admin.p
   ``removed`` (a file node an operator removed: a tombstone, so the file's entry stays hidden);
   ``key_id`` (who changed it last) and ``updated_at_us`` (epoch µs);
 * table ``fleet_revision``, one row (``id`` 1) whose ``revision`` goes up by one in the same
-  transaction as every change: each replica polls it (one primary-key read) and reloads the rows
-  only when it moved. It is the one change counter of the live state every replica follows: the
-  rollouts' state changes bump it too (:func:`bump_revision`, engine/store/rollouts.py), so the
-  same poll brings a replica the weights another replica's rollout set (engine/live.py).
+  transaction as every change. Each replica reads it (one primary-key read) when its revision
+  watch says the database may have moved (engine/store/revision_watch.py: the SQLite file's stat,
+  or the PostgreSQL ``NOTIFY`` the same transaction sends) and reloads the rows only when it moved.
+  It is the one change counter of the live state every replica follows: the rollouts' state
+  changes bump it too (:func:`bump_revision`, engine/store/rollouts.py), so the same poll brings a
+  replica the weights another replica's rollout set (engine/live.py).
 
 Both are created by migration ``0005`` and registered on the audit models' metadata so Alembic
 compares them. Every function here is synchronous (call it through ``asyncio.to_thread``);
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Column, Integer, String, Table, delete, insert, select, update
+from sqlalchemy import BigInteger, Boolean, Column, Integer, String, Table, delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,8 +33,8 @@ from ..errors import StoreError
 from .db import describe_db_error
 from .models import Base, json_type, to_us
 
-__all__ = ["FLEET_REVISION", "NODE_OVERRIDES", "NodeOverride", "StaleOverrides", "bump_revision", "load_overrides",
-           "read_revision", "save_override"]
+__all__ = ["FLEET_REVISION", "NODE_OVERRIDES", "REVISION_CHANNEL", "NodeOverride", "StaleOverrides", "bump_revision",
+           "load_overrides", "read_revision", "save_override"]
 
 NODE_OVERRIDES: Table = Table(
     "node_overrides",
@@ -45,6 +47,9 @@ NODE_OVERRIDES: Table = Table(
     Column("key_id", String(), nullable=True),
     Column("updated_at_us", BigInteger(), nullable=False),
 )
+
+# The PostgreSQL NOTIFY channel of every revision bump (bump_revision; engine/store/revision_watch.py).
+REVISION_CHANNEL = "inferlb_fleet_revision"
 
 FLEET_REVISION: Table = Table(
     "fleet_revision",
@@ -103,13 +108,21 @@ def load_overrides(engine: Engine) -> tuple[int, list[NodeOverride]]:
 
 
 def bump_revision(conn: Connection) -> int:
-    """Add one to the shared revision inside the caller's transaction; returns the new revision."""
+    """Add one to the shared revision inside the caller's transaction; returns the new revision.
+    On PostgreSQL it also queues ``NOTIFY`` on :data:`REVISION_CHANNEL` (payload: the schema the
+    tables live in), which the server delivers to every listener when, and only if, the
+    transaction commits (engine/store/revision_watch.py)."""
     got = conn.execute(select(FLEET_REVISION.c.revision).where(FLEET_REVISION.c.id == 1)).scalar()
     if got is None:
         conn.execute(insert(FLEET_REVISION), [{"id": 1, "revision": 1}])
-        return 1
-    conn.execute(update(FLEET_REVISION).where(FLEET_REVISION.c.id == 1).values(revision=FLEET_REVISION.c.revision + 1))
-    return int(got) + 1
+        new = 1
+    else:
+        conn.execute(update(FLEET_REVISION).where(FLEET_REVISION.c.id == 1)
+                     .values(revision=FLEET_REVISION.c.revision + 1))
+        new = int(got) + 1
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_notify(REVISION_CHANNEL, func.current_schema())))
+    return new
 
 
 def save_override(engine: Engine, name: str, override: NodeOverride | None, *,
