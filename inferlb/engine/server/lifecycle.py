@@ -33,6 +33,8 @@ from types import FrameType
 
 import uvicorn
 
+from ..wakeup import Wakeup
+
 __all__ = ["GatewayServer"]
 
 log = logging.getLogger("inferlb")
@@ -50,8 +52,7 @@ class GatewayServer(uvicorn.Server):
         self._on_deadline = on_deadline
         self._drain_started = False
         self.tick_s = 1.0     # the main loop's longest sleep (the Date header's refresh)
-        self._exit_loop: asyncio.AbstractEventLoop | None = None
-        self._exit_event: asyncio.Event | None = None
+        self._exit_wakeup = Wakeup()
 
     @property
     def should_exit(self) -> bool:
@@ -61,11 +62,9 @@ class GatewayServer(uvicorn.Server):
     @should_exit.setter
     def should_exit(self, value: bool) -> None:
         self._should_exit = value
-        loop, event = getattr(self, "_exit_loop", None), getattr(self, "_exit_event", None)
-        if value and loop is not None and event is not None:
-            # Thread- and signal-safe; a loop already closed has nobody left to wake.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(event.set)
+        wakeup = getattr(self, "_exit_wakeup", None)   # None inside uvicorn's __init__
+        if value and wakeup is not None:
+            wakeup.set_threadsafe()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -87,16 +86,12 @@ class GatewayServer(uvicorn.Server):
         """uvicorn's ``main_loop`` with its 0.1 s sleep replaced by a wait on ``should_exit`` of
         at most ``tick_s`` (1 s); ``on_tick`` sees the counter move by 10 (one second) each turn,
         so it refreshes the ``Date`` header (and checks ``limit_max_requests``) at every turn."""
-        self._exit_loop = asyncio.get_running_loop()
-        event = self._exit_event = asyncio.Event()
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
             counter = (counter + 10) % 864000
             if not self.should_exit:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.tick_s):
-                        await event.wait()
+                await self._exit_wakeup.wait(self.tick_s)
             should_exit = await self.on_tick(counter)
 
     async def drain(self) -> None:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Engine
 
 from ..types import Clock
+from ..wakeup import Wakeup
 from .db import pg_connect_params, sqlite_file
 from .overrides import REVISION_CHANNEL
 
@@ -173,7 +174,7 @@ class PgNotifyWatch(RevisionWatch):
         self.notes = 0                          # notifications and (re)connections heard
         self.connects = 0
         self.error: str | None = None
-        self._wake = asyncio.Event()
+        self._wake = Wakeup()
         self._task: asyncio.Task[None] | None = None
 
     def state(self) -> Hashable:
@@ -185,15 +186,7 @@ class PgNotifyWatch(RevisionWatch):
         self._wake.set()
 
     async def wait(self, timeout_s: float) -> bool:
-        before = self.notes
-        if not self._wake.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._wake.wait()
-        # Another waiter may have cleared the event first: the count says whether news came.
-        woke = self._wake.is_set() or self.notes != before
-        self._wake.clear()
-        return woke
+        return await self._wake.wait(timeout_s)
 
     async def start(self) -> None:
         if self._task is None:
