@@ -73,7 +73,12 @@ def test_ope_of_token_aware_lands_within_5_percent_of_its_measured_value(seed: i
     """Small case where the estimate is expected to hold: 3 nodes at 40 % of their measured
     capacity (a request's cost hardly depends on where the others went), logged by a learned
     policy that explores half the time (ε = 0.5, softmax temperature 0.2). Doubly robust estimate
-    of token-aware from that log vs token-aware's own run of the same plan, on the same rows."""
+    of token-aware from that log vs token-aware's own run of the same plan, on the same rows.
+
+    The logging policy's tail reservation is off: a reservation exists to change what the *next*
+    requests find (fast nodes kept light for long outputs), which breaks the premise above that a
+    per-decision estimate rests on; with the shipped reservation on, the estimate lands ~25 % low
+    here (docs/benchmarks.md, "sixth pass")."""
     w = load_workload("heavy-tail")
     specs = lg.fleet(3)
     cap, _ = lg.fleet_capacity(specs, w, duration_s=60.0, warm_s=15.0)
@@ -81,7 +86,8 @@ def test_ope_of_token_aware_lands_within_5_percent_of_its_measured_value(seed: i
     n = 2000
     reqs = plan(w, seed=seed, rate=rate, duration_s=n / rate, max_requests=n)
     logging = lg.run_profile("learned", specs, reqs, w, seed=seed, duration_s=n / rate, failure_cost_s=60.0, log=True,
-                             router_kwargs={"params": {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2}}})
+                             router_kwargs={"params": {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2},
+                                                       "predicted-latency": {"reserve": 0.0}}})
     fb = logging.feedback
     assert fb is not None and len(fb.logged) > 0.9 * n
     on_policy = lg.run_profile("token-aware", specs, reqs, w, seed=seed, duration_s=n / rate, failure_cost_s=60.0)

@@ -103,10 +103,14 @@ def test_params_reject_unknown_keys_and_negative_weights() -> None:
         PredictedLatencyParams.model_validate({"interferance": 1})
 
 
+# The learned profile's shipped terms off (profiles.LEARNED_LATENCY), so each test turns on its own.
+TERMS_OFF = {"reserve": 0.0, "interference": 0.0, "interference_max_output": None, "prefill_interference": 0.0}
+
+
 def _guarded(**params: object) -> Any:
     lc = PredictorLifecycle(LifecycleParams(min_samples=0), model=FixedPredictor())   # active at once
     return build_router("learned", seed=1, sample=0, lifecycle=lc,
-                        params={"predicted-latency": dict(params),
+                        params={"predicted-latency": {**TERMS_OFF, **params},
                                 "softmax-bandit": {"epsilon": 0.0}})
 
 

@@ -203,7 +203,9 @@ def test_exploration_never_picks_a_filtered_node() -> None:
         assert d.pick in ("ok1", "ok2")
         assert "sick" not in d.learned.to_json()["ctx"]["node"]
         explored += bool(d.learned.explored)
-    assert explored > 50   # ε = 0.5 over two candidates: the worse one often
+    # ε = 0.5 over two candidates: the worse one often (≈ 40 of 500 with the shipped prefill term,
+    # which widens their gap: ok2 is slower to first token with as many in flight)
+    assert explored > 20
 
 
 def test_decision_logs_propensity_predictions_and_why_bounded() -> None:

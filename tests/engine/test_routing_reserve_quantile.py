@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from inferlb.engine.routing import NodeView, RouteRequest, build_router
 from inferlb.engine.routing.learned import RESERVE_MIN_SAMPLES, PredictedLatency, PredictedLatencyParams
+from inferlb.engine.routing.profiles import LEARNED_LATENCY
 from inferlb.engine.routing.quantile import WindowQuantile
 
 
@@ -92,7 +93,7 @@ def test_params_reject_out_of_range(bad: dict[str, object]) -> None:
         PredictedLatencyParams.model_validate(bad)
 
 
-# The setting docs/benchmarks.md ("an adaptive tail reservation") measured; opt-in, not the default.
+# The setting docs/benchmarks.md ("an adaptive tail reservation") measured; the learned profile's default.
 ADAPTIVE = {"reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
             "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}
 
@@ -103,8 +104,14 @@ def _pl(r: object) -> PredictedLatency:
     return found[0]
 
 
-def test_the_learned_profile_takes_the_adaptive_params_and_ships_without_them() -> None:
-    p = _pl(build_router("learned", seed=1, params={"predicted-latency": ADAPTIVE})).p
-    assert p.model_dump(include=set(ADAPTIVE)) == ADAPTIVE
+def test_the_learned_profile_ships_the_adaptive_params_and_a_callers_keys_override_them() -> None:
+    assert LEARNED_LATENCY == ADAPTIVE
     shipped = _pl(build_router("learned", seed=1)).p
-    assert shipped.reserve == 0.0 and shipped.reserve_quantile is None
+    assert shipped.model_dump(include=set(ADAPTIVE)) == ADAPTIVE
+    mine = _pl(build_router("learned", seed=1, params={"predicted-latency": {"reserve_quantile": None}})).p
+    assert mine.reserve_quantile is None and mine.reserve == 0.9 and mine.interference == 1.25
+    off = _pl(build_router("learned", seed=1, params={"predicted-latency": {"reserve": 0.0}}))
+    assert off._lengths is None and off.cut_rule is None
+    # the scorer's own defaults (any other profile that uses it) stay off
+    bare = PredictedLatency().p
+    assert bare.reserve == 0.0 and bare.reserve_quantile is None and bare.interference == 0.0

@@ -17,7 +17,11 @@ of the audit record's decision (bounded: at most :data:`CTX_NODES` candidates, �
   the scorer charged them, ``others_us`` (interference: the predicted slowdown this request would
   cause the requests in flight there, µs, before the weight) and ``reserved_permille`` (tail
   reservation: the slack charged × 1000); ``interference`` holds the weight and whether this
-  request was charged, ``pick`` the pick's own ``others_s`` / ``reserved``.
+  request was charged, ``pick`` the pick's own ``others_s`` / ``reserved``;
+* ``reserve`` (with a tail reservation): ``cut``, the output budget from which this decision
+  counted a request as long, and ``rule``, how the scorer draws it. An adaptive cut is a quantile
+  of recent traffic, state no single record holds, so the replay of a policy with the same rule
+  uses the logged cut (``PredictedLatency.pin_cut``).
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ __all__ = ["CTX_KEYS", "CTX_NODES", "Context", "LearnedInfo", "context_of"]
 
 CTX_NODES = 16
 # The context's columns (``ctx``: one list per key, aligned with ``ctx["node"]``). Times are
-# integer µs (rounding floats costs more than the rest of the record on the request path).
+# integer µs (rounding floats costs more than the rest of the record on the request path), but the
+# predicted TPOT is integer ns: the scorer's terms multiply it by the output budget and by the
+# overlapping decode steps (thousands), so µs would move a replayed score by more than the
+# logged propensity's own rounding (routing/ope_replay.py replays from these columns).
 CTX_KEYS = ("node", "inflight_requests", "inflight_tokens", "capacity_tokens", "max_concurrency", "waiting",
-            "kv_permille", "tpot_us", "ttft_us", "weight", "pred_ttft_us", "pred_tpot_us", "p")
+            "kv_permille", "tpot_us", "ttft_us", "weight", "pred_ttft_us", "pred_tpot_ns", "p")
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -45,6 +52,10 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 def _us(x: float | None) -> int | None:
     return None if x is None or not x < 1e12 else int(x * 1e6)
+
+
+def _ns(x: float) -> int | None:
+    return None if not x < 1e9 else int(x * 1e9)
 
 
 def _permille(xs: list[float]) -> list[int | None]:
@@ -65,7 +76,7 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
         "ttft_us": [_us(n.ttft_s) for n in nodes],
         "weight": [n.weight for n in nodes],
         "pred_ttft_us": [None if p is None else _us(p[0]) for p in preds],
-        "pred_tpot_us": [None if p is None else _us(p[1]) for p in preds],
+        "pred_tpot_ns": [None if p is None else _ns(p[1]) for p in preds],
         "p": probs,
     }
 
@@ -96,6 +107,8 @@ class LearnedInfo:
     others: list[float] | None = None
     reserved: list[float] | None = None
     interference: float = 0.0                                     # the interference weight β in force
+    reserve_cut: int | None = None                                # tail reservation: the long-output cut used
+    reserve_rule: str | None = None                               # ... and how the scorer draws it
 
     @property
     def pick_row(self) -> list[float] | None:
@@ -165,6 +178,8 @@ class LearnedInfo:
         out["ctx"].update(terms)
         if self.interference > 0:
             out["interference"] = {"weight": self.interference, "charged": self.others is not None}
+        if self.reserve_cut is not None:
+            out["reserve"] = {"cut": self.reserve_cut, "rule": self.reserve_rule}
         out["ctx_total"] = len(self.nodes) or len(nodes)
         gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
         if gpu:
@@ -194,6 +209,7 @@ class Context:
     preds: dict[str, tuple[float, float] | None]
     probs: dict[str, float | None]
     complete: bool            # every candidate is in the log (ctx_total ≤ CTX_NODES)
+    reserve: Mapping[str, Any] | None = None   # the logged tail-reservation cut and its rule
 
 
 def context_of(learned: Mapping[str, Any], model: str) -> Context:
@@ -223,9 +239,12 @@ def context_of(learned: Mapping[str, Any], model: str) -> Context:
             waiting=None if w is None else int(w), kv_usage=None if kv is None else kv / 1000,
             tokens_per_s=None if not tpot else 1e6 / tpot, ttft_s=None if ttft is None else ttft / 1e6,
             labels=(("gpu", str(gpu[name])),) if name in gpu else ()))
-        a, b = col("pred_ttft_us", i), col("pred_tpot_us", i)
-        preds[name] = None if a is None or b is None else (a / 1e6, b / 1e6)
+        a, b_ns, b_us = col("pred_ttft_us", i), col("pred_tpot_ns", i), col("pred_tpot_us", i)
+        b = b_ns / 1e9 if b_ns is not None else None if b_us is None else b_us / 1e6   # older records: µs
+        preds[name] = None if a is None or b is None else (a / 1e6, b)
         p = col("p", i)
         probs[name] = None if p is None else float(p)
     total = int(learned.get("ctx_total") or len(views))
-    return Context(req, views, preds, probs, complete=total <= len(views))
+    reserve = learned.get("reserve")
+    return Context(req, views, preds, probs, complete=total <= len(views),
+                   reserve=reserve if isinstance(reserve, Mapping) else None)

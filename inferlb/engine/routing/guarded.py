@@ -76,6 +76,8 @@ class GuardedRouter(Router):
         # The scorer's per-candidate terms, for the audit (explain.py bounds them to CTX_NODES).
         info.slack, info.others, info.reserved = sc.slack, sc.others_s, sc.reserved
         info.interference = self._beta
+        if sc.reserve_cut is not None:
+            info.reserve_cut, info.reserve_rule = sc.reserve_cut, getattr(self._explainer, "cut_rule", None)
         if choice is not None and choice.pick == d.pick and len(choice.probs) == len(names):
             info.probs = choice.probs
             info.propensity = choice.propensity

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +135,26 @@ class PredictedLatency:
         self.last: Scored | None = None
         q = self.p.reserve_quantile
         self._lengths = WindowQuantile(self.p.reserve_window) if q is not None and self.p.reserve > 0 else None
+        # How this scorer draws the long-output cut, logged with each decision's cut (``rule``, None
+        # without a reservation): a replay may use a logged cut only if it was drawn the same way.
+        self.cut_rule: str | None = None
+        if self.p.reserve > 0:
+            # "<fixed cut>" or "q<quantile>/w<window>/<cut before RESERVE_MIN_SAMPLES budgets>"
+            self.cut_rule = (str(self.p.reserve_min_output) if self._lengths is None else
+                             f"q{q:g}/w{self.p.reserve_window}/{self.p.reserve_min_output}")
+        self._pinned_cut: int | None = None
+
+    def pin_cut(self, logged: Mapping[str, Any] | None) -> None:
+        """Off-policy replay (routing/ope_replay.py): score the next decisions with the cut a logged
+        decision used (its ``reserve`` record: ``cut`` and ``rule``) when this scorer draws its cut by
+        the same rule; the window then learns nothing from them, since a replay is not traffic. With
+        another adaptive rule, or ``None``, the scorer goes back to its own window (for a rule
+        other than the logged one the replayed window is an approximation: the log holds the
+        budgets of logged decisions only, in completion order). A fixed cut needs no pinning."""
+        cut = None if logged is None else logged.get("cut")
+        ok = self._lengths is not None and isinstance(cut, int) and logged is not None \
+            and logged.get("rule") == self.cut_rule
+        self._pinned_cut = cut if ok else None
 
     def reserve_cut(self) -> int:
         """The output budget from which a request counts as long for the tail reservation: the
@@ -181,9 +201,12 @@ class PredictedLatency:
         cut: int | None = None
         reserved = None
         if self.p.reserve > 0:
-            cut = self.reserve_cut()
-            if self._lengths is not None:   # seen after the cut is read: a request is not its own reference
-                self._lengths.add(max(0, req.output_tokens))
+            if self._pinned_cut is not None:   # a replay of a logged decision (pin_cut)
+                cut = self._pinned_cut
+            else:
+                cut = self.reserve_cut()
+                if self._lengths is not None:   # seen after the cut is read: a request is not its own reference
+                    self._lengths.add(max(0, req.output_tokens))
             if req.output_tokens < cut:
                 reserved = self._reserved(req, nodes, preds)
         bp = self.p.prefill_interference

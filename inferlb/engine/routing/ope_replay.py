@@ -10,7 +10,9 @@ terms from the logged predictions; :func:`evaluate` runs the estimators (routing
 The candidate's probabilities: exact for pickers that state them (``softmax-bandit``:
 ``probabilities``) and for ``max-score`` (1 / number of tied best nodes); by Monte Carlo
 (``mc_draws`` seeded draws of its ``rank``) for the others. A candidate whose scorers need a
-latency predictor is given the *logged* predictions, so it is judged on what was known then.
+latency predictor is given the *logged* predictions, so it is judged on what was known then, and
+a ``predicted-latency`` scorer whose tail-reservation cut is drawn by the logged rule is given the
+*logged* cut (an adaptive cut is a quantile of the traffic before the decision, not in the record).
 
 Rounds are skipped, and counted by reason, when the logging policy was not the bandit (no
 propensity: a fallback decided), when the context was cut (more than ``CTX_NODES`` candidates),
@@ -62,12 +64,21 @@ class LoggedPredictions:
 
 def target_probabilities(router: Router, ctx: Context, *, mc_draws: int = 200, seed: int = 0) -> dict[str, float]:
     """The candidate ``router``'s probability of picking each node of ``ctx`` (absent: 0)."""
+    pinned = []
     for s, _ in router.scorers:
         if hasattr(s, "bind"):
             s.bind(LoggedPredictions(ctx.preds))
+        pin = getattr(s, "pin_cut", None)
+        if pin is not None:   # the logged long-output cut, which no single record can rebuild
+            pin(ctx.reserve)
+            pinned.append(pin)
     # The profile's own pipeline, without a guard's fallback and without sampling (the logged
     # candidates are the sample the logging policy saw).
-    d = Router.decide(router, ctx.req, ctx.views) if router.sample == 0 else _unsampled(router, ctx)
+    try:
+        d = Router.decide(router, ctx.req, ctx.views) if router.sample == 0 else _unsampled(router, ctx)
+    finally:
+        for pin in pinned:
+            pin(None)
     if not d.ranked:
         return {}
     live = [n for n in ctx.views if n.name in d.score_rows]

@@ -14,8 +14,9 @@ Every profile filters by ``node-selector`` after ``serves-model`` (a no-op unles
 - ``round-robin``: healthy, serves-model; round-robin.
 - ``power-of-two``: healthy, serves-model, has-capacity; outstanding-tokens; power-of-two.
 - ``weighted``: healthy, serves-model; static-weight; weighted-random.
-- ``learned``: healthy, serves-model, has-capacity; predicted-latency ×3, outstanding-tokens ×1;
-  softmax-bandit (exploration
+- ``learned``: healthy, serves-model, has-capacity; predicted-latency ×3 (with the tail
+  reservation, its adaptive cut and the interference terms on: :data:`LEARNED_LATENCY`),
+  outstanding-tokens ×1; softmax-bandit (exploration
   rate ``epsilon``, never for the critical class), guarded by its predictor's lifecycle: while the
   predictor warms up, drifts or faults, ``token-aware`` decides (routing/guarded.py).
 - ``prefix-affinity``: token-aware's filters and scorers plus rtt ×0.5; the ``affinity`` picker:
@@ -23,7 +24,8 @@ Every profile filters by ``node-selector`` after ``serves-model`` (a no-op unles
   goes to its key's node in rendezvous-hash order, escaping to the next when that node is past
   (1 + ε) × the candidates' mean load (engine/routing/affinity.py); others by score.
 
-A profile may be customised in the fleet file (``routing.filters/scorers/picker/params``).
+A profile may be customised in the fleet file (``routing.filters/scorers/picker/params``); a
+plugin's params given there are merged over the profile's own (key by key).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..errors import ConfigError
 from .registry import make_plugin
 from .types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
 
-__all__ = ["FALLBACK_PROFILE", "PROFILES", "ProfileSpec", "Router", "build_router"]
+__all__ = ["FALLBACK_PROFILE", "LEARNED_LATENCY", "PROFILES", "ProfileSpec", "Router", "build_router"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class ProfileSpec:
     scorers: dict[str, float] = field(default_factory=dict)
     picker: str = "max-score"
     sample: int = 0     # power-of-k: consider k random nodes of the model's pool (0: all)
+    # The profile's own plugin params (plugin name → params), under what the caller gives: a
+    # caller's key replaces the profile's, the profile's other keys stay.
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # k = 16 for the score-based profiles: figures and the cost in routing quality in
@@ -54,6 +59,16 @@ SAMPLE = 16
 
 _BASE = ("healthy", "serves-model", "node-selector")
 _TOKEN_AWARE = {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5, "decode-speed": 1.0}
+
+# The learned profile's predicted-latency setting (docs/benchmarks.md, "an adaptive tail
+# reservation" and its sixth pass): hold 90 % of the fast nodes' token capacity for the requests
+# whose output budget is in the top 1.5 % of the last 4,096 (800 tokens until 100 were seen),
+# charge short requests (≤ 64 output tokens) 1.25 × the decode slowdown they cause the others,
+# and every request the prefill stall it causes. Each decision logs its cut, so off-policy replay
+# of this profile reproduces its decisions (routing/ope_replay.py).
+LEARNED_LATENCY: dict[str, Any] = {
+    "reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
+    "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}
 
 PROFILES: dict[str, ProfileSpec] = {
     "token-aware": ProfileSpec((*_BASE, "has-capacity"), dict(_TOKEN_AWARE), sample=SAMPLE),
@@ -67,8 +82,9 @@ PROFILES: dict[str, ProfileSpec] = {
     # fastest predicted node, short ones included, which fills the fast GPUs and slows the long
     # requests that need them (e2e p99 1.2× token-aware's); with the load term, predicted slack
     # decides where it differs much (long requests) and load where it hardly does (short ones).
+    # Its predicted-latency params: LEARNED_LATENCY (below).
     "learned": ProfileSpec((*_BASE, "has-capacity"), {"predicted-latency": 3.0, "outstanding-tokens": 1.0},
-                           "softmax-bandit", sample=SAMPLE),
+                           "softmax-bandit", sample=SAMPLE, params={"predicted-latency": LEARNED_LATENCY}),
     "prefix-affinity": ProfileSpec((*_BASE, "has-capacity"), {**_TOKEN_AWARE, "rtt": 0.5}, "affinity",
                                    sample=SAMPLE),
 }
@@ -254,7 +270,8 @@ def build_router(profile: str, *, filters: list[str] | None = None, scorers: dic
         raise ConfigError(f"unknown routing profile {profile!r} (known: {', '.join(sorted(PROFILES))})",
                           path="routing.profile")
     spec = base or ProfileSpec(())
-    params = params or {}
+    given = params or {}
+    params = {n: {**spec.params.get(n, {}), **given.get(n, {})} for n in {*spec.params, *given}}
     fs: list[Filter] = [make_plugin(n, params.get(n)) for n in (filters if filters is not None else spec.filters)]
     sc: list[tuple[Scorer, float]] = []
     for n, w in (scorers if scorers is not None else spec.scorers).items():
