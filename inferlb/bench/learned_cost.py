@@ -7,9 +7,9 @@
 Loads that script's ``bench(profile, n, iters)`` (decide alone, and select = ``Fleet.views()`` +
 decide + ``Decision.to_json()``) and runs it for ``token-aware``, ``learned`` with its predictor
 active (``min_samples`` 0: every decision predicts, explores and logs its propensity and context)
-and ``learned`` while the predictor warms up (the token-aware fallback plus the pick's
-prediction), and ``learned`` with the interference term on, with the tail reservation on, and with
-the reservation, the size-aware interference and the prefill interference on together.
+(the shipped setting: adaptive tail reservation, size-aware and prefill interference), ``learned``
+while the predictor warms up (the token-aware fallback plus the pick's prediction), and ``learned``
+with no term, with the interference term alone and with a fixed-cut tail reservation alone.
 Prints p50 / p99 µs per decision.
 """
 
@@ -20,6 +20,7 @@ import importlib.util
 from typing import Any
 
 from ..engine.routing import build_router
+from ..engine.routing.profiles import LEARNED_LATENCY
 
 __all__ = ["main"]
 
@@ -34,20 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     assert spec is not None and spec.loader is not None
     rb: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
+    # Each variant's predicted-latency params in full (merged over the profile's own, so the
+    # terms a variant leaves out are off rather than the shipped ones).
+    off = {"reserve": 0.0, "interference": 0.0, "interference_max_output": None, "prefill_interference": 0.0,
+           "reserve_quantile": None}
     variants: dict[str, tuple[str, Any, Any]] = {
-        "token-aware": ("token-aware", None, None), "learned (active)": ("learned", {"min_samples": 0}, None),
+        "token-aware": ("token-aware", None, None),
+        # the shipped profile: adaptive tail reservation, size-aware and prefill interference
+        "learned (active)": ("learned", {"min_samples": 0}, {"predicted-latency": dict(LEARNED_LATENCY)}),
         "learned (warming)": ("learned", {"min_samples": 10**9}, None),
-        # the interference term (predicted-latency's opt-in params), with the predictor's learned elasticity
+        # the predictor alone, no term (the profile before docs/benchmarks.md's "sixth pass")
+        "learned (no terms)": ("learned", {"min_samples": 0}, {"predicted-latency": off}),
+        # the interference term alone, with the predictor's learned elasticity
         "learned+interference": ("learned", {"min_samples": 0},
-                                 {"predicted-latency": {"interference": 1.0, "elasticity": None}}),
-        # the tail reservation (predicted-latency's opt-in params); the request is short, so it is charged
+                                 {"predicted-latency": {**off, "interference": 1.0, "elasticity": None}}),
+        # the tail reservation alone, a fixed cut; the request is short, so it is charged
         "learned+reserve": ("learned", {"min_samples": 0},
-                            {"predicted-latency": {"reserve": 0.7, "reserve_min_output": 700, "reserve_fast": 0.1}}),
-        # all three terms at once, the frontier setting of docs/benchmarks.md ("prefill interference")
-        "learned+reserve+both": ("learned", {"min_samples": 0},
-                                 {"predicted-latency": {"reserve": 0.9, "reserve_min_output": 800, "reserve_fast": 0.1,
-                                                        "interference": 2.0, "interference_max_output": 64,
-                                                        "prefill_interference": 1.0}})}
+                            {"predicted-latency": {**off, "reserve": 0.7, "reserve_min_output": 700,
+                                                   "reserve_fast": 0.1}})}
     print(f"{'variant':20} {'nodes':>5} {'decide p50':>10} {'p99':>7} {'select p50':>10} {'p99':>7}  µs")
     for label, (profile, predictor, params) in variants.items():
         def make(p: str, seed: int | None = None, _pred: Any = predictor, _params: Any = params, **kw: Any) -> Any:

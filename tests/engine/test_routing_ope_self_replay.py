@@ -113,3 +113,16 @@ def test_predicted_tpot_is_logged_in_ns_and_older_records_in_us_still_read() -> 
     for name, ns in zip(ctx["node"], ctx["pred_tpot_ns"], strict=True):
         p = got[name]
         assert p is not None and p[1] == (ns // 1000) / 1e6
+
+
+def test_the_audit_copy_of_a_shipped_learned_decision_stays_bounded_at_1000_nodes() -> None:
+    rng = random.Random(1)
+    nodes = [NodeView(name=f"node{i:04d}", models=frozenset({"m"}), capacity_tokens=40_000, max_concurrency=64,
+                      inflight_requests=rng.randrange(12), inflight_tokens=rng.randrange(30_000),
+                      tokens_per_s=rng.uniform(20, 80), ttft_s=rng.uniform(0.05, 0.4), labels=(("gpu", "h100"),))
+             for i in range(1000)]
+    r = build_router("learned", seed=1, predictor={"min_samples": 0})   # the shipped terms
+    for out in (30, 2000):   # short (charged) and long
+        j = r.decide(RouteRequest("m", 500, out, stream=True), nodes).to_json()
+        assert "reserve" in j["learned"] and len(j["learned"]["ctx"]["node"]) == 16
+        assert len(json.dumps(j)) < 4500
