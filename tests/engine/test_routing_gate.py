@@ -157,3 +157,17 @@ def test_the_verdict_becomes_a_policy_event() -> None:
     assert (ev.node, ev.from_state, ev.to_state, ev.at) == (EVENT_NODE, "learned", "refused", 12.345679)
     assert ev.reason == "routing change learned → token-aware refused: worse"
     assert ev.evidence == {"from": "learned", "to": "token-aware", "bound": 1.0, "by": "admin", "key_id": None}
+
+
+def test_a_log_that_reserved_capacity_carries_a_caveat_and_one_that_did_not_none(
+        logged: tuple[list[LoggedDecision], list]) -> None:
+    decisions, _ = logged
+    assert any(d.learned.get("reserve") for d in decisions)   # the shipped learned profile reserves
+    same, current = build_router("learned", seed=9, params=BANDIT), build_router("learned", seed=3, params=BANDIT)
+    v = judge(decisions, same, current, _req(max_regression=0.001), current_logged=True)
+    assert v["passed"] is True and len(v["caveats"]) == 1
+    assert "reserved fast-node capacity" in v["caveats"][0] and v["reason"].endswith(v["caveats"][0])
+    plain = [LoggedDecision(d.model, {k: x for k, x in d.learned.items() if k != "reserve"}, d.reward)
+             for d in decisions]
+    w = judge(plain, same, current, _req(max_regression=0.001), current_logged=True)
+    assert "caveats" not in w and "caveat" not in w["reason"]

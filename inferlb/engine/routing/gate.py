@@ -18,6 +18,12 @@ the last ``since``. :func:`judge` decides, on costs (seconds, lower is better):
 * **passed** when candidate ≤ baseline × (1 + ``max_regression``); otherwise refused, saying by
   how much it is worse.
 
+A log whose policy reserved capacity (the learned profile's tail reservation: its decisions carry
+``reserve``) shaped what later requests found on the nodes, which per-decision OPE assumes a
+policy does not do; estimates of *other* policies from it read low (22–26 % in docs/benchmarks.md,
+"sixth pass"). The judgement then carries a ``caveats`` entry saying so (and a passing one's
+reason sentence ends with it), so an operator reads an accepted switch away from such a policy with that bias in mind.
+
 Pure: the caller reads the audit trail and records the outcome (engine/policy_gate.py).
 """
 
@@ -90,6 +96,16 @@ def _summary(est: dict[str, Any], key: str) -> dict[str, Any]:
     return out
 
 
+def _caveats(decisions: Sequence[LoggedDecision]) -> list[str]:
+    """What biases an estimate from ``decisions`` that the estimate itself cannot show."""
+    reserving = sum(1 for d in decisions if d.learned.get("reserve"))
+    if not reserving:
+        return []
+    return [f"{reserving} of {len(decisions)} logged decisions reserved fast-node capacity for long outputs, "
+            "which changes what later requests meet; estimates of policies that do not reserve read low "
+            "(docs/benchmarks.md, 'sixth pass')"]
+
+
 def judge(decisions: Sequence[LoggedDecision], candidate: str | Router, current: str | Router,
           req: EvaluationRequirement, *, current_logged: bool) -> dict[str, Any]:
     """Whether switching from ``current`` to ``candidate`` passes ``req`` on ``decisions``
@@ -107,6 +123,9 @@ def judge(decisions: Sequence[LoggedDecision], candidate: str | Router, current:
     out: dict[str, Any] = {"passed": False, "candidate": _summary(cand, est), "estimator": est,
                            "requirement": req.model_dump(), "decisions": len(decisions)}
     unit = f"mean {req.metric} cost per decision"
+    caveats = _caveats(decisions)
+    if caveats:
+        out["caveats"] = caveats
     if "error" in cand:
         out["reason"] = f"no evaluation of {name}: {cand['error']}"
         return out
@@ -142,4 +161,6 @@ def judge(decisions: Sequence[LoggedDecision], candidate: str | Router, current:
     out["reason"] = (f"{name} passed: {unit} {value:.4f} s vs {base_name}'s {base:.4f} s, within "
                      f"{req.max_regression * 100:g} % ({est}, {cand['n']} decisions, effective sample size "
                      f"{cand['ess']:.0f})")
+    if caveats:
+        out["reason"] += "; caveat: " + "; ".join(caveats)
     return out
