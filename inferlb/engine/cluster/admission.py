@@ -12,6 +12,9 @@ Contract (on top of the base controller's):
   share grows as others give theirs back (max-min fair, :data:`~.lua.SYNC_LUA`);
 * a key with ``max_parallel`` admits while its requests here are under this replica's quota of
   ``key:<id>``; a refusal for want of share is the same 429 as the key's own limit;
+* while a sync is in flight, the quota of a pool or key is at most what that sync reported in use
+  (:class:`~.shares.SlotShares`): a pool's request queues until the answer (then the queue is
+  pumped), a key's request is refused for want of share;
 * RPM/TPM buckets (:class:`SharedLimiter`): a bucket this replica creates starts with
   ``1 / replicas`` of its capacity until a Redis sync gives it the shared level, so replicas that
   meet a key at the same moment cannot together pass its limit; while Redis is away every bucket

@@ -15,7 +15,10 @@ replica's own clock: clock skew between replicas does not matter. Times are epoc
   (remainders in replica-id order), so an idle replica keeps a few slots and admits at once. The
   caller's grant is ``min(target, limit − Σ other grants)``, raised to what it has in use (a
   grant is never below what is in flight, so the recorded grants always cover the real load),
-  never negative. Hence Σ grants ≤ limit whenever any replica is granted new room.
+  never negative. Hence Σ grants ≤ limit whenever any replica is granted new room. The recorded
+  grants cover the real load only if a replica holds no more than its recorded grant at any time,
+  which it keeps by taking no more than the ``inuse`` it sent until it has read the answer
+  (:mod:`.shares`).
 * retry budget, per pool: the caller's request count and retry correction are added to the
   current time bucket (``width_ms``; buckets older than ``slots`` are deleted); then the caller
   *claims* what it wants of what the window leaves (``max(min_retries, ratio × requests) −

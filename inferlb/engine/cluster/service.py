@@ -10,8 +10,9 @@ Contract:
   version. It runs before the gateway turns ready, then every ``renew_s`` (lease / 3), and at
   once (at most every ``min_gap_s``) when a request finds this replica's share short, when
   another replica announces it is short (``want`` on the channel), and every ``min_gap_s × 4``
-  while this replica's fair target is above its grant (others still give back). After a sync
-  the admission queue is pumped with the new grants.
+  while this replica's fair target is above its grant (others still give back). While it is in
+  flight this replica takes no more of a resource than it reported in use (the answer may lower
+  its grant to that: :mod:`.shares`); after it the admission queue is pumped with the new grants.
 * **Health**: local ejections and cool-downs go to Redis through :data:`~.lua.HEALTH_LUA`
   (published on the channel); a listener applies what other replicas publish; a full read runs
   when the version moved (missed messages) and after every reconnection. Propagation is one
@@ -215,13 +216,19 @@ class ClusterService:
         for dq, dr, want in sent:
             args += [dq, dr, want]
         t0 = time.perf_counter()
+        # Until the answer is applied, admit no more than reported: the script may lower the
+        # grants to it (shares.py, "While a sync is in flight").
+        self.shares.reported_in_use({r: inuse for r, _, inuse, _ in demands})
         try:
             res = await self._sync_script(keys=keys, args=args)
         except (RedisError, OSError) as exc:
+            self.shares.answered()
             for pool, report in zip(pools, sent, strict=True):
                 self.shares.retry_of(pool).put_back(report)
             self._down(exc)
             return False
+        finally:
+            self.shares.answered()      # also when cancelled (stop) mid-flight
         self.sync_ms = round((time.perf_counter() - t0) * 1000, 3)
         self.syncs += 1
         self._last_sync = self.clock.monotonic()

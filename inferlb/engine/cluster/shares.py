@@ -10,6 +10,13 @@ Contract:
   grant of the last sync; before the first sync, or while Redis is away (:attr:`degraded`), its
   *fallback share* ``max(1, floor(limit / replicas))`` with the replica count last seen — the
   issue's "each replica falls back to its share of the limits".
+* While a sync is in flight (:meth:`SlotShares.reported_in_use` until :meth:`SlotShares.answered`),
+  the quota of every resource it reported is at most what it reported in use: the script may
+  lower the grant to that and record it for the other replicas to count, so a slot taken on the
+  old grant before the answer is read would be held outside every recorded grant (the others
+  could be granted it too). A slot freed meanwhile may be taken again. Not while
+  :attr:`~SlotShares.degraded`: the fallback share is not a recorded grant (see the module
+  docstring of :mod:`.service` for what Redis away guarantees).
 * :meth:`short` records that a request found the quota too small while the limit itself had
   room: the demand the next sync reports, and a reason to sync now (``on_short``).
 * :class:`RetryShare` is one pool's retry budget as the cluster sees it: each sync *claims* a
@@ -79,6 +86,16 @@ class SlotShares:
     reported: dict[str, int] = field(default_factory=dict)    # demand sent at the last sync
     retry: dict[str, RetryShare] = field(default_factory=dict)
     on_short: Callable[[], None] | None = None
+    in_flight: dict[str, int] | None = None   # in use as reported by the sync in flight, if any
+
+    def reported_in_use(self, in_use: dict[str, int]) -> None:
+        """A sync took its report (``resource → in use here``): hold each quota to it until
+        :meth:`answered`."""
+        self.in_flight = in_use
+
+    def answered(self) -> None:
+        """The sync in flight ended (answer applied, failed or cancelled): quotas are the grants again."""
+        self.in_flight = None
 
     def fallback(self, limit: float) -> int:
         """Each replica's share of ``limit`` while it cannot ask Redis (at least one)."""
@@ -89,7 +106,12 @@ class SlotShares:
         if self.degraded:
             return self.fallback(limit)
         g = self.grants.get(resource)
-        return self.fallback(limit) if g is None else min(g, math.floor(limit))
+        q = self.fallback(limit) if g is None else min(g, math.floor(limit))
+        if self.in_flight is not None:
+            held = self.in_flight.get(resource)
+            if held is not None:
+                q = min(q, held)    # the answer may lower the grant to this (see the module docstring)
+        return q
 
     def short(self, resource: str, demand: int) -> None:
         """A request found the quota of ``resource`` too small; ``demand`` is what this replica
