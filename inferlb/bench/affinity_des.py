@@ -5,13 +5,17 @@
 
     python -m inferlb.bench.affinity_des [--loads 0.5,0.8] [--seeds 1,2,3] [--duration 120]
                                          [--profiles token-aware,prefix-affinity] [--rtt-loads 0.2,0.4,0.6,0.8,0.95]
-                                         [--no-rtt] [--json OUT]
+                                         [--no-rtt] [--prompt-only] [--think S] [--json OUT]
 
+``--think S`` replaces the sessions' mean think time (2 s: counted from a turn's send, so most
+follow-up turns leave before the previous answer has ended, and cannot hit its blocks).
 A profile may carry ``affinity`` picker parameters: ``prefix-affinity:epsilon=0.25+min_bound=1``.
 
 **Affinity.** The fleet is ``cache4`` (4 ``a100`` nodes, each with the emulator's prefix cache,
 inferlb/simulator/prefix_cache.py, behind the simulation's ``prefill_cached`` hook:
-:class:`~inferlb.simulator.des.PrefixCaches`); the workload ``chat-sessions`` (8 shared 2,000-token
+:class:`~inferlb.simulator.des.PrefixCaches`; a completed request leaves its prompt and its answer
+cached, as vLLM keeps a finished sequence's decoded blocks; ``--prompt-only``: prompts alone, the
+older model); the workload ``chat-sessions`` (8 shared 2,000-token
 system prompts, 4-10 turns a session resending the history, the session id in ``user``), planned
 with the same seed for every profile, so the load is equal. The load is a share of the fleet's
 *capacity without a cache*: 4 × the saturated throughput of one ``a100`` node in the DES on this
@@ -21,8 +25,10 @@ overloaded at a load below 1). Per profile and load, means over the seeds: TTFT 
 tokens ÷ prompt tokens in full blocks), and where TTFT goes: the median uncached prompt tokens, the
 median time their prefill takes on the node (uncached × the engine's ``prefill_s_per_token``), and
 the median of the rest (TTFT − that prefill: waiting for the running step to end, the step's own
-base and per-context cost, queueing). The *ideal* hit rate is one cache of unbounded size that saw
-every prompt in order (no routing can do better); TTFT p50 ratios are per seed, then averaged.
+base and per-context cost, queueing), and "early": the share of follow-up turns sent before their
+session's previous answer had ended (the plan sends turns ``think_s`` after the previous *send*).
+The *ideal* hit rate is one cache of unbounded size that saw every prompt in order, each followed
+at once by its answer (no routing can do better); TTFT p50 ratios are per seed, then averaged.
 
 **RTT.** A fleet of 2 near ``a100`` nodes and 2 far (edge) ones whose round trip is
 ``--far-delay`` (``NodeSpec.network_delay_s``: added to the client's TTFT and e2e, and fed to the
@@ -49,7 +55,8 @@ from typing import Any
 from inferlb.engine.routing import build_router
 from inferlb.engine.routing.profiles import PROFILES
 from inferlb.simulator.des import PrefixCaches, PromptInfo, Simulation
-from inferlb.simulator.prefix_cache import PrefixCache
+from inferlb.simulator.openai_format import answer_text
+from inferlb.simulator.prefix_cache import PrefixCache, finished_sequence
 from inferlb.simulator.presets import FLEETS, preset_spec
 from inferlb.simulator.spec import NodeSpec
 
@@ -79,14 +86,36 @@ def des_prompt(r: Any) -> PromptInfo | None:
     return PromptInfo(prompt_text(turn), turn.session if turn.send_session else None)
 
 
-def ideal_hit_rate(reqs: Sequence[PlannedRequest]) -> float:
-    """Hit rate of one unbounded cache that saw every prompt in order (an upper bound for routing)."""
+def ideal_hit_rate(reqs: Sequence[PlannedRequest], *, decoded: bool = True) -> float:
+    """Hit rate of one unbounded cache that saw every prompt in order (an upper bound for routing),
+    with ``decoded`` each followed at once by its answer (before any later turn could resend it)."""
     c = PrefixCache(1 << 40)
     for r in reqs:
         info = des_prompt(r)
         if info is not None:
             c.lookup(info.text)
+            if decoded:
+                c.insert(finished_sequence(info.text, answer_text(r.output_tokens)))
     return c.hits_tokens / c.queries_tokens if c.queries_tokens else math.nan
+
+
+def early_turns(reqs: Sequence[PlannedRequest], e2e: Sequence[float], warmup_s: float) -> float:
+    """Share of the measured follow-up turns sent before their session's previous turn had been
+    answered to the end (that answer cannot be in any cache yet); NaN: none."""
+    ended: dict[tuple[str, int], float] = {}
+    for r, d in zip(reqs, e2e, strict=False):
+        if r.chat is not None:
+            ended[(r.chat.session, len(r.chat.turns))] = r.t + d
+    early = total = 0
+    for r in reqs:
+        if r.chat is None or len(r.chat.turns) < 2 or r.t < warmup_s:
+            continue
+        prev = ended.get((r.chat.session, len(r.chat.turns) - 1))
+        if prev is None or math.isnan(prev):
+            continue
+        total += 1
+        early += r.t < prev
+    return early / total if total else math.nan
 
 
 def _p50(xs: list[float]) -> float:
@@ -94,12 +123,13 @@ def _p50(xs: list[float]) -> float:
 
 
 def run_affinity(spec: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedRequest], w: Workload, *,
-                 seed: int, duration_s: float) -> dict[str, Any]:
+                 seed: int, duration_s: float, decoded: bool = True) -> dict[str, Any]:
     """One seeded DES run of ``reqs`` routed by ``spec`` (``profile[:k=v+...]``) with per-node
-    prefix caches: the summary of :func:`~.des_report.des_summary` plus the cache and TTFT figures."""
+    prefix caches (``decoded``: a completed answer is cached too): the summary of
+    :func:`~.des_report.des_summary` plus the cache and TTFT figures."""
     profile, params = _target(spec)
     router = build_router(profile, seed=seed, params={"affinity": params} if params else None)
-    caches = PrefixCaches(des_prompt)
+    caches = PrefixCaches(des_prompt, decoded=decoded)
     sim = Simulation(specs, router=router, seed=seed, model=w.model, timeout_s=w.timeout_s, prefill_cached=caches)
     t0 = time.perf_counter()
     res = sim.run(reqs)
@@ -120,6 +150,7 @@ def run_affinity(spec: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedReq
         prefill.append(p)
         rest.append(res.ttft[i] - p)
     s.update({"label": spec, "seed": seed, "wall_s": wall, "prefix_cache": caches.totals(),
+              "early_turns": early_turns(reqs, res.e2e, w.warmup_s),
               "ttft_parts": {"uncached_tokens_p50": _p50(uncached), "prefill_s_p50": _p50(prefill),
                              "rest_s_p50": _p50(rest)}})
     return s
@@ -155,16 +186,20 @@ def _mean(xs: Sequence[float]) -> float:
 
 def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
     w = load_workload("chat-sessions")
+    if a.think is not None and w.sessions is not None:
+        w = w.model_copy(update={"sessions": w.sessions.model_copy(update={"think_s": a.think})})
     specs = FLEETS["cache4"]([w.model])
     t0 = time.perf_counter()
     per_node = node_capacity("a100", w, seed=1, offered_rps=30.0)
     cap = per_node * len(specs)
     print(f"chat-sessions on cache4: capacity without a cache {cap:.2f} req/s (4 × {per_node:.2f}, one a100 "
           f"saturated in the DES, {time.perf_counter() - t0:.1f} s); arrivals {a.duration:g} s, warm-up "
-          f"{w.warmup_s:g} s, seeds {a.seeds}", flush=True)
+          f"{w.warmup_s:g} s, seeds {a.seeds}; cached: {'prompts only' if a.prompt_only else 'prompts and answers'}; "
+          f"think {w.sessions.think_s if w.sessions is not None else math.nan:g} s", flush=True)
     profiles = [p for p in a.profiles.split(",") if p]
     print(f"{'load':>5} {'rate':>5} {'profile':44} {'TTFT p50':>9} {'p99':>7} {'e2e p50':>8} {'p99':>6} "
-          f"{'goodput':>8} {'hit %':>6} {'ideal %':>7} {'uncached':>8} {'prefill':>8} {'rest':>7} {'TTFT÷base':>9}")
+          f"{'goodput':>8} {'hit %':>6} {'ideal %':>7} {'uncached':>8} {'prefill':>8} {'rest':>7} {'TTFT÷base':>9} "
+          f"{'early %':>7}")
     loads: list[dict[str, Any]] = []
     for load in a.loads:
         rate = load * cap
@@ -172,9 +207,10 @@ def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
         ideal: list[float] = []
         for seed in a.seeds:
             reqs = plan(w, seed=seed, rate=rate, duration_s=a.duration)
-            ideal.append(ideal_hit_rate(reqs))
+            ideal.append(ideal_hit_rate(reqs, decoded=not a.prompt_only))
             for p in profiles:
-                runs[p].append(run_affinity(p, specs, reqs, w, seed=seed, duration_s=a.duration))
+                runs[p].append(run_affinity(p, specs, reqs, w, seed=seed, duration_s=a.duration,
+                                            decoded=not a.prompt_only))
         base = runs[profiles[0]]
         rows: dict[str, Any] = {}
         for p in profiles:
@@ -189,16 +225,19 @@ def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
                    "prefill_s_p50": _mean([r["ttft_parts"]["prefill_s_p50"] for r in rs]),
                    "rest_s_p50": _mean([r["ttft_parts"]["rest_s_p50"] for r in rs]),
                    "ttft_p50_ratio": ratio, "per_seed_ttft_p50": [r["ttft_s"]["p50"] for r in rs],
+                   "early_turns": _mean([r["early_turns"] for r in rs]),
                    "requests": sum(r["measured"] for r in rs), "not_ok": sum(r["measured"] - r["outcomes"]["ok"]
                                                                             for r in rs)}
             rows[p] = row
             print(f"{load:5.2f} {rate:5.2f} {p:44} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p99'] * 1e3:5.0f}ms "
                   f"{row['e2e_p50']:7.2f}s {row['e2e_p99']:5.2f}s {row['goodput_rps']:8.2f} "
                   f"{row['hit_rate'] * 100:6.1f} {_mean(ideal) * 100:7.1f} {row['uncached_tokens_p50']:8.0f} "
-                  f"{row['prefill_s_p50'] * 1e3:6.0f}ms {row['rest_s_p50'] * 1e3:5.0f}ms {ratio:8.2f}×", flush=True)
+                  f"{row['prefill_s_p50'] * 1e3:6.0f}ms {row['rest_s_p50'] * 1e3:5.0f}ms {ratio:8.2f}× "
+                  f"{row['early_turns'] * 100:7.1f}", flush=True)
         loads.append({"load": load, "rate_rps": rate, "ideal_hit_rate": _mean(ideal), "profiles": rows})
     out["affinity"] = {"capacity_rps": cap, "per_node_rps": per_node, "duration_s": a.duration, "seeds": a.seeds,
-                       "loads": loads}
+                       "decoded_cached": not a.prompt_only,
+                       "think_s": w.sessions.think_s if w.sessions is not None else None, "loads": loads}
 
 
 def _rtt_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -248,10 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--far-delay", type=float, default=0.05, help="the far nodes' round trip, s")
     ap.add_argument("--no-rtt", action="store_true", help="skip the RTT part")
     ap.add_argument("--no-affinity", action="store_true", help="skip the affinity part")
+    ap.add_argument("--prompt-only", action="store_true",
+                    help="the nodes' caches keep prompts only, not the answers they generated (the older model)")
+    ap.add_argument("--think", type=float, default=None,
+                    help="the sessions' mean think time, s (default: the workload's)")
     ap.add_argument("--json", dest="json_out", type=Path)
     a = ap.parse_args(argv)
     if len(a.seeds) < 1 or a.duration <= 0:
         ap.error("at least one seed and a positive duration")
+    if a.think is not None and not a.think > 0:
+        ap.error("--think must be > 0")
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     if not a.no_affinity:

@@ -36,7 +36,7 @@ from . import responses
 from .control import NodeControl
 from .driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
 from .latency import LatencyModel, TokenSchedule
-from .prefix_cache import BLOCK_TOKENS
+from .prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
 from .respond import HANG_CAP_S, write_stream, write_unary
 from .server import NodeServer
 from .stats import MAX_TRACKED_IDS, NodeStats
@@ -54,6 +54,18 @@ class _BadRequest(Exception):
                  param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+
+
+class _Keep:
+    """Caches a finished sequence's blocks in a prefix cache when called (``on_complete``)."""
+
+    __slots__ = ("_cache", "_text")
+
+    def __init__(self, cache: PrefixCache, text: str) -> None:
+        self._cache, self._text = cache, text
+
+    def __call__(self) -> None:
+        self._cache.insert(self._text)
 
 
 class EmulatedNode(NodeServer):
@@ -217,9 +229,17 @@ class EmulatedNode(NodeServer):
             n, limited = natural, False    # the "model" stops on its own before the limit
         prompt_tokens = fmt.prompt_tokens_of(body, "chat" if chat else "completion")
         cached = 0
+        prompt_text = ""
         if self.prefix_cache is not None:
-            hit = self.prefix_cache.lookup(fmt.prompt_text_of(body, "chat" if chat else "completion"))
+            prompt_text = fmt.prompt_text_of(body, "chat" if chat else "completion")
+            hit = self.prefix_cache.lookup(prompt_text)
             cached = min(hit * BLOCK_TOKENS, max(0, prompt_tokens - 1))   # the last token is always computed
+        finished = None
+        if self.prefix_cache is not None and prompt_text:
+            # Once written to the end, its prompt and the answer it generated stay cached (vLLM keeps
+            # a finished sequence's full blocks, decoded ones included), so a next turn that resends
+            # this answer hits them.
+            finished = _Keep(self.prefix_cache, finished_sequence(prompt_text, fmt.answer_text(n), chat=chat))
         faults = self.faults
         source = self._source(prompt_tokens, n, cached)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -233,12 +253,13 @@ class EmulatedNode(NodeServer):
                                          fingerprint=self.spec.name, include_usage=include_usage,
                                          options=options)
                 resp = await write_stream(request, tmpl, source, faults, self.stats, finish=finish,
-                                          include_usage=include_usage, stream_interval=self.spec.stream_interval)
+                                          include_usage=include_usage, stream_interval=self.spec.stream_interval,
+                                          on_complete=finished)
             else:
                 payload = fmt.completion_body(chat=chat, rid=rid, model=model, created=created,
                                               fingerprint=self.spec.name, prompt_tokens=prompt_tokens,
                                               completion_tokens=n, finish_reason=finish, options=options)
-                resp = await write_unary(request, payload, source, faults, self.stats)
+                resp = await write_unary(request, payload, source, faults, self.stats, on_complete=finished)
         except NodeCrashed:
             # Lost in a crash: the connection is being reset; nothing more can be written.
             self._abort_one(request)

@@ -31,6 +31,7 @@ __all__ = [
     "ChunkTemplate",
     "GenOptions",
     "OptionError",
+    "answer_text",
     "completion_body",
     "dumps",
     "embedding_vector",
@@ -63,6 +64,13 @@ def sse(obj: Any) -> bytes:
 def token_text(index: int) -> str:
     """The text of output token ``index``."""
     return f"tok{index} "
+
+
+def answer_text(tokens: int) -> str:
+    """The whole text of an answer of ``tokens`` output tokens (every choice's, streamed or not):
+    what a client that resends the conversation puts in the assistant message, and what the
+    node's prefix cache keeps after the prompt (:mod:`.prefix_cache`)."""
+    return "".join(token_text(i) for i in range(max(0, tokens)))
 
 
 def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -335,7 +343,7 @@ def completion_body(*, chat: bool, rid: str, model: str, created: int, fingerpri
                     options: GenOptions | None = None) -> bytes:
     """The non-stream ``chat.completion`` / ``text_completion`` body (``completion_tokens`` per choice)."""
     opts = options or GenOptions()
-    text = "".join(token_text(i) for i in range(completion_tokens))
+    text = answer_text(completion_tokens)
     tokens = range(completion_tokens)
     logprobs: dict[str, Any] | None = None
     if opts.logprobs and chat:

@@ -1,17 +1,21 @@
-"""The emulated node's prefix cache: which prompt blocks' KV it still holds (vLLM's automatic
-prefix caching, reduced to what routing can change: the hit length).
+"""The emulated node's prefix cache: which blocks' KV it still holds (vLLM's automatic prefix
+caching, reduced to what routing can change: the hit length).
 
 Contract: :class:`PrefixCache` is an LRU over chained block hashes
 (:func:`inferlb.engine.routing.prefix.block_hashes`: 64-character blocks, 16 tokens at the
-emulator's 4 bytes a token, vLLM's default block size). :meth:`PrefixCache.lookup` returns how
-many of a prompt's leading blocks are cached and then caches every block of the prompt (the
-newest at the LRU's young end), as vLLM keeps a finished request's blocks until they are
-evicted. The capacity is the node's KV tokens in blocks. It models the *reuse*, not the memory:
-cached blocks are not subtracted from the KV cache a running batch uses. A hit cuts the
-request's prefill in proportion (the engine prefills only the uncached tokens; see
-:mod:`.batching` and :mod:`.node`). Only on when the node's spec asks for it
-(``NodeSpec.prefix_cache``): the load generator's prompts all share their leading text, which
-would otherwise turn every older benchmark into a cache benchmark.
+emulator's 4 bytes a token, vLLM's default block size; only full blocks). :meth:`PrefixCache.lookup`
+returns how many of a prompt's leading blocks are cached and then caches every block of the prompt
+(the newest at the LRU's young end). :meth:`PrefixCache.insert` is called when a request has
+finished, with :func:`finished_sequence` (its prompt, the separator the next prompt puts before
+the assistant message, and the answer the node generated): vLLM keeps every full block of a
+finished sequence, the decoded ones included, until it is evicted (SGLang's radix cache keeps
+prompt and output alike), so a next turn that resends the answer hits it. A partial last block is
+never cached. The capacity is the node's KV tokens in blocks; both calls evict the least recently
+used blocks past it. It models the *reuse*, not the memory: cached blocks are not subtracted from
+the KV cache a running batch uses. A hit cuts the request's prefill in proportion (the engine
+prefills only the uncached tokens; see :mod:`.batching` and :mod:`.node`). Only on when the node's
+spec asks for it (``NodeSpec.prefix_cache``): the load generator's prompts all share their leading
+text, which would otherwise turn every older benchmark into a cache benchmark.
 """
 
 from __future__ import annotations
@@ -20,10 +24,19 @@ from collections import OrderedDict
 
 from inferlb.engine.routing.prefix import BLOCK_CHARS, block_hashes
 
-__all__ = ["BLOCK_TOKENS", "PrefixCache"]
+__all__ = ["BLOCK_TOKENS", "PrefixCache", "finished_sequence"]
 
 BLOCK_TOKENS = BLOCK_CHARS // 4     # tokens per block at the emulator's 4 bytes a token
 _MAX_PROMPT_BLOCKS = 1 << 16        # a 4 MiB prompt's blocks, at most
+
+
+def finished_sequence(prompt: str, answer: str, *, chat: bool = True) -> str:
+    """The text a finished request leaves in the cache: ``prompt`` then ``answer``, with the newline
+    a chat prompt joins the resent assistant message with (the validator's join; a completion's
+    continuation is the two texts back to back). Empty when there is no prompt text."""
+    if not prompt:
+        return ""
+    return prompt + ("\n" if chat else "") + answer
 
 
 class PrefixCache:
@@ -50,6 +63,20 @@ class PrefixCache:
             if h not in lru:
                 break
             hit += 1
+        self._keep(hashes)
+        self.queries_tokens += len(hashes) * BLOCK_TOKENS
+        self.hits_tokens += hit * BLOCK_TOKENS
+        return hit
+
+    def insert(self, text: str) -> int:
+        """Cache every full block of ``text`` (a finished sequence, :func:`finished_sequence`) as
+        :meth:`lookup` caches a prompt's, without counting a query; returns its full blocks."""
+        hashes = block_hashes(text, _MAX_PROMPT_BLOCKS)
+        self._keep(hashes)
+        return len(hashes)
+
+    def _keep(self, hashes: tuple[int, ...]) -> None:
+        lru = self._lru
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
@@ -57,9 +84,6 @@ class PrefixCache:
                 lru[h] = None
         while len(lru) > self.capacity_blocks:
             lru.popitem(last=False)
-        self.queries_tokens += len(hashes) * BLOCK_TOKENS
-        self.hits_tokens += hit * BLOCK_TOKENS
-        return hit
 
     def to_json(self) -> dict[str, int]:
         return {"blocks": len(self._lru), "capacity_blocks": self.capacity_blocks,

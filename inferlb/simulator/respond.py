@@ -5,12 +5,15 @@ earlier; a stream sends its first token alone and then up to ``stream_interval``
 (vLLM's ``--stream-interval``). The faults read here (``drop_after_tokens``, ``stall_after_tokens``,
 ``malformed_sse_at``, ``error_event_at``) are the ones the request saw when it started, so changing
 faults never alters a response already being written. Every write that happens counts in
-:class:`~.stats.NodeStats` (``statuses``, ``faults_injected``, ``completed``, ``disconnects``).
+:class:`~.stats.NodeStats` (``statuses``, ``faults_injected``, ``completed``, ``disconnects``);
+``on_complete`` is called once, when (and only when) the body was written to its end, the moment
+``completed`` counts it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -33,7 +36,7 @@ def cut(request: web.Request) -> None:
 
 
 async def write_unary(request: web.Request, payload: bytes, source: TokenSource, faults: FaultSpec,
-                      stats: NodeStats) -> web.StreamResponse:
+                      stats: NodeStats, on_complete: Callable[[], None] | None = None) -> web.StreamResponse:
     """The non-stream answer, sent when the last token exists (or a cut / stall / broken body)."""
     n = source.output_tokens
     for at, stall in ((faults.drop_after_tokens, False), (faults.stall_after_tokens, True)):
@@ -57,12 +60,15 @@ async def write_unary(request: web.Request, payload: bytes, source: TokenSource,
         payload = payload[: len(payload) // 2]
     stats.completed += 1
     stats.statuses[200] += 1
+    if on_complete is not None:
+        on_complete()
     return web.Response(status=200, body=payload, content_type=_JSON)
 
 
 async def write_stream(request: web.Request, tmpl: fmt.ChunkTemplate, source: TokenSource, faults: FaultSpec,
                        stats: NodeStats, *, finish: str, include_usage: bool,
-                       stream_interval: int = 1) -> web.StreamResponse:
+                       stream_interval: int = 1,
+                       on_complete: Callable[[], None] | None = None) -> web.StreamResponse:
     """The SSE answer: headers at once (as vLLM does), then tokens as they are made."""
     resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     stats.statuses[200] += 1
@@ -116,6 +122,8 @@ async def write_stream(request: web.Request, tmpl: fmt.ChunkTemplate, source: To
         stats.disconnects += 1
         return resp
     stats.completed += 1
+    if on_complete is not None:
+        on_complete()
     return resp
 
 

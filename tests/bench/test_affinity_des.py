@@ -14,7 +14,7 @@ from inferlb.bench.affinity_des import des_prompt, ideal_hit_rate, near_far_flee
 from inferlb.bench.learned_goals import node_capacity
 from inferlb.bench.loadgen.sessions import chat_messages, prompt_text
 from inferlb.bench.loadgen.workload import Workload, load_workload, plan
-from inferlb.simulator.openai_format import prompt_text_of
+from inferlb.simulator.openai_format import answer_text, prompt_text_of, prompt_tokens_of
 from inferlb.simulator.presets import FLEETS
 
 
@@ -29,7 +29,12 @@ def test_the_des_prompt_is_the_emulators_and_the_gateways_join() -> None:
         info = des_prompt(r)
         assert info is not None and info.text == prompt_text_of(body, "chat") == prompt_text(r.chat)
         assert info.session == r.chat.session           # sent in ``user``: the session key
-        assert len(info.text) == 4 * r.prompt_tokens + len(body["messages"]) - 1   # 4 bytes a token, newlines
+        assert r.prompt_tokens == prompt_tokens_of(body, "chat")     # counted as the emulator counts it
+        # the resent answers are the text the emulator answers with for the planned lengths
+        answers = [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+        assert answers == [answer_text(a) for _, a in r.chat.turns[:-1]]
+    # the ideal cache with answers kept beats the prompt-only one: the resent answers hit
+    assert ideal_hit_rate(reqs) > ideal_hit_rate(reqs, decoded=False)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -72,6 +77,7 @@ def test_the_benchmark_runs_bounded_and_writes_its_figures(tmp_path: Path, capsy
     (load,) = data["affinity"]["loads"]
     assert set(load["profiles"]) == {"token-aware", "prefix-affinity"}
     assert load["profiles"]["token-aware"]["ttft_p50_ratio"] == 1.0
+    assert data["affinity"]["decoded_cached"] is True and data["affinity"]["think_s"] == 2.0
     assert data["rtt"]["loads"][0]["load"] == 0.3
     printed = capsys.readouterr().out
     assert "TTFT÷base" in printed and "far share" in printed

@@ -7,10 +7,17 @@ requests arrive at about ``rate``); a session's turns follow each other after ex
 ``think_s`` gaps whatever happened to the previous answer (open loop). Texts are slices of one
 seeded pool of words, chosen by a hash of (session, turn, role): equal keys give equal texts (a
 system prompt is the same text in every session that uses it), different keys different ones,
-and a prompt of *N* tokens is *4N* bytes of text, as everywhere in the load generator. The
-assistant turns resent in the history are the planned answer lengths in pool text, not what the
-node answered (the emulator's words carry no meaning; only their length and identity matter to a
-prefix cache).
+and a system or user message of *N* tokens is *4N* bytes of text, as everywhere in the load
+generator. An assistant turn resent in the history is the text an emulated node answers with for
+the planned length (simulator/openai_format.py ``answer_text``: ``tok0 tok1 …``), so what the
+client resends is what the node generated when the turn was answered in full (the load
+generator checks that count), and the node's prefix cache, which keeps a finished answer's
+blocks, can hit it; a turn sent before the previous answer arrived (open loop) or after it failed
+resends that text all the same, which only a node that did generate it holds. That text is
+longer than 4 bytes a token (5-7), and a turn's ``prompt_tokens`` counts it as the emulator and
+the gateway do (bytes ÷ 4, rounded up, over all the messages). A real server answers with other
+text, so against one the resent answers never match its cache (only the system prompt and the
+earlier prompts do).
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ import functools
 import hashlib
 import random
 from typing import Any
+
+from inferlb.simulator.latency import estimate_tokens
+from inferlb.simulator.openai_format import answer_text
 
 from .workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
 
@@ -58,7 +68,7 @@ def chat_messages(turn: ChatTurn) -> list[dict[str, Any]]:
     for j, (user, assistant) in enumerate(turn.turns):
         msgs.append({"role": "user", "content": text_for(f"{turn.session}-u{j}", user)})
         if j < last:
-            msgs.append({"role": "assistant", "content": text_for(f"{turn.session}-a{j}", assistant)})
+            msgs.append({"role": "assistant", "content": answer_text(assistant)})
     return msgs
 
 
@@ -96,17 +106,19 @@ def plan_sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_
         tenant, priority = _pick(shapes, w.tenants), _pick(shapes, w.priorities)
         stream = shapes.random() < w.stream
         turns: list[tuple[int, int]] = []
-        history = system_tokens[system]
+        asked = system_tokens[system]     # system and user messages: 4 bytes a token
+        answered = 0                      # bytes of the resent answers
         at = t
         for _ in range(n):
             user, answer = s.user_tokens.sample(shapes), w.output_tokens.sample(shapes)
             turns.append((user, answer))
+            asked += user
             if at < duration_s:
                 out.append(PlannedRequest(
-                    t=at, prompt_tokens=history + user, output_tokens=answer, tenant=tenant, priority=priority,
-                    model=w.model, stream=stream,
+                    t=at, prompt_tokens=estimate_tokens(4 * asked + answered), output_tokens=answer,
+                    tenant=tenant, priority=priority, model=w.model, stream=stream,
                     chat=ChatTurn(sid, system, system_tokens[system], tuple(turns), s.send_session)))
-            history += user + answer
+            answered += len(answer_text(answer))
             at += think.expovariate(1.0 / s.think_s)
     out.sort(key=lambda p: p.t)
     return out[:max_requests]

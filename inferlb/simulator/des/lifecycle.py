@@ -21,6 +21,7 @@ from .engine import RUNNING, FastSeq
 from .feedback import Finished
 from .fleet import _UP, SimFleet
 from .node import DesNode
+from .prefix import PrefixCaches
 from .results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT
 
 __all__ = ["SimRequests"]
@@ -148,6 +149,8 @@ class SimRequests(SimFleet):
         node.inflight_tokens -= seq.prompt + seq.output
         self._dirty.add(node)
         self._inflight -= 1
+        if isinstance(self.prefill_cached, PrefixCaches):
+            self.prefill_cached.finished(i, seq.output if ok else None)
         for j in self.admission.release(i, self.now, ok, self):
             self._grant(j)
 

@@ -18,6 +18,13 @@ Contract:
   elsewhere 0. A node's cache is made on its first request with the emulator's capacity rule
   (``prefix_cache_tokens``, else the engine's KV tokens). A node added under a name used before
   gets a cold cache (a new process).
+* :meth:`PrefixCaches.finished` is told when a row that reached a node with a cache leaves it:
+  when it completed (``output_tokens`` given), its prompt and its answer (the emulator's text for
+  that many tokens, ``openai_format.answer_text``, joined as the next turn's prompt joins the
+  resent assistant message: :func:`~inferlb.simulator.prefix_cache.finished_sequence`) go into
+  that node's cache, as the emulator's node inserts them when its body is written to the end; a
+  failed or timed-out row leaves nothing. ``decoded=False`` keeps the older prompt-only model (the
+  answer is never cached), for comparison.
 * :meth:`PrefixCaches.totals` / :meth:`PrefixCaches.per_node`: the caches' token counters
   (``queries_tokens``: prompt tokens in full blocks, ``hits_tokens``: the cached ones), the hit
   rate being their ratio, as ``/sim/stats`` reports it; :attr:`PrefixCaches.cached` the cached
@@ -30,7 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..prefix_cache import BLOCK_TOKENS, PrefixCache
+from ..openai_format import answer_text
+from ..prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
 from .node import DesNode
 
 __all__ = ["PrefixCaches", "PromptInfo", "PromptOf"]
@@ -50,8 +58,10 @@ PromptOf = Callable[[Any], "PromptInfo | None"]
 class PrefixCaches:
     """One :class:`PrefixCache` per node that has one; see the module docstring."""
 
-    def __init__(self, prompt_of: PromptOf) -> None:
+    def __init__(self, prompt_of: PromptOf, *, decoded: bool = True) -> None:
         self._prompt_of = prompt_of
+        self.decoded = decoded
+        self._running: dict[int, tuple[PrefixCache, str]] = {}   # row → (its node's cache, its prompt)
         self._last: tuple[object, PromptInfo | None] | None = None
         self._caches: dict[str, tuple[DesNode, PrefixCache]] = {}
         self._retired: list[PrefixCache] = []
@@ -92,7 +102,16 @@ class PrefixCaches:
         hit = cache.lookup(info.text)
         cached = min(hit * BLOCK_TOKENS, max(0, int(request.prompt_tokens) - 1))
         self.cached[row] = cached
+        if self.decoded:
+            self._running[row] = (cache, info.text)
         return cached
+
+    def finished(self, row: int, output_tokens: int | None) -> None:
+        """``row`` left its node: completed with ``output_tokens`` (None: failed, timed out)."""
+        got = self._running.pop(row, None)
+        if got is not None and output_tokens is not None:
+            cache, text = got
+            cache.insert(finished_sequence(text, answer_text(output_tokens)))
 
     def per_node(self) -> dict[str, dict[str, int]]:
         """Each live cache's counters (``PrefixCache.to_json``) by node name."""
