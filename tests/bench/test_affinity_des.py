@@ -12,7 +12,7 @@ import pytest
 from inferlb.bench import affinity_des
 from inferlb.bench.affinity_des import des_prompt, ideal_hit_rate, near_far_fleet, run_affinity, run_rtt
 from inferlb.bench.learned_goals import node_capacity
-from inferlb.bench.loadgen.sessions import chat_messages, prompt_text
+from inferlb.bench.loadgen.sessions import chat_messages, prompt_text, session_plan
 from inferlb.bench.loadgen.workload import Workload, load_workload, plan
 from inferlb.simulator.openai_format import answer_text, prompt_text_of, prompt_tokens_of
 from inferlb.simulator.presets import FLEETS
@@ -71,13 +71,65 @@ def test_far_nodes_lose_traffic_when_near_ones_have_room_and_take_it_when_they_a
 
 def test_the_benchmark_runs_bounded_and_writes_its_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "des.json"
-    assert affinity_des.main(["--seeds", "1", "--duration", "30", "--loads", "0.5", "--rtt-loads", "0.3",
-                              "--json", str(out)]) == 0
+    assert affinity_des.main(["--seeds", "1", "--duration", "40", "--warmup", "10", "--loads", "0.5",
+                              "--rtt-loads", "0.3", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     (load,) = data["affinity"]["loads"]
     assert set(load["profiles"]) == {"token-aware", "prefix-affinity"}
     assert load["profiles"]["token-aware"]["ttft_p50_ratio"] == 1.0
-    assert data["affinity"]["decoded_cached"] is True and data["affinity"]["think_s"] == 2.0
+    aff = data["affinity"]
+    assert aff["decoded_cached"] is True and aff["sessions"] == "closed" and aff["think_s"] == 7.0
+    assert aff["warmup_s"] == 10.0 and aff["duration_s"] == 40.0
+    for row in load["profiles"].values():
+        assert row["early_turns"] == 0.0 and row["achieved_rps"] > 0 and row["ideal_hit_rate"] > row["hit_rate"]
     assert data["rtt"]["loads"][0]["load"] == 0.3
     printed = capsys.readouterr().out
-    assert "TTFT÷base" in printed and "far share" in printed
+    assert "TTFT÷base" in printed and "far share" in printed and "achieved" in printed
+    # the open-loop plan, as before: the workload's think time after each send, its warm-up
+    assert affinity_des.main(["--seeds", "1", "--duration", "30", "--loads", "0.5", "--sessions", "open",
+                              "--no-rtt", "--json", str(out)]) == 0
+    aff = json.loads(out.read_text())["affinity"]
+    assert aff["sessions"] == "open" and aff["think_s"] == 2.0 and aff["warmup_s"] == 15.0
+    assert aff["loads"][0]["profiles"]["token-aware"]["early_turns"] > 0.3
+
+
+def test_the_closed_loop_session_plan_is_the_open_plans_sessions_with_seeded_think_times() -> None:
+    w = load_workload("chat-sessions")
+    assert w.sessions is not None
+    reqs = plan(w, seed=4, rate=4.0, duration_s=60.0)
+    # the same sessions, starts and turns: with the workload's think time, the open plan is their
+    # turns at their open-loop times, those before the window's end
+    same = session_plan(w, seed=4, rate=4.0, duration_s=60.0)
+    assert sorted((r for s in same for r in s.turns if r.t < 60.0), key=lambda r: r.t) == reqs
+    ss = session_plan(w, seed=4, rate=4.0, duration_s=60.0, think_s=7.0)
+    assert [(s.start, [(r.prompt_tokens, r.output_tokens, r.chat) for r in s.turns]) for s in ss] == [
+        (s.start, [(r.prompt_tokens, r.output_tokens, r.chat) for r in s.turns]) for s in same]
+    assert [s.turns[0].t for s in ss] == [s.start for s in ss]
+    assert all(len(s.think_s) == len(s.turns) for s in ss)
+    # think times come from the seeded plan: the same seed gives the same ones, another seed others,
+    # and the mean scales the same stream (exponential)
+    assert [s.think_s for s in session_plan(w, seed=4, rate=4.0, duration_s=60.0, think_s=7.0)] == [
+        s.think_s for s in ss]
+    assert [s.think_s for s in session_plan(w, seed=5, rate=4.0, duration_s=60.0, think_s=7.0)] != [
+        s.think_s for s in ss]
+    half = session_plan(w, seed=4, rate=4.0, duration_s=60.0, think_s=3.5)
+    assert [x for s in half for x in s.think_s] == pytest.approx([x / 2 for s in ss for x in s.think_s])
+    gaps = [x for s in session_plan(w, seed=1, rate=20.0, duration_s=300.0, think_s=7.0) for x in s.think_s]
+    assert 6.5 < sum(gaps) / len(gaps) < 7.5
+
+
+def test_closed_loop_sessions_send_no_turn_before_its_answer_and_affinity_still_wins() -> None:
+    w = load_workload("chat-sessions")
+    specs = FLEETS["cache4"]([w.model])
+    rate = 0.5 * 4 * node_capacity("a100", w, seed=1, offered_rps=30.0, duration_s=90.0)
+    ss = session_plan(w, seed=2, rate=rate, duration_s=90.0, think_s=3.0)
+    base = run_affinity("token-aware", specs, None, w, seed=2, duration_s=90.0, sessions=ss)
+    aff = run_affinity("prefix-affinity", specs, None, w, seed=2, duration_s=90.0, sessions=ss)
+    for s in (base, aff):
+        assert s["early_turns"] == 0.0                   # closed loop: every previous answer had ended
+        assert s["measured"] > 50 and s["outcomes"]["ok"] == s["measured"] and s["abandoned"] == 0
+        assert s["prefix_cache"]["hit_rate"] <= s["ideal_hit_rate"]
+    # the same sessions: the achieved rates differ only through each profile's latency
+    assert aff["achieved_rps"] == pytest.approx(base["achieved_rps"], rel=0.1)
+    assert aff["ttft_s"]["p50"] < base["ttft_s"]["p50"]
+    assert aff["prefix_cache"]["hit_rate"] > base["prefix_cache"]["hit_rate"]

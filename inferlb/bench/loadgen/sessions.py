@@ -1,5 +1,7 @@
-"""Multi-turn chat sessions for the load generator: the plan (:func:`plan_sessions`) and the
-messages of one turn (:func:`chat_messages`).
+"""Multi-turn chat sessions for the load generator: the plan (:func:`plan_sessions`), the same
+sessions for a closed-loop run in the discrete-event simulator (:func:`session_plan`: each turn
+leaves a seeded think time after the previous answer ended, :class:`~inferlb.simulator.des.ClosedLoop`)
+and the messages of one turn (:func:`chat_messages`).
 
 Contract: pure and deterministic like :func:`.workload.plan`: the same workload, seed, rate and
 duration give the same requests. Sessions start as a Poisson process at ``rate / mean turns`` (so
@@ -25,14 +27,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
+from inferlb.simulator.des.closed import Session
 from inferlb.simulator.latency import estimate_tokens
 from inferlb.simulator.openai_format import answer_text
 
 from .workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
 
-__all__ = ["chat_messages", "plan_sessions", "prompt_text", "text_for"]
+__all__ = ["chat_messages", "plan_sessions", "prompt_text", "session_plan", "text_for"]
 
 _POOL_CHARS = 1 << 21      # 2 MiB of words: the longest prompt slice fits many times over
 _WORDS = ("gateway", "token", "cache", "route", "node", "prefix", "model", "batch", "queue", "stream",
@@ -84,21 +88,21 @@ def _mean_turns(s: Sessions, seed: int) -> float:
     return sum(s.turns.sample(rng) for _ in range(2000)) / 2000
 
 
-def plan_sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_s: float,
-                  max_requests: int) -> list[PlannedRequest]:
-    """The turns of the sessions that start within ``duration_s``, sent before it ends, by time."""
+def _sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_s: float,
+              think_s: float) -> Iterator[tuple[float, list[PlannedRequest], list[float]]]:
+    """Each session that starts within ``duration_s``, in start order: (start, every turn with its
+    open-loop send time, the think time drawn after each turn, mean ``think_s``)."""
     starts = random.Random(f"{seed}:sessions")
     think = random.Random(f"{seed}:think")
     shapes = random.Random(f"{seed}:shapes")
     system_tokens = [s.system_tokens.sample(shapes) for _ in range(s.system_prompts)]
     session_rate = rate / max(1.0, _mean_turns(s, seed))
-    out: list[PlannedRequest] = []
     t = 0.0
     k = 0
-    while len(out) < max_requests:   # bounded by max_requests and by the duration
+    while True:   # bounded by the duration (a session starts after a positive gap)
         t += starts.expovariate(session_rate)
         if t >= duration_s:
-            break
+            return
         k += 1
         sid = f"chat-{seed}-{k}"
         system = shapes.randrange(s.system_prompts)
@@ -109,16 +113,49 @@ def plan_sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_
         asked = system_tokens[system]     # system and user messages: 4 bytes a token
         answered = 0                      # bytes of the resent answers
         at = t
+        reqs: list[PlannedRequest] = []
+        thinks: list[float] = []
         for _ in range(n):
             user, answer = s.user_tokens.sample(shapes), w.output_tokens.sample(shapes)
             turns.append((user, answer))
             asked += user
-            if at < duration_s:
-                out.append(PlannedRequest(
-                    t=at, prompt_tokens=estimate_tokens(4 * asked + answered), output_tokens=answer,
-                    tenant=tenant, priority=priority, model=w.model, stream=stream,
-                    chat=ChatTurn(sid, system, system_tokens[system], tuple(turns), s.send_session)))
+            reqs.append(PlannedRequest(
+                t=at, prompt_tokens=estimate_tokens(4 * asked + answered), output_tokens=answer,
+                tenant=tenant, priority=priority, model=w.model, stream=stream,
+                chat=ChatTurn(sid, system, system_tokens[system], tuple(turns), s.send_session)))
             answered += len(answer_text(answer))
-            at += think.expovariate(1.0 / s.think_s)
+            gap = think.expovariate(1.0 / think_s)
+            thinks.append(gap)
+            at += gap
+        yield t, reqs, thinks
+
+
+def plan_sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_s: float,
+                  max_requests: int) -> list[PlannedRequest]:
+    """The turns of the sessions that start within ``duration_s``, sent before it ends, by time
+    (open loop: a turn leaves ``think_s`` after the previous one was *sent*)."""
+    out: list[PlannedRequest] = []
+    for _, reqs, _ in _sessions(w, s, seed=seed, rate=rate, duration_s=duration_s, think_s=s.think_s):
+        if len(out) >= max_requests:
+            break
+        out.extend(r for r in reqs if r.t < duration_s)
     out.sort(key=lambda p: p.t)
     return out[:max_requests]
+
+
+def session_plan(w: Workload, *, seed: int, rate: float, duration_s: float,
+                 think_s: float | None = None) -> list[Session]:
+    """The sessions of ``w`` for a closed-loop run (:class:`~inferlb.simulator.des.ClosedLoop`):
+    the same sessions, starts and turns as :func:`plan_sessions` for the same seed, rate and
+    duration, every turn kept (the simulation cuts at its own ``stop_s``), and the think time
+    after each answer drawn from the same seeded stream with mean ``think_s`` (default: the
+    workload's), exponential. ``rate`` is in requests a second, as for the open-loop plan:
+    sessions start at ``rate / mean turns``."""
+    s = w.sessions
+    if s is None:
+        raise ValueError(f"workload {w.name!r} has no sessions")
+    mean = s.think_s if think_s is None else think_s
+    if not mean > 0:
+        raise ValueError("think_s must be > 0")
+    return [Session(start, reqs, thinks)
+            for start, reqs, thinks in _sessions(w, s, seed=seed, rate=rate, duration_s=duration_s, think_s=mean)]

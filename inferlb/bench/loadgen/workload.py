@@ -217,7 +217,9 @@ class Sessions(_Strict):
     """Multi-turn chat: ``system_prompts`` shared system prompts of ``system_tokens`` each (a
     session picks one at random), ``turns`` turns a session, each a new user message of
     ``user_tokens`` answered with the workload's ``output_tokens``, ``think_s`` (mean,
-    exponential) between a turn's send and the next. Every turn resends the system prompt and the
+    exponential) between a turn's send and the next (the load generator's open-loop plan; the
+    DES's closed-loop sessions, ``sessions.session_plan``, draw their think time after each
+    answer instead). Every turn resends the system prompt and the
     whole history, as chat clients do. ``send_session``: the session id goes in the body's
     ``user`` field (the gateway's session affinity reads it)."""
 

@@ -6,7 +6,8 @@ engine, life cycle, the gateway's view of it), ``admission`` (the hook for admis
 ``results`` (per-request columns, the node table), ``sim`` (:class:`Simulation`: the event loop;
 over ``fleet``: the controller API and node views, ``lifecycle``: one request's life through the
 real routing core, ``api``: the hook and window types), ``prefix`` (:class:`PrefixCaches`: per-node prefix
-caches behind the ``prefill_cached`` hook, and the prompt text affinity routing hashes).
+caches behind the ``prefill_cached`` hook, and the prompt text affinity routing hashes), ``closed``
+(:class:`ClosedLoop`: sessions whose next turn leaves a think time after the previous answer).
 
 The entry point for other code::
 
@@ -15,9 +16,11 @@ The entry point for other code::
                      prefill_cached=PrefixCaches(prompt_of),   # prompt text → per-node caches + affinity keys
                      feedback=LearnedFeedback(router))   # a learned router's feedback loop
     results = sim.run(plan)            # DesResults: columns, rows(), counts(), gpu_hours()
+    results = ClosedLoop(specs, ...).run_sessions(sessions, stop_s=120.0)   # closed-loop sessions
 """
 
 from .admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Verdict
+from .closed import ClosedLoop, Session
 from .engine import CoreReport, FastCore, FastSeq
 from .feedback import Feedback, Finished, LearnedFeedback
 from .node import DesNode, FixedCore
@@ -31,6 +34,7 @@ __all__ = [
     "QUEUE",
     "REJECT",
     "Admission",
+    "ClosedLoop",
     "Controller",
     "CoreReport",
     "DesNode",
@@ -50,6 +54,7 @@ __all__ = [
     "PrefixCaches",
     "PromptInfo",
     "RequestLike",
+    "Session",
     "Simulation",
     "Verdict",
     "Window",

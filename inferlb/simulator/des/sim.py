@@ -142,7 +142,11 @@ class Simulation(SimRequests):
             if nxt == math.inf or nxt > limit:
                 break
             self._until(nxt)
-        self.now = max(self.now, last) if until is None else min(max(self.now, last), limit)
+        return self._close_run(last, until)
+
+    def _close_run(self, last: float, until: float | None) -> DesResults:
+        """The end of a run: the clock at the last event (or ``until``), the node table recorded."""
+        self.now = max(self.now, last) if until is None else min(max(self.now, last), until)
         self.results.end_s = self.now
         for n in self._nodes.values():
             self._record(n)
