@@ -78,27 +78,30 @@ async def _serve(settings: Settings, banner: str | None = None, *, watch: bool =
     from .engine.app import create_app, default_processes_dir
     from .engine.live_triggers import run_triggers
     from .engine.server import build_server
+    from .engine.server.gc_tuning import tune_gc
 
     # Fail before binding a port: a bad file names the file and key path or element, no traceback.
     settings = _preflight(settings)
     app = create_app(settings, node_launcher=node_launcher)
     # httptools with header/body timeouts and header limits; SIGTERM drains (engine/server).
     server = build_server(app, settings)
-    if banner:
-        async def _announce() -> None:
-            while not server.started and not server.should_exit:
-                await asyncio.sleep(0.05)
-            if server.started:
+
+    async def _started() -> None:
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.05)
+        if server.started:
+            # Start-up done: its objects leave the collector's work (INFERLB_GC_*, engine/server/gc_tuning.py).
+            tune_gc(freeze=settings.gc_freeze, gen0_threshold=settings.gc_gen0_threshold)
+            if banner:
                 print(banner, flush=True)
-        task = asyncio.ensure_future(_announce())
+    task = asyncio.ensure_future(_started())
     # SIGHUP (and with --watch, edits to the fleet file or the processes) reload (engine/live.py).
     triggers = asyncio.ensure_future(run_triggers(
         app, started=lambda: bool(server.started), stopping=lambda: bool(server.should_exit), watch=watch,
         config=settings.config, processes_dir=settings.processes_dir or default_processes_dir()))
     await server.serve()
     triggers.cancel()
-    if banner:
-        task.cancel()
+    task.cancel()
     if not server.started:
         raise SystemExit(1)
 

@@ -419,6 +419,10 @@ class Settings(BaseSettings):
     # (INFERLB_OVERRIDES_REREAD_S), the safety net for what the watch cannot see.
     overrides_poll_s: float = Field(1.0, gt=0)       # INFERLB_OVERRIDES_POLL_S
     overrides_reread_s: float = Field(30.0, gt=0)    # INFERLB_OVERRIDES_REREAD_S
+    # The garbage collector of `inferlb serve` / `demo`, set once the server has started
+    # (engine/server/gc_tuning.py: why, and the measured effect on the p99).
+    gc_freeze: bool = True                           # INFERLB_GC_FREEZE: start-up objects out of every collection
+    gc_gen0_threshold: int = Field(10_000, ge=0)     # INFERLB_GC_GEN0_THRESHOLD: 0 keeps the interpreter's (700)
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``."""

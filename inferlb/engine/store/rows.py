@@ -16,10 +16,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert
+from sqlalchemy import bindparam, delete, insert, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import BindTyping, Connection
 
 from ..errors import StoreError
 from .models import ATTEMPTS as _ATTEMPTS
@@ -153,9 +153,31 @@ def _insert_stmt(conn: Connection) -> Any:
 _STATEMENTS: dict[str, tuple[Any, Any]] = {}
 
 
+class _PlainPG(postgresql.base.PGDialect):
+    """PostgreSQL's SQL without bind casts (``:name`` stays a plain parameter text() can read)."""
+
+    bind_typing = BindTyping.NONE
+
+
+_BASE_DIALECTS: dict[str, Any] = {"postgresql": _PlainPG, "sqlite": sqlite.base.SQLiteDialect}
+
+
+def _cacheable(stmt: Any, conn: Connection) -> Any:
+    """``stmt`` (an INSERT of every ``requests`` column) as a ``text()`` construct with the same SQL
+    and the columns' types on its parameters. SQLAlchemy has no cache key for the dialects'
+    ``ON CONFLICT`` clauses, so it compiled the upsert again for every batch: a measured ~2 ms per
+    batch, a third of the database thread's time (docs/benchmarks.md, "The request path profiled
+    again"). A ``text()`` construct is compiled once and cached; its typed parameters go through the
+    same bind processing (JSON serialisation, booleans) as the columns'."""
+    # The dialect's own SQL without driver details (bind casts): the driver's are added when the
+    # text() construct is compiled for the connection, as they were for the statement.
+    named = _BASE_DIALECTS[conn.dialect.name](paramstyle="named")   # :name parameters, which text() reads
+    sql = str(stmt.compile(dialect=named, column_keys=[c.key for c in _REQUESTS.c]))
+    return text(sql).bindparams(*(bindparam(c.key, type_=c.type) for c in _REQUESTS.c))
+
+
 def _statements(conn: Connection) -> tuple[Any, Any]:
-    """(upsert, insert-if-absent) for the connection's dialect, built once: the constructs are
-    immutable, and building the 30-column upsert per batch cost more than executing it."""
+    """(upsert, insert-if-absent) for the connection's dialect, built once (:func:`_cacheable`)."""
     name = conn.dialect.name
     got = _STATEMENTS.get(name)
     if got is None:
@@ -170,7 +192,8 @@ def _statements(conn: Connection) -> tuple[Any, Any]:
             index_elements=target,
             set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name not in keys},
         )
-        got = _STATEMENTS[name] = (upsert, _insert_stmt(conn).on_conflict_do_nothing(index_elements=target))
+        absent = _insert_stmt(conn).on_conflict_do_nothing(index_elements=target)
+        got = _STATEMENTS[name] = (_cacheable(upsert, conn), _cacheable(absent, conn))
     return got
 
 
