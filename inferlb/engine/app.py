@@ -44,7 +44,7 @@ from .api import keys as keys_api
 from .api import metrics as metrics_api
 from .api import rollouts as rollouts_api
 from .api import schema as openapi_schema
-from .api.auth import authenticate, require_admin_when_auth
+from .api.auth import require_admin_when_auth
 from .cluster.admission import SharedAdmission
 from .cluster.election import Leadership, LocalLeader
 from .cluster.service import ClusterCollector, ClusterService, config_hash
@@ -305,7 +305,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
 
     app = FastAPI(title="inferlb", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     # tenant keys when auth is on; then JSON bodies only, and no new requests while draining
-    app.include_router(openai.router, dependencies=[Depends(authenticate), Depends(edge.openai_edge)])
+    app.include_router(openai.router, dependencies=[Depends(edge.openai_guard)])
     app.include_router(health.router)
     for r in (audit.router, admin.router, nodes.router, rollouts_api.router):
         app.include_router(r, dependencies=[Depends(require_admin_when_auth)])   # the admin key when auth is on

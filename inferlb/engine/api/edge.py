@@ -1,6 +1,11 @@
 """HTTP edge rules that sit in front of the routers.
 
-- :func:`openai_edge`: a dependency of the OpenAI routes. A POST body must be declared
+- :func:`openai_guard`: the one dependency of the OpenAI routes: :func:`~.auth.authenticate`, then
+  :func:`openai_edge`, called in that order as plain coroutines. FastAPI's dependency solving costs
+  ~7 µs per dependency, and the two as dependencies made a chain of six per request (with their
+  own: admission controller, lifecycle, gateway), ~30 µs of the request path (docs/benchmarks.md,
+  "The request path profiled again").
+- :func:`openai_edge`: the edge rules of the OpenAI routes. A POST body must be declared
   ``Content-Type: application/json`` (any parameters, e.g. ``charset``) and must not be compressed
   (``Content-Encoding`` other than ``identity``): else 415. A ``text/plain`` or form-encoded POST is
   what a browser sends cross-site without a CORS preflight, so refusing it keeps any web page from
@@ -31,12 +36,13 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ClientError
-from .deps import GatewayDep, LifecycleDep
+from .auth import authenticate
+from .deps import GatewayDep, LifecycleDep, get_admission, get_gateway, get_lifecycle
 
 log = logging.getLogger("inferlb")
 
 __all__ = ["ClientGone", "HeadAsGet", "ShuttingDown", "UnsupportedMediaType", "add_cors", "allow_header", "install",
-           "openai_edge"]
+           "openai_edge", "openai_guard"]
 
 
 class UnsupportedMediaType(ClientError):
@@ -88,6 +94,13 @@ async def openai_edge(request: Request, life: LifecycleDep, gw: GatewayDep) -> N
     if err is not None:
         gw.reject(_endpoint(request.url.path), "?", err.status, err.code)
         raise err
+
+
+async def openai_guard(request: Request) -> None:
+    """The OpenAI routes' dependency: :func:`~.auth.authenticate`, then :func:`openai_edge` (module
+    docstring), with the app-wide objects from ``deps``'s getters."""
+    await authenticate(request, await get_admission(request))
+    await openai_edge(request, await get_lifecycle(request), await get_gateway(request))
 
 
 class HeadAsGet:
