@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from .errors import (
     error_event,
 )
 from .first_byte import FirstByteBudget
+from .request_ids import new_request_id
 from .routing.lifecycle import observe_decision
 from .scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
 from .settings import NodeConfig, TimeoutConfig
@@ -409,7 +409,7 @@ class Gateway:
                tags: dict[str, Any] | None = None) -> str:
         """Audit a request rejected before its process started (invalid input); returns its id.
         ``model`` is stored as given: the API layer bounds it (engine/api/labels.py)."""
-        rid = uuid.uuid4().hex
+        rid = new_request_id()
         now = round(self.rt.clock.time(), 6)
         self.rt.on_request_end(RequestRecord(request_id=rid, received_at=now, endpoint=endpoint,
                                      model_requested=model[:256], tenant=tenant, status="rejected_invalid",

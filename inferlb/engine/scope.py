@@ -21,13 +21,13 @@ One home per per-request concept (every driver of the request process uses these
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .admission import AdmissionController
 from .fleet import Fleet
+from .request_ids import new_request_id
 from .routing import Decision, Router
 from .routing.prefix import block_hashes, text_key
 from .settings import FleetConfig, Settings
@@ -176,7 +176,7 @@ def begin_request(rt: Runtime, req: IncomingRequest, *, engine: str | None = Non
     them (``rt.router.prefix_blocks`` > 0), the prompt text's first block hashes and the session
     key (the ``x-session-id`` header, else the body's ``user``), both hashed here, once.
     """
-    rid = req.request_id or uuid.uuid4().hex
+    rid = req.request_id or new_request_id()
     rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
                         model_requested=req.model, tenant=req.tenant, stream=req.stream, engine=engine)
     scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text,
