@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from .endpoints import node_path
 from .errors import (
@@ -36,6 +36,7 @@ from .scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_reque
 from .settings import NodeConfig, TimeoutConfig
 from .sse import SSERelay, extract_usage
 from .store.records import AttemptRecord, RequestRecord
+from .streaming import WatchedStreamingResponse
 from .upstream import Upstream, UpstreamResponse
 from .workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
 
@@ -113,8 +114,9 @@ class Gateway:
                 if call.operation == "upstream/dispatch":
                     res = await self._dispatch(scope, req)
                     if isinstance(res, _Committed):
-                        return StreamingResponse(self._stream(scope, inst, req, res), media_type="text/event-stream",
-                                                 headers={**_SSE_HEADERS, "x-request-id": rid})
+                        return WatchedStreamingResponse(self._stream(scope, inst, req, res),
+                                                        media_type="text/event-stream",
+                                                        headers={**_SSE_HEADERS, "x-request-id": rid})
                     outcome, body = res
                     if body is not None:
                         body_out = body
