@@ -1,11 +1,12 @@
 """The garbage collector of a serving process, tuned once its start-up is done.
 
 Why (docs/benchmarks.md, "The request path profiled again"): after start-up the process holds
-~150,000 long-lived container objects (the app, SQLAlchemy, pydantic, FastAPI, the parsed
+~154,000 long-lived container objects (the app, SQLAlchemy, pydantic, FastAPI, the parsed
 processes). CPython's full (generation 2) collection walks them all: under load it came every
-~1,000 requests and paused the event loop for 60–250 ms, every request in flight with it, which was
-the gateway's p99. Generation 0 collections at the interpreter's threshold of 700 net allocations
-ran every ~10 requests at c=16, mostly finding nothing (request objects die by reference count).
+~1,000–2,000 requests and paused the event loop for 100–314 ms, every request in flight with it,
+which was the gateway's p99. Generation 0 collections at the interpreter's threshold of 700 net
+allocations ran every ~9 requests at c=16, mostly finding nothing (request objects die by reference
+count).
 
 :func:`tune_gc`:
 
