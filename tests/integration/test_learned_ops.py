@@ -145,6 +145,18 @@ async def test_gated_reload_interference_audit_and_a_restored_predictor(tmp_path
     assert "insufficient overlap" in json.loads(capsys.readouterr().out)["reason"]
 
 
+async def _record(http: httpx.AsyncClient, app: Any, rid: str) -> dict[str, Any]:
+    """The audit record of ``rid`` once the gateway has ended the request and written it."""
+    for _ in range(1000):
+        await app.state.store.writer.flush_once(force=True)
+        got = await http.get(f"/audit/requests/{rid}")
+        if got.status_code == 200:
+            body: dict[str, Any] = got.json()
+            return body
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no audit record of {rid}")
+
+
 async def test_an_affinity_escape_is_counted_and_explained(tmp_path: Path) -> None:
     # tpot 50 ms: a 200-token answer holds its node for seconds, so the second request finds it busy
     async with SimFleet(fast_specs(3, tpot_s=0.05)) as sim:
@@ -164,9 +176,10 @@ async def test_an_affinity_escape_is_counted_and_explained(tmp_path: Path) -> No
             second = await client.chat.completions.with_raw_response.create(
                 model="m", messages=[{"role": "user", "content": "short"}], max_tokens=2, extra_headers=session)
             await stream.close()
-            await app.state.store.writer.flush_once(force=True)
-            first_rec = (await http.get(f"/audit/requests/{held.headers['x-request-id']}")).json()
-            rec = (await http.get(f"/audit/requests/{second.headers['x-request-id']}")).json()
+            # The gateway learns of the close asynchronously, then ends the request: wait for its
+            # record (bounded in turns, a hang guard, not a timed assert).
+            first_rec = await _record(http, app, held.headers["x-request-id"])
+            rec = await _record(http, app, second.headers["x-request-id"])
             metrics = (await http.get("/metrics")).text
     home = first_rec["decision"]["pick_detail"]
     assert home["affinity"] == "session" and "escape" not in home
