@@ -46,6 +46,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..engine.admission.config import AdmissionPolicy
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="DR's reward model: fitted on logged costs (default) or the logged predictions")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="wall-time bound: later runs are skipped")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                    help="also write a chart: the latency tail of each profile and the goals per seed (needs the "
+                         "plot extra)")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     w = load_workload(a.workload)
@@ -317,6 +321,24 @@ def main(argv: list[str] | None = None) -> int:
                     goals[f"OPE ({m.upper()}) of {target} within ±5 %"] = all(
                         x is not None and abs(x) <= 0.05 for x in errs)
     report["goals"] = goals
+    if a.plot is not None and "regret" in report and "(per seed) p99 ratio" in goals:
+        from .learned_plots import plot_goals
+
+        e2e: dict[str, list[float]] = {p: [] for p in complete if p != soft}
+        failed = dict.fromkeys(e2e, 0)
+        for p in e2e:
+            for r in complete[p]:
+                res = r.results
+                if res is None:
+                    continue
+                for i, o in enumerate(res.outcome):
+                    if o == _OK:
+                        e2e[p].append(res.e2e[i])
+                    else:
+                        failed[p] += 1
+        rows = [{"seed": s_["seed"], "regret": s_["regret"], "p99_ratio": ratio}
+                for s_, ratio in zip(report["regret"]["per_seed"], goals["(per seed) p99 ratio"], strict=True)]
+        report["plot"] = str(plot_goals(e2e, failed, rows, a.plot))
     report["wall_s"] = time.perf_counter() - t_start
     if a.json:
         json.dump(report, sys.stdout, indent=1, default=lambda x: None)
@@ -351,6 +373,8 @@ def _print(r: dict[str, Any]) -> None:
         print(f"goal {k}: {v if not isinstance(v, bool) else ('met' if v else 'NOT met')}")
     if r["skipped"]:
         print(f"skipped (wall-time bound): {', '.join(r['skipped'])}")
+    if r.get("plot"):
+        print(f"chart: {r['plot']}")
     print(f"wall {r['wall_s']:.1f} s")
 
 

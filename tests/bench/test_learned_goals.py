@@ -4,6 +4,7 @@ and off-policy evaluation against a policy's measured on-policy value in the DES
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,17 @@ def test_the_report_names_every_goal(capsys: pytest.CaptureFixture[str]) -> None
     ope = r["ope"][0]
     # The logging policy evaluated as itself: every weight is 1, the estimate is its own mean.
     assert ope["learned"]["snips"]["value"] == pytest.approx(ope["learned"]["measured"])
+
+
+def test_the_goals_chart_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "charts" / "goals.png"
+    rc = lg.main(["--nodes", "3", "--requests", "300", "--seeds", "1,2", "--cal-duration", "40", "--cal-warm", "10",
+                  "--profiles", "learned,token-aware,round-robin", "--no-ope", "--json", "--plot", str(out)])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["plot"] == str(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("seed", [1, 2])
