@@ -4,35 +4,13 @@ test drives the replicas' syncs itself, so every step is deterministic)."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 from typing import Any
 
 from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.cluster.admission import SharedAdmission
 from inferlb.engine.cluster.service import ClusterService
-from inferlb.engine.store.records import RequestRecord
+from tests.cluster.admission_support import _admit, _ctl, _end, _scope
 from tests.cluster.conftest import REDIS_URL, small_fleet
 from tests.cluster.proxy import TcpProxy
-
-EV = {"priority": "standard", "model": "m", "prompt_tokens_est": 10, "output_budget": 10}
-
-
-def _scope(rid: str) -> Any:
-    rec = RequestRecord(request_id=rid, received_at=0.0, endpoint="chat", model_requested="m")
-    return SimpleNamespace(record=rec, deadline_at=1e12, model="m", models_tried=[])
-
-
-def _admit(svc: ClusterService, rid: str, key_id: str | None = None) -> dict[str, Any]:
-    return svc.ctl.admit(_scope(rid), EV, {"key_id": key_id} if key_id else None)
-
-
-def _end(svc: ClusterService, rid: str) -> None:
-    svc.ctl.release(RequestRecord(request_id=rid, received_at=0.0, endpoint="chat", model_requested="m",
-                                  status="ok"))
-
-
-def _ctl(svc: ClusterService) -> SharedAdmission:
-    return svc.ctl
 
 
 async def _grants(client: Any, prefix: str) -> dict[str, int]:

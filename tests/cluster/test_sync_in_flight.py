@@ -12,34 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from types import SimpleNamespace
 from typing import Any
 
 from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.cluster.admission import SharedAdmission
 from inferlb.engine.cluster.service import ClusterService
-from inferlb.engine.store.records import RequestRecord
+from tests.cluster.admission_support import _admit, _ctl, _end
 
-EV = {"priority": "standard", "model": "m", "prompt_tokens_est": 10, "output_budget": 10}
 LIMIT = 6    # small_fleet(): pool m on 2 nodes × 3 slots
-
-
-def _scope(rid: str) -> Any:
-    rec = RequestRecord(request_id=rid, received_at=0.0, endpoint="chat", model_requested="m")
-    return SimpleNamespace(record=rec, deadline_at=1e12, model="m", models_tried=[])
-
-
-def _admit(svc: ClusterService, rid: str, key_id: str | None = None) -> dict[str, Any]:
-    return svc.ctl.admit(_scope(rid), EV, {"key_id": key_id} if key_id else None)
-
-
-def _end(svc: ClusterService, rid: str) -> None:
-    svc.ctl.release(RequestRecord(request_id=rid, received_at=0.0, endpoint="chat", model_requested="m",
-                                  status="ok"))
-
-
-def _ctl(svc: ClusterService) -> SharedAdmission:
-    return svc.ctl
 
 
 def _held(reps: list[ClusterService]) -> int:
