@@ -36,12 +36,29 @@ def test_one_read_per_256_ids(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_forked_child_refills(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After fork the buffer's owner differs: the next id comes from a fresh read, not the parent's bytes."""
+    """After fork the child forgets the parent's bytes: its next id comes from a fresh read."""
     buf = request_ids._Buffer()
     monkeypatch.setattr(request_ids, "_buf", buf)
     new_request_id()
     parent_bytes = buf.data
-    monkeypatch.setattr(request_ids.os, "getpid", lambda: buf.pid + 1)   # as seen from a child
+    request_ids._forget_after_fork()            # what os.register_at_fork runs in a child
     rid = new_request_id()
     assert buf.data != parent_bytes and buf.pos == 16
     assert uuid.UUID(hex=rid).bytes == uuid.UUID(bytes=buf.data[:16], version=4).bytes
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_real_child_never_repeats_the_parents_ids() -> None:
+    new_request_id()                              # the parent's buffer holds unread bytes
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                  # the child: write its next id, exit at once
+        os.close(r)
+        os.write(w, new_request_id().encode())
+        os._exit(0)
+    os.close(w)
+    child = os.read(r, 64).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    parent = new_request_id()                     # the parent's next id from the same buffer position
+    assert len(child) == 32 and child != parent
