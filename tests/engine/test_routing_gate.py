@@ -166,7 +166,7 @@ def test_a_log_that_reserved_capacity_carries_a_caveat_and_one_that_did_not_none
     same, current = build_router("learned", seed=9, params=BANDIT), build_router("learned", seed=3, params=BANDIT)
     v = judge(decisions, same, current, _req(max_regression=0.001), current_logged=True)
     assert v["passed"] is True and len(v["caveats"]) == 1
-    assert "reserved fast-node capacity" in v["caveats"][0] and v["reason"].endswith(v["caveats"][0])
+    assert "a policy that reserves fast-node capacity" in v["caveats"][0] and v["reason"].endswith(v["caveats"][0])
     plain = [LoggedDecision(d.model, {k: x for k, x in d.learned.items() if k != "reserve"}, d.reward)
              for d in decisions]
     w = judge(plain, same, current, _req(max_regression=0.001), current_logged=True)

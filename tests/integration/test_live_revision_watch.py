@@ -42,8 +42,9 @@ class RevisionReads:
 
 async def quiet(live: LiveConfig) -> None:
     """Poll until the watch has nothing left to read: start-up writes (node events) and, on
-    PostgreSQL, the listener's first connection each make one read due. Bounded in turns."""
-    for _ in range(200):
+    PostgreSQL, the listener's first connection each make one read due. Bounded in turns (a
+    hang guard of about 20 s, not a timed assert: a loaded machine may connect slowly)."""
+    for _ in range(1000):
         if live.watch.due() is None:
             return
         await live.poll_once()
