@@ -55,8 +55,9 @@ def plot_goals(e2e: Mapping[str, Sequence[float]], failed: Mapping[str, int], pe
     right.set_xlabel("seed")
     right.set_ylabel("learned p99 ÷ token-aware p99 (goal ≤ 0.8)")
     twin.set_ylabel("regret % (goal < 5)")
-    right.set_ylim(-0.24, 1.2)   # the same zero line as the regret axis (-2 .. 10)
-    twin.set_ylim(min(-2.0, *(r["regret"] * 100 for r in per_seed)), 10)
+    low = min(-2.0, *(r["regret"] * 100 for r in per_seed))   # regret axis: low .. 10 %
+    twin.set_ylim(low, 10)
+    right.set_ylim(low / 10 * 1.2, 1.2)   # the ratio axis (top 1.2) shares the regret axis's zero line
     twin.axhline(0.0, color="grey", lw=0.5)
     right.set_title("Goals per seed")
     handles = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]

@@ -47,6 +47,7 @@ class WatchedStreamingResponse(StreamingResponse):
                 task.cancel()
 
         watcher = asyncio.ensure_future(watch())
+        watcher.add_done_callback(_retrieve)
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
@@ -58,6 +59,14 @@ class WatchedStreamingResponse(StreamingResponse):
             watcher.cancel()
         if self.background is not None:
             await self.background()
+
+
+def _retrieve(watcher: asyncio.Future[None]) -> None:
+    """Read a finished watcher's outcome: cancelled is its normal end; a failed ``receive()`` only
+    ends the watch (the relay goes on, as with no watcher) and must not surface as an asyncio
+    "exception was never retrieved" report."""
+    if not watcher.cancelled():
+        watcher.exception()
 
 
 class _Watch:

@@ -222,7 +222,6 @@ class ClusterService:
         try:
             res = await self._sync_script(keys=keys, args=args)
         except (RedisError, OSError) as exc:
-            self.shares.answered()
             for pool, report in zip(pools, sent, strict=True):
                 self.shares.retry_of(pool).put_back(report)
             self._down(exc)

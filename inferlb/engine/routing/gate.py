@@ -101,9 +101,9 @@ def _caveats(decisions: Sequence[LoggedDecision]) -> list[str]:
     reserving = sum(1 for d in decisions if d.learned.get("reserve"))
     if not reserving:
         return []
-    return [f"{reserving} of {len(decisions)} logged decisions reserved fast-node capacity for long outputs, "
-            "which changes what later requests meet; estimates of policies that do not reserve read low "
-            "(docs/benchmarks.md, 'sixth pass')"]
+    return [f"{reserving} of {len(decisions)} logged decisions were made by a policy that reserves fast-node "
+            "capacity for long outputs, which changes what later requests meet; estimates of policies that "
+            "do not reserve read low (docs/benchmarks.md, 'sixth pass')"]
 
 
 def judge(decisions: Sequence[LoggedDecision], candidate: str | Router, current: str | Router,
