@@ -98,6 +98,8 @@ class LearnedLoop:
         self.saves = 0
         self.last_saved: dict[str, Any] | None = None
         self.restored: dict[str, Any] | None = None
+        self._stored: tuple[Any, Any] | None = None   # (version, seen) the database holds from here
+        self._replace_untrained = False   # True once the saved row proved unusable: any save helps then
 
     @property
     def _persist(self) -> bool:
@@ -138,19 +140,26 @@ class LearnedLoop:
             self.lc.note("restore_ignored", f"saved predictor v{saved.version} ignored: {exc}; "
                          "starting from the untrained model", evidence)
             out: dict[str, Any] = {"restored": False, "why": str(exc), **evidence}
+            self._replace_untrained = True
         else:
             self.lc.restore(model, "restored from the database", {**evidence, "seen": model.seen})
             out = {"restored": True, **evidence}
+            self._stored = (saved.version, model.seen)
         self.restored = out
         self.publish()
         return out
 
     async def save(self) -> bool:
         """Save the current predictor (a snapshot taken here, on the loop; written in a thread).
-        False when there is nothing this gateway saves or the database refused (logged)."""
+        False when there is nothing this gateway saves, nothing new to save (the very state restored
+        or saved last; or a predictor that has seen nothing, unless the saved row was unusable:
+        replicas share the row, so an idle or untrained replica must not overwrite a trained
+        one's), or the database refused (logged)."""
         assert self.engine is not None
         state = state_of(self.lc.model)
-        if state is None:
+        if state is None or (state["version"], state["seen"]) == self._stored:
+            return False
+        if not state["seen"] and not self._replace_untrained:
             return False
         at = self.clock.time()
         try:
@@ -159,6 +168,7 @@ class LearnedLoop:
             log.warning("learned routing: saving predictor v%s failed: %s", state["version"], exc)
             return False
         self.saves += 1
+        self._stored = (state["version"], state["seen"])
         self.last_saved = {"version": state["version"], "seen": state["seen"], "at": round(at, 6)}
         return True
 

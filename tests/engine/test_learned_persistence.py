@@ -182,3 +182,29 @@ async def test_persistence_off_saves_and_restores_nothing(engine: Engine) -> Non
     await loop.start()
     await loop.close()
     assert loop.saves == 0 and load_saved_predictor(engine, EVENT_NODE) is None
+
+
+async def test_an_idle_or_untrained_replica_never_overwrites_a_trained_save(engine: Engine) -> None:
+    """Replicas share the saved row: one that learned nothing since it restored, or never
+    trained, leaves a trained predictor in place (at shutdown and on the save interval)."""
+    params = LifecycleParams(min_samples=10, train_interval_s=60, retrain_interval_s=0)
+    trained = _trained(params)
+    writer = _loop(trained, engine, [])
+    await writer.start()
+    await writer.close()
+    saved = load_saved_predictor(engine, EVENT_NODE)
+    assert writer.saves == 1 and saved is not None
+    seen = json.loads(json.dumps(saved.state))["seen"]
+    assert seen > 0
+
+    idle = _loop(PredictorLifecycle(params, clock=lambda: 2.0), engine, [])
+    await idle.start()                                     # restores the trained state, learns nothing
+    assert await idle.save() is False
+    await idle.close()
+    assert idle.saves == 0
+
+    fresh = PredictorLifecycle(params, clock=lambda: 3.0)  # untrained, and never restored (as after a failed read)
+    untrained = _loop(fresh, engine, [])
+    assert await untrained.save() is False and untrained.saves == 0
+    after = load_saved_predictor(engine, EVENT_NODE)
+    assert after is not None and after.saved_at == saved.saved_at and after.state["seen"] == seen
