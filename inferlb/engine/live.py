@@ -61,7 +61,6 @@ from .health.types import NodeEvent
 from .observability.hub import Observability
 from .policy_gate import gate_routing_change, requirement_for, routing_changed, verdict_event
 from .rollout.manager import RolloutManager
-from .routing import build_router
 from .routing.lifecycle import LifecycleParams
 from .routing.profiles import Router
 from .scope import Snapshot
@@ -214,9 +213,7 @@ class LiveConfig:
         r = cfg.routing
         learner = self.gateway.rt.learner
         same = learner is not None and _predictor_params(r.predictor) == learner.p
-        router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
-                              seed=r.seed, sample=r.sample, predictor=r.predictor, clock=self.clock.time,
-                              lifecycle=learner if same else None)
+        router = r.build_router(clock=self.clock.time, lifecycle=learner if same else None)
         if getattr(router, "lifecycle", None) is not None and not same:
             why = ("a routing with a latency predictor is built once at start-up" if learner is None else
                    "routing.predictor differs from the predictor wired at start-up")

@@ -29,7 +29,6 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from .health.types import NodeEvent
-from .routing import build_router
 from .routing.gate import EvaluationRequirement, judge
 from .routing.ope_replay import LoggedDecision
 from .routing.profiles import Router
@@ -79,8 +78,7 @@ def requirement_for(old: RoutingConfig, new: RoutingConfig) -> EvaluationRequire
 
 def router_of(r: RoutingConfig) -> Router:
     """A fresh router of ``r`` for replay (never the live one: replay binds its scorers)."""
-    return build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
-                        seed=r.seed, sample=r.sample, predictor=r.predictor)
+    return r.build_router()
 
 
 def gate_routing_change(engine: Engine, old: RoutingConfig, new: RoutingConfig, req: EvaluationRequirement, *,

@@ -213,12 +213,8 @@ def build_runtime(
     """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
     end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``);
     ``admission_cls``: the cluster's controller when several replicas share Redis (engine/cluster)."""
-    from .routing import build_router
-
     r = fleet_cfg.routing
-    router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker,
-                          params=r.params, seed=r.seed if seed is None else seed, sample=r.sample,
-                          predictor=r.predictor, clock=clock.time)
+    router = r.build_router(seed=r.seed if seed is None else seed, clock=clock.time)
     estimator = TokenEstimator()
     for m in fleet_cfg.models:
         if m.tokenizer:

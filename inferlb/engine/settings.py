@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -37,6 +37,9 @@ from .rollout.config import RolloutConfig
 from .routing.gate import EvaluationRequirement
 from .routing.selector import NodeSelector, all_of, label_number
 from .versions.config import VersionConfig, version_nodes, version_problems
+
+if TYPE_CHECKING:
+    from .routing.profiles import Router
 
 __all__ = [
     "FleetConfig",
@@ -173,6 +176,16 @@ class RoutingConfig(_Strict):
     # A live change of the routing policy must first pass an off-policy evaluation on the audit
     # trail (routing/gate.py, engine/policy_gate.py); None: changes apply without one.
     require_evaluation: EvaluationRequirement | None = None
+
+    def build_router(self, **overrides: Any) -> Router:
+        """A new router of this config (``engine.routing.build_router`` with every field here);
+        ``overrides`` replace or add keyword arguments (a seed, a clock, a lifecycle)."""
+        from .routing import build_router
+
+        kw: dict[str, Any] = {"filters": self.filters, "scorers": self.scorers, "picker": self.picker,
+                              "params": self.params, "seed": self.seed, "sample": self.sample,
+                              "predictor": self.predictor, **overrides}
+        return build_router(self.profile, **kw)
 
 
 class RetryPolicy(_Strict):
@@ -333,11 +346,7 @@ def _unique(key: str, names: list[str], what: str) -> None:
 def check_routing(cfg: FleetConfig) -> None:
     """Build the configured router once (pure, no I/O) so an unknown profile, plugin or parameter
     is a ConfigError at load time, with its key path, not at start-up inside the app."""
-    from .routing import build_router
-
-    r = cfg.routing
-    router = build_router(r.profile, filters=r.filters, scorers=r.scorers, picker=r.picker, params=r.params,
-                          seed=r.seed, sample=r.sample, predictor=r.predictor)
+    router = cfg.routing.build_router()
     if not router.uses_selector:
         for i, m in enumerate(cfg.models):
             if m.node_selector is not None:
