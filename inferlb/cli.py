@@ -34,9 +34,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from .cli_db import add_db_parser, db_command
-from .engine.errors import ConfigError, InferlbError, ProcessValidationError
-from .engine.settings import FleetConfig, Settings, fleet_from_mapping, load_settings
+from inferlb.cli_db import add_db_parser, db_command
+from inferlb.engine.errors import ConfigError, InferlbError, ProcessValidationError
+from inferlb.engine.settings import FleetConfig, Settings, fleet_from_mapping, load_settings
 
 __all__ = ["main"]
 
@@ -65,8 +65,8 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 def _preflight(settings: Settings) -> Settings:
     """Every start-up file check before the app starts (a bad file is one line, not a traceback
     from inside the lifespan); returns the settings with the fleet resolved."""
-    from .engine.app import check_startup_files
-    from .engine.startup import check_journal_dir
+    from inferlb.engine.app import check_startup_files
+    from inferlb.engine.startup import check_journal_dir
 
     checked = check_startup_files(settings)
     check_journal_dir(settings.journal_dir)
@@ -75,10 +75,10 @@ def _preflight(settings: Settings) -> Settings:
 
 async def _serve(settings: Settings, banner: str | None = None, *, watch: bool = False,
                  node_launcher: Any = None) -> None:
-    from .engine.app import create_app, default_processes_dir
-    from .engine.live_triggers import run_triggers
-    from .engine.server import build_server
-    from .engine.server.gc_tuning import tune_gc
+    from inferlb.engine.app import create_app, default_processes_dir
+    from inferlb.engine.live_triggers import run_triggers
+    from inferlb.engine.server import build_server
+    from inferlb.engine.server.gc_tuning import tune_gc
 
     # Fail before binding a port: a bad file names the file and key path or element, no traceback.
     settings = _preflight(settings)
@@ -174,7 +174,7 @@ async def _demo(args: argparse.Namespace) -> None:
         urls = {name: node.url for name, node in sim.nodes.items()}
         fleet, launcher = demo_fleet(urls), None
         if getattr(args, "autoscale", False):
-            from .cli_autoscale import SimLauncher, demo_autoscale_fleet
+            from inferlb.cli_autoscale import SimLauncher, demo_autoscale_fleet
 
             fleet, launcher = demo_autoscale_fleet(fleet), SimLauncher()
         settings = _settings(args, fleet=fleet)
@@ -195,10 +195,9 @@ def _print_problems(exc: ProcessValidationError | ConfigError) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from inferlb.engine.app import check_startup_files
+    from inferlb.engine.workflow import load_process
     from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
-
-    from .engine.app import check_startup_files
-    from .engine.workflow import load_process
 
     if args.file is None and args.config is None:
         print("inferlb: error: validate needs a BPMN FILE, --config FLEET, or both", file=sys.stderr)
@@ -240,15 +239,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .engine.cost import node_prices
-    from .engine.store.commands import report_cost, report_sla
+    from inferlb.engine.cost import node_prices
+    from inferlb.engine.store.commands import report_cost, report_sla
 
     settings = _settings(args)
     fleet = settings.resolved_fleet() if settings.config is not None else None
     common: dict[str, Any] = {"since": args.since, "until": args.until, "bucket": args.bucket, "fmt": args.format,
                               "csv_path": args.csv}
     if args.kind == "capacity":
-        from .cli_autoscale import capacity_command
+        from inferlb.cli_autoscale import capacity_command
 
         return capacity_command(args, settings.database_url, fleet)
     if args.kind == "cost":
@@ -318,25 +317,25 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--fleet", help="hetero4, uniform4, large16, cache4 or a fleet file (default: the demo nodes)")
     sm.add_argument("--on-kv-full", dest="on_kv_full", choices=["preempt", "oom"])
     sm.add_argument("--stream-interval", dest="stream_interval", type=int)
-    from .cli_sim import register as register_sim_des
+    from inferlb.cli_sim import register as register_sim_des
 
     register_sim_des(sm)   # inferlb sim des: the discrete-event mode
-    from .cli_fleet import register as register_fleet
+    from inferlb.cli_fleet import register as register_fleet
 
     register_fleet(sub)
-    from .cli_backtest import register as register_backtest
+    from inferlb.cli_backtest import register as register_backtest
 
     register_backtest(sub)   # inferlb autoscale backtest
     ag = sub.add_parser("agent", help="GPU node agent: NVML readings over HTTP (needs the agent extra)")
     ag.add_argument("--host", default="127.0.0.1")
     ag.add_argument("--port", type=int, default=9401)
-    from .engine.admission.commands import add_keys_parser
+    from inferlb.engine.admission.commands import add_keys_parser
 
     add_keys_parser(sub)
-    from .cli_routing import add_routing_parser
+    from inferlb.cli_routing import add_routing_parser
 
     add_routing_parser(sub)
-    from .cli_rollout import register as add_rollout_parser
+    from inferlb.cli_rollout import register as add_rollout_parser
 
     add_rollout_parser(sub)
     b = sub.add_parser("bench", help="benchmarks")
@@ -367,26 +366,26 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "sim":
             asyncio.run(_sim(args))
         elif args.cmd == "routing":
-            from .cli_routing import routing_command
+            from inferlb.cli_routing import routing_command
 
             return routing_command(args, _settings(args).database_url)
         elif args.cmd == "autoscale":
             return int(args.autoscale_handler(args))
         elif args.cmd == "fleet":
-            from .cli_fleet import fleet_main
+            from inferlb.cli_fleet import fleet_main
 
             return fleet_main(args)
         elif args.cmd == "agent":
-            from .engine.health.agent import serve_agent
+            from inferlb.engine.health.agent import serve_agent
 
             asyncio.run(serve_agent(args.host, args.port,
                                     on_ready=lambda url: print(f"inferlb agent serving {url}/gpu", flush=True)))
         elif args.cmd == "rollout":
-            from .cli_rollout import rollout_command
+            from inferlb.cli_rollout import rollout_command
 
             return rollout_command(args)
         elif args.cmd == "keys":
-            from .engine.admission.commands import keys_command
+            from inferlb.engine.admission.commands import keys_command
 
             return keys_command(args, _settings(args).database_url)
         elif args.cmd == "bench" and args.what == "replicas":

@@ -18,8 +18,8 @@ import argparse
 import json
 from typing import Any
 
-from .engine.autoscale.actuators.local import LaunchedNode
-from .engine.settings import FleetConfig, fleet_from_mapping
+from inferlb.engine.autoscale.actuators.local import LaunchedNode
+from inferlb.engine.settings import FleetConfig, fleet_from_mapping
 
 __all__ = ["SimLauncher", "capacity_command", "demo_autoscale_fleet", "format_capacity"]
 
@@ -32,8 +32,8 @@ class SimLauncher:
         self.default_output_tokens = default_output_tokens
 
     async def start(self, name: str, model: str, gpu: str, cold_start_s: float) -> LaunchedNode:
-        from .simulator import EmulatedNode
-        from .simulator.presets import PRESETS, preset_spec
+        from inferlb.simulator import EmulatedNode
+        from inferlb.simulator.presets import PRESETS, preset_spec
 
         preset = gpu if gpu in PRESETS else "l4"
         node = EmulatedNode(preset_spec(name, preset, [model], startup_s=cold_start_s,
@@ -87,9 +87,9 @@ def format_capacity(report: dict[str, Any]) -> str:
 def capacity_command(args: argparse.Namespace, database_url: str, fleet: FleetConfig | None) -> int:
     import sys
 
-    from .engine.autoscale.report import capacity_report
-    from .engine.store.db import make_engine
-    from .engine.store.report_params import parse_time
+    from inferlb.engine.autoscale.report import capacity_report
+    from inferlb.engine.store.db import make_engine
+    from inferlb.engine.store.report_params import parse_time
 
     if fleet is None:
         print("inferlb: error: report capacity needs --config FLEET (nodes, GPU labels, prices, SLOs)",

@@ -61,7 +61,7 @@ def register(sub: Any) -> None:
 
 
 def _policies(raw: list[str]) -> list[str]:
-    from .bench.autoscale_backtest import POLICIES
+    from inferlb.bench.autoscale_backtest import POLICIES
 
     names: list[str] = []
     for item in raw or ["predictive"]:
@@ -107,8 +107,8 @@ def format_backtests(runs: dict[str, dict[str, Any]], goal_rows: list[dict[str, 
 
 
 def backtest_command(args: argparse.Namespace) -> int:
-    from .bench.autoscale_backtest import BacktestOptions, calibrate, goals, make_trace, run_backtest
-    from .bench.loadgen.workload import load_workload
+    from inferlb.bench.autoscale_backtest import BacktestOptions, calibrate, goals, make_trace, run_backtest
+    from inferlb.bench.loadgen.workload import load_workload
 
     try:
         policies = _policies(args.policy)
@@ -141,7 +141,7 @@ def backtest_command(args: argparse.Namespace) -> int:
         print(f"{name}: done in {runs[name]['wall_s']} s", file=sys.stderr)
     goal_rows = goals(runs)
     if args.plot is not None:
-        from .bench.autoscale_plots import plot_backtests
+        from inferlb.bench.autoscale_plots import plot_backtests
 
         for p in plot_backtests(list(runs.values()), args.plot):
             print(f"wrote {p}", file=sys.stderr)

@@ -17,8 +17,8 @@ import argparse
 import time
 from typing import Any
 
-from .engine.errors import ConfigError
-from .engine.settings import Settings
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.settings import Settings
 
 __all__ = ["add_db_parser", "db_command"]
 
@@ -37,7 +37,7 @@ def add_db_parser(sub: Any) -> None:
 
 def db_command(args: argparse.Namespace, settings: Settings, *, now: float | None = None) -> int:
     """Run ``inferlb db <action>``; errors are raised as StoreError / InvalidRequest / ConfigError."""
-    from .engine.store.commands import db_upgrade
+    from inferlb.engine.store.commands import db_upgrade
 
     if args.action == "upgrade":
         db_upgrade(settings.database_url)
@@ -47,9 +47,9 @@ def db_command(args: argparse.Namespace, settings: Settings, *, now: float | Non
 
 
 def _prune(args: argparse.Namespace, settings: Settings, now: float) -> int:
-    from .engine.store.db import make_engine
-    from .engine.store.retention import BATCH_SIZE, parse_age, prune
-    from .engine.store.tabular import iso_utc
+    from inferlb.engine.store.db import make_engine
+    from inferlb.engine.store.retention import BATCH_SIZE, parse_age, prune
+    from inferlb.engine.store.tabular import iso_utc
 
     if args.older_than is not None:
         age_s = parse_age(args.older_than)

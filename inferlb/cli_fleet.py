@@ -108,7 +108,7 @@ def fleet_main(args: argparse.Namespace) -> int:
     """Run ``inferlb fleet ...`` (module docstring)."""
     api_key = args.api_key or os.environ.get("INFERLB_ADMIN_KEY") or None
     if args.action == "show":
-        from .engine.health.report import fleet_command
+        from inferlb.engine.health.report import fleet_command
 
         return fleet_command(args.url, api_key=api_key, as_json=args.json)
     try:

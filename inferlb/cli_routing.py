@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .engine.errors import InferlbError
-from .engine.policy_gate import logged_decisions, reward_of
-from .engine.routing.gate import EvaluationRequirement, judge
-from .engine.routing.ope_replay import MIN_ESS, REWARD_MODELS, evaluate, softmax_policy
-from .engine.store.db import make_engine
-from .engine.store.learned import learned_attempts
-from .engine.store.queries import parse_time
+from inferlb.engine.errors import InferlbError
+from inferlb.engine.policy_gate import logged_decisions, reward_of
+from inferlb.engine.routing.gate import EvaluationRequirement, judge
+from inferlb.engine.routing.ope_replay import MIN_ESS, REWARD_MODELS, evaluate, softmax_policy
+from inferlb.engine.store.db import make_engine
+from inferlb.engine.store.learned import learned_attempts
+from inferlb.engine.store.queries import parse_time
 
 __all__ = ["add_routing_parser", "reward_of", "routing_command"]
 

@@ -64,6 +64,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from inferlb.bench.affinity import _target
+from inferlb.bench.des_report import des_summary
+from inferlb.bench.learned_goals import node_capacity
+from inferlb.bench.loadgen.sessions import prompt_text, session_plan
+from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
 from inferlb.engine.routing import build_router
 from inferlb.engine.routing.profiles import PROFILES
 from inferlb.simulator.des import ClosedLoop, PrefixCaches, PromptInfo, Session, Simulation
@@ -71,12 +76,6 @@ from inferlb.simulator.openai_format import answer_text
 from inferlb.simulator.prefix_cache import PrefixCache, finished_sequence
 from inferlb.simulator.presets import FLEETS, preset_spec
 from inferlb.simulator.spec import NodeSpec
-
-from .affinity import _target
-from .des_report import des_summary
-from .learned_goals import node_capacity
-from .loadgen.sessions import prompt_text, session_plan
-from .loadgen.workload import PlannedRequest, Workload, load_workload, plan
 
 __all__ = ["des_prompt", "ideal_hit_rate", "main", "near_far_fleet", "run_affinity", "run_rtt"]
 

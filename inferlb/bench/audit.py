@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..engine.store.db import make_engine, upgrade
-from ..engine.store.records import AttemptRecord, RequestRecord
-from ..engine.store.rows import upsert_records
-from ..engine.store.writer import AuditWriter
+from inferlb.engine.store.db import make_engine, upgrade
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.store.rows import upsert_records
+from inferlb.engine.store.writer import AuditWriter
 
 __all__ = ["main"]
 

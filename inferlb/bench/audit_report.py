@@ -28,10 +28,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
 
-from ..engine.settings import SLOConfig
-from ..engine.store.db import make_engine, upgrade
-from ..engine.store.partitions import day_of, ensure_days
-from ..engine.store.sla import sla_report, sla_report_python
+from inferlb.engine.settings import SLOConfig
+from inferlb.engine.store.db import make_engine, upgrade
+from inferlb.engine.store.partitions import day_of, ensure_days
+from inferlb.engine.store.sla import sla_report, sla_report_python
 
 __all__ = ["load", "main"]
 

@@ -48,15 +48,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferlb.bench.autoscale_controller import ScalerController
+from inferlb.bench.des_report import des_summary
+from inferlb.bench.loadgen.workload import PlannedRequest, Workload, iter_plan, plan
 from inferlb.engine.autoscale import AutoscaleConfig, Autoscaler
 from inferlb.engine.autoscale.forecast import make_forecaster
 from inferlb.simulator.des import DesResults, Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import NodeSpec
-
-from .autoscale_controller import ScalerController
-from .des_report import des_summary
-from .loadgen.workload import PlannedRequest, Workload, iter_plan, plan
 
 __all__ = ["POLICIES", "BacktestOptions", "Trace", "calibrate", "goals", "make_trace", "run_backtest", "summarise"]
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from inferlb.bench.loadgen.results import pcts
+from inferlb.bench.loadgen.workload import Workload
 from inferlb.simulator.des import OUTCOMES, DesResults
-
-from .loadgen.results import pcts
-from .loadgen.workload import Workload
 
 __all__ = ["des_summary"]
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferlb.bench.loadgen.results import pcts
 from inferlb.engine.app import request_end
 from inferlb.engine.scope import IncomingRequest, Runtime, begin_request, build_runtime
 from inferlb.engine.services import ServiceSpec, ServiceTable
@@ -59,8 +60,6 @@ from inferlb.engine.store.records import RequestRecord
 from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition, load_process
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
-
-from .loadgen.results import pcts
 
 __all__ = ["ENGINES", "SCENARIOS", "EngineScenario", "default_process_path", "main", "measure_engine"]
 
@@ -323,7 +322,7 @@ def measure_engine(n: int = 2000, *, engines: Sequence[str] = ENGINES,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m inferlb.bench.engine``: the engine-alone table (also part of ``inferlb bench overhead``)."""
-    from .report import engine_table, format_table
+    from inferlb.bench.report import engine_table, format_table
 
     ap = argparse.ArgumentParser(prog="python -m inferlb.bench.engine", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="requests per executor and scenario (2000)")

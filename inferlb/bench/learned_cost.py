@@ -19,8 +19,8 @@ import argparse
 import importlib.util
 from typing import Any
 
-from ..engine.routing import build_router
-from ..engine.routing.profiles import LEARNED_LATENCY
+from inferlb.engine.routing import build_router
+from inferlb.engine.routing.profiles import LEARNED_LATENCY
 
 __all__ = ["main"]
 

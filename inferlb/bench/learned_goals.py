@@ -49,15 +49,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine.admission.config import AdmissionPolicy
-from ..engine.routing import build_router
-from ..engine.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
-from ..simulator.des import OUTCOMES, DesResults, LearnedFeedback, Simulation
-from ..simulator.presets import preset_spec
-from ..simulator.spec import NodeSpec
-from .des_admission import GatewayAdmission
-from .des_report import des_summary
-from .loadgen.workload import PlannedRequest, Workload, load_workload, plan
+from inferlb.bench.des_admission import GatewayAdmission
+from inferlb.bench.des_report import des_summary
+from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
+from inferlb.engine.admission.config import AdmissionPolicy
+from inferlb.engine.routing import build_router
+from inferlb.engine.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
+from inferlb.simulator.des import OUTCOMES, DesResults, LearnedFeedback, Simulation
+from inferlb.simulator.presets import preset_spec
+from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["FIXED", "ProfileRun", "costs", "fleet", "fleet_capacity", "main", "node_capacity", "ope_check",
            "regret", "run_profile"]
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         x is not None and abs(x) <= 0.05 for x in errs)
     report["goals"] = goals
     if a.plot is not None and "regret" in report and "(per seed) p99 ratio" in goals:
-        from .learned_plots import plot_goals
+        from inferlb.bench.learned_plots import plot_goals
 
         e2e: dict[str, list[float]] = {p: [] for p in complete if p != soft}
         failed = dict.fromkeys(e2e, 0)

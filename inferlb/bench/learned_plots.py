@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .plotting import pyplot
+from inferlb.bench.plotting import pyplot
 
 __all__ = ["plot_goals"]
 

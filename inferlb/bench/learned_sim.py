@@ -35,18 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.fleet import Fleet
-from ..engine.health.isolation import observe
-from ..engine.health.types import Sample
-from ..engine.routing import RouteRequest, build_router
-from ..engine.routing.features import FEATURE_NAMES, features
-from ..engine.routing.predictor import Observed, OnlineLinear
-from ..engine.settings import fleet_from_mapping
-from ..engine.types import ManualClock
-from ..simulator.batching import BatchCore, Seq, SeqState
-from ..simulator.presets import PRESETS
-from .loadgen.workload import load_workload, plan
-from .routing_sim import _pct
+from inferlb.bench.loadgen.workload import load_workload, plan
+from inferlb.bench.routing_sim import _pct
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.health.isolation import observe
+from inferlb.engine.health.types import Sample
+from inferlb.engine.routing import RouteRequest, build_router
+from inferlb.engine.routing.features import FEATURE_NAMES, features
+from inferlb.engine.routing.predictor import Observed, OnlineLinear
+from inferlb.engine.settings import fleet_from_mapping
+from inferlb.engine.types import ManualClock
+from inferlb.simulator.batching import BatchCore, Seq, SeqState
+from inferlb.simulator.presets import PRESETS
 
 __all__ = ["Record", "Run", "compare_predictors", "main", "run"]
 
@@ -238,7 +238,7 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
 
     m = OnlineLinear()
     preds, _, upd = _online(records, lambda row: (lambda p: (p.ttft_s, p.tpot_s))(m.predict(row)), m.update)
-    from ..engine.routing.types import NodeView
+    from inferlb.engine.routing.types import NodeView
     views = [NodeView(name=f"n{i}", models=frozenset({_MODEL}), capacity_tokens=100_000, max_concurrency=64,
                       inflight_requests=i, inflight_tokens=1000 * i, tokens_per_s=30.0 + i, ttft_s=0.1 + i / 100)
              for i in range(16)]

@@ -47,10 +47,10 @@ from typing import Any
 
 import yaml
 
-from .cell import LoadSpec
-from .engine import measure_engine
-from .procs import Child, free_port, system_busy, wait_http, workdir
-from .report import render
+from inferlb.bench.cell import LoadSpec
+from inferlb.bench.engine import measure_engine
+from inferlb.bench.procs import Child, free_port, system_busy, wait_http, workdir
+from inferlb.bench.report import render
 
 __all__ = ["MODES", "BenchConfig", "Target", "main", "repo_root", "run_bench"]
 

@@ -35,12 +35,11 @@ from typing import Any
 
 import yaml
 
+from inferlb.bench.loadgen.results import node_figures
+from inferlb.bench.loadgen.runner import run_plan
+from inferlb.bench.loadgen.stack import Stack
+from inferlb.bench.loadgen.workload import PlannedRequest, Workload
 from inferlb.engine.store.sla import percentile
-
-from .loadgen.results import node_figures
-from .loadgen.runner import run_plan
-from .loadgen.stack import Stack
-from .loadgen.workload import PlannedRequest, Workload
 
 __all__ = ["CellResult", "Shot", "main", "plan_cell", "run_cell", "sim_fleet", "summarize_cell"]
 

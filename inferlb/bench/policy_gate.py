@@ -16,9 +16,9 @@ import json
 import random
 import time
 
-from ..engine.routing import NodeView, RouteRequest, build_router
-from ..engine.routing.gate import EvaluationRequirement, judge
-from ..engine.routing.ope_replay import LoggedDecision
+from inferlb.engine.routing import NodeView, RouteRequest, build_router
+from inferlb.engine.routing.gate import EvaluationRequirement, judge
+from inferlb.engine.routing.ope_replay import LoggedDecision
 
 __all__ = ["main", "synthetic_log"]
 

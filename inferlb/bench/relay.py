@@ -16,11 +16,10 @@ import subprocess
 import sys
 import time
 
+from inferlb.bench.procs import free_port
 from inferlb.engine.settings import TimeoutConfig
 from inferlb.engine.sse import SSERelay
 from inferlb.engine.upstream import Upstream
-
-from .procs import free_port
 
 __all__ = ["main", "measure"]
 

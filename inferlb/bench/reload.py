@@ -104,12 +104,11 @@ async def _phase(http: httpx.AsyncClient, workers: int, seconds: float, reloads:
 
 
 async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> dict[str, Any]:
+    from inferlb.bench.procs import free_port
     from inferlb.engine.app import create_app
     from inferlb.engine.server import build_server
     from inferlb.engine.settings import Settings
     from inferlb.simulator import NodeSpec, SimFleet
-
-    from .procs import free_port
 
     phase_s = min(max(phase_s, 1.0), 30.0)
     specs = [NodeSpec(name=f"n{i}", models=["m"], base_ttft_s=0.002, tpot_s=0.0005) for i in range(3)]

@@ -43,9 +43,9 @@ from typing import Any
 
 import yaml
 
-from .cell import LoadSpec
-from .overhead import _child_env, repo_root
-from .procs import Child, free_port, wait_http, workdir
+from inferlb.bench.cell import LoadSpec
+from inferlb.bench.overhead import _child_env, repo_root
+from inferlb.bench.procs import Child, free_port, wait_http, workdir
 
 __all__ = ["ReplicaBenchConfig", "main", "measure_admission", "run"]
 

@@ -37,23 +37,23 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..engine.app import default_processes_dir
-from ..engine.fleet import Fleet
-from ..engine.health.isolation import observe
-from ..engine.health.types import Sample
-from ..engine.rollout.config import RolloutConfig, RolloutSpec
-from ..engine.rollout.manager import RolloutManager
-from ..engine.rollout.window import VersionWindow
-from ..engine.routing import RouteRequest, build_router
-from ..engine.settings import fleet_from_mapping
-from ..engine.store.records import AttemptRecord, RequestRecord
-from ..engine.types import ManualClock
-from ..engine.versions.table import Version, VersionTable
-from ..engine.workflow import load_process
-from ..simulator.batching import BatchCore, Seq, SeqState
-from ..simulator.presets import PRESETS
-from ..tasks import ROLLOUT_CONTRACT, SERVICES
-from .loadgen.workload import Workload, plan
+from inferlb.bench.loadgen.workload import Workload, plan
+from inferlb.engine.app import default_processes_dir
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.health.isolation import observe
+from inferlb.engine.health.types import Sample
+from inferlb.engine.rollout.config import RolloutConfig, RolloutSpec
+from inferlb.engine.rollout.manager import RolloutManager
+from inferlb.engine.rollout.window import VersionWindow
+from inferlb.engine.routing import RouteRequest, build_router
+from inferlb.engine.settings import fleet_from_mapping
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.types import ManualClock
+from inferlb.engine.versions.table import Version, VersionTable
+from inferlb.engine.workflow import load_process
+from inferlb.simulator.batching import BatchCore, Seq, SeqState
+from inferlb.simulator.presets import PRESETS
+from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
 
 __all__ = ["Outcome", "main", "simulate"]
 

@@ -28,15 +28,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.fleet import Fleet
-from ..engine.health.isolation import observe
-from ..engine.health.types import Sample
-from ..engine.routing import RouteRequest, build_router
-from ..engine.settings import fleet_from_mapping
-from ..engine.types import ManualClock
-from ..simulator.batching import BatchCore, Seq, SeqState
-from ..simulator.presets import PRESETS
-from .loadgen.workload import load_workload, plan
+from inferlb.bench.loadgen.workload import load_workload, plan
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.health.isolation import observe
+from inferlb.engine.health.types import Sample
+from inferlb.engine.routing import RouteRequest, build_router
+from inferlb.engine.settings import fleet_from_mapping
+from inferlb.engine.types import ManualClock
+from inferlb.simulator.batching import BatchCore, Seq, SeqState
+from inferlb.simulator.presets import PRESETS
 
 __all__ = ["SimResult", "main", "simulate"]
 

@@ -34,46 +34,46 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from ..tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
-from .admission.controller import AdmissionController
-from .admission.service import AdmissionService
-from .api import admin, audit, edge, health, nodes, openai
-from .api import capacity as capacity_api
-from .api import dashboard as dashboard_api
-from .api import keys as keys_api
-from .api import metrics as metrics_api
-from .api import rollouts as rollouts_api
-from .api import schema as openapi_schema
-from .api.auth import require_admin_when_auth
-from .cluster.admission import SharedAdmission
-from .cluster.election import Leadership, LocalLeader
-from .cluster.service import ClusterCollector, ClusterService, config_hash
-from .errors import ClientError, ConfigError, error_body
-from .fleet_admin import config_version
-from .gateway import Gateway
-from .health.monitor import HealthMonitor
-from .health.probe import Prober
-from .learned_loop import LearnedLoop
-from .live import LiveConfig
-from .observability.hub import Observability, queue_depth_of
-from .observability.learned import LearnedCollector
-from .request_end import EndStep, RequestEnd
-from .rollout.manager import RolloutManager
-from .rollout.metrics import RolloutCollector
-from .rollout.window import VersionWindow
-from .scope import Snapshot, build_runtime
-from .settings import Settings
-from .startup import Checked, check_files
-from .store import StoreHandle
-from .store.db import is_sqlite, make_engine, upgrade
-from .store.events import EventWriter
-from .store.maintenance import AuditMaintenance
-from .store.records import RequestRecord
-from .store.revision_watch import revision_watch
-from .store.writer import AuditWriter
-from .types import Clock, SystemClock
-from .upstream import Upstream
-from .versions.table import VersionTable
+from inferlb.engine.admission.controller import AdmissionController
+from inferlb.engine.admission.service import AdmissionService
+from inferlb.engine.api import admin, audit, edge, health, nodes, openai
+from inferlb.engine.api import capacity as capacity_api
+from inferlb.engine.api import dashboard as dashboard_api
+from inferlb.engine.api import keys as keys_api
+from inferlb.engine.api import metrics as metrics_api
+from inferlb.engine.api import rollouts as rollouts_api
+from inferlb.engine.api import schema as openapi_schema
+from inferlb.engine.api.auth import require_admin_when_auth
+from inferlb.engine.cluster.admission import SharedAdmission
+from inferlb.engine.cluster.election import Leadership, LocalLeader
+from inferlb.engine.cluster.service import ClusterCollector, ClusterService, config_hash
+from inferlb.engine.errors import ClientError, ConfigError, error_body
+from inferlb.engine.fleet_admin import config_version
+from inferlb.engine.gateway import Gateway
+from inferlb.engine.health.monitor import HealthMonitor
+from inferlb.engine.health.probe import Prober
+from inferlb.engine.learned_loop import LearnedLoop
+from inferlb.engine.live import LiveConfig
+from inferlb.engine.observability.hub import Observability, queue_depth_of
+from inferlb.engine.observability.learned import LearnedCollector
+from inferlb.engine.request_end import EndStep, RequestEnd
+from inferlb.engine.rollout.manager import RolloutManager
+from inferlb.engine.rollout.metrics import RolloutCollector
+from inferlb.engine.rollout.window import VersionWindow
+from inferlb.engine.scope import Snapshot, build_runtime
+from inferlb.engine.settings import Settings
+from inferlb.engine.startup import Checked, check_files
+from inferlb.engine.store import StoreHandle
+from inferlb.engine.store.db import is_sqlite, make_engine, upgrade
+from inferlb.engine.store.events import EventWriter
+from inferlb.engine.store.maintenance import AuditMaintenance
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.store.revision_watch import revision_watch
+from inferlb.engine.store.writer import AuditWriter
+from inferlb.engine.types import Clock, SystemClock
+from inferlb.engine.upstream import Upstream
+from inferlb.engine.versions.table import VersionTable
+from inferlb.tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
 
 __all__ = ["check_startup_files", "create_app", "default_processes_dir", "leader", "leadership", "request_end"]
 
@@ -261,7 +261,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         # Node discovery (engine/discovery): every replica watches; pods join through the live config.
         state.discovery = []
         if fleet_cfg.discovery:
-            from .discovery.wiring import build_discovery
+            from inferlb.engine.discovery.wiring import build_discovery
 
             state.discovery = build_discovery(fleet_cfg, live=live, fleet=rt.fleet, clock=clock,
                                               registry=obs.registry)
@@ -270,7 +270,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         # Autoscaling: autoscale.bpmn on SpiffWorkflow every autoscale.interval_s (engine/autoscale).
         state.autoscaler = None
         if checked.autoscale_process is not None:
-            from .autoscale.wiring import build_autoscaler
+            from inferlb.engine.autoscale.wiring import build_autoscaler
 
             state.autoscaler = build_autoscaler(fleet_cfg, checked.autoscale_process, fleet=rt.fleet, engine=engine,
                                                 clock=clock, admin=live, launcher=node_launcher,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .observability.config import FinOpsConfig
-from .settings import NodeConfig
+from inferlb.engine.observability.config import FinOpsConfig
+from inferlb.engine.settings import NodeConfig
 
 __all__ = ["Share", "cost_of", "node_prices"]
 

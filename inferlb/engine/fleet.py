@@ -45,14 +45,14 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from .cost import Share, cost_of, node_prices
-from .fleet_node import NodeState
-from .health.config import HealthConfig
-from .health.rules import ejection_seconds, slow_start_factor
-from .health.types import NodeEvent
-from .routing.types import NodeList, NodeView
-from .settings import FleetConfig, ModelConfig
-from .types import Clock
+from inferlb.engine.cost import Share, cost_of, node_prices
+from inferlb.engine.fleet_node import NodeState
+from inferlb.engine.health.config import HealthConfig
+from inferlb.engine.health.rules import ejection_seconds, slow_start_factor
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.routing.types import NodeList, NodeView
+from inferlb.engine.settings import FleetConfig, ModelConfig
+from inferlb.engine.types import Clock
 
 __all__ = ["ROUTABLE", "Fleet", "NodeState"]   # NodeState lives in fleet_node.py
 

@@ -38,14 +38,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .cost import Share, node_prices
-from .errors import ConfigError, Conflict, InvalidRequest, NotFound
-from .fleet import Fleet
-from .fleet_node import NodeState
-from .health.monitor import check_health_config
-from .health.types import NodeEvent
-from .settings import FleetConfig, NodeConfig, fleet_from_mapping
-from .store.overrides import NodeOverride
+from inferlb.engine.cost import Share, node_prices
+from inferlb.engine.errors import ConfigError, Conflict, InvalidRequest, NotFound
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.fleet_node import NodeState
+from inferlb.engine.health.monitor import check_health_config
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.settings import FleetConfig, NodeConfig, fleet_from_mapping
+from inferlb.engine.store.overrides import NodeOverride
 
 __all__ = ["PATCHABLE", "Effective", "add_node", "apply_fleet", "config_version", "merge_overrides", "patch_node",
            "remove_node", "set_drained", "settle"]

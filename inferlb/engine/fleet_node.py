@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .cost import Share
-from .health.types import Sample
-from .settings import NodeConfig
+from inferlb.engine.cost import Share
+from inferlb.engine.health.types import Sample
+from inferlb.engine.settings import NodeConfig
 
 if TYPE_CHECKING:
-    from .fleet import Fleet
+    from inferlb.engine.fleet import Fleet
 
 __all__ = ["NodeState"]
 

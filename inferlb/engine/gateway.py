@@ -19,8 +19,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from .endpoints import node_path
-from .errors import (
+from inferlb.engine.endpoints import node_path
+from inferlb.engine.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
@@ -29,16 +29,16 @@ from .errors import (
     error_body,
     error_event,
 )
-from .first_byte import FirstByteBudget
-from .request_ids import new_request_id
-from .routing.lifecycle import observe_decision
-from .scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
-from .settings import NodeConfig, TimeoutConfig
-from .sse import SSERelay, extract_usage
-from .store.records import AttemptRecord, RequestRecord
-from .streaming import WatchedStreamingResponse
-from .upstream import Upstream, UpstreamResponse
-from .workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
+from inferlb.engine.first_byte import FirstByteBudget
+from inferlb.engine.request_ids import new_request_id
+from inferlb.engine.routing.lifecycle import observe_decision
+from inferlb.engine.scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
+from inferlb.engine.settings import NodeConfig, TimeoutConfig
+from inferlb.engine.sse import SSERelay, extract_usage
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.streaming import WatchedStreamingResponse
+from inferlb.engine.upstream import Upstream, UpstreamResponse
+from inferlb.engine.workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
 
 __all__ = ["Gateway", "IncomingRequest", "Performer"]   # IncomingRequest lives in scope.py
 

@@ -31,16 +31,16 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .errors import StoreError
-from .health.types import NodeEvent
-from .routing.explain import context_of
-from .routing.features import features
-from .routing.lifecycle import PredictorLifecycle, observed_from
-from .routing.predictor import Observed, OnlineLinear
-from .routing.predictor_state import IncompatibleState, restore, state_of
-from .store.learned import LearnedAttempt, learned_attempts
-from .store.predictors import load_saved_predictor, save_predictor
-from .types import Clock
+from inferlb.engine.errors import StoreError
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.routing.explain import context_of
+from inferlb.engine.routing.features import features
+from inferlb.engine.routing.lifecycle import PredictorLifecycle, observed_from
+from inferlb.engine.routing.predictor import Observed, OnlineLinear
+from inferlb.engine.routing.predictor_state import IncompatibleState, restore, state_of
+from inferlb.engine.store.learned import LearnedAttempt, learned_attempts
+from inferlb.engine.store.predictors import load_saved_predictor, save_predictor
+from inferlb.engine.types import Clock
 
 __all__ = ["EVENT_NODE", "LearnedLoop", "training_set"]
 

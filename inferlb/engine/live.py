@@ -52,25 +52,25 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .errors import ConfigError, Conflict, InvalidRequest, StoreError, Unavailable
-from .fleet_admin import Effective, apply_fleet, merge_overrides, settle
-from .gateway import Gateway
-from .health.monitor import HealthMonitor
-from .health.probe import targets_for
-from .health.types import NodeEvent
-from .observability.hub import Observability
-from .policy_gate import gate_routing_change, requirement_for, routing_changed, verdict_event
-from .rollout.manager import RolloutManager
-from .routing.lifecycle import LifecycleParams
-from .routing.profiles import Router
-from .scope import Snapshot
-from .settings import FleetConfig, Settings
-from .startup import Checked
-from .store import StoreHandle
-from .store.overrides import NodeOverride, StaleOverrides, load_overrides, read_revision, save_override
-from .store.revision_watch import PollWatch, RevisionWatch
-from .types import Clock
-from .workflow import ProcessDefinition
+from inferlb.engine.errors import ConfigError, Conflict, InvalidRequest, StoreError, Unavailable
+from inferlb.engine.fleet_admin import Effective, apply_fleet, merge_overrides, settle
+from inferlb.engine.gateway import Gateway
+from inferlb.engine.health.monitor import HealthMonitor
+from inferlb.engine.health.probe import targets_for
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.observability.hub import Observability
+from inferlb.engine.policy_gate import gate_routing_change, requirement_for, routing_changed, verdict_event
+from inferlb.engine.rollout.manager import RolloutManager
+from inferlb.engine.routing.lifecycle import LifecycleParams
+from inferlb.engine.routing.profiles import Router
+from inferlb.engine.scope import Snapshot
+from inferlb.engine.settings import FleetConfig, Settings
+from inferlb.engine.startup import Checked
+from inferlb.engine.store import StoreHandle
+from inferlb.engine.store.overrides import NodeOverride, StaleOverrides, load_overrides, read_revision, save_override
+from inferlb.engine.store.revision_watch import PollWatch, RevisionWatch
+from inferlb.engine.types import Clock
+from inferlb.engine.workflow import ProcessDefinition
 
 __all__ = ["RESTART_ONLY", "LiveConfig"]
 

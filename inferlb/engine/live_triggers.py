@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import ClientError, InferlbError
+from inferlb.engine.errors import ClientError, InferlbError
 
 __all__ = ["reload_logged", "run_triggers", "watched_paths"]
 

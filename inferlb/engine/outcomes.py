@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .endpoints import serves
-from .errors import error_body
-from .scope import RequestScope
-from .settings import FleetConfig, ModelConfig
-from .versions.table import Version, VersionTable
+from inferlb.engine.endpoints import serves
+from inferlb.engine.errors import error_body
+from inferlb.engine.scope import RequestScope
+from inferlb.engine.settings import FleetConfig, ModelConfig
+from inferlb.engine.versions.table import Version, VersionTable
 
 __all__ = ["GENERATE", "check_context", "check_model", "check_version", "final_result", "rejection"]
 

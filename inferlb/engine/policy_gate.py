@@ -28,12 +28,12 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .health.types import NodeEvent
-from .routing.gate import EvaluationRequirement, judge
-from .routing.ope_replay import LoggedDecision
-from .routing.profiles import Router
-from .settings import RoutingConfig
-from .store.learned import LearnedAttempt, learned_attempts
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.routing.gate import EvaluationRequirement, judge
+from inferlb.engine.routing.ope_replay import LoggedDecision
+from inferlb.engine.routing.profiles import Router
+from inferlb.engine.settings import RoutingConfig
+from inferlb.engine.store.learned import LearnedAttempt, learned_attempts
 
 __all__ = ["EVENT_NODE", "gate_routing_change", "logged_decisions", "requirement_for", "reward_of",
            "routing_changed", "verdict_event"]

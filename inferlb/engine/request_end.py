@@ -16,7 +16,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .store.records import RequestRecord
+from inferlb.engine.store.records import RequestRecord
 
 __all__ = ["EndStep", "RequestEnd"]
 

@@ -25,19 +25,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .admission import AdmissionController
-from .fleet import Fleet
-from .request_ids import new_request_id
-from .routing import Decision, Router
-from .routing.prefix import block_hashes, text_key
-from .settings import FleetConfig, Settings
-from .store.records import AttemptRecord, RequestRecord
-from .tokens import TokenEstimator
-from .types import Clock
-from .versions.table import Version, VersionTable
+from inferlb.engine.admission import AdmissionController
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.request_ids import new_request_id
+from inferlb.engine.routing import Decision, Router
+from inferlb.engine.routing.prefix import block_hashes, text_key
+from inferlb.engine.settings import FleetConfig, Settings
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.engine.tokens import TokenEstimator
+from inferlb.engine.types import Clock
+from inferlb.engine.versions.table import Version, VersionTable
 
 if TYPE_CHECKING:
-    from .workflow import ProcessDefinition
+    from inferlb.engine.workflow import ProcessDefinition
 
 __all__ = ["IncomingRequest", "RequestScope", "Runtime", "Snapshot", "begin_request", "build_runtime"]
 

@@ -26,20 +26,20 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .admission.config import AdmissionPolicy, AdmissionSettings
-from .autoscale.config import AutoscaleConfig
-from .cluster.config import ClusterSettings
-from .discovery.config import DiscoveryConfig
-from .errors import DEFAULT_RETRY_ON_STATUS, ConfigError
-from .health.config import HealthConfig
-from .observability.config import ObservabilityConfig
-from .rollout.config import RolloutConfig
-from .routing.gate import EvaluationRequirement
-from .routing.selector import NodeSelector, all_of, label_number
-from .versions.config import VersionConfig, version_nodes, version_problems
+from inferlb.engine.admission.config import AdmissionPolicy, AdmissionSettings
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.cluster.config import ClusterSettings
+from inferlb.engine.discovery.config import DiscoveryConfig
+from inferlb.engine.errors import DEFAULT_RETRY_ON_STATUS, ConfigError
+from inferlb.engine.health.config import HealthConfig
+from inferlb.engine.observability.config import ObservabilityConfig
+from inferlb.engine.rollout.config import RolloutConfig
+from inferlb.engine.routing.gate import EvaluationRequirement
+from inferlb.engine.routing.selector import NodeSelector, all_of, label_number
+from inferlb.engine.versions.config import VersionConfig, version_nodes, version_problems
 
 if TYPE_CHECKING:
-    from .routing.profiles import Router
+    from inferlb.engine.routing.profiles import Router
 
 __all__ = [
     "FleetConfig",
@@ -180,7 +180,7 @@ class RoutingConfig(_Strict):
     def build_router(self, **overrides: Any) -> Router:
         """A new router of this config (``engine.routing.build_router`` with every field here);
         ``overrides`` replace or add keyword arguments (a seed, a clock, a lifecycle)."""
-        from .routing import build_router
+        from inferlb.engine.routing import build_router
 
         kw: dict[str, Any] = {"filters": self.filters, "scorers": self.scorers, "picker": self.picker,
                               "params": self.params, "seed": self.seed, "sample": self.sample,

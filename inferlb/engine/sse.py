@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UpstreamProtocolError
+from inferlb.engine.errors import UpstreamProtocolError
 
 __all__ = [
     "DONE",

@@ -18,11 +18,11 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
-from .health.monitor import check_health_config
-from .services import ProcessContract, ServiceTable
-from .settings import FleetConfig, Settings
-from .workflow import ProcessDefinition, load_process
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.health.monitor import check_health_config
+from inferlb.engine.services import ProcessContract, ServiceTable
+from inferlb.engine.settings import FleetConfig, Settings
+from inferlb.engine.workflow import ProcessDefinition, load_process
 
 __all__ = ["Checked", "check_files", "check_journal_dir"]
 

@@ -35,15 +35,15 @@ from types import TracebackType
 
 import aiohttp
 
-from .errors import (
+from inferlb.engine.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from .settings import TimeoutConfig
-from .types import Clock, SystemClock
+from inferlb.engine.settings import TimeoutConfig
+from inferlb.engine.types import Clock, SystemClock
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",

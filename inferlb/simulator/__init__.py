@@ -9,13 +9,13 @@ JSON), ``stats`` (its counters), ``emulator`` (``SimFleet``, ``serve_sim``). The
 the benchmarks that drive these nodes live in :mod:`inferlb.bench`.
 """
 
-from .batching import BatchCore
-from .emulator import SimFleet, serve_sim
-from .latency import LatencyModel, TokenSchedule, estimate_tokens
-from .node import EmulatedNode
-from .presets import PRESETS, fleet_specs, preset_spec
-from .spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec, demo_specs
-from .stats import NodeStats
+from inferlb.simulator.batching import BatchCore
+from inferlb.simulator.emulator import SimFleet, serve_sim
+from inferlb.simulator.latency import LatencyModel, TokenSchedule, estimate_tokens
+from inferlb.simulator.node import EmulatedNode
+from inferlb.simulator.presets import PRESETS, fleet_specs, preset_spec
+from inferlb.simulator.spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec, demo_specs
+from inferlb.simulator.stats import NodeStats
 
 __all__ = [
     "PRESETS",

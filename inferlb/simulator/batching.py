@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .spec import BatchSpec
+from inferlb.simulator.spec import BatchSpec
 
 __all__ = ["BatchCore", "Seq", "SeqState", "StepReport"]
 

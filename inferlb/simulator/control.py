@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from . import openai_format as fmt
-from .metrics import gpu_reading, render_metrics
-from .spec import FaultSpec
+from inferlb.simulator import openai_format as fmt
+from inferlb.simulator.metrics import gpu_reading, render_metrics
+from inferlb.simulator.spec import FaultSpec
 
 if TYPE_CHECKING:
-    from .node import EmulatedNode
+    from inferlb.simulator.node import EmulatedNode
 
 __all__ = ["NodeControl"]
 

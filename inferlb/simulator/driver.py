@@ -18,9 +18,8 @@ import contextlib
 from collections.abc import Callable
 
 from inferlb.engine.types import Clock
-
-from .batching import BatchCore, Seq, SeqState, StepReport
-from .latency import TokenSchedule
+from inferlb.simulator.batching import BatchCore, Seq, SeqState, StepReport
+from inferlb.simulator.latency import TokenSchedule
 
 __all__ = ["BatchDriver", "BatchSource", "NodeCrashed", "ScheduleSource", "TokenSource"]
 

@@ -13,11 +13,10 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from inferlb.engine.types import Clock
-
-from .latency import LatencyModel, TokenSchedule
-from .node import EmulatedNode
-from .spec import FaultSpec, NodeSpec, demo_specs
-from .stats import NodeStats
+from inferlb.simulator.latency import LatencyModel, TokenSchedule
+from inferlb.simulator.node import EmulatedNode
+from inferlb.simulator.spec import FaultSpec, NodeSpec, demo_specs
+from inferlb.simulator.stats import NodeStats
 
 __all__ = [
     "EmulatedNode",

@@ -26,7 +26,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec import FaultSpec, GpuSpec
+from inferlb.simulator.spec import FaultSpec, GpuSpec
 
 __all__ = ["Histogram", "NodeMetrics", "gpu_reading", "render_metrics"]
 

@@ -31,15 +31,15 @@ from typing import Any
 
 from aiohttp import web
 
-from . import openai_format as fmt
-from . import responses
-from .control import NodeControl
-from .driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
-from .latency import LatencyModel, TokenSchedule
-from .prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
-from .respond import HANG_CAP_S, write_stream, write_unary
-from .server import NodeServer
-from .stats import MAX_TRACKED_IDS, NodeStats
+from inferlb.simulator import openai_format as fmt
+from inferlb.simulator import responses
+from inferlb.simulator.control import NodeControl
+from inferlb.simulator.driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
+from inferlb.simulator.latency import LatencyModel, TokenSchedule
+from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
+from inferlb.simulator.respond import HANG_CAP_S, write_stream, write_unary
+from inferlb.simulator.server import NodeServer
+from inferlb.simulator.stats import MAX_TRACKED_IDS, NodeStats
 
 __all__ = ["SIM_OUTPUT_FIELD", "EmulatedNode", "NodeStats"]
 

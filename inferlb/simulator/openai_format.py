@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .latency import estimate_tokens
+from inferlb.simulator.latency import estimate_tokens
 
 __all__ = [
     "ChunkTemplate",

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec
+from inferlb.simulator.spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec
 
 __all__ = ["FLEETS", "PRESETS", "SIM_MODEL", "Preset", "cli_specs", "fleet_specs", "load_sim_fleet", "preset_spec",
            "spec_from_mapping"]
@@ -193,7 +193,7 @@ def cli_specs(fleet: str | None, *, on_kv_full: Literal["preempt", "oom"] | None
     if fleet is not None:
         specs = fleet_specs(fleet)
     else:
-        from .spec import demo_specs
+        from inferlb.simulator.spec import demo_specs
 
         specs = demo_specs()
     out = []

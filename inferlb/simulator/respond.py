@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from . import openai_format as fmt
-from .driver import TokenSource
-from .spec import FaultSpec
-from .stats import NodeStats
+from inferlb.simulator import openai_format as fmt
+from inferlb.simulator.driver import TokenSource
+from inferlb.simulator.spec import FaultSpec
+from inferlb.simulator.stats import NodeStats
 
 __all__ = ["HANG_CAP_S", "cut", "write_stream", "write_unary"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from . import openai_format as fmt
-from .latency import LatencyModel
+from inferlb.simulator import openai_format as fmt
+from inferlb.simulator.latency import LatencyModel
 
 __all__ = ["prompt_tokens_of_input", "respond"]
 

@@ -19,13 +19,12 @@ from typing import Any
 from aiohttp import web
 
 from inferlb.engine.types import Clock, SystemClock
-
-from .batching import BatchCore
-from .driver import BatchDriver
-from .metrics import NodeMetrics
-from .prefix_cache import BLOCK_TOKENS, PrefixCache
-from .spec import FaultSpec, NodeSpec
-from .stats import NodeStats
+from inferlb.simulator.batching import BatchCore
+from inferlb.simulator.driver import BatchDriver
+from inferlb.simulator.metrics import NodeMetrics
+from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache
+from inferlb.simulator.spec import FaultSpec, NodeSpec
+from inferlb.simulator.stats import NodeStats
 
 __all__ = ["NodeServer"]
 

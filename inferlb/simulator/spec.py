@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from .latency import LatencyModel
+from inferlb.simulator.latency import LatencyModel
 
 __all__ = ["BatchSpec", "FaultSpec", "GpuSpec", "NodeSpec", "demo_specs"]
 
@@ -273,7 +273,7 @@ def demo_specs() -> list[NodeSpec]:
     """Three vLLM-like nodes of different speeds and KV sizes (the ``h100`` / ``a100`` / ``l4``
     presets), each serving ``demo-llm`` and its second version ``demo-llm-v2`` (chat, completions;
     two names on one server, like two LoRA adapters) and ``demo-embed``."""
-    from .presets import preset_spec  # presets builds on this module
+    from inferlb.simulator.presets import preset_spec  # presets builds on this module
 
     models = ["demo-llm", "demo-llm-v2", "demo-embed"]
     return [preset_spec(name, preset, list(models), default_output_tokens=32)

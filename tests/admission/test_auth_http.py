@@ -16,8 +16,7 @@ from openai import AsyncOpenAI
 from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
+from tests.support import fast_specs, running_gateway, settings_for
 
 ADMIN = "admin-" + "x" * 32
 MSG = [{"role": "user", "content": "hello"}]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .rig import make_rig
+from tests.admission.rig import make_rig
 
 
 def test_failed_authentication_buckets_are_forgotten_once_full_again() -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from inferlb.engine.routing.types import NodeView
-
-from .rig import make_rig
+from tests.admission.rig import make_rig
 
 
 def test_slots_then_queue_then_handover() -> None:

@@ -10,8 +10,7 @@ import pytest
 from inferlb.engine.admission.keys import ApiKey
 from inferlb.engine.api.auth import identity
 from inferlb.engine.errors import InvalidRequest, ModelNotFound
-
-from .rig import make_rig
+from tests.admission.rig import make_rig
 
 
 def _request(key: ApiKey | None = None) -> Any:

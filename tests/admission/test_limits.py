@@ -7,8 +7,7 @@ import pytest
 
 from inferlb.engine.admission.buckets import Limiter, TokenBucket
 from inferlb.engine.admission.budget import RetryBudget
-
-from .rig import make_rig
+from tests.admission.rig import make_rig
 
 
 def test_bucket_refills_at_limit_per_minute_and_takes_whole_requests() -> None:

@@ -15,8 +15,7 @@ from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.types import Clock, ManualClock
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
-
-from ..support import running_gateway, settings_for
+from tests.support import running_gateway, settings_for
 
 MSG = [{"role": "user", "content": "hello"}]
 

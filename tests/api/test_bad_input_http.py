@@ -13,8 +13,7 @@ import pytest
 import pytest_asyncio
 
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

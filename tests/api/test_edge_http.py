@@ -25,8 +25,7 @@ from inferlb.engine.app import create_app
 from inferlb.engine.server import build_server
 from inferlb.engine.settings import load_settings
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, free_port, settings_for
+from tests.support import fast_specs, fleet_for, free_port, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

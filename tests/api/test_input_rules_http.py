@@ -16,8 +16,7 @@ import pytest
 from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.api.labels import MAX_STORED_CHARS, UNKNOWN_MODEL, clean_text
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 ADMIN = "admin-" + "y" * 32
 AUTH = {"authorization": f"Bearer {ADMIN}"}

@@ -28,8 +28,7 @@ from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.api.schema import REQUEST_BODIES
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
+from tests.support import fast_specs, running_gateway, settings_for
 
 MAX_EXAMPLES = 15
 SEED = 13

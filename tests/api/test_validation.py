@@ -16,8 +16,7 @@ from inferlb.engine.api.validation import (
     validate_chat,
 )
 from inferlb.engine.errors import InvalidRequest
-
-from .validation_support import (
+from tests.api.validation_support import (
     _DROP,
     _TOOL,
     CANARY,

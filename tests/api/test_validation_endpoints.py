@@ -18,19 +18,7 @@ from inferlb.engine.api.validation import (
     validate_predict,
 )
 from inferlb.engine.errors import InvalidRequest
-
-from .validation_support import (
-    _DROP,
-    _TOOL,
-    CANARY,
-    _assert_clean,
-    _chat,
-    _fmt,
-    _fn,
-    _parse,
-    _rows,
-    _tools,
-)
+from tests.api.validation_support import _DROP, _TOOL, CANARY, _assert_clean, _chat, _fmt, _fn, _parse, _rows, _tools
 
 # -- completions and embeddings ------------------------------------------------------------------
 

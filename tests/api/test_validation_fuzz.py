@@ -18,16 +18,7 @@ from inferlb.engine.api.validation import (
     validate_predict,
 )
 from inferlb.engine.errors import ClientError
-
-from .validation_support import (
-    _TOOL,
-    CANARY,
-    _assert_clean,
-    _chat,
-    _fmt,
-    _fn,
-    _tools,
-)
+from tests.api.validation_support import _TOOL, CANARY, _assert_clean, _chat, _fmt, _fn, _tools
 
 # -- fuzz: only ClientError may ever escape ------------------------------------------------------
 

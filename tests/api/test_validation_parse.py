@@ -15,14 +15,7 @@ from inferlb.engine.api.validation import (
     validate_chat,
 )
 from inferlb.engine.errors import ClientError, InvalidRequest, PayloadTooLarge
-
-from .validation_support import (
-    CANARY,
-    MAX_BYTES,
-    _assert_clean,
-    _parse,
-    _rows,
-)
+from tests.api.validation_support import CANARY, MAX_BYTES, _assert_clean, _parse, _rows
 
 # -- parse level: rows 1, 2, 3, 5, 9, 10, 11, 12, 13 ---------------------------------------------
 

@@ -11,8 +11,7 @@ from sqlalchemy.engine import Engine
 
 from inferlb.engine.autoscale.report import capacity_report
 from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-
-from .conftest import T0, seasonal_records, seed
+from tests.autoscale.conftest import T0, seasonal_records, seed
 
 
 def fleet() -> FleetConfig:

@@ -10,8 +10,7 @@ import httpx
 
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 
 async def test_gateway_runs_rounds_and_serves_the_reports(tmp_path: Path) -> None:

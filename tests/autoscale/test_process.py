@@ -21,9 +21,8 @@ from inferlb.engine.store.scaling import insert_scaling_events, recent_scaling_e
 from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import load_process
 from inferlb.tasks import AUTOSCALE_CONTRACT, SERVICES
-
-from ..support import ROOT
-from .conftest import T0, TOKENS, per_minute, seasonal_records, seed
+from tests.autoscale.conftest import T0, TOKENS, per_minute, seasonal_records, seed
+from tests.support import ROOT
 
 MAIN = ROOT / "processes" / "autoscale.bpmn"
 NODES = {"n-l4-a": "l4", "n-l4-b": "l4"}

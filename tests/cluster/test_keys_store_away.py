@@ -14,10 +14,8 @@ import pytest
 
 from inferlb.engine.errors import StoreError
 from inferlb.engine.store.db import make_engine
-from tests.admission.test_auth_http import ADMIN, MSG, admin_headers, sdk
+from tests.admission.test_auth_http import ADMIN, MSG, _fleet, admin_headers, sdk
 from tests.support import fast_specs, running_gateway, settings_for
-
-from ..admission.test_auth_http import _fleet
 
 
 async def test_keys_served_from_a_bounded_cache_while_the_database_is_away(tmp_path: Path) -> None:

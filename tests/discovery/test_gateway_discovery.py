@@ -17,9 +17,8 @@ from openai import AsyncOpenAI
 from inferlb.engine.fleet import Fleet
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
-from .apiserver import FakeApiServer, Running
+from tests.discovery.apiserver import FakeApiServer, Running
+from tests.support import fast_specs, running_gateway, settings_for
 
 pytest.importorskip("kubernetes")
 

@@ -16,8 +16,7 @@ from inferlb.engine.errors import Conflict
 from inferlb.engine.fleet_admin import merge_overrides, patch_node, remove_node, set_drained
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.overrides import NodeOverride
-
-from .apiserver import FIX
+from tests.discovery.apiserver import FIX
 
 LIST = json.loads((FIX / "endpointslice_list.json").read_text())
 

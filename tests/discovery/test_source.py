@@ -18,8 +18,7 @@ from inferlb.engine.health.isolation import isolate, restore
 from inferlb.engine.settings import FleetConfig, fleet_from_mapping
 from inferlb.engine.store.overrides import NodeOverride
 from inferlb.engine.types import ManualClock
-
-from .apiserver import FakeApiServer, Running, serve
+from tests.discovery.apiserver import FakeApiServer, Running, serve
 
 Api = tuple[FakeApiServer, str, Running]
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from inferlb.engine.routing.registry import make_plugin
 from inferlb.engine.routing.types import JSON_ELIMINATED, JSON_NAMES, JSON_RANKED, JSON_SCORED, NodeView, RouteRequest
-
-from .routing_reference_plugins import REF_PLUGINS, RefElimination
+from tests.engine.routing_reference_plugins import REF_PLUGINS, RefElimination
 
 __all__ = ["REF_PLUGINS", "RefDecision", "RefElimination", "RefRouter", "ref_router"]
 

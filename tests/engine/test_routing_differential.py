@@ -21,8 +21,7 @@ import pytest
 from inferlb.engine.routing import PROFILES, Elimination, NodeView, Router, RouteRequest, build_router
 from inferlb.engine.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
 from inferlb.engine.routing.types import NodeList
-
-from .routing_reference import RefDecision, RefRouter, ref_router
+from tests.engine.routing_reference import RefDecision, RefRouter, ref_router
 
 MODELS = ("m0", "m1", "m2")
 

@@ -27,8 +27,7 @@ from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.events import recent_events
 from inferlb.engine.types import ManualClock
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
+from tests.support import fast_specs, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
 

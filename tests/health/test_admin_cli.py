@@ -11,9 +11,8 @@ import pytest
 
 from inferlb.cli import main
 from inferlb.simulator import FaultSpec, SimFleet
-
-from ..support import free_port
-from .chaos_support import chaos_stack, node_events
+from tests.health.chaos_support import chaos_stack, node_events
+from tests.support import free_port
 
 
 async def _loading(sim: SimFleet) -> None:

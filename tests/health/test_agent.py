@@ -17,9 +17,8 @@ import pytest
 
 from inferlb.engine.health.agent import NodeAgent
 from inferlb.engine.health.nvml import NvmlReader
-
-from ..support import free_port
-from .fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, make_fake_nvml
+from tests.health.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, make_fake_nvml
+from tests.support import free_port
 
 
 async def _report(agent: NodeAgent) -> dict[str, Any]:

@@ -18,8 +18,18 @@ import httpx
 import pytest
 
 from inferlb.simulator import FaultSpec, SimFleet
-
-from .chaos_support import CHAT, audit, chaos_stack, clock_of, closed_loop, fleet_of, node_events, query, rounds, until
+from tests.health.chaos_support import (
+    CHAT,
+    audit,
+    chaos_stack,
+    clock_of,
+    closed_loop,
+    fleet_of,
+    node_events,
+    query,
+    rounds,
+    until,
+)
 
 
 async def _ok(client: httpx.AsyncClient, n: int) -> None:

@@ -10,8 +10,7 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 
 async def test_the_gateway_teaches_decode_speed_and_latency_like_with_like(tmp_path: Path) -> None:

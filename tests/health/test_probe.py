@@ -16,8 +16,7 @@ from inferlb.engine.health.config import HealthConfig
 from inferlb.engine.health.probe import Prober, targets_for
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.types import SystemClock
-
-from ..support import free_port
+from tests.support import free_port
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -21,8 +21,7 @@ from inferlb.engine.types import ManualClock
 from inferlb.engine.workflow import load_process
 from inferlb.simulator import FaultSpec, SimFleet
 from inferlb.tasks import HEALTH_REQUIRED_TASKS, SERVICES
-
-from ..support import ROOT, fast_specs
+from tests.support import ROOT, fast_specs
 
 FIX = Path(__file__).parent / "fixtures"
 MAIN = ROOT / "processes" / "node_health.bpmn"

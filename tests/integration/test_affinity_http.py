@@ -10,8 +10,7 @@ import httpx
 from openai import AsyncOpenAI, BadRequestError
 
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 SYSTEM = "You answer questions about the inferlb load balancer, briefly and exactly. " * 20
 

@@ -23,8 +23,7 @@ import yaml
 
 from inferlb.simulator import SimFleet
 from tests.store.test_audit_writer import _table_missing
-
-from ..support import ROOT, fast_specs, fleet_for, free_port, running_gateway, settings_for
+from tests.support import ROOT, fast_specs, fleet_for, free_port, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from ..support import ROOT, free_port
+from tests.support import ROOT, free_port
 
 CLI = [sys.executable, "-m", "inferlb.cli"]
 

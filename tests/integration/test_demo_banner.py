@@ -41,8 +41,7 @@ async def test_the_demo_ships_two_versions_and_a_rollout_starts_at_once(tmp_path
     from openai import AsyncOpenAI
 
     from inferlb.simulator import SimFleet, demo_specs
-
-    from ..support import running_gateway, settings_for
+    from tests.support import running_gateway, settings_for
 
     async with SimFleet(demo_specs()) as sim:
         fleet = demo_fleet({n: node.url for n, node in sim.nodes.items()})

@@ -25,8 +25,7 @@ import pytest
 import yaml
 
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
-
-from ..support import ROOT, free_port
+from tests.support import ROOT, free_port
 
 GUARD_S = 60.0      # hang guard only
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -23,8 +23,7 @@ from inferlb.engine.policy_gate import EVENT_NODE as POLICY_NODE
 from inferlb.engine.routing import RouteRequest
 from inferlb.engine.settings import Settings
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 PREDICTOR = {"min_samples": 6, "train_interval_s": 60, "retrain_interval_s": 0,
              # millisecond answers on a shared machine: relative jitter is large (tests/engine: accuracy)

@@ -21,8 +21,7 @@ from inferlb.engine.learned_loop import EVENT_NODE
 from inferlb.engine.store.db import make_engine
 from inferlb.engine.store.events import recent_events
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 pytestmark = pytest.mark.asyncio
 

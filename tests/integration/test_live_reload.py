@@ -19,9 +19,8 @@ from inferlb.engine.settings import Settings
 from inferlb.engine.store.db import make_engine
 from inferlb.engine.store.models import REQUESTS
 from inferlb.simulator import SimFleet
-
-from ..support import ROOT, fast_specs, running_gateway
-from .load import steady_load
+from tests.integration.load import steady_load
+from tests.support import ROOT, fast_specs, running_gateway
 
 PROCESSES = ROOT / "processes"
 FIXTURES = ROOT / "tests" / "processes" / "fixtures"

@@ -20,8 +20,7 @@ from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.db import make_engine
 from inferlb.engine.store.overrides import NodeOverride, save_override
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
+from tests.support import fast_specs, running_gateway, settings_for
 
 # Set in the test's own task only after the gateway started: the live config's loop (woken by a
 # NOTIFY on PostgreSQL) reads in its own context, so only the test's polls are counted.

@@ -16,9 +16,8 @@ from inferlb.engine.fleet import Fleet
 from inferlb.engine.fleet_admin import settle
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
-from .load import Load, steady_load
+from tests.integration.load import Load, steady_load
+from tests.support import fast_specs, running_gateway, settings_for
 
 ADMIN = "sk-admin-node-test"
 H = {"authorization": f"Bearer {ADMIN}"}

@@ -16,8 +16,7 @@ from inferlb.engine.fleet import Fleet
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.overrides import NODE_OVERRIDES
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, running_gateway, settings_for
+from tests.support import fast_specs, running_gateway, settings_for
 
 VAR = "INFERLB_TEST_NODE_KEYS_HTTP"
 UNSET = "INFERLB_TEST_NOT_SET_ANYWHERE"

@@ -9,8 +9,7 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 
 async def test_sdk_chat_completions_embeddings_models(tmp_path: Path) -> None:

@@ -21,8 +21,7 @@ import yaml
 
 from inferlb.cli import main
 from inferlb.simulator import SimFleet
-
-from ..support import ROOT, fast_specs, free_port
+from tests.support import ROOT, fast_specs, free_port
 
 FIXTURES = ROOT / "tests" / "processes" / "fixtures"
 

@@ -19,9 +19,8 @@ from inferlb.engine.settings import Settings
 from inferlb.engine.store.db import make_engine
 from inferlb.engine.store.models import REQUESTS
 from inferlb.simulator import NodeSpec, SimFleet
-
-from ..support import ROOT, running_gateway
-from .load import steady_load
+from tests.integration.load import steady_load
+from tests.support import ROOT, running_gateway
 
 PROCESSES = ROOT / "processes"
 V1 = {"name": "v1", "weight": 100, "nodes": ["n0", "n1"]}

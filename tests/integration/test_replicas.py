@@ -41,8 +41,7 @@ from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
 from tests.admission.conftest import REDIS_URL, redis_client
 from tests.cluster.proxy import TcpProxy
 from tests.store.conftest import pg_admin, pg_schema_factory
-
-from ..support import ROOT, free_port
+from tests.support import ROOT, free_port
 
 __all__ = ["pg_admin", "pg_schema_factory", "redis_client"]
 

@@ -12,8 +12,7 @@ from openai import AsyncOpenAI, BadRequestError, InternalServerError
 
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import NodeSpec, SimFleet
-
-from ..support import running_gateway, settings_for
+from tests.support import running_gateway, settings_for
 
 
 def _fleet(urls: dict[str, str]) -> object:

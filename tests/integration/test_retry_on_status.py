@@ -12,8 +12,7 @@ import pytest
 from inferlb.engine.errors import UpstreamStatusError
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import FaultSpec, SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

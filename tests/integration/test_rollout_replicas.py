@@ -15,8 +15,7 @@ from openai import AsyncOpenAI
 
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import NodeSpec, SimFleet
-
-from ..support import running_gateway, settings_for
+from tests.support import running_gateway, settings_for
 
 CRITERIA = {"min_requests": 20, "min_step_s": 0, "window_s": 600, "max_step_s": 3600}
 USERS = [f"user-{i}" for i in range(100)]

@@ -26,8 +26,7 @@ from openai import AsyncOpenAI
 from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
-
-from ..support import ROOT, running_gateway, settings_for
+from tests.support import ROOT, running_gateway, settings_for
 
 ADMIN = "admin-" + "r" * 32
 MSG = [{"role": "user", "content": "hello"}]

@@ -11,8 +11,7 @@ from inferlb.engine.api.dashboard import ASSETS
 from inferlb.engine.fleet import Fleet
 from inferlb.engine.observability.history import NodeStateHistory
 from inferlb.engine.types import ManualClock
-
-from ..support import fleet_for, running_gateway, settings_for
+from tests.support import fleet_for, running_gateway, settings_for
 
 STATIC = Path(__file__).resolve().parents[2] / "inferlb" / "engine" / "observability" / "static"
 

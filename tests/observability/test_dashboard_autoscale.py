@@ -20,9 +20,8 @@ from inferlb.engine.autoscale.panel import EVENT_FIELDS, autoscale_panel
 from inferlb.engine.store.db import make_engine, upgrade
 from inferlb.engine.store.scaling import recent_scaling_events
 from inferlb.engine.types import ManualClock
-
-from ..support import running_gateway, settings_for
-from . import seed
+from tests.observability import seed
+from tests.support import running_gateway, settings_for
 
 
 def test_panel_groups_points_by_model_and_aligns_pools() -> None:

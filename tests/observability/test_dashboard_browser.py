@@ -36,9 +36,8 @@ from sqlalchemy import text
 from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.store.db import make_engine, upgrade
 from inferlb.engine.types import ManualClock
-
-from ..support import ROOT, running_gateway, settings_for
-from . import seed
+from tests.observability import seed
+from tests.support import ROOT, running_gateway, settings_for
 
 DRIVER = Path(__file__).parent / "browser"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

@@ -22,9 +22,8 @@ from inferlb.engine.admission.config import AdmissionSettings
 from inferlb.engine.rollout.panel import ROLLOUT_FIELDS, VERSIONS_OFF_REASON, versions_panel
 from inferlb.engine.store.db import make_engine, upgrade
 from inferlb.engine.types import ManualClock
-
-from ..support import running_gateway, settings_for
-from . import seed
+from tests.observability import seed
+from tests.support import running_gateway, settings_for
 
 SPEC = {"model": "llama-3-8b", "from_version": "v2", "to_version": "v3"}
 

@@ -18,8 +18,7 @@ from inferlb.engine.fleet import Fleet
 from inferlb.engine.observability.hub import Observability
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.types import ManualClock
-
-from ..support import ROOT, fleet_for
+from tests.support import ROOT, fleet_for
 
 DEPLOY = ROOT / "deploy"
 _NAME = re.compile(r"\binferlb_[a-z_]+")

@@ -21,9 +21,8 @@ from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.db import make_engine
 from inferlb.engine.store.ledger import Occupancy, attribute, build_ledger, cost_report, node_prices
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, free_port, running_gateway, settings_for
-from . import seed
+from tests.observability import seed
+from tests.support import fast_specs, fleet_for, free_port, running_gateway, settings_for
 
 S = 1_000_000   # µs per second
 H = 3600.0      # a price of 3600/h is 1 per GPU-second: costs read as seconds

@@ -26,8 +26,7 @@ from inferlb.engine.settings import Settings
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.types import ManualClock
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 T = 1_767_225_600.0
 

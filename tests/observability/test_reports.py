@@ -16,9 +16,8 @@ from sqlalchemy.engine import Engine
 from inferlb.cli import main
 from inferlb.engine.errors import InvalidRequest
 from inferlb.engine.store.queries import parse_bucket, parse_group_by, sla_report
-
-from ..support import running_gateway, settings_for
-from . import seed
+from tests.observability import seed
+from tests.support import running_gateway, settings_for
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from inferlb.engine.observability.tracing import build_tracer
 from inferlb.engine.settings import fleet_from_mapping
 from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.simulator import SimFleet
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="tracing needs the otel extra")
 

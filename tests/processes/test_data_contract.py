@@ -17,9 +17,8 @@ import httpx
 
 from inferlb.simulator import SimFleet
 from inferlb.tasks import REQUEST_START_DATA, SERVICES
-
-from ..support import fast_specs, fleet_for, running_gateway, settings_for
-from .harness import MAIN, run_scenario
+from tests.processes.harness import MAIN, run_scenario
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 _BY_VAR = {spec.result: spec for spec in SERVICES.values()}

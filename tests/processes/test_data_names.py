@@ -15,8 +15,7 @@ from inferlb.engine.workflow import load_process
 from inferlb.engine.workflow.datacheck import data_problems
 from inferlb.engine.workflow.parser import make_parser, sequence_flows
 from inferlb.tasks import HEALTH_REQUIRED_TASKS, HEALTH_START_DATA, REQUEST_START_DATA, REQUIRED_TASKS, SERVICES
-
-from .harness import FIXTURES, MAIN, run_scenario
+from tests.processes.harness import FIXTURES, MAIN, run_scenario
 
 ROOT = MAIN.parents[1]
 
@@ -101,8 +100,7 @@ def test_validation_is_pure() -> None:
 async def test_app_start_up_refuses_the_typo_before_opening_anything(tmp_path: Path) -> None:
     """create_app's lifespan validates the same way, first: nothing is started, so nothing leaks."""
     from inferlb.engine.app import create_app
-
-    from ..support import fleet_for, settings_for
+    from tests.support import fleet_for, settings_for
 
     pdir = tmp_path / "processes"
     pdir.mkdir()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from .harness import FIXTURES, MAIN, make_request, run_scenario
+from tests.processes.harness import FIXTURES, MAIN, make_request, run_scenario
 
 OK = {"kind": "ok", "status": 200, "error_class": None, "retry_after_s": None}
 RETRY = {"kind": "retryable", "status": 503, "error_class": "upstream_status", "retry_after_s": None}

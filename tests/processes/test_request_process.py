@@ -7,8 +7,7 @@ import pytest
 from inferlb.engine.errors import ProcessValidationError
 from inferlb.engine.workflow import load_process
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
-
-from .harness import FIXTURES, MAIN, run_scenario
+from tests.processes.harness import FIXTURES, MAIN, run_scenario
 
 RETRY = {"kind": "retryable", "status": 503, "error_class": "upstream_status", "retry_after_s": None}
 OK = {"kind": "ok", "status": 200, "error_class": None, "retry_after_s": None}

@@ -12,9 +12,8 @@ from inferlb.engine.workflow import load_process
 from inferlb.engine.workflow.parser import LazyExclusiveGateway
 from inferlb.engine.workflow.spiff import SpiffExecutor
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
-
-from .harness import FIXTURES, MAIN, make_request, run_scenario
-from .test_differential import FALLBACK_FLEET, SCENARIOS
+from tests.processes.harness import FIXTURES, MAIN, make_request, run_scenario
+from tests.processes.test_differential import FALLBACK_FLEET, SCENARIOS
 
 OK = {"kind": "ok", "status": 200, "error_class": None, "retry_after_s": None}
 RETRY = {"kind": "retryable", "status": 503, "error_class": "upstream_status", "retry_after_s": None}

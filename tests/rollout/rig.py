@@ -19,8 +19,7 @@ from inferlb.engine.types import ManualClock
 from inferlb.engine.versions.table import VersionTable
 from inferlb.engine.workflow import load_process
 from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
-
-from ..support import ROOT
+from tests.support import ROOT
 
 MAIN = ROOT / "processes" / "rollout.bpmn"
 

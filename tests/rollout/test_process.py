@@ -11,8 +11,7 @@ import pytest
 
 from inferlb.engine.errors import ClientError, InvalidRequest
 from inferlb.engine.rollout.manager import RolloutBusy, RolloutNotFound
-
-from .rig import MAIN, Rig, rig
+from tests.rollout.rig import MAIN, Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 100, "min_step_s": 10, "max_step_s": 600, "window_s": 300,
                             "max_error_rate_increase": 0.02, "max_slo_miss_increase": 0.05}

@@ -12,8 +12,7 @@ import pytest
 
 from inferlb.engine.errors import Conflict
 from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-
-from .rig import Rig, rig
+from tests.rollout.rig import Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 1, "min_step_s": 0, "max_step_s": 600, "window_s": 300}
 

@@ -21,8 +21,7 @@ from inferlb.engine.rollout.manager import RolloutBusy
 from inferlb.engine.store.overrides import read_revision
 from inferlb.engine.store.rollouts import get_rollout, rollout_events
 from inferlb.engine.types import ManualClock
-
-from .rig import Rig, rig
+from tests.rollout.rig import Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 50, "min_step_s": 5, "max_step_s": 600, "window_s": 300,
                             "max_error_rate_increase": 0.05, "max_slo_miss_increase": 0.1}

@@ -9,8 +9,7 @@ from inferlb.engine.errors import error_body
 from inferlb.engine.scope import Runtime
 from inferlb.engine.store.records import AttemptRecord
 from inferlb.tasks.audit import record
-
-from .conftest import Ended, start
+from tests.tasks.conftest import Ended, start
 
 
 def test_a_refused_request_is_recorded_and_ended_once(rt: Runtime, ended: Ended) -> None:

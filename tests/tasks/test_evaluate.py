@@ -6,8 +6,7 @@ import pytest
 
 from inferlb.engine.scope import Runtime
 from inferlb.tasks.evaluate import evaluate
-
-from .conftest import start
+from tests.tasks.conftest import start
 
 
 @pytest.mark.parametrize(("endpoint", "model", "kw", "status", "code", "param"), [

@@ -15,8 +15,7 @@ from inferlb.engine.settings import Settings, fleet_from_mapping
 from inferlb.engine.types import ManualClock
 from inferlb.tasks.evaluate import evaluate
 from inferlb.tasks.routing import fallback, select
-
-from .conftest import start
+from tests.tasks.conftest import start
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import sys
 from collections import Counter
 
 from inferlb.engine.versions.assign import choose, sticky_key
-
-from ..support import ROOT
+from tests.support import ROOT
 
 USERS = [f"user-{i}" for i in range(20_000)]
 

@@ -7,10 +7,18 @@ or closed loop, and the node sampler), ``results`` (goodput, percentiles, errors
 processes), ``cli`` (the commands).
 """
 
-from .results import summarize
-from .runner import Outcome, RunData, run_plan
-from .trace import load_trace, parse_trace
-from .workload import BUILTIN_WORKLOADS, Arrival, LengthDist, PlannedRequest, Workload, load_workload, plan
+from inferlb.bench.loadgen.results import summarize
+from inferlb.bench.loadgen.runner import Outcome, RunData, run_plan
+from inferlb.bench.loadgen.trace import load_trace, parse_trace
+from inferlb.bench.loadgen.workload import (
+    BUILTIN_WORKLOADS,
+    Arrival,
+    LengthDist,
+    PlannedRequest,
+    Workload,
+    load_workload,
+    plan,
+)
 
 __all__ = [
     "BUILTIN_WORKLOADS",

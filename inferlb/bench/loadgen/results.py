@@ -19,10 +19,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from inferlb.bench.loadgen.runner import Outcome, RunData, Sample
+from inferlb.bench.loadgen.workload import Workload
 from inferlb.engine.store.sla import percentile
-
-from .runner import Outcome, RunData, Sample
-from .workload import Workload
 
 __all__ = ["is_good", "node_figures", "pcts", "summarize"]
 

@@ -32,11 +32,10 @@ from typing import Any
 
 import aiohttp
 
+from inferlb.bench.loadgen.sessions import chat_messages
+from inferlb.bench.loadgen.workload import PlannedRequest, Workload
+from inferlb.bench.procs import tree_cpu_seconds
 from inferlb.simulator.node import SIM_OUTPUT_FIELD
-
-from ..procs import tree_cpu_seconds
-from .sessions import chat_messages
-from .workload import PlannedRequest, Workload
 
 __all__ = ["Outcome", "RunData", "Sample", "run_plan"]
 

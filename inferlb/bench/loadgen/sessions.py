@@ -30,11 +30,10 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+from inferlb.bench.loadgen.workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
 from inferlb.simulator.des.closed import Session
 from inferlb.simulator.latency import estimate_tokens
 from inferlb.simulator.openai_format import answer_text
-
-from .workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
 
 __all__ = ["chat_messages", "plan_sessions", "prompt_text", "session_plan", "text_for"]
 

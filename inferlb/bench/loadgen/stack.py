@@ -24,11 +24,10 @@ from typing import Any
 
 import yaml
 
+from inferlb.bench.loadgen.workload import Workload
+from inferlb.bench.procs import Child, free_port, wait_http
 from inferlb.simulator.presets import FLEETS, fleet_specs
 from inferlb.simulator.spec import NodeSpec
-
-from ..procs import Child, free_port, wait_http
-from .workload import Workload
 
 __all__ = ["Stack", "gateway_fleet", "node_overrides"]
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .workload import PlannedRequest
+from inferlb.bench.loadgen.workload import PlannedRequest
 
 __all__ = ["TraceInfo", "load_trace", "parse_trace"]
 

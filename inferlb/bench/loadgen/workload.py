@@ -310,7 +310,7 @@ def iter_plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: 
     (a week of traffic): bounded by the duration and, when given, ``max_requests``."""
     duration = duration_s if duration_s is not None else w.duration_s
     if w.sessions is not None:
-        from .sessions import plan_sessions
+        from inferlb.bench.loadgen.sessions import plan_sessions
 
         yield from plan_sessions(w, w.sessions, seed=seed, rate=rate if rate is not None else w.arrival.rate,
                                  duration_s=duration,

@@ -11,7 +11,7 @@ Importing the package imports neither FastAPI nor Redis; ``auth`` and ``service`
 ``app.py`` and the API routers import them.
 """
 
-from .config import AdmissionPolicy, AdmissionSettings, PriorityClass
-from .controller import AdmissionController
+from inferlb.engine.admission.config import AdmissionPolicy, AdmissionSettings, PriorityClass
+from inferlb.engine.admission.controller import AdmissionController
 
 __all__ = ["AdmissionController", "AdmissionPolicy", "AdmissionSettings", "PriorityClass"]

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from ..errors import InvalidRequest, ModelNotFound, RateLimited, Unauthorized
-from .config import AdmissionPolicy
-from .controller import AdmissionController
-from .keys import ApiKey
+from inferlb.engine.admission.config import AdmissionPolicy
+from inferlb.engine.admission.controller import AdmissionController
+from inferlb.engine.admission.keys import ApiKey
+from inferlb.engine.errors import InvalidRequest, ModelNotFound, RateLimited, Unauthorized
 
 __all__ = ["Identity", "bearer_token", "identify", "matches", "refusal"]
 

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from ..errors import StoreError
+from inferlb.engine.errors import StoreError
 
 __all__ = ["add_keys_parser", "keys_command"]
 
@@ -53,8 +53,8 @@ def _positive(name: str, value: float | None) -> None:
 
 def keys_command(args: argparse.Namespace, database_url: str) -> int:
     """Run ``inferlb keys …`` against ``database_url``."""
-    from ..store.db import is_sqlite, make_engine, upgrade
-    from ..store.keys import create_key, list_keys, revoke_key
+    from inferlb.engine.store.db import is_sqlite, make_engine, upgrade
+    from inferlb.engine.store.keys import create_key, list_keys, revoke_key
 
     if is_sqlite(database_url):
         upgrade(database_url)

@@ -35,18 +35,18 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..store.records import RequestRecord
-from ..types import Clock
-from .buckets import Limiter
-from .budget import RetryBudget
-from .config import AdmissionPolicy, AdmissionSettings
-from .keys import ApiKey, KeyCache
-from .queue import Ticket
-from .state import Hold, PoolState, _reject
+from inferlb.engine.admission.buckets import Limiter
+from inferlb.engine.admission.budget import RetryBudget
+from inferlb.engine.admission.config import AdmissionPolicy, AdmissionSettings
+from inferlb.engine.admission.keys import ApiKey, KeyCache
+from inferlb.engine.admission.queue import Ticket
+from inferlb.engine.admission.state import Hold, PoolState, _reject
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.types import Clock
 
 if TYPE_CHECKING:
-    from ..fleet import Fleet
-    from ..routing.types import NodeView
+    from inferlb.engine.fleet import Fleet
+    from inferlb.engine.routing.types import NodeView
 
 __all__ = ["AdmissionController", "Hold", "PoolState"]   # Hold, PoolState: state.py
 

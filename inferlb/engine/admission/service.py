@@ -22,9 +22,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, StoreError
-from .buckets import RedisSync
-from .controller import AdmissionController
+from inferlb.engine.admission.buckets import RedisSync
+from inferlb.engine.admission.controller import AdmissionController
+from inferlb.engine.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -116,7 +116,7 @@ class AdmissionService:
         self.ctl.limiter.forget_idle(self.ctl.clock.time())
 
     async def _flush_spend(self) -> None:
-        from ..store.keys import add_spend
+        from inferlb.engine.store.keys import add_spend
 
         pending = {k: v for k, v in self.ctl.spend_pending.items() if v}
         if not pending or self.engine is None:
@@ -136,7 +136,7 @@ class AdmissionService:
 
     async def refresh_keys(self) -> None:
         """Write pending spend, then reload the key cache (revocations and new keys included)."""
-        from ..store.keys import load_keys
+        from inferlb.engine.store.keys import load_keys
 
         if self.engine is None:
             return

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import PriorityClass
-from .queue import PoolQueue, Ticket
+from inferlb.engine.admission.config import PriorityClass
+from inferlb.engine.admission.queue import PoolQueue, Ticket
 
 __all__ = ["Hold", "PoolState", "_reject"]
 

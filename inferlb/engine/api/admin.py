@@ -19,11 +19,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from ..errors import StoreError
-from ..store import StoreHandle
-from ..store.events import EventWriter, recent_events
-from ..store.report_params import parse_time
-from .deps import ClusterDep, EventsDep, GatewayDep, LiveDep, MonitorDep, OptionalStoreDep
+from inferlb.engine.api.deps import ClusterDep, EventsDep, GatewayDep, LiveDep, MonitorDep, OptionalStoreDep
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store import StoreHandle
+from inferlb.engine.store.events import EventWriter, recent_events
+from inferlb.engine.store.report_params import parse_time
 
 __all__ = ["router"]
 

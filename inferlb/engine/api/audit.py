@@ -24,11 +24,11 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from ..errors import ClientError, InvalidRequest
-from ..store.ledger import cost_report
-from ..store.queries import MAX_LIMIT, get_request, list_requests, parse_group_by, parse_time, sla_report
-from ..store.tabular import report_columns, to_csv
-from .deps import ObservabilityDep, StoreDep
+from inferlb.engine.api.deps import ObservabilityDep, StoreDep
+from inferlb.engine.errors import ClientError, InvalidRequest
+from inferlb.engine.store.ledger import cost_report
+from inferlb.engine.store.queries import MAX_LIMIT, get_request, list_requests, parse_group_by, parse_time, sla_report
+from inferlb.engine.store.tabular import report_columns, to_csv
 
 __all__ = ["AuditRecordNotFound", "router"]
 

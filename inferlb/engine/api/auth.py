@@ -31,11 +31,11 @@ from __future__ import annotations
 from fastapi import Request
 from pydantic import SecretStr
 
-from ..admission.auth import Identity, bearer_token, identify, matches, refusal
-from ..admission.controller import AdmissionController
-from ..admission.keys import ApiKey
-from ..errors import Forbidden, Unauthorized, Unavailable
-from .deps import AdmissionDep, SettingsDep
+from inferlb.engine.admission.auth import Identity, bearer_token, identify, matches, refusal
+from inferlb.engine.admission.controller import AdmissionController
+from inferlb.engine.admission.keys import ApiKey
+from inferlb.engine.api.deps import AdmissionDep, SettingsDep
+from inferlb.engine.errors import Forbidden, Unauthorized, Unavailable
 
 __all__ = ["authenticate", "identity", "require_admin", "require_admin_when_auth", "require_metrics_reader"]
 

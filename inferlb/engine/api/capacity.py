@@ -13,10 +13,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ..autoscale.report import capacity_report
-from ..errors import ClientError
-from ..store.report_params import parse_time
-from .deps import AutoscalerDep, GatewayDep, StoreDep
+from inferlb.engine.api.deps import AutoscalerDep, GatewayDep, StoreDep
+from inferlb.engine.autoscale.report import capacity_report
+from inferlb.engine.errors import ClientError
+from inferlb.engine.store.report_params import parse_time
 
 __all__ = ["AutoscaleOff", "router"]
 

@@ -34,13 +34,13 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
-from ..autoscale.panel import AUTOSCALE_OFF, autoscale_panel
-from ..errors import ClientError, InvalidRequest, StoreError
-from ..rollout.panel import versions_panel
-from ..store.rollouts import ended_rollouts, last_rollout_events, running_rollouts
-from ..store.scaling import recent_scaling_events
-from .auth import require_admin_when_auth
-from .deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
+from inferlb.engine.api.auth import require_admin_when_auth
+from inferlb.engine.api.deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
+from inferlb.engine.autoscale.panel import AUTOSCALE_OFF, autoscale_panel
+from inferlb.engine.errors import ClientError, InvalidRequest, StoreError
+from inferlb.engine.rollout.panel import versions_panel
+from inferlb.engine.store.rollouts import ended_rollouts, last_rollout_events, running_rollouts
+from inferlb.engine.store.scaling import recent_scaling_events
 
 __all__ = ["ASSETS", "CSP", "MAX_EVENTS", "MAX_ROLLOUTS", "router"]
 

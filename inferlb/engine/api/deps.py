@@ -18,17 +18,17 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from ..admission.controller import AdmissionController
-from ..autoscale.runner import AutoscaleRunner
-from ..cluster.service import ClusterService
-from ..gateway import Gateway
-from ..health.monitor import HealthMonitor
-from ..live import LiveConfig
-from ..observability.hub import Observability
-from ..rollout.manager import RolloutManager
-from ..settings import Settings
-from ..store import StoreHandle
-from ..store.events import EventWriter
+from inferlb.engine.admission.controller import AdmissionController
+from inferlb.engine.autoscale.runner import AutoscaleRunner
+from inferlb.engine.cluster.service import ClusterService
+from inferlb.engine.gateway import Gateway
+from inferlb.engine.health.monitor import HealthMonitor
+from inferlb.engine.live import LiveConfig
+from inferlb.engine.observability.hub import Observability
+from inferlb.engine.rollout.manager import RolloutManager
+from inferlb.engine.settings import Settings
+from inferlb.engine.store import StoreHandle
+from inferlb.engine.store.events import EventWriter
 
 __all__ = ["AdmissionDep", "AutoscalerDep", "ClusterDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep",
            "LiveDep", "MonitorDep", "ObservabilityDep", "OptionalStoreDep", "RolloutsDep", "SettingsDep", "StoreDep",

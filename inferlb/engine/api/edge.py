@@ -35,9 +35,9 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import ClientError
-from .auth import authenticate
-from .deps import GatewayDep, LifecycleDep, get_admission, get_gateway, get_lifecycle
+from inferlb.engine.api.auth import authenticate
+from inferlb.engine.api.deps import GatewayDep, LifecycleDep, get_admission, get_gateway, get_lifecycle
+from inferlb.engine.errors import ClientError
 
 log = logging.getLogger("inferlb")
 

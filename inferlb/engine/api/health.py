@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import JSONResponse
 
-from .deps import LifecycleDep, OptionalStoreDep
+from inferlb.engine.api.deps import LifecycleDep, OptionalStoreDep
 
 __all__ = ["router"]
 

@@ -18,11 +18,11 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from ..errors import ClientError, InvalidRequest, StoreError
-from ..store.keys import create_key, get_key, list_keys, revoke_key
-from ..store.report_params import parse_time
-from .auth import require_admin
-from .deps import AdmissionDep, StoreDep
+from inferlb.engine.api.auth import require_admin
+from inferlb.engine.api.deps import AdmissionDep, StoreDep
+from inferlb.engine.errors import ClientError, InvalidRequest, StoreError
+from inferlb.engine.store.keys import create_key, get_key, list_keys, revoke_key
+from inferlb.engine.store.report_params import parse_time
 
 __all__ = ["KeyNotFound", "NewKey", "router"]
 

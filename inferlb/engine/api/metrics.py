@@ -14,9 +14,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from ..errors import ClientError
-from .auth import require_metrics_reader
-from .deps import ObservabilityDep
+from inferlb.engine.api.auth import require_metrics_reader
+from inferlb.engine.api.deps import ObservabilityDep
+from inferlb.engine.errors import ClientError
 
 __all__ = ["MetricsDisabled", "router"]
 

@@ -26,12 +26,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
 
-from ..admission.auth import bearer_token, matches
-from ..errors import ConfigError, InvalidRequest, ProcessValidationError, Unavailable
-from ..fleet_admin import Effective, add_node, patch_node, remove_node, set_drained
-from ..live import LiveConfig
-from ..store.overrides import NodeOverride
-from .deps import AdmissionDep, GatewayDep, LiveDep
+from inferlb.engine.admission.auth import bearer_token, matches
+from inferlb.engine.api.deps import AdmissionDep, GatewayDep, LiveDep
+from inferlb.engine.errors import ConfigError, InvalidRequest, ProcessValidationError, Unavailable
+from inferlb.engine.fleet_admin import Effective, add_node, patch_node, remove_node, set_drained
+from inferlb.engine.live import LiveConfig
+from inferlb.engine.store.overrides import NodeOverride
 
 __all__ = ["router"]
 

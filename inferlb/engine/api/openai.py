@@ -21,15 +21,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from ..admission.auth import Identity
-from ..errors import ClientError, Forbidden, InvalidRequest, ModelNotFound, PayloadTooLarge
-from ..gateway import Gateway, IncomingRequest
-from ..versions.config import VERSION_NAME
-from .auth import identity
-from .deps import GatewayDep
-from .labels import clean_text, model_label
-from .responses import validate_responses
-from .validation import (
+from inferlb.engine.admission.auth import Identity
+from inferlb.engine.api.auth import identity
+from inferlb.engine.api.deps import GatewayDep
+from inferlb.engine.api.labels import clean_text, model_label
+from inferlb.engine.api.responses import validate_responses
+from inferlb.engine.api.validation import (
     ValidatedRequest,
     parse_json_body,
     validate_chat,
@@ -37,6 +34,9 @@ from .validation import (
     validate_embeddings,
     validate_predict,
 )
+from inferlb.engine.errors import ClientError, Forbidden, InvalidRequest, ModelNotFound, PayloadTooLarge
+from inferlb.engine.gateway import Gateway, IncomingRequest
+from inferlb.engine.versions.config import VERSION_NAME
 
 __all__ = ["read_body", "router"]
 

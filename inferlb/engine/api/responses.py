@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidRequest
-from . import validation_fields as f
-from .validation import ValidatedRequest
+from inferlb.engine.api import validation_fields as f
+from inferlb.engine.api.validation import ValidatedRequest
+from inferlb.engine.errors import InvalidRequest
 
 __all__ = ["validate_responses"]
 

@@ -24,11 +24,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from starlette.responses import JSONResponse
 
-from ..errors import StoreError
-from ..rollout.config import RolloutSpec
-from ..rollout.manager import RolloutNotFound
-from ..store.rollouts import get_rollout, list_rollouts, rollout_events
-from .deps import OptionalStoreDep, RolloutsDep
+from inferlb.engine.api.deps import OptionalStoreDep, RolloutsDep
+from inferlb.engine.errors import StoreError
+from inferlb.engine.rollout.config import RolloutSpec
+from inferlb.engine.rollout.manager import RolloutNotFound
+from inferlb.engine.store.rollouts import get_rollout, list_rollouts, rollout_events
 
 __all__ = ["router"]
 

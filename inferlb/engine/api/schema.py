@@ -25,8 +25,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
-from .validation import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N
-from .validation_fields import INT32_MAX, MODEL_MAX_CHARS, STOP_MAX_ITEMS, TOOLS_MAX
+from inferlb.engine.api.validation import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N
+from inferlb.engine.api.validation_fields import INT32_MAX, MODEL_MAX_CHARS, STOP_MAX_ITEMS, TOOLS_MAX
 
 __all__ = ["REQUEST_BODIES", "ErrorBody", "ErrorResponse", "build", "install"]
 

@@ -10,7 +10,7 @@ service operations act on), ``advice`` (the capacity report's words). Importing 
 nothing.
 """
 
-from .config import ActuatorConfig, AutoscaleConfig, PoolConfig
-from .policy import Autoscaler, LoadHistory
+from inferlb.engine.autoscale.config import ActuatorConfig, AutoscaleConfig, PoolConfig
+from inferlb.engine.autoscale.policy import Autoscaler, LoadHistory
 
 __all__ = ["ActuatorConfig", "AutoscaleConfig", "Autoscaler", "LoadHistory", "PoolConfig"]

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .capacity import Capacity, NodeBucket
+from inferlb.engine.autoscale.capacity import Capacity, NodeBucket
 
 __all__ = ["PoolUsage", "advise", "pool_prices"]
 

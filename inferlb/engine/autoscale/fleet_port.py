@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import InvalidRequest, NotFound
-from ..fleet import Fleet
-from ..fleet_admin import Effective, add_node, apply_fleet, merge_overrides, remove_node, set_drained
-from ..settings import FleetConfig, NodeConfig
-from ..store.overrides import NodeOverride
-from ..types import Clock
+from inferlb.engine.errors import InvalidRequest, NotFound
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.fleet_admin import Effective, add_node, apply_fleet, merge_overrides, remove_node, set_drained
+from inferlb.engine.settings import FleetConfig, NodeConfig
+from inferlb.engine.store.overrides import NodeOverride
+from inferlb.engine.types import Clock
 
 __all__ = ["ACTOR", "AdminFleetPort", "FleetNode", "FleetPort", "LocalNodeAdmin", "NodeAdmin"]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .runner import AutoscaleRunner
+from inferlb.engine.autoscale.runner import AutoscaleRunner
 
 __all__ = ["AutoscaleCollector"]
 

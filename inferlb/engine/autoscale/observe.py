@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from sqlalchemy.engine import Engine
 
-from ..settings import SLOConfig
-from ..store.capacity import load_series, node_buckets
-from .capacity import Capacity, learn_capacity
-from .config import AutoscaleConfig
-from .policy import LoadHistory
+from inferlb.engine.autoscale.capacity import Capacity, learn_capacity
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.autoscale.policy import LoadHistory
+from inferlb.engine.settings import SLOConfig
+from inferlb.engine.store.capacity import load_series, node_buckets
 
 __all__ = ["CAPACITY_BUCKET_S", "Observation", "audit_observer"]
 

@@ -27,9 +27,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .capacity import Capacity
-from .config import AutoscaleConfig, PoolConfig
-from .forecast import Forecast
+from inferlb.engine.autoscale.capacity import Capacity
+from inferlb.engine.autoscale.config import AutoscaleConfig, PoolConfig
+from inferlb.engine.autoscale.forecast import Forecast
 
 __all__ = ["Plan", "PlannerState", "PoolDecision", "plan", "pool_price"]
 

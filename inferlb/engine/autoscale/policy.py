@@ -19,10 +19,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .capacity import Capacity
-from .config import AutoscaleConfig
-from .forecast import Forecast, Forecaster, make_forecaster
-from .planner import Plan, PlannerState, plan
+from inferlb.engine.autoscale.capacity import Capacity
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.autoscale.forecast import Forecast, Forecaster, make_forecaster
+from inferlb.engine.autoscale.planner import Plan, PlannerState, plan
 
 __all__ = ["Autoscaler", "LoadHistory"]
 

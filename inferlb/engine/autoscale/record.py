@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .scope import AutoscaleScope
+from inferlb.engine.autoscale.scope import AutoscaleScope
 
 __all__ = ["fallback_kind", "round_events"]
 

@@ -17,13 +17,13 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from ..cost import node_prices
-from ..errors import InvalidRequest
-from ..settings import FleetConfig
-from ..store.capacity import node_buckets
-from ..store.report_params import parse_bucket
-from .advice import PoolUsage, advise, pool_prices
-from .capacity import learn_capacity
+from inferlb.engine.autoscale.advice import PoolUsage, advise, pool_prices
+from inferlb.engine.autoscale.capacity import learn_capacity
+from inferlb.engine.cost import node_prices
+from inferlb.engine.errors import InvalidRequest
+from inferlb.engine.settings import FleetConfig
+from inferlb.engine.store.capacity import node_buckets
+from inferlb.engine.store.report_params import parse_bucket
 
 __all__ = ["capacity_report"]
 

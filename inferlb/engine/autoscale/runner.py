@@ -31,14 +31,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import WorkflowRuntimeError
-from ..types import Clock
-from ..workflow import ProcessDefinition
-from .actuators.base import Actuator, PoolResult
-from .observe import Observation
-from .policy import Autoscaler
-from .record import fallback_kind
-from .scope import AutoscaleScope
+from inferlb.engine.autoscale.actuators.base import Actuator, PoolResult
+from inferlb.engine.autoscale.observe import Observation
+from inferlb.engine.autoscale.policy import Autoscaler
+from inferlb.engine.autoscale.record import fallback_kind
+from inferlb.engine.autoscale.scope import AutoscaleScope
+from inferlb.engine.errors import WorkflowRuntimeError
+from inferlb.engine.types import Clock
+from inferlb.engine.workflow import ProcessDefinition
 
 __all__ = ["AutoscaleRunner"]
 

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..types import Clock
-from .actuators.base import PoolResult
-from .capacity import Capacity
-from .forecast import Forecast
-from .planner import Plan
-from .policy import Autoscaler, LoadHistory
+from inferlb.engine.autoscale.actuators.base import PoolResult
+from inferlb.engine.autoscale.capacity import Capacity
+from inferlb.engine.autoscale.forecast import Forecast
+from inferlb.engine.autoscale.planner import Plan
+from inferlb.engine.autoscale.policy import Autoscaler, LoadHistory
+from inferlb.engine.types import Clock
 
 __all__ = ["AutoscaleScope"]
 

@@ -14,18 +14,18 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from ..fleet import Fleet
-from ..settings import FleetConfig
-from ..store.scaling import insert_scaling_events
-from ..types import Clock
-from ..workflow import ProcessDefinition
-from .actuators import build_actuator
-from .fleet_port import AdminFleetPort, LocalNodeAdmin, NodeAdmin
-from .forecast import make_forecaster
-from .metrics import AutoscaleCollector
-from .observe import audit_observer
-from .policy import Autoscaler
-from .runner import AutoscaleRunner
+from inferlb.engine.autoscale.actuators import build_actuator
+from inferlb.engine.autoscale.fleet_port import AdminFleetPort, LocalNodeAdmin, NodeAdmin
+from inferlb.engine.autoscale.forecast import make_forecaster
+from inferlb.engine.autoscale.metrics import AutoscaleCollector
+from inferlb.engine.autoscale.observe import audit_observer
+from inferlb.engine.autoscale.policy import Autoscaler
+from inferlb.engine.autoscale.runner import AutoscaleRunner
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.settings import FleetConfig
+from inferlb.engine.store.scaling import insert_scaling_events
+from inferlb.engine.types import Clock
+from inferlb.engine.workflow import ProcessDefinition
 
 __all__ = ["build_autoscaler"]
 

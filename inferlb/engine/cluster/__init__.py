@@ -10,6 +10,6 @@ metrics). Only ``create_app`` builds any of it, and only when the cluster is on:
 alone runs the plain controller with no cluster code on its request path.
 """
 
-from .config import ClusterSettings
+from inferlb.engine.cluster.config import ClusterSettings
 
 __all__ = ["ClusterSettings"]

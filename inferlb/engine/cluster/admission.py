@@ -28,16 +28,16 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..admission.buckets import Limiter, TokenBucket
-from ..admission.budget import RetryBudget
-from ..admission.controller import AdmissionController
-from ..admission.state import PoolState, _reject
-from .shares import SlotShares
+from inferlb.engine.admission.buckets import Limiter, TokenBucket
+from inferlb.engine.admission.budget import RetryBudget
+from inferlb.engine.admission.controller import AdmissionController
+from inferlb.engine.admission.state import PoolState, _reject
+from inferlb.engine.cluster.shares import SlotShares
 
 if TYPE_CHECKING:
-    from ..admission.keys import ApiKey
-    from ..admission.state import Hold
-    from ..routing.types import NodeView
+    from inferlb.engine.admission.keys import ApiKey
+    from inferlb.engine.admission.state import Hold
+    from inferlb.engine.routing.types import NodeView
 
 __all__ = ["SharedAdmission", "SharedLimiter", "SharedRetryBudget"]
 

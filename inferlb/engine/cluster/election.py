@@ -30,9 +30,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import StoreError
-from ..store.db import describe_db_error
-from ..types import Clock
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.types import Clock
 
 __all__ = ["Election", "FencedOut", "Leadership", "LocalLeader"]
 

@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..fleet import Fleet
-from ..fleet_node import NodeState
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.fleet_node import NodeState
 
 __all__ = ["HealthChange", "SharedHealth"]
 

@@ -46,18 +46,18 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..types import Clock
-from .admission import SharedAdmission
-from .config import ClusterSettings, default_replica_id
-from .election import Election, Leadership, LocalLeader
-from .health import HealthChange, SharedHealth
-from .lua import HEALTH_LUA, SYNC_LUA
+from inferlb.engine.cluster.admission import SharedAdmission
+from inferlb.engine.cluster.config import ClusterSettings, default_replica_id
+from inferlb.engine.cluster.election import Election, Leadership, LocalLeader
+from inferlb.engine.cluster.health import HealthChange, SharedHealth
+from inferlb.engine.cluster.lua import HEALTH_LUA, SYNC_LUA
+from inferlb.engine.types import Clock
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from ..fleet import Fleet
-    from ..settings import FleetConfig
+    from inferlb.engine.fleet import Fleet
+    from inferlb.engine.settings import FleetConfig
 
 __all__ = ["ClusterCollector", "ClusterService", "config_hash"]
 

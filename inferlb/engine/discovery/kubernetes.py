@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .config import KubernetesDiscoveryConfig
+from inferlb.engine.discovery.config import KubernetesDiscoveryConfig
 
 __all__ = ["EndpointSliceClient", "WatchGone", "api_error"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .source import KubernetesDiscovery
+from inferlb.engine.discovery.source import KubernetesDiscovery
 
 __all__ = ["DiscoveryCollector"]
 

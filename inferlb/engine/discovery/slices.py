@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.overrides import NodeOverride
-from .config import KubernetesDiscoveryConfig
+from inferlb.engine.discovery.config import KubernetesDiscoveryConfig
+from inferlb.engine.store.overrides import NodeOverride
 
 __all__ = ["Change", "Endpoint", "Observed", "SliceCache", "endpoints_of", "node_name", "observed", "plan"]
 

@@ -35,11 +35,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..store.overrides import NodeOverride
-from ..types import Clock
-from .config import KubernetesDiscoveryConfig
-from .kubernetes import EndpointSliceClient, WatchGone, api_error
-from .slices import Change, SliceCache, observed, plan
+from inferlb.engine.discovery.config import KubernetesDiscoveryConfig
+from inferlb.engine.discovery.kubernetes import EndpointSliceClient, WatchGone, api_error
+from inferlb.engine.discovery.slices import Change, SliceCache, observed, plan
+from inferlb.engine.store.overrides import NodeOverride
+from inferlb.engine.types import Clock
 
 __all__ = ["Apply", "KubernetesDiscovery"]
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
-from ..fleet import Fleet
-from ..live import LiveConfig
-from ..settings import FleetConfig
-from ..types import Clock
-from .metrics import DiscoveryCollector
-from .source import KubernetesDiscovery
+from inferlb.engine.discovery.metrics import DiscoveryCollector
+from inferlb.engine.discovery.source import KubernetesDiscovery
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.live import LiveConfig
+from inferlb.engine.settings import FleetConfig
+from inferlb.engine.types import Clock
 
 __all__ = ["build_discovery"]
 
@@ -25,7 +25,7 @@ def build_discovery(fleet_cfg: FleetConfig, *, live: LiveConfig, fleet: Fleet, c
     """The sources, their API clients made from each one's kubeconfig or the in-cluster service
     account; ConfigError naming ``discovery[i]`` when that cannot be done (no ``kubernetes``
     package, no kubeconfig, not in a cluster)."""
-    from .kubernetes import EndpointSliceClient
+    from inferlb.engine.discovery.kubernetes import EndpointSliceClient
 
     def states() -> dict[str, str]:
         return {name: st.state for name, st in fleet.nodes.items()}

@@ -22,7 +22,7 @@ from types import ModuleType
 
 from aiohttp import web
 
-from .nvml import NvmlReader
+from inferlb.engine.health.nvml import NvmlReader
 
 __all__ = ["NodeAgent", "serve_agent"]
 

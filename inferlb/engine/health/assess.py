@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .types import Sample
+from inferlb.engine.health.types import Sample
 
 __all__ = ["assess"]
 

@@ -29,16 +29,16 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from ..fleet import Fleet
-from ..fleet_node import NodeState
-from .rules import (
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.fleet_node import NodeState
+from inferlb.engine.health.rules import (
     LatencyStats,
     failure_percentage_outliers,
     hardware_findings,
     latency_outliers,
     success_rate_outliers,
 )
-from .types import NodeEvent, Sample
+from inferlb.engine.health.types import NodeEvent, Sample
 
 __all__ = ["RTT_ALPHA", "isolate", "observe", "outlier_sweep", "restore"]
 

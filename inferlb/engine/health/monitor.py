@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError, WorkflowRuntimeError
-from ..fleet import Fleet
-from ..settings import FleetConfig
-from ..types import Clock
-from ..workflow import TIMER_OPERATION, ProcessDefinition
-from .probe import Prober
-from .scope import HealthScope
-from .types import NodeEvent
+from inferlb.engine.errors import ConfigError, WorkflowRuntimeError
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.health.probe import Prober
+from inferlb.engine.health.scope import HealthScope
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.settings import FleetConfig
+from inferlb.engine.types import Clock
+from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition
 
 __all__ = ["HealthMonitor", "check_health_config"]
 

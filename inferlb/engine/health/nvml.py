@@ -35,7 +35,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .gpu import throttle_names
+from inferlb.engine.health.gpu import throttle_names
 
 __all__ = ["NvmlReader"]
 

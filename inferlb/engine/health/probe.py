@@ -27,11 +27,11 @@ from typing import Any
 
 import aiohttp
 
-from ..settings import NodeConfig
-from ..types import Clock
-from .config import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, HealthConfig
-from .prometheus import PARSERS, parse_dcgm
-from .types import Sample
+from inferlb.engine.health.config import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, HealthConfig
+from inferlb.engine.health.prometheus import PARSERS, parse_dcgm
+from inferlb.engine.health.types import Sample
+from inferlb.engine.settings import NodeConfig
+from inferlb.engine.types import Clock
 
 __all__ = ["Prober", "Target", "targets_for"]
 

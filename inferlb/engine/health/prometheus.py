@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .gpu import throttle_names
+from inferlb.engine.health.gpu import throttle_names
 
 __all__ = ["PARSERS", "parse_dcgm", "parse_sglang", "parse_tgi", "parse_vllm", "series"]
 

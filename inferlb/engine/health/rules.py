@@ -25,8 +25,8 @@ import math
 import statistics
 from typing import Any, NamedTuple
 
-from .config import HardwareConfig, OutlierConfig, SlowStartConfig
-from .gpu import xid_name
+from inferlb.engine.health.config import HardwareConfig, OutlierConfig, SlowStartConfig
+from inferlb.engine.health.gpu import xid_name
 
 __all__ = [
     "LatencyStats",

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..fleet import Fleet
-from ..types import Clock
-from .types import NodeEvent
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.types import Clock
 
 __all__ = ["HealthScope"]
 

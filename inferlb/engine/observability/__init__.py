@@ -8,6 +8,6 @@ Importing this package loads only :mod:`.config` (the fleet file's ``observabili
 
 from __future__ import annotations
 
-from .config import FinOpsConfig, MetricsConfig, ObservabilityConfig, TracingConfig
+from inferlb.engine.observability.config import FinOpsConfig, MetricsConfig, ObservabilityConfig, TracingConfig
 
 __all__ = ["FinOpsConfig", "MetricsConfig", "ObservabilityConfig", "TracingConfig"]

@@ -22,9 +22,9 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from ..fleet import Fleet
-from ..routing.types import NodeView
-from ..types import Clock
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.routing.types import NodeView
+from inferlb.engine.types import Clock
 
 __all__ = ["NODE_STATES", "NodeStateHistory", "classify", "node_states"]
 

@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from ... import __version__
-from ..cost import node_prices
-from ..fleet import Fleet
-from ..settings import FleetConfig
-from ..types import Clock
-from ..workflow.definition import ProcessDefinition
-from .config import ObservabilityConfig
-from .history import NodeStateHistory
-from .metrics import GatewayCollector, RequestMetrics, ScrapeSources
-from .timing import TimedExecutor
-from .tracing import RecordTracer, build_tracer
+from inferlb import __version__
+from inferlb.engine.cost import node_prices
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.observability.config import ObservabilityConfig
+from inferlb.engine.observability.history import NodeStateHistory
+from inferlb.engine.observability.metrics import GatewayCollector, RequestMetrics, ScrapeSources
+from inferlb.engine.observability.timing import TimedExecutor
+from inferlb.engine.observability.tracing import RecordTracer, build_tracer
+from inferlb.engine.settings import FleetConfig
+from inferlb.engine.types import Clock
+from inferlb.engine.workflow.definition import ProcessDefinition
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

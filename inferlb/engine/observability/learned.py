@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..routing.lifecycle import PredictorLifecycle
+from inferlb.engine.routing.lifecycle import PredictorLifecycle
 
 __all__ = ["LearnedCollector"]
 

@@ -50,10 +50,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..fleet import Fleet
-from ..store.records import RequestRecord
-from .config import MetricsConfig
-from .history import NODE_STATES, node_states
+from inferlb.engine.fleet import Fleet
+from inferlb.engine.observability.config import MetricsConfig
+from inferlb.engine.observability.history import NODE_STATES, node_states
+from inferlb.engine.store.records import RequestRecord
 
 __all__ = [
     "E2E_BUCKETS",

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..workflow.base import ExternalCall, Instance, ProcessExecutor
+from inferlb.engine.workflow.base import ExternalCall, Instance, ProcessExecutor
 
 __all__ = ["TimedExecutor", "TimedInstance"]
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from ..store.records import AttemptRecord, RequestRecord
-from .config import TracingConfig
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.observability.config import TracingConfig
+from inferlb.engine.store.records import AttemptRecord, RequestRecord
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -7,7 +7,7 @@ not be written: nothing was applied). They stay importable from :mod:`.manager`.
 
 from __future__ import annotations
 
-from ..errors import ClientError
+from inferlb.engine.errors import ClientError
 
 __all__ = ["RolloutBusy", "RolloutNotFound", "RolloutUnavailable"]
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import RolloutCriteria
-from .stats import diff_bounds, z_one_sided
+from inferlb.engine.rollout.config import RolloutCriteria
+from inferlb.engine.rollout.stats import diff_bounds, z_one_sided
 
 __all__ = ["Check", "Counts", "Verdict", "compare", "guard"]
 

@@ -52,20 +52,20 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
-from ..errors import Conflict, InvalidRequest, StoreError
-from ..store.rollouts import RolloutConflict, insert_rollout
-from ..types import Clock
-from ..versions.table import VersionTable
-from ..workflow import ProcessDefinition
-from .config import RolloutConfig, RolloutCriteria, RolloutSpec
-from .errors import RolloutBusy, RolloutNotFound, RolloutUnavailable
-from .persist import RolloutPersistence
-from .rounds import RolloutRounds, RolloutScope
-from .state import Rollout, new_rollout_id
-from .window import VersionWindow
+from inferlb.engine.errors import Conflict, InvalidRequest, StoreError
+from inferlb.engine.rollout.config import RolloutConfig, RolloutCriteria, RolloutSpec
+from inferlb.engine.rollout.errors import RolloutBusy, RolloutNotFound, RolloutUnavailable
+from inferlb.engine.rollout.persist import RolloutPersistence
+from inferlb.engine.rollout.rounds import RolloutRounds, RolloutScope
+from inferlb.engine.rollout.state import Rollout, new_rollout_id
+from inferlb.engine.rollout.window import VersionWindow
+from inferlb.engine.store.rollouts import RolloutConflict, insert_rollout
+from inferlb.engine.types import Clock
+from inferlb.engine.versions.table import VersionTable
+from inferlb.engine.workflow import ProcessDefinition
 
 if TYPE_CHECKING:   # settings imports rollout.config: a runtime import here would be a cycle
-    from ..settings import FleetConfig
+    from inferlb.engine.settings import FleetConfig
 
 __all__ = ["RolloutBusy", "RolloutManager", "RolloutNotFound", "RolloutScope", "RolloutUnavailable"]
 

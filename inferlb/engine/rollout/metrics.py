@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .manager import RolloutManager
+from inferlb.engine.rollout.manager import RolloutManager
 
 __all__ = ["RolloutCollector"]
 

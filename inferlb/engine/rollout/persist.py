@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
-from ..cluster.election import FencedOut
-from ..errors import StoreError
-from ..store.rollouts import following, list_rollouts, running_rollouts, save_progress
-from ..types import Clock
-from ..versions.table import VersionTable
-from .config import RolloutConfig, RolloutCriteria
-from .state import Rollout
-from .window import VersionWindow
+from inferlb.engine.cluster.election import FencedOut
+from inferlb.engine.errors import StoreError
+from inferlb.engine.rollout.config import RolloutConfig, RolloutCriteria
+from inferlb.engine.rollout.state import Rollout
+from inferlb.engine.rollout.window import VersionWindow
+from inferlb.engine.store.rollouts import following, list_rollouts, running_rollouts, save_progress
+from inferlb.engine.types import Clock
+from inferlb.engine.versions.table import VersionTable
 
 __all__ = ["RolloutPersistence"]
 

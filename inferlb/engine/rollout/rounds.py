@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
-from ..errors import WorkflowRuntimeError
-from ..types import Clock
-from ..workflow import TIMER_OPERATION, ProcessDefinition
-from .config import RolloutCriteria
-from .guard import Counts, guard
-from .state import Rollout
-from .window import VersionWindow
+from inferlb.engine.errors import WorkflowRuntimeError
+from inferlb.engine.rollout.config import RolloutCriteria
+from inferlb.engine.rollout.guard import Counts, guard
+from inferlb.engine.rollout.state import Rollout
+from inferlb.engine.rollout.window import VersionWindow
+from inferlb.engine.types import Clock
+from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition
 
 if TYPE_CHECKING:   # manager.py mixes this class in: a runtime import would be a cycle
-    from .manager import RolloutManager
+    from inferlb.engine.rollout.manager import RolloutManager
 
 __all__ = ["RolloutRounds", "RolloutScope"]
 

@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import RolloutCriteria
+from inferlb.engine.rollout.config import RolloutCriteria
 
 __all__ = ["FINAL_STATES", "Rollout", "new_rollout_id"]
 

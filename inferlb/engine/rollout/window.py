@@ -22,9 +22,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..store.records import RequestRecord
-from ..types import Clock
-from .guard import Counts
+from inferlb.engine.rollout.guard import Counts
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.types import Clock
 
 __all__ = ["Slo", "VersionWindow", "attempt_failed"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .prefix import hrw_weights, name_hash
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.prefix import hrw_weights, name_hash
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["Affinity", "AffinityParams", "affinity_key", "load_bound"]
 

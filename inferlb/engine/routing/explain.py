@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .features import features
-from .predictor import Prediction
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.features import features
+from inferlb.engine.routing.predictor import Prediction
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["CTX_KEYS", "CTX_NODES", "Context", "LearnedInfo", "context_of"]
 

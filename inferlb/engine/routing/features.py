@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = [
     "FEATURE_NAMES",

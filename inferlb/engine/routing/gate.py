@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .profiles import Router
+from inferlb.engine.routing.profiles import Router
 
 if TYPE_CHECKING:
-    from .ope_replay import LoggedDecision
+    from inferlb.engine.routing.ope_replay import LoggedDecision
 
 __all__ = ["EvaluationRequirement", "judge", "span_seconds"]
 
@@ -113,7 +113,7 @@ def judge(decisions: Sequence[LoggedDecision], candidate: str | Router, current:
     ``reason`` (one sentence), ``candidate`` and ``baseline`` (estimates or what was measured,
     ESS, decisions used), ``requirement``. Never raises for want of data: that is a refusal."""
     # Here, not at the top: the fleet file's schema imports this module, and numpy need not load for it.
-    from .ope_replay import evaluate
+    from inferlb.engine.routing.ope_replay import evaluate
 
     est = req.estimator
     common: dict[str, Any] = {"metric": req.metric, "n_boot": req.bootstrap, "seed": req.seed,

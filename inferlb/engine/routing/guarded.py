@@ -16,14 +16,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..errors import ConfigError
-from .explain import LearnedInfo
-from .features import features
-from .learned import PredictionFault
-from .lifecycle import LifecycleParams, PredictorLifecycle
-from .predictor import Prediction
-from .profiles import Router
-from .types import Decision, Filter, NodeView, Picker, RouteRequest, Scorer
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.routing.explain import LearnedInfo
+from inferlb.engine.routing.features import features
+from inferlb.engine.routing.learned import PredictionFault
+from inferlb.engine.routing.lifecycle import LifecycleParams, PredictorLifecycle
+from inferlb.engine.routing.predictor import Prediction
+from inferlb.engine.routing.profiles import Router
+from inferlb.engine.routing.types import Decision, Filter, NodeView, Picker, RouteRequest, Scorer
 
 __all__ = ["GuardedRouter", "make_guarded"]
 

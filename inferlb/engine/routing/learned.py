@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .quantile import WindowQuantile
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.quantile import WindowQuantile
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["BanditChoice", "PredictedLatency", "PredictedLatencyParams", "PredictionFault", "Scored",
            "SoftmaxBandit", "SoftmaxBanditParams"]

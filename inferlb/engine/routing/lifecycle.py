@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .features import FEATURE_NAMES
-from .predictor import LatencyPredictor, Observed, OnlineLinear, Prediction
+from inferlb.engine.routing.features import FEATURE_NAMES
+from inferlb.engine.routing.predictor import LatencyPredictor, Observed, OnlineLinear, Prediction
 
 __all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision", "observed_from"]
 

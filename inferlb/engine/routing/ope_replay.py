@@ -27,11 +27,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .explain import Context, context_of
-from .ope import Round, estimate
-from .ope_reward import cross_fit, reward_features
-from .profiles import Router, build_router
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.explain import Context, context_of
+from inferlb.engine.routing.ope import Round, estimate
+from inferlb.engine.routing.ope_reward import cross_fit, reward_features
+from inferlb.engine.routing.profiles import Router, build_router
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["MIN_ESS", "REWARD_MODELS", "LoggedDecision", "LoggedPredictions", "evaluate", "rounds_for",
            "softmax_policy", "target_probabilities"]

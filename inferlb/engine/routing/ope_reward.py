@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["N_REWARD_FEATURES", "cross_fit", "reward_features"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .types import Elimination, NodeView, RouteRequest
+from inferlb.engine.routing.types import Elimination, NodeView, RouteRequest
 
 __all__ = [
     "DecodeSpeed",

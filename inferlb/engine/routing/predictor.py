@@ -32,8 +32,16 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .features import FEATURE_NAMES, N_FEATURES, REQUEST_FEATURES, TPOT_INDEX, TTFT_INDEX, node_part, request_part
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.features import (
+    FEATURE_NAMES,
+    N_FEATURES,
+    REQUEST_FEATURES,
+    TPOT_INDEX,
+    TTFT_INDEX,
+    node_part,
+    request_part,
+)
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["LatencyPredictor", "Observed", "OnlineLinear", "OnlineLinearParams", "Prediction"]
 

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from .features import FEATURE_NAMES, N_FEATURES
-from .lifecycle import LifecycleParams
-from .predictor import OnlineLinear, OnlineLinearParams
+from inferlb.engine.routing.features import FEATURE_NAMES, N_FEATURES
+from inferlb.engine.routing.lifecycle import LifecycleParams
+from inferlb.engine.routing.predictor import OnlineLinear, OnlineLinearParams
 
 __all__ = ["FORMAT", "IncompatibleState", "restore", "state_of"]
 

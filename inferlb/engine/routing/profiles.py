@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from .registry import make_plugin
-from .types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
+from inferlb.engine.errors import ConfigError
+from inferlb.engine.routing.registry import make_plugin
+from inferlb.engine.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
 
 __all__ = ["FALLBACK_PROFILE", "LEARNED_LATENCY", "PROFILES", "ProfileSpec", "Router", "build_router"]
 
@@ -284,7 +284,7 @@ def build_router(profile: str, *, filters: list[str] | None = None, scorers: dic
         raise ConfigError(f"sample must be ≥ 0, got {k}", path="routing.sample")
     rng = random.Random(seed)
     if any(hasattr(s, "bind") for s, _ in sc):
-        from .guarded import make_guarded
+        from inferlb.engine.routing.guarded import make_guarded
 
         return make_guarded(profile, fs, sc, pk, rng, k, fallback=build_router(FALLBACK_PROFILE, sample=sample),
                             predictor=predictor, lifecycle=lifecycle, clock=clock)

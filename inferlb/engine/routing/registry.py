@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ConfigError
+from inferlb.engine.errors import ConfigError
 
 __all__ = ["BUILTINS", "make_plugin", "resolve"]
 

@@ -6,7 +6,7 @@ import statistics
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .types import NodeView, RouteRequest
+from inferlb.engine.routing.types import NodeView, RouteRequest
 
 __all__ = ["Rtt", "RttParams"]
 

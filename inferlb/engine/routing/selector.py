@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, RootModel, model_validator
 
-from .types import Elimination, NodeView, RouteRequest
+from inferlb.engine.routing.types import Elimination, NodeView, RouteRequest
 
 __all__ = ["AllOf", "NodeSelector", "NodeSelectorFilter", "Term", "all_of", "label_number"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from ..settings import Settings
-from .lifecycle import GatewayServer
-from .protocol import EdgeLimits, GatewayConfig, GuardedHttpToolsProtocol
+from inferlb.engine.server.lifecycle import GatewayServer
+from inferlb.engine.server.protocol import EdgeLimits, GatewayConfig, GuardedHttpToolsProtocol
+from inferlb.engine.settings import Settings
 
 __all__ = ["EdgeLimits", "GatewayConfig", "GatewayServer", "GuardedHttpToolsProtocol", "build_server",
            "edge_limits"]

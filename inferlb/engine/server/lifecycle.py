@@ -33,7 +33,7 @@ from types import FrameType
 
 import uvicorn
 
-from ..wakeup import Wakeup
+from inferlb.engine.wakeup import Wakeup
 
 __all__ = ["GatewayServer"]
 

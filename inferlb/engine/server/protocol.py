@@ -30,7 +30,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from ..errors import error_json
+from inferlb.engine.errors import error_json
 
 __all__ = ["EdgeLimits", "GatewayConfig", "GuardedHttpToolsProtocol"]
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from ..settings import SLOConfig
-    from .writer import AuditWriter
+    from inferlb.engine.settings import SLOConfig
+    from inferlb.engine.store.writer import AuditWriter
 
 __all__ = ["StoreHandle"]
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
-from ..errors import StoreError
-from .db import describe_db_error
-from .journal import Journal
-from .records import RequestRecord
-from .rows import is_record_error, upsert_records
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.journal import Journal
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.store.rows import is_record_error, upsert_records
 
 __all__ = ["BatchWriter", "Outcome"]
 

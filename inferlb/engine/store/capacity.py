@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select
 from sqlalchemy.engine import Connection, Engine
 
-from ..autoscale.capacity import NodeBucket
-from ..errors import InvalidRequest
-from ..settings import SLOConfig
-from .models import REQUESTS
-from .read import run_query
-from .sla import CLIENT_STATUSES
+from inferlb.engine.autoscale.capacity import NodeBucket
+from inferlb.engine.errors import InvalidRequest
+from inferlb.engine.settings import SLOConfig
+from inferlb.engine.store.models import REQUESTS
+from inferlb.engine.store.read import run_query
+from inferlb.engine.store.sla import CLIENT_STATUSES
 
 __all__ = ["SeriesData", "load_series", "node_buckets", "slo_condition"]
 

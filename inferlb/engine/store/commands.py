@@ -19,13 +19,13 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InvalidRequest
-from ..settings import SLOConfig
-from .db import make_engine, upgrade
-from .ledger import cost_report
-from .report_params import parse_bucket, parse_group_by, parse_time
-from .sla import sla_report
-from .tabular import iso_utc, report_columns, to_csv
+from inferlb.engine.errors import InvalidRequest
+from inferlb.engine.settings import SLOConfig
+from inferlb.engine.store.db import make_engine, upgrade
+from inferlb.engine.store.ledger import cost_report
+from inferlb.engine.store.report_params import parse_bucket, parse_group_by, parse_time
+from inferlb.engine.store.sla import sla_report
+from inferlb.engine.store.tabular import iso_utc, report_columns, to_csv
 
 __all__ = ["REPORT_FORMATS", "db_upgrade", "render_report", "render_sla", "report_cost", "report_sla"]
 

@@ -29,7 +29,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from ..errors import StoreError
+from inferlb.engine.errors import StoreError
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",

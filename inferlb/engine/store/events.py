@@ -35,14 +35,14 @@ from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import StoreError
-from ..health.types import NodeEvent
-from ..types import Clock, SystemClock
-from .db import describe_db_error
-from .journal import Spool
-from .models import Base, from_us, json_type, to_us
-from .rows import clean_json as _clean_json
-from .rows import clean_str as _clean_str
+from inferlb.engine.errors import StoreError
+from inferlb.engine.health.types import NodeEvent
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.journal import Spool
+from inferlb.engine.store.models import Base, from_us, json_type, to_us
+from inferlb.engine.store.rows import clean_json as _clean_json
+from inferlb.engine.store.rows import clean_str as _clean_str
+from inferlb.engine.types import Clock, SystemClock
 
 __all__ = ["NODE_EVENTS", "EventWriter", "dump_event", "insert_events", "load_event", "recent_events"]
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .records import RequestRecord
+from inferlb.engine.store.records import RequestRecord
 
 __all__ = ["QUARANTINE_FILE", "Journal", "Spool", "dump_record", "load_record"]
 

@@ -22,10 +22,10 @@ from sqlalchemy import Table, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..admission.keys import ApiKey, generate_key, hash_key, key_hint, new_key_id
-from ..errors import StoreError
-from .db import describe_db_error
-from .models import ApiKeyRow, from_us, to_us
+from inferlb.engine.admission.keys import ApiKey, generate_key, hash_key, key_hint, new_key_id
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.models import ApiKeyRow, from_us, to_us
 
 __all__ = ["add_spend", "create_key", "get_key", "list_keys", "load_keys", "revoke_key"]
 

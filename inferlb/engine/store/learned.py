@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from .models import ATTEMPTS, REQUESTS, to_us
-from .read import run_query
+from inferlb.engine.store.models import ATTEMPTS, REQUESTS, to_us
+from inferlb.engine.store.read import run_query
 
 __all__ = ["LearnedAttempt", "learned_attempts"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Double, String, Table
 
-from .models import Base
+from inferlb.engine.store.models import Base
 
 __all__ = ["LEADER_LEASES"]
 

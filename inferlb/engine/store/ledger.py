@@ -42,10 +42,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from ..cost import Share, cost_of, node_prices
-from .models import ATTEMPTS, REQUESTS
-from .read import run_query
-from .report_params import (
+from inferlb.engine.cost import Share, cost_of, node_prices
+from inferlb.engine.store.models import ATTEMPTS, REQUESTS
+from inferlb.engine.store.read import run_query
+from inferlb.engine.store.report_params import (
     GROUP_BY,
     bucket_of,
     check_buckets,

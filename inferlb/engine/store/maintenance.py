@@ -26,10 +26,10 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
-from ..errors import StoreError
-from ..types import Clock
-from .partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
-from .retention import PruneResult, prune
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
+from inferlb.engine.store.retention import PruneResult, prune
+from inferlb.engine.types import Clock
 
 __all__ = ["AuditMaintenance", "MaintenanceRound"]
 

@@ -29,9 +29,9 @@ from sqlalchemy import BigInteger, Boolean, Column, Integer, String, Table, dele
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import StoreError
-from .db import describe_db_error
-from .models import Base, json_type, to_us
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.models import Base, json_type, to_us
 
 __all__ = ["FLEET_REVISION", "NODE_OVERRIDES", "REVISION_CHANNEL", "NodeOverride", "StaleOverrides", "bump_revision",
            "load_overrides", "read_revision", "save_override"]

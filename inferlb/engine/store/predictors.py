@@ -18,9 +18,9 @@ from sqlalchemy import BigInteger, Column, String, Table, delete, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import StoreError
-from .db import describe_db_error
-from .models import Base, from_us, json_type, to_us
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.models import Base, from_us, json_type, to_us
 
 __all__ = ["ROUTING_PREDICTORS", "SavedPredictor", "load_saved_predictor", "save_predictor"]
 

@@ -20,10 +20,10 @@ from typing import Any
 from sqlalchemy import literal, or_, select, tuple_
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from ..errors import InvalidRequest
-from .models import ATTEMPTS, REQUESTS, from_us
-from .read import run_query
-from .report_params import (
+from inferlb.engine.errors import InvalidRequest
+from inferlb.engine.store.models import ATTEMPTS, REQUESTS, from_us
+from inferlb.engine.store.read import run_query
+from inferlb.engine.store.report_params import (
     GROUP_BY,
     MAX_BUCKETS,
     _check_filter,
@@ -39,7 +39,7 @@ from .report_params import (
     parse_time,
     time_window,
 )
-from .sla import CLIENT_STATUSES, SLA_COLUMNS, percentile, sla_report, sla_report_python
+from inferlb.engine.store.sla import CLIENT_STATUSES, SLA_COLUMNS, percentile, sla_report, sla_report_python
 
 __all__ = [
     "CLIENT_STATUSES",

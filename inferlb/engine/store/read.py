@@ -9,8 +9,8 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import StoreError
-from .db import describe_db_error
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
 
 __all__ = ["run_query"]
 

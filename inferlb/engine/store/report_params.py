@@ -27,8 +27,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement
 
-from ..errors import InvalidRequest
-from .models import REQUESTS
+from inferlb.engine.errors import InvalidRequest
+from inferlb.engine.store.models import REQUESTS
 
 __all__ = [
     "GROUP_BY",

@@ -30,9 +30,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import InvalidRequest, StoreError
-from .db import describe_db_error
-from .partitions import DAY_US, PARTITIONED, day_partitions, is_partitioned
+from inferlb.engine.errors import InvalidRequest, StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.partitions import DAY_US, PARTITIONED, day_partitions, is_partitioned
 
 __all__ = ["BATCH_SIZE", "STRADDLE_US", "PruneResult", "parse_age", "prune"]
 

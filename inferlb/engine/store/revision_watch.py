@@ -53,10 +53,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
-from ..types import Clock
-from ..wakeup import Wakeup
-from .db import pg_connect_params, sqlite_file
-from .overrides import REVISION_CHANNEL
+from inferlb.engine.store.db import pg_connect_params, sqlite_file
+from inferlb.engine.store.overrides import REVISION_CHANNEL
+from inferlb.engine.types import Clock
+from inferlb.engine.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection

@@ -27,10 +27,10 @@ from sqlalchemy import Table, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from ..errors import StoreError
-from .db import describe_db_error
-from .models import RolloutEventRow, RolloutRow, from_us, to_us
-from .overrides import bump_revision
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.db import describe_db_error
+from inferlb.engine.store.models import RolloutEventRow, RolloutRow, from_us, to_us
+from inferlb.engine.store.overrides import bump_revision
 
 __all__ = ["ROLLOUTS", "ROLLOUT_EVENTS", "RolloutConflict", "ended_rollouts", "following", "get_rollout",
            "insert_rollout", "last_rollout_events", "list_rollouts", "rollout_events", "running_rollouts",

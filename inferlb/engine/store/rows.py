@@ -21,11 +21,11 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import BindTyping, Connection
 
-from ..errors import StoreError
-from .models import ATTEMPTS as _ATTEMPTS
-from .models import REQUESTS as _REQUESTS
-from .models import to_us
-from .records import RequestRecord
+from inferlb.engine.errors import StoreError
+from inferlb.engine.store.models import ATTEMPTS as _ATTEMPTS
+from inferlb.engine.store.models import REQUESTS as _REQUESTS
+from inferlb.engine.store.models import to_us
+from inferlb.engine.store.records import RequestRecord
 
 __all__ = ["UNKNOWN_OUTCOME", "clean_json", "clean_str", "is_record_error", "record_rows", "upsert_records"]
 

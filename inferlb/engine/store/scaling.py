@@ -23,9 +23,9 @@ from typing import Any
 from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table, insert, select
 from sqlalchemy.engine import Connection, Engine
 
-from .models import Base, from_us, json_type, to_us
-from .read import run_query
-from .rows import clean_json, clean_str
+from inferlb.engine.store.models import Base, from_us, json_type, to_us
+from inferlb.engine.store.read import run_query
+from inferlb.engine.store.rows import clean_json, clean_str
 
 __all__ = ["SCALING_EVENTS", "SCALING_STATUSES", "insert_scaling_events", "recent_scaling_events"]
 

@@ -35,11 +35,19 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from ..settings import SLOConfig
-from .models import REQUESTS
-from .read import run_query
-from .report_params import _check_window, _window, bucket_of, check_buckets, group_columns, parse_bucket, parse_group_by
-from .sla_sql import QUANTILES, Tally, slo_table, tally_sql
+from inferlb.engine.settings import SLOConfig
+from inferlb.engine.store.models import REQUESTS
+from inferlb.engine.store.read import run_query
+from inferlb.engine.store.report_params import (
+    _check_window,
+    _window,
+    bucket_of,
+    check_buckets,
+    group_columns,
+    parse_bucket,
+    parse_group_by,
+)
+from inferlb.engine.store.sla_sql import QUANTILES, Tally, slo_table, tally_sql
 
 __all__ = ["CLIENT_STATUSES", "SLA_COLUMNS", "percentile", "sla_report", "sla_report_python"]
 

@@ -24,8 +24,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.types import Float
 
-from ..settings import SLOConfig
-from .models import REQUESTS
+from inferlb.engine.settings import SLOConfig
+from inferlb.engine.store.models import REQUESTS
 
 __all__ = ["QUANTILES", "Tally", "slo_table", "tally_sql"]
 

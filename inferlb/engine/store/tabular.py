@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .ledger import COST_COLUMNS
-from .sla import SLA_COLUMNS
+from inferlb.engine.store.ledger import COST_COLUMNS
+from inferlb.engine.store.sla import SLA_COLUMNS
 
 __all__ = ["iso_utc", "report_columns", "to_csv"]
 

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .journal import _fsync_dir, _write_all
-from .records import RequestRecord
-from .rows import UNKNOWN_OUTCOME
+from inferlb.engine.store.journal import _fsync_dir, _write_all
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.store.rows import UNKNOWN_OUTCOME
 
 __all__ = ["UNKNOWN_OUTCOME", "Recovered", "Wal", "recover", "start_entry"]
 

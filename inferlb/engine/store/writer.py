@@ -46,11 +46,11 @@ import itertools
 import logging
 import math
 
-from ..errors import AuditUnavailable, StoreError
-from .records import RequestRecord
-from .rows import record_rows, upsert_records
-from .wal import start_entry
-from .writer_state import WriterState, _Item
+from inferlb.engine.errors import AuditUnavailable, StoreError
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.store.rows import record_rows, upsert_records
+from inferlb.engine.store.wal import start_entry
+from inferlb.engine.store.writer_state import WriterState, _Item
 
 __all__ = ["AuditWriter", "record_rows", "upsert_records"]
 

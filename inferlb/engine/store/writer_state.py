@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import Engine
 
-from ..types import Clock, SystemClock
-from .batches import BatchWriter
-from .journal import Journal
-from .records import RequestRecord
-from .wal import Wal
+from inferlb.engine.store.batches import BatchWriter
+from inferlb.engine.store.journal import Journal
+from inferlb.engine.store.records import RequestRecord
+from inferlb.engine.store.wal import Wal
+from inferlb.engine.types import Clock, SystemClock
 
 __all__ = ["WriterState"]
 

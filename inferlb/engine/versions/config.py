@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..routing.selector import NodeSelector
+from inferlb.engine.routing.selector import NodeSelector
 
 __all__ = ["VERSION_NAME", "VersionConfig", "version_nodes", "version_problems"]
 

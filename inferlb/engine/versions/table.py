@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..routing.selector import all_of
-from ..routing.types import LabelSelector
-from .assign import choose, sticky_key
-from .config import VersionConfig, version_nodes
+from inferlb.engine.routing.selector import all_of
+from inferlb.engine.routing.types import LabelSelector
+from inferlb.engine.versions.assign import choose, sticky_key
+from inferlb.engine.versions.config import VersionConfig, version_nodes
 
 __all__ = ["ModelVersions", "Version", "VersionTable"]
 

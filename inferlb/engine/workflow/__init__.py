@@ -3,9 +3,9 @@
 Receives the service table injected by ``app.py``; never imports ``tasks``.
 """
 
-from .base import ExternalCall, Instance, ProcessExecutor, ScriptEnv
-from .definition import ProcessDefinition, load_process
-from .spiff import TIMER_OPERATION
+from inferlb.engine.workflow.base import ExternalCall, Instance, ProcessExecutor, ScriptEnv
+from inferlb.engine.workflow.definition import ProcessDefinition, load_process
+from inferlb.engine.workflow.spiff import TIMER_OPERATION
 
 __all__ = ["TIMER_OPERATION", "ExternalCall", "Instance", "ProcessDefinition", "ProcessExecutor", "ScriptEnv",
            "load_process"]

@@ -17,10 +17,10 @@ from SpiffWorkflow.bpmn.specs.defaults import EndEvent, StartEvent
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask
 
-from ..errors import ProcessError, WorkflowRuntimeError
-from ..services import ServiceTable
-from .base import ExternalCall, ScriptEnv
-from .parser import OperationTask
+from inferlb.engine.errors import ProcessError, WorkflowRuntimeError
+from inferlb.engine.services import ServiceTable
+from inferlb.engine.workflow.base import ExternalCall, ScriptEnv
+from inferlb.engine.workflow.parser import OperationTask
 
 __all__ = ["CompiledExecutor", "CompiledInstance", "plan_problems"]
 

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..services import ServiceTable, StartData
-from .parser import OperationTask
+from inferlb.engine.services import ServiceTable, StartData
+from inferlb.engine.workflow.parser import OperationTask
 
 __all__ = ["data_problems"]
 

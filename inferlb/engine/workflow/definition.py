@@ -16,13 +16,13 @@ from typing import Any
 
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
-from ..errors import ProcessError, ProcessValidationError
-from ..services import ServiceTable, StartData
-from .base import ProcessExecutor, ScriptEnv
-from .compiled import CompiledExecutor, plan_problems
-from .datacheck import data_problems
-from .parser import OperationTask, element_tags, make_parser, sequence_flows
-from .spiff import SpiffExecutor
+from inferlb.engine.errors import ProcessError, ProcessValidationError
+from inferlb.engine.services import ServiceTable, StartData
+from inferlb.engine.workflow.base import ProcessExecutor, ScriptEnv
+from inferlb.engine.workflow.compiled import CompiledExecutor, plan_problems
+from inferlb.engine.workflow.datacheck import data_problems
+from inferlb.engine.workflow.parser import OperationTask, element_tags, make_parser, sequence_flows
+from inferlb.engine.workflow.spiff import SpiffExecutor
 
 __all__ = ["ProcessDefinition", "load_process"]
 

@@ -23,10 +23,10 @@ from SpiffWorkflow.task import Task
 from SpiffWorkflow.util.task import TaskState
 from SpiffWorkflow.version import __version__ as SPIFF_VERSION
 
-from ..errors import WorkflowRuntimeError
-from ..services import ServiceTable
-from .base import ExternalCall, ScriptEnv
-from .parser import LazyExclusiveGateway, OperationTask
+from inferlb.engine.errors import WorkflowRuntimeError
+from inferlb.engine.services import ServiceTable
+from inferlb.engine.workflow.base import ExternalCall, ScriptEnv
+from inferlb.engine.workflow.parser import LazyExclusiveGateway, OperationTask
 
 __all__ = ["TIMER_OPERATION", "SpiffExecutor", "SpiffInstance"]
 

@@ -19,14 +19,14 @@ The entry point for other code::
     results = ClosedLoop(specs, ...).run_sessions(sessions, stop_s=120.0)   # closed-loop sessions
 """
 
-from .admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Verdict
-from .closed import ClosedLoop, Session
-from .engine import CoreReport, FastCore, FastSeq
-from .feedback import Feedback, Finished, LearnedFeedback
-from .node import DesNode, FixedCore
-from .prefix import PrefixCaches, PromptInfo
-from .results import OUTCOMES, DesOutcome, DesResults, NodeRecord
-from .sim import Controller, NodeInfo, PrefillHook, RequestLike, Simulation, Window
+from inferlb.simulator.des.admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Verdict
+from inferlb.simulator.des.closed import ClosedLoop, Session
+from inferlb.simulator.des.engine import CoreReport, FastCore, FastSeq
+from inferlb.simulator.des.feedback import Feedback, Finished, LearnedFeedback
+from inferlb.simulator.des.node import DesNode, FixedCore
+from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
+from inferlb.simulator.des.results import OUTCOMES, DesOutcome, DesResults, NodeRecord
+from inferlb.simulator.des.sim import Controller, NodeInfo, PrefillHook, RequestLike, Simulation, Window
 
 __all__ = [
     "ADMIT",

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .node import DesNode
+from inferlb.simulator.des.node import DesNode
 
 if TYPE_CHECKING:   # sim.py imports this module: a runtime import would be a cycle
-    from .sim import Simulation
+    from inferlb.simulator.des.sim import Simulation
 
 __all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Window"]
 

@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .results import OK, DesResults
-from .sim import Simulation
+from inferlb.simulator.des.results import OK, DesResults
+from inferlb.simulator.des.sim import Simulation
 
 __all__ = ["ClosedLoop", "Session"]
 

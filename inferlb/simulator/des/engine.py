@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..spec import BatchSpec
+from inferlb.simulator.spec import BatchSpec
 
 __all__ = ["ABORTED", "FAILED", "FINISHED", "RUNNING", "WAITING", "CoreReport", "FastCore", "FastSeq"]
 

@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING
 
 from inferlb.engine.routing import Router
 from inferlb.engine.routing.types import Decision, NodeList, NodeView
-
-from ..spec import NodeSpec
-from .admission import Admission
-from .api import Controller, NodeInfo, PrefillHook, RequestLike, Window
-from .engine import FastSeq
-from .feedback import Feedback
-from .node import DesNode
-from .prefix import PromptInfo
-from .results import DesResults, NodeRecord
+from inferlb.simulator.des.admission import Admission
+from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window
+from inferlb.simulator.des.engine import FastSeq
+from inferlb.simulator.des.feedback import Feedback
+from inferlb.simulator.des.node import DesNode
+from inferlb.simulator.des.prefix import PromptInfo
+from inferlb.simulator.des.results import DesResults, NodeRecord
+from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["SimFleet"]
 

@@ -14,15 +14,14 @@ import math
 
 from inferlb.engine.routing import RouteRequest
 from inferlb.engine.routing.prefix import block_hashes, text_key
-
-from .admission import ADMIT, QUEUE
-from .api import RequestLike
-from .engine import RUNNING, FastSeq
-from .feedback import Finished
-from .fleet import _UP, SimFleet
-from .node import DesNode
-from .prefix import PrefixCaches
-from .results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT
+from inferlb.simulator.des.admission import ADMIT, QUEUE
+from inferlb.simulator.des.api import RequestLike
+from inferlb.simulator.des.engine import RUNNING, FastSeq
+from inferlb.simulator.des.feedback import Finished
+from inferlb.simulator.des.fleet import _UP, SimFleet
+from inferlb.simulator.des.node import DesNode
+from inferlb.simulator.des.prefix import PrefixCaches
+from inferlb.simulator.des.results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT
 
 __all__ = ["SimRequests"]
 

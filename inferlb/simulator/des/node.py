@@ -31,9 +31,8 @@ import heapq
 import math
 
 from inferlb.engine.routing.types import NodeView
-
-from ..spec import NodeSpec
-from .engine import ABORTED, FAILED, FINISHED, RUNNING, CoreReport, FastCore, FastSeq
+from inferlb.simulator.des.engine import ABORTED, FAILED, FINISHED, RUNNING, CoreReport, FastCore, FastSeq
+from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["RTT_ALPHA", "DesNode", "FixedCore", "NodeState"]
 

@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..openai_format import answer_text
-from ..prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
-from .node import DesNode
+from inferlb.simulator.des.node import DesNode
+from inferlb.simulator.openai_format import answer_text
+from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
 
 __all__ = ["PrefixCaches", "PromptInfo", "PromptOf"]
 

@@ -54,18 +54,17 @@ from collections.abc import Callable, Iterable
 
 from inferlb.engine.routing import Router, build_router
 from inferlb.engine.routing.types import Decision, NodeList
-
-from ..presets import SIM_MODEL
-from ..spec import NodeSpec
-from .admission import Admission, OpenAdmission
-from .api import Controller, NodeInfo, PrefillHook, RequestLike, Window
-from .engine import FastSeq
-from .feedback import Feedback
-from .fleet import _READY, _WAKE
-from .lifecycle import SimRequests
-from .node import DesNode
-from .prefix import PrefixCaches, PromptInfo
-from .results import DesResults
+from inferlb.simulator.des.admission import Admission, OpenAdmission
+from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window
+from inferlb.simulator.des.engine import FastSeq
+from inferlb.simulator.des.feedback import Feedback
+from inferlb.simulator.des.fleet import _READY, _WAKE
+from inferlb.simulator.des.lifecycle import SimRequests
+from inferlb.simulator.des.node import DesNode
+from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
+from inferlb.simulator.des.results import DesResults
+from inferlb.simulator.presets import SIM_MODEL
+from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Simulation", "Window"]
 

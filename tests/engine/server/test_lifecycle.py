@@ -12,8 +12,7 @@ from fastapi import FastAPI
 
 from inferlb.engine.server import build_server
 from inferlb.engine.settings import Settings
-
-from ...support import free_port
+from tests.support import free_port
 
 HANG_GUARD_S = 20.0   # far below tick_s: only the wake-up gets the server out in time
 

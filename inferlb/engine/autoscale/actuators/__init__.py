@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...types import Clock
-from ..config import AutoscaleConfig
-from .base import Actuator, PoolResult, guard_min
-from .dryrun import DryRunActuator
+from inferlb.engine.autoscale.actuators.base import Actuator, PoolResult, guard_min
+from inferlb.engine.autoscale.actuators.dryrun import DryRunActuator
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.types import Clock
 
 __all__ = ["Actuator", "DryRunActuator", "PoolResult", "build_actuator", "guard_min"]
 
@@ -23,15 +23,15 @@ def build_actuator(cfg: AutoscaleConfig, *, clock: Clock, port: Any = None, laun
     if kind == "local":
         if port is None or launcher is None:
             raise ValueError("actuator local needs a node launcher: it runs under `inferlb demo --autoscale`")
-        from .local import LocalActuator
+        from inferlb.engine.autoscale.actuators.local import LocalActuator
 
         return LocalActuator(cfg, port, launcher, clock=clock, gpu_label=gpu_label, gpu_prices=gpu_prices)
     if kind == "kubernetes":
-        from .kubernetes import KubernetesActuator
+        from inferlb.engine.autoscale.actuators.kubernetes import KubernetesActuator
 
         return KubernetesActuator(cfg, api_client)
     if kind == "webhook":
-        from .webhook import WebhookActuator
+        from inferlb.engine.autoscale.actuators.webhook import WebhookActuator
 
         return WebhookActuator(cfg)
     return DryRunActuator(cfg)

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..config import PoolConfig
-from ..planner import Plan, PoolDecision
+from inferlb.engine.autoscale.config import PoolConfig
+from inferlb.engine.autoscale.planner import Plan, PoolDecision
 
 __all__ = ["Actuator", "PoolResult", "guard_min"]
 

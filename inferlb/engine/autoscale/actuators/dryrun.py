@@ -6,9 +6,9 @@ as the sequence of recommendations an operator would have applied.
 
 from __future__ import annotations
 
-from ..config import AutoscaleConfig
-from ..planner import Plan
-from .base import PoolResult, guard_min
+from inferlb.engine.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.autoscale.planner import Plan
 
 __all__ = ["DryRunActuator"]
 

@@ -27,9 +27,9 @@ import asyncio
 import importlib
 from typing import Any
 
-from ..config import AutoscaleConfig, PoolConfig
-from ..planner import Plan
-from .base import PoolResult, guard_min
+from inferlb.engine.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.engine.autoscale.config import AutoscaleConfig, PoolConfig
+from inferlb.engine.autoscale.planner import Plan
 
 __all__ = ["KubernetesActuator", "build_api_client"]
 

@@ -26,13 +26,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...settings import NodeConfig
-from ...types import Clock
-from ..config import AutoscaleConfig
-from ..fleet_port import FleetPort
-from ..planner import Plan, PoolDecision
-from ..planner import pool_price as _pool_price
-from .base import PoolResult, guard_min
+from inferlb.engine.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.autoscale.fleet_port import FleetPort
+from inferlb.engine.autoscale.planner import Plan, PoolDecision
+from inferlb.engine.autoscale.planner import pool_price as _pool_price
+from inferlb.engine.settings import NodeConfig
+from inferlb.engine.types import Clock
 
 __all__ = ["LaunchedNode", "LocalActuator", "NodeLauncher"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from ..config import AutoscaleConfig
-from ..planner import Plan
-from .base import PoolResult, guard_min
+from inferlb.engine.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.engine.autoscale.config import AutoscaleConfig
+from inferlb.engine.autoscale.planner import Plan
 
 __all__ = ["WebhookActuator"]
 
