@@ -3,7 +3,7 @@
 Where the database comes from, first match wins:
 
 1. ``config.attributes["connection"]``: an open SQLAlchemy Connection (tests, embedding callers);
-2. ``config.attributes["url"]``: set by :func:`inferlb.engine.store.db.upgrade`;
+2. ``config.attributes["url"]``: set by :func:`inferlb.store.db.upgrade`;
 3. ``INFERLB_DATABASE_URL`` through inferlb's settings (the ``alembic`` command line).
 
 alembic.ini carries no URL on purpose: one source of truth, and no password in a file.
@@ -16,16 +16,10 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from inferlb.engine.settings import load_settings
-from inferlb.engine.store import (
-    events,  # noqa: F401  (node_events is a Core table on Base.metadata)
-    leases,  # noqa: F401  (leader_leases too)
-    overrides,  # noqa: F401  (node_overrides, fleet_revision: Core tables too)
-    scaling,  # noqa: F401  (scaling_events too)
-)
-from inferlb.engine.store.db import make_engine, normalize_url
-from inferlb.engine.store.models import Base
-from inferlb.engine.store.partitions import PARTITION_NAME
+from inferlb.config.settings import load_settings
+from inferlb.store.db import make_engine, normalize_url
+from inferlb.store.partitions import PARTITION_NAME
+from inferlb.store.schema import Base
 
 __all__: list[str] = []
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import uvicorn
 
-from inferlb.engine.app import create_app
-from inferlb.engine.settings import FleetConfig, Settings, fleet_from_mapping
-from inferlb.engine.types import Clock
+from inferlb.app import create_app
+from inferlb.config.settings import FleetConfig, Settings, fleet_from_mapping
 from inferlb.simulator import NodeSpec
+from inferlb.types import Clock
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,9 +27,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.prefix import block_hashes, text_key
-from inferlb.engine.routing.types import NodeList
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.prefix import block_hashes, text_key
+from inferlb.routing.types import NodeList
 
 __all__ = ["main"]
 

@@ -69,8 +69,8 @@ from inferlb.bench.des_report import des_summary
 from inferlb.bench.learned_goals import node_capacity
 from inferlb.bench.loadgen.sessions import prompt_text, session_plan
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
-from inferlb.engine.routing import build_router
-from inferlb.engine.routing.profiles import PROFILES
+from inferlb.routing import build_router
+from inferlb.routing.profiles import PROFILES
 from inferlb.simulator.des import ClosedLoop, PrefixCaches, PromptInfo, Session, Simulation
 from inferlb.simulator.openai_format import answer_text
 from inferlb.simulator.prefix_cache import PrefixCache, finished_sequence

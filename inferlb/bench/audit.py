@@ -5,7 +5,7 @@
 Prints, for the write-ahead log (``begin`` + ``submit`` per request, as the gateway does, with
 concurrent requests; the database is not written in this phase): the ``begin`` latency (p50, p99),
 the process CPU time per record, fsyncs per second and records per fsync. Then, for the database:
-the wall time per record of :func:`~inferlb.engine.store.rows.upsert_records` on SQLite in batches
+the wall time per record of :func:`~inferlb.store.rows.upsert_records` on SQLite in batches
 of ``--batch`` (what the writer's database thread does), for new rows and for rows that exist.
 """
 
@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.rows import upsert_records
-from inferlb.engine.store.writer import AuditWriter
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.rows import upsert_records
+from inferlb.store.writer import AuditWriter
 
 __all__ = ["main"]
 

@@ -1,13 +1,13 @@
 """Autoscaling backtests: a week of traffic in the discrete-event simulator, sized by the autoscaler.
 
 ``inferlb autoscale backtest --workload diurnal-bursty|FILE --policy static|reactive|predictive|oracle
-[--days 7] [--json] [--plot DIR]`` (inferlb/cli_backtest.py) calls :func:`run_backtest`.
+[--days 7] [--json] [--plot DIR]`` (inferlb/cli/backtest.py) calls :func:`run_backtest`.
 
 What runs: the workload's plan (:func:`~inferlb.bench.loadgen.workload.iter_plan`) over
 ``warmup_days + days``; the warm-up days are not simulated, only binned into tokens/s per step
 (the history a gateway's audit trail would hold when the week starts); the ``days`` after it run
 in :class:`~inferlb.simulator.des.Simulation` (the real routing core, the continuous-batching
-node engines) with the :class:`~inferlb.engine.autoscale.Autoscaler` as its controller
+node engines) with the :class:`~inferlb.autoscale.Autoscaler` as its controller
 (:class:`~.autoscale_controller.ScalerController`: one round every ``interval_s``, cold start on
 every new node, scale-down drains before it removes). One pool: the workload's model on one GPU
 preset. The policies differ only in the forecaster the same Autoscaler holds:
@@ -20,7 +20,7 @@ preset. The policies differ only in the forecaster the same Autoscaler holds:
 * ``oracle``: the true tokens/s of the coming steps (perfect foresight; comparison only).
 
 **Capacity** (one replica's tokens/s at SLO, what the gateway learns from its audit trail,
-engine/autoscale/capacity.py) is measured first by :func:`calibrate`: the same node spec and
+autoscale/capacity.py) is measured first by :func:`calibrate`: the same node spec and
 request shapes at constant Poisson rates on ``calibrate_nodes`` nodes; the highest rate whose SLO
 attainment is ≥ ``slo_target`` (bisection), in tokens/s per node.
 
@@ -48,11 +48,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferlb.autoscale import AutoscaleConfig, Autoscaler
+from inferlb.autoscale.forecast import make_forecaster
 from inferlb.bench.autoscale_controller import ScalerController
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, iter_plan, plan
-from inferlb.engine.autoscale import AutoscaleConfig, Autoscaler
-from inferlb.engine.autoscale.forecast import make_forecaster
 from inferlb.simulator.des import DesResults, Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import NodeSpec

@@ -3,7 +3,7 @@
 :class:`ScalerController` is a :data:`~inferlb.simulator.des.Controller` (called every
 ``control_every_s`` of virtual time with the :class:`~inferlb.simulator.des.Simulation`). Each call
 is one autoscaler round, as ``processes/autoscale.bpmn`` runs it in the gateway
-(:mod:`inferlb.engine.autoscale.runner`), with the DES in place of the audit trail and the actuator:
+(:mod:`inferlb.autoscale.runner`), with the DES in place of the audit trail and the actuator:
 
 * **observe**: the arrivals' tokens (prompt + output, the unit of the forecasts and the capacity
   model) of :meth:`Simulation.take_window` are summed into steps of ``cfg.step_s``; a step is
@@ -18,7 +18,7 @@ is one autoscaler round, as ``processes/autoscale.bpmn`` runs it in the gateway
 * **plan**: :meth:`Autoscaler.plan` every round, with ``current`` = the pool's nodes that are
   starting or ready (what the local actuator counts: draining nodes are not), and the capacity
   model given (one replica's tokens/s at SLO).
-* **actuate**, like the ``local`` actuator (engine/autoscale/actuators/local.py): scale-up adds
+* **actuate**, like the ``local`` actuator (autoscale/actuators/local.py): scale-up adds
   one node per missing replica with :meth:`Simulation.add_node` and the pool's ``cold_start_s``
   (no traffic until ready; GPU time counts from the start); scale-down drains the newest nodes
   first (:meth:`Simulation.drain_node`: no new requests, removed once idle), never below ``min``.
@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inferlb.engine.autoscale import Autoscaler, LoadHistory
-from inferlb.engine.autoscale.capacity import Capacity
+from inferlb.autoscale import Autoscaler, LoadHistory
+from inferlb.autoscale.capacity import Capacity
 from inferlb.simulator.des import Simulation
 from inferlb.simulator.spec import NodeSpec
 

@@ -1,7 +1,7 @@
 """The gateway's admission rules in a discrete-event run: the real :class:`AdmissionController`.
 
 Contract: :class:`GatewayAdmission` implements :class:`inferlb.simulator.des.Admission` by driving
-the gateway's own :class:`~inferlb.engine.admission.controller.AdmissionController` (priority
+the gateway's own :class:`~inferlb.admission.controller.AdmissionController` (priority
 classes, pool slots, the "hot pool" rule, the bounded priority queue with its expected-wait
 shedding and evictions, the service-time EWMA) the way the request process does: ``admit`` per
 arrival, ``admit`` again once a queued request's ticket settles (granted, expired, shed),
@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from inferlb.engine.admission.config import AdmissionPolicy
-from inferlb.engine.admission.controller import AdmissionController
-from inferlb.engine.routing.types import NodeView
-from inferlb.engine.store.records import RequestRecord
+from inferlb.admission.controller import AdmissionController
+from inferlb.config.admission import AdmissionPolicy
+from inferlb.routing.types import NodeView
 from inferlb.simulator.des.admission import ADMIT, QUEUE, REJECT, Pools, Verdict
+from inferlb.store.records import RequestRecord
 
 __all__ = ["GatewayAdmission"]
 

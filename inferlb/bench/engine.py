@@ -51,15 +51,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferlb.app import request_end
 from inferlb.bench.loadgen.results import pcts
-from inferlb.engine.app import request_end
+from inferlb.config.settings import Settings, fleet_from_mapping
 from inferlb.engine.scope import IncomingRequest, Runtime, begin_request, build_runtime
-from inferlb.engine.services import ServiceSpec, ServiceTable
-from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.types import ManualClock
-from inferlb.engine.workflow import TIMER_OPERATION, ProcessDefinition, load_process
+from inferlb.store.records import RequestRecord
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
+from inferlb.types import ManualClock
+from inferlb.workflow import TIMER_OPERATION, ProcessDefinition, load_process
+from inferlb.workflow.services import ServiceSpec, ServiceTable
 
 __all__ = ["ENGINES", "SCENARIOS", "EngineScenario", "default_process_path", "main", "measure_engine"]
 
@@ -99,7 +99,7 @@ SCENARIOS: tuple[EngineScenario, ...] = (
 
 def default_process_path() -> Path:
     """The shipped request process (the repo's ``processes/`` or the packaged copy)."""
-    from inferlb.engine.app import default_processes_dir
+    from inferlb.app import default_processes_dir
 
     return default_processes_dir() / "inference_request.bpmn"
 

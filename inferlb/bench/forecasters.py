@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inferlb.engine.autoscale.forecast import make_forecaster
+from inferlb.autoscale.forecast import make_forecaster
 
 __all__ = ["evaluate", "main", "series_diurnal_bursty", "series_seasonal"]
 

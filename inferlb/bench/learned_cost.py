@@ -19,8 +19,8 @@ import argparse
 import importlib.util
 from typing import Any
 
-from inferlb.engine.routing import build_router
-from inferlb.engine.routing.profiles import LEARNED_LATENCY
+from inferlb.routing import build_router
+from inferlb.routing.profiles import LEARNED_LATENCY
 
 __all__ = ["main"]
 

@@ -52,9 +52,9 @@ from typing import Any
 from inferlb.bench.des_admission import GatewayAdmission
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
-from inferlb.engine.admission.config import AdmissionPolicy
-from inferlb.engine.routing import build_router
-from inferlb.engine.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
+from inferlb.config.admission import AdmissionPolicy
+from inferlb.routing import build_router
+from inferlb.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
 from inferlb.simulator.des import OUTCOMES, DesResults, LearnedFeedback, Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import NodeSpec

@@ -5,14 +5,14 @@
 
 The fleet, workload (``heavy-tail``) and node engine are those of :mod:`inferlb.bench.routing_sim`
 (``BatchCore`` nodes cycling the ``h100`` / ``a100`` / ``l4`` presets, the gateway's
-:class:`~inferlb.engine.fleet.Fleet` fed as in production); no HTTP, no wall clock, seeded.
+:class:`~inferlb.fleet.state.Fleet` fed as in production); no HTTP, no wall clock, seeded.
 With the ``learned`` profile the predictor's lifecycle is fed every answer
 (``observe_answer``, the gateway's rule) and trained every ``--train-every`` virtual seconds, as
 the gateway's background loop does.
 
 ``--compare`` records, for every answered request, the feature row of the chosen node at
 decision time and the times the simulator measured, then replays them in order through each
-candidate predictor: the built-in :class:`~inferlb.engine.routing.predictor.OnlineLinear`,
+candidate predictor: the built-in :class:`~inferlb.routing.predictor.OnlineLinear`,
 river (``LinearRegression`` on standardised features, online), scikit-learn retrained every
 ``--retrain-every`` records (``Ridge`` and ``HistGradientBoostingRegressor``), and the baseline
 "recent EWMA" (the node's own TTFT and 1 / tokens-per-second as the gateway measured them). Each
@@ -37,16 +37,16 @@ import numpy as np
 
 from inferlb.bench.loadgen.workload import load_workload, plan
 from inferlb.bench.routing_sim import _pct
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.isolation import observe
-from inferlb.engine.health.types import Sample
-from inferlb.engine.routing import RouteRequest, build_router
-from inferlb.engine.routing.features import FEATURE_NAMES, features
-from inferlb.engine.routing.predictor import Observed, OnlineLinear
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import observe
+from inferlb.node_types import Sample
+from inferlb.routing import RouteRequest, build_router
+from inferlb.routing.features import FEATURE_NAMES, features
+from inferlb.routing.predictor import Observed, OnlineLinear
 from inferlb.simulator.batching import BatchCore, Seq, SeqState
 from inferlb.simulator.presets import PRESETS
+from inferlb.types import ManualClock
 
 __all__ = ["Record", "Run", "compare_predictors", "main", "run"]
 
@@ -238,7 +238,7 @@ def compare_predictors(records: list[Record], retrain_every: int = 500) -> list[
 
     m = OnlineLinear()
     preds, _, upd = _online(records, lambda row: (lambda p: (p.ttft_s, p.tpot_s))(m.predict(row)), m.update)
-    from inferlb.engine.routing.types import NodeView
+    from inferlb.routing.types import NodeView
     views = [NodeView(name=f"n{i}", models=frozenset({_MODEL}), capacity_tokens=100_000, max_concurrency=64,
                       inflight_requests=i, inflight_tokens=1000 * i, tokens_per_s=30.0 + i, ttft_s=0.1 + i / 100)
              for i in range(16)]

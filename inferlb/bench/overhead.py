@@ -205,7 +205,7 @@ class _Bench:
                               "slower than 20 ms TTFT + 2 ms/token); figures are not comparable with the "
                               "peer bench, and direct round-robin vs. inferlb routing differ in more than "
                               "overhead")
-            sim = self.spawn("sim", [PY, "-m", "inferlb.cli", "sim", "--ports", *map(str, ports)],
+            sim = self.spawn("sim", [PY, "-m", "inferlb.cli.main", "sim", "--ports", *map(str, ports)],
                              env=_child_env())
             kids = [sim] * 3
         for url, kid in zip(self.node_urls, kids, strict=True):
@@ -263,7 +263,7 @@ class _Bench:
             env = _child_env(INFERLB_ENGINE=mode, INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
                              INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}",
                              INFERLB_JOURNAL_DIR=str(gdir / "journal"), INFERLB_LOG_LEVEL="WARNING")
-            child = self.spawn(f"inferlb-{mode}", [PY, "-m", "inferlb.cli", "serve", "--config",
+            child = self.spawn(f"inferlb-{mode}", [PY, "-m", "inferlb.cli.main", "serve", "--config",
                                                    str(fleet_file)], env=env)
             wait_http(url + "/readyz", child, 90)
         else:

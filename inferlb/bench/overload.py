@@ -39,7 +39,7 @@ from inferlb.bench.loadgen.results import node_figures
 from inferlb.bench.loadgen.runner import run_plan
 from inferlb.bench.loadgen.stack import Stack
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload
-from inferlb.engine.store.sla import percentile
+from inferlb.store.sla import percentile
 
 __all__ = ["CellResult", "Shot", "main", "plan_cell", "run_cell", "sim_fleet", "summarize_cell"]
 
@@ -205,8 +205,8 @@ class _Overload:
 
 def _keys(db: Path, quotas: dict[str, int]) -> dict[str, str]:
     """Tenant keys with RPM quotas, written before the gateway starts (it loads them at start)."""
-    from inferlb.engine.store.db import make_engine, upgrade
-    from inferlb.engine.store.keys import create_key
+    from inferlb.admission.store import create_key
+    from inferlb.store.db import make_engine, upgrade
 
     url = f"sqlite:///{db}"
     upgrade(url)

@@ -1,11 +1,11 @@
-"""What a gated routing reload spends judging: :func:`~inferlb.engine.routing.gate.judge` over a
+"""What a gated routing reload spends judging: :func:`~inferlb.routing.gate.judge` over a
 synthetic log of the ``learned`` profile's decisions (5 candidates each, JSON as the audit keeps it).
 
 ``python -m inferlb.bench.policy_gate [--decisions 2000,10000] [--bootstrap 200]``
 
 For each log size: building the log is not timed; then one ``judge`` of ``token-aware`` against
 the logging policy (its baseline measured) and one against ``round-robin`` (two estimates), each
-timed once with ``time.perf_counter``. The audit read is not in it (engine/store/learned.py does
+timed once with ``time.perf_counter``. The audit read is not in it (learned/audit.py does
 one indexed scan). Prints seconds per judgement and per 1,000 decisions.
 """
 
@@ -16,9 +16,9 @@ import json
 import random
 import time
 
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.gate import EvaluationRequirement, judge
-from inferlb.engine.routing.ope_replay import LoggedDecision
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.gate import EvaluationRequirement, judge
+from inferlb.routing.ope_replay import LoggedDecision
 
 __all__ = ["main", "synthetic_log"]
 

@@ -17,7 +17,7 @@ import sys
 import time
 
 from inferlb.bench.procs import free_port
-from inferlb.engine.settings import TimeoutConfig
+from inferlb.config.settings import TimeoutConfig
 from inferlb.engine.sse import SSERelay
 from inferlb.engine.upstream import Upstream
 

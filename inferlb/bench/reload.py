@@ -6,7 +6,7 @@ times, and how long a reload takes; with a baseline phase (same load, no reload)
     python -m inferlb.bench.reload [--reloads 20] [--workers 8] [--phase-s 10]
 
 One process runs the simulated nodes (fast, like the tests'), the gateway (its real HTTP server,
-:func:`~inferlb.engine.server.build_server`) and the client: ``workers`` closed-loop clients send
+:func:`~inferlb.server.build_server`) and the client: ``workers`` closed-loop clients send
 chat completions (half streamed) for ``phase_s`` seconds without reloads, then for ``phase_s``
 seconds while ``POST /admin/reload`` runs every ``phase_s / reloads`` seconds, alternating the
 shipped ``inference_request.bpmn`` and a variant (one extra script task that tags the audit record,
@@ -104,10 +104,10 @@ async def _phase(http: httpx.AsyncClient, workers: int, seconds: float, reloads:
 
 
 async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> dict[str, Any]:
+    from inferlb.app import create_app
     from inferlb.bench.procs import free_port
-    from inferlb.engine.app import create_app
-    from inferlb.engine.server import build_server
-    from inferlb.engine.settings import Settings
+    from inferlb.config.settings import Settings
+    from inferlb.server import build_server
     from inferlb.simulator import NodeSpec, SimFleet
 
     phase_s = min(max(phase_s, 1.0), 30.0)

@@ -7,7 +7,7 @@ one Redis, and what the cluster's admission costs per request.
                            [--fake-server PATH] [--redis-url URL] [--max-seconds 20] [--json OUT]
 
 Part 1, in-process (no HTTP): CPU µs per admission decision + release of the plain controller (one
-replica) and of the cluster's (:class:`~inferlb.engine.cluster.admission.SharedAdmission`, shares
+replica) and of the cluster's (:class:`~inferlb.cluster.admission.SharedAdmission`, shares
 read from memory), and, for comparison, a per-request Redis lease (one Lua ``EVALSHA`` to take a
 slot and one to give it back, measured against the Redis given): the mechanism the cluster did
 *not* choose.
@@ -77,12 +77,12 @@ return 1
 
 def measure_admission(n: int, redis_url: str | None) -> dict[str, Any]:
     """µs per admit + release, plain vs shared controller; per-request Redis lease for comparison."""
-    from inferlb.engine.admission.controller import AdmissionController
-    from inferlb.engine.cluster.admission import SharedAdmission
-    from inferlb.engine.fleet import Fleet
-    from inferlb.engine.settings import fleet_from_mapping
-    from inferlb.engine.store.records import RequestRecord
-    from inferlb.engine.types import SystemClock
+    from inferlb.admission.controller import AdmissionController
+    from inferlb.cluster.admission import SharedAdmission
+    from inferlb.config.settings import fleet_from_mapping
+    from inferlb.fleet.state import Fleet
+    from inferlb.store.records import RequestRecord
+    from inferlb.types import SystemClock
 
     cfg = fleet_from_mapping({"models": [{"name": "m"}],
                               "nodes": [{"name": f"n{i}", "url": f"http://127.0.0.1:{9 + i}", "models": ["m"]}
@@ -114,11 +114,11 @@ def measure_admission(n: int, redis_url: str | None) -> dict[str, Any]:
 
 async def _sync_cost(url: str, cfg: Any, n: int) -> dict[str, Any]:
     """One replica's sync (one EVALSHA: heartbeat, pool share, retry claim, health version): µs each."""
-    from inferlb.engine.cluster.admission import SharedAdmission
-    from inferlb.engine.cluster.config import ClusterSettings
-    from inferlb.engine.cluster.service import ClusterService
-    from inferlb.engine.fleet import Fleet
-    from inferlb.engine.types import SystemClock
+    from inferlb.cluster.admission import SharedAdmission
+    from inferlb.cluster.service import ClusterService
+    from inferlb.config.cluster import ClusterSettings
+    from inferlb.fleet.state import Fleet
+    from inferlb.types import SystemClock
 
     clock = SystemClock()
     fleet = Fleet(cfg, clock)
@@ -198,7 +198,7 @@ class _Run:
                     for i, p in enumerate(ports)]
         else:
             self.model, self.nodes = "demo-llm", "inferlb sim demo nodes"
-            sim = self.spawn("sim", [PY, "-m", "inferlb.cli", "sim", "--ports", *map(str, ports)])
+            sim = self.spawn("sim", [PY, "-m", "inferlb.cli.main", "sim", "--ports", *map(str, ports)])
             kids = [sim] * 3
         for url, kid in zip(self.node_urls, kids, strict=True):
             wait_http(url + "/health", kid, 60)
@@ -218,7 +218,8 @@ class _Run:
             if redis_prefix is not None:
                 env.update(INFERLB_REDIS_URL=self.cfg.redis_url, INFERLB_REDIS_PREFIX=redis_prefix,
                            INFERLB_CLUSTER_REPLICA_ID=f"{label}-{i}")
-            child = self.spawn(f"{label}-{i}", [PY, "-m", "inferlb.cli", "serve", "--config", str(d / "fleet.yaml")],
+            child = self.spawn(f"{label}-{i}",
+                               [PY, "-m", "inferlb.cli.main", "serve", "--config", str(d / "fleet.yaml")],
                                env=env)
             out.append((f"http://127.0.0.1:{port}", child))
         for url, child in out:

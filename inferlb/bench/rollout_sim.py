@@ -37,23 +37,23 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inferlb.app import default_processes_dir
 from inferlb.bench.loadgen.workload import Workload, plan
-from inferlb.engine.app import default_processes_dir
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.isolation import observe
-from inferlb.engine.health.types import Sample
-from inferlb.engine.rollout.config import RolloutConfig, RolloutSpec
-from inferlb.engine.rollout.manager import RolloutManager
-from inferlb.engine.rollout.window import VersionWindow
-from inferlb.engine.routing import RouteRequest, build_router
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.types import ManualClock
-from inferlb.engine.versions.table import Version, VersionTable
-from inferlb.engine.workflow import load_process
+from inferlb.config.rollout import RolloutConfig, RolloutSpec
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import observe
+from inferlb.node_types import Sample
+from inferlb.rollout.manager import RolloutManager
+from inferlb.rollout.window import VersionWindow
+from inferlb.routing import RouteRequest, build_router
 from inferlb.simulator.batching import BatchCore, Seq, SeqState
 from inferlb.simulator.presets import PRESETS
+from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
+from inferlb.types import ManualClock
+from inferlb.versions.table import Version, VersionTable
+from inferlb.workflow import load_process
 
 __all__ = ["Outcome", "main", "simulate"]
 

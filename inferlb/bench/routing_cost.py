@@ -56,10 +56,10 @@ def _stats(ns: list[int]) -> dict[str, float]:
 
 def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
     """Per-decision CPU and wall nanoseconds for ``decide`` and ``select`` (see the module docstring)."""
-    from inferlb.engine.fleet import Fleet
-    from inferlb.engine.routing import NodeView, RouteRequest, build_router
-    from inferlb.engine.settings import fleet_from_mapping
-    from inferlb.engine.types import SystemClock
+    from inferlb.config.settings import fleet_from_mapping
+    from inferlb.fleet.state import Fleet
+    from inferlb.routing import NodeView, RouteRequest, build_router
+    from inferlb.types import SystemClock
 
     rng = random.Random(seed)
 

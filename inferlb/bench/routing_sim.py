@@ -6,7 +6,7 @@
 Each target routes the same seeded plan (the ``heavy-tail`` workload) over the same fleet: a node
 is a :class:`~inferlb.simulator.batching.BatchCore` (continuous batching over a paged KV cache,
 presets ``h100`` / ``a100`` / ``l4`` in turn, so speeds and KV sizes differ), the gateway's view of
-it a :class:`~inferlb.engine.fleet.Fleet` fed as in production: in-flight counts on dispatch and
+it a :class:`~inferlb.fleet.state.Fleet` fed as in production: in-flight counts on dispatch and
 completion, learned speed and latency from each answer (``report_success``), and the nodes'
 waiting / KV-use metrics every ``--scrape-s`` seconds. No HTTP, no wall clock: a run is
 deterministic and takes seconds, so the cost of sampling (``token-aware`` samples k = 16
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferlb.bench.loadgen.workload import load_workload, plan
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.isolation import observe
-from inferlb.engine.health.types import Sample
-from inferlb.engine.routing import RouteRequest, build_router
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import observe
+from inferlb.node_types import Sample
+from inferlb.routing import RouteRequest, build_router
 from inferlb.simulator.batching import BatchCore, Seq, SeqState
 from inferlb.simulator.presets import PRESETS
+from inferlb.types import ManualClock
 
 __all__ = ["SimResult", "main", "simulate"]
 

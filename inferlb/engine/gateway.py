@@ -19,8 +19,15 @@ from typing import Any
 
 from starlette.responses import Response
 
+from inferlb.config.settings import NodeConfig, TimeoutConfig
 from inferlb.engine.endpoints import node_path
-from inferlb.engine.errors import (
+from inferlb.engine.first_byte import FirstByteBudget
+from inferlb.engine.request_ids import new_request_id
+from inferlb.engine.scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
+from inferlb.engine.sse import SSERelay, extract_usage
+from inferlb.engine.streaming import WatchedStreamingResponse
+from inferlb.engine.upstream import Upstream, UpstreamResponse
+from inferlb.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
@@ -29,16 +36,9 @@ from inferlb.engine.errors import (
     error_body,
     error_event,
 )
-from inferlb.engine.first_byte import FirstByteBudget
-from inferlb.engine.request_ids import new_request_id
-from inferlb.engine.routing.lifecycle import observe_decision
-from inferlb.engine.scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
-from inferlb.engine.settings import NodeConfig, TimeoutConfig
-from inferlb.engine.sse import SSERelay, extract_usage
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.streaming import WatchedStreamingResponse
-from inferlb.engine.upstream import Upstream, UpstreamResponse
-from inferlb.engine.workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
+from inferlb.routing.lifecycle import observe_decision
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
 
 __all__ = ["Gateway", "IncomingRequest", "Performer"]   # IncomingRequest lives in scope.py
 
@@ -63,7 +63,7 @@ class Gateway:
 
     def __init__(self, rt: Runtime, process: ProcessDefinition, upstream: Upstream,
                  performers: Mapping[str, Performer] | None = None, *, config_version: str = "") -> None:
-        # What new requests start on; a reload swaps it whole (engine/live.py). A request keeps the
+        # What new requests start on; a reload swaps it whole (live/manager.py). A request keeps the
         # snapshot it started with (its scope's ``rt`` and its process instance) until it ends.
         self.snapshot = Snapshot(rt, process, config_version)
         self.upstream = upstream
@@ -410,7 +410,7 @@ class Gateway:
     def reject(self, endpoint: str, model: str, status: int, code: str | None, tenant: str | None = None,
                tags: dict[str, Any] | None = None) -> str:
         """Audit a request rejected before its process started (invalid input); returns its id.
-        ``model`` is stored as given: the API layer bounds it (engine/api/labels.py)."""
+        ``model`` is stored as given: the API layer bounds it (api/labels.py)."""
         rid = new_request_id()
         now = round(self.rt.clock.time(), 6)
         self.rt.on_request_end(RequestRecord(request_id=rid, received_at=now, endpoint=endpoint,
@@ -440,7 +440,7 @@ class Gateway:
 
 
 def _charge(rec: RequestRecord, cost: float) -> None:
-    """Add one attempt's cost (engine/cost.py's rule, as the cost ledger charges it) to the record:
+    """Add one attempt's cost (cost.py's rule, as the cost ledger charges it) to the record:
     every attempt is charged for what it occupied, whatever its outcome."""
     if cost > 0:
         rec.cost_est = round((rec.cost_est or 0.0) + cost, 9)

@@ -3,7 +3,7 @@ routing (:func:`check_model`, :func:`check_context`) and the outcome → HTTP st
 table (:func:`final_result`).
 
 The service tasks ``request/evaluate`` and ``audit/record`` are thin adapters over these; every
-error body comes from :func:`~inferlb.engine.errors.error_body`. Pure: no I/O.
+error body comes from :func:`~inferlb.errors.error_body`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inferlb.config.settings import FleetConfig, ModelConfig
 from inferlb.engine.endpoints import serves
-from inferlb.engine.errors import error_body
 from inferlb.engine.scope import RequestScope
-from inferlb.engine.settings import FleetConfig, ModelConfig
-from inferlb.engine.versions.table import Version, VersionTable
+from inferlb.errors import error_body
+from inferlb.versions.table import Version, VersionTable
 
 __all__ = ["GENERATE", "check_context", "check_model", "check_version", "final_result", "rejection"]
 
@@ -70,7 +70,7 @@ def check_version(versions: VersionTable, model: ModelConfig, *, pinned: str | N
     Pinned (``x-inferlb-model-version``, the API layer checked the key may pin): that version,
     400 ``model_version_not_found`` when the model has no such version (a model without versions
     accepts only its static ``version`` label, and then serves it as usual). Not pinned: sticky
-    by weight on (model, tenant, user) (engine/versions/assign.py). None: the model is not versioned.
+    by weight on (model, tenant, user) (versions/assign.py). None: the model is not versioned.
     """
     mv = versions.get(model.name)
     if pinned is not None:

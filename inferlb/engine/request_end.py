@@ -1,6 +1,6 @@
 """The end-of-request hook: named steps run in order, once per request, whichever way it ended.
 
-``app.py`` lists the steps (:func:`inferlb.engine.app.request_end`); every driver of the request
+``app.py`` lists the steps (:func:`inferlb.app.request_end`); every driver of the request
 process calls the hook exactly once per request through ``Runtime.on_request_end`` (the
 ``audit/record`` task, and the gateway for requests that end outside the process: invalid input,
 a client gone, an engine failure).
@@ -16,7 +16,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from inferlb.engine.store.records import RequestRecord
+from inferlb.store.records import RequestRecord
 
 __all__ = ["EndStep", "RequestEnd"]
 

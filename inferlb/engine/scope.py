@@ -25,19 +25,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferlb.engine.admission import AdmissionController
-from inferlb.engine.fleet import Fleet
+from inferlb.admission import AdmissionController
+from inferlb.config.settings import FleetConfig, Settings
 from inferlb.engine.request_ids import new_request_id
-from inferlb.engine.routing import Decision, Router
-from inferlb.engine.routing.prefix import block_hashes, text_key
-from inferlb.engine.settings import FleetConfig, Settings
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
 from inferlb.engine.tokens import TokenEstimator
-from inferlb.engine.types import Clock
-from inferlb.engine.versions.table import Version, VersionTable
+from inferlb.fleet.state import Fleet
+from inferlb.routing import Decision, Router
+from inferlb.routing.prefix import block_hashes, text_key
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.types import Clock
+from inferlb.versions.table import Version, VersionTable
 
 if TYPE_CHECKING:
-    from inferlb.engine.workflow import ProcessDefinition
+    from inferlb.workflow import ProcessDefinition
 
 __all__ = ["IncomingRequest", "RequestScope", "Runtime", "Snapshot", "begin_request", "build_runtime"]
 
@@ -91,13 +91,13 @@ class Runtime:
     begin: Callable[[RequestRecord], Awaitable[bool] | None] = field(default=_no_begin)
     # The learned profile's predictor lifecycle (routing/lifecycle.py); None for other profiles.
     learner: Any = None
-    # Model versions and their weights in force (engine/versions); rollouts change the weights.
+    # Model versions and their weights in force (versions); rollouts change the weights.
     versions: VersionTable = field(default_factory=lambda: VersionTable([], []))
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a request starts on, swapped whole by a reload (engine/live.py): the runtime (its
+    """What a request starts on, swapped whole by a reload (live/manager.py): the runtime (its
     ``fleet_cfg`` and ``router``; the live fleet, admission and clock are shared by all snapshots),
     the request process (a ``ProcessDefinition``), and the effective config's version."""
 
@@ -126,7 +126,7 @@ class RequestScope:
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
     journaled: Awaitable[bool] | None = None     # the start entry's commit: awaited before the first byte
     # Affinity inputs, only when the router reads them (Router.prefix_blocks > 0): the prompt's
-    # chained block hashes and the session's 64-bit key (engine/routing/prefix.py).
+    # chained block hashes and the session's 64-bit key (routing/prefix.py).
     prefix: tuple[int, ...] = ()
     session_key: int | None = None
     version: Version | None = None               # the model version routed to now (None: unversioned model)
@@ -212,7 +212,7 @@ def build_runtime(
 ) -> Runtime:
     """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
     end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``);
-    ``admission_cls``: the cluster's controller when several replicas share Redis (engine/cluster)."""
+    ``admission_cls``: the cluster's controller when several replicas share Redis (cluster)."""
     r = fleet_cfg.routing
     router = r.build_router(seed=r.seed if seed is None else seed, clock=clock.time)
     estimator = TokenEstimator()

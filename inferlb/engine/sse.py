@@ -10,7 +10,7 @@ JSON would cost a few µs per token, so:
   ``\r`` (the WHATWG event-stream rules; forwarded as ``\n``); ``:`` comments and
   ``event:``/``id:``/``retry:`` fields pass; several ``data:`` lines of one event join with ``\n``.
   A line with no known field (for instance a JSON line missing its ``data:``) is an
-  :class:`~inferlb.engine.errors.UpstreamProtocolError`, and so is an event, or an unfinished tail,
+  :class:`~inferlb.errors.UpstreamProtocolError`, and so is an event, or an unfinished tail,
   over ``max_event_bytes``: a node that never sends a blank line cannot grow the gateway's memory.
 - :func:`check_payload` is the cheap validity check of each ``data`` payload: ``[DONE]`` or text
   that starts with ``{`` and ends with ``}``. That catches cut or garbled lines, the usual failure,
@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from inferlb.engine.errors import UpstreamProtocolError
+from inferlb.errors import UpstreamProtocolError
 
 __all__ = [
     "DONE",

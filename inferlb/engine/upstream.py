@@ -2,18 +2,18 @@
 
 Chosen by measurement: an aiohttp ``ClientSession`` costs the gateway about 1 ms of CPU per request
 against 3.4–9.5 ms for httpx. aiohttp stays behind this module: every aiohttp / OS error is mapped
-here (``raise … from exc``) into :mod:`inferlb.engine.errors`, and nothing else imports aiohttp for
+here (``raise … from exc``) into :mod:`inferlb.errors`, and nothing else imports aiohttp for
 the data path.
 
 Contract of :meth:`Upstream.open` (docs/reliability.md §5):
 
 - It returns only once the node has answered 2xx **and** sent the first body chunk: the commit
   point. Until then nothing has reached the client, so every failure is an
-  :class:`~inferlb.engine.errors.UpstreamError` the caller may retry elsewhere.
+  :class:`~inferlb.errors.UpstreamError` the caller may retry elsewhere.
 - Timers: ``connect_s`` (TCP connect), ``first_token_s`` (request start → first body chunk, covering
   a wait for a pool slot too), ``idle_s`` (between later chunks) and ``total_s`` (request start →
   last byte; the earlier of it and the others wins, and then ``phase`` says ``total``).
-- A non-2xx answer raises :class:`~inferlb.engine.errors.UpstreamStatusError` with the body
+- A non-2xx answer raises :class:`~inferlb.errors.UpstreamStatusError` with the body
   (≤ 64 KiB) and ``Retry-After`` in seconds (delay-seconds or HTTP-date). Redirects are not
   followed: a 3xx is a status error too, so a node can never redirect traffic or credentials.
 - Headers go out as given, minus hop-by-hop ones; aiohttp adds only ``Host`` and
@@ -35,15 +35,15 @@ from types import TracebackType
 
 import aiohttp
 
-from inferlb.engine.errors import (
+from inferlb.config.settings import TimeoutConfig
+from inferlb.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from inferlb.engine.settings import TimeoutConfig
-from inferlb.engine.types import Clock, SystemClock
+from inferlb.types import Clock, SystemClock
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",

@@ -2,7 +2,7 @@
 
 Contract: :class:`BatchCore` does no I/O and reads no clock; every call takes ``now`` (monotonic
 seconds) and the model moves only inside :meth:`BatchCore.advance`. The HTTP node drives it in real
-time (:mod:`.driver`); tests drive it with a :class:`~inferlb.engine.types.ManualClock`.
+time (:mod:`.driver`); tests drive it with a :class:`~inferlb.types.ManualClock`.
 
 The scheduler follows vLLM's (V1, without chunked prefill of a single prompt):
 

@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from inferlb.engine.types import Clock
 from inferlb.simulator.batching import BatchCore, Seq, SeqState, StepReport
 from inferlb.simulator.latency import TokenSchedule
+from inferlb.types import Clock
 
 __all__ = ["BatchDriver", "BatchSource", "NodeCrashed", "ScheduleSource", "TokenSource"]
 

@@ -12,11 +12,11 @@ import random
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from inferlb.engine.types import Clock
 from inferlb.simulator.latency import LatencyModel, TokenSchedule
 from inferlb.simulator.node import EmulatedNode
 from inferlb.simulator.spec import FaultSpec, NodeSpec, demo_specs
 from inferlb.simulator.stats import NodeStats
+from inferlb.types import Clock
 
 __all__ = [
     "EmulatedNode",

@@ -7,7 +7,7 @@ generation.
 
 Kept apart from the HTTP layer on purpose: the later fleet simulator (continuous batching, KV
 cache, discrete-event mode) replaces or subclasses :class:`LatencyModel` without touching the
-server code, and the model is unit-tested with a :class:`~inferlb.engine.types.ManualClock`.
+server code, and the model is unit-tested with a :class:`~inferlb.types.ManualClock`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferlb.engine.types import Clock
+from inferlb.types import Clock
 
 __all__ = ["LatencyModel", "TokenSchedule", "estimate_tokens"]
 

@@ -11,7 +11,7 @@ Contract: the metric names, types and labels are vLLM's (``vllm:num_requests_run
 exposition format 0.0.4, built by hand: no global registry, many nodes per process.
 
 The GPU reading (``GET /sim/gpu``) has the shape of the node agent's NVML report
-(:mod:`inferlb.engine.health.nvml`): ``{"agent", "nvml": "ok", "reason", "driver_version",
+(:mod:`inferlb.health.nvml`): ``{"agent", "nvml": "ok", "reason", "driver_version",
 "boot_id", "time", "gpus": [{"index", "uuid", "name", "memory_used_mib", "memory_total_mib",
 "utilization_gpu_pct", "utilization_memory_pct", "temperature_c", "power_w", "power_limit_w",
 "throttle_reasons", "throttle_mask", "ecc_errors": {"corrected", "uncorrected"}, "xid_errors",

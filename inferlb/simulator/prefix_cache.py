@@ -2,7 +2,7 @@
 caching, reduced to what routing can change: the hit length).
 
 Contract: :class:`PrefixCache` is an LRU over chained block hashes
-(:func:`inferlb.engine.routing.prefix.block_hashes`: 64-character blocks, 16 tokens at the
+(:func:`inferlb.routing.prefix.block_hashes`: 64-character blocks, 16 tokens at the
 emulator's 4 bytes a token, vLLM's default block size; only full blocks). :meth:`PrefixCache.lookup`
 returns how many of a prompt's leading blocks are cached and then caches every block of the prompt
 (the newest at the LRU's young end). :meth:`PrefixCache.insert` is called when a request has
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inferlb.engine.routing.prefix import BLOCK_CHARS, block_hashes
+from inferlb.routing.prefix import BLOCK_CHARS, block_hashes
 
 __all__ = ["BLOCK_TOKENS", "PrefixCache", "finished_sequence"]
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from aiohttp import web
 
-from inferlb.engine.types import Clock, SystemClock
 from inferlb.simulator.batching import BatchCore
 from inferlb.simulator.driver import BatchDriver
 from inferlb.simulator.metrics import NodeMetrics
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache
 from inferlb.simulator.spec import FaultSpec, NodeSpec
 from inferlb.simulator.stats import NodeStats
+from inferlb.types import Clock, SystemClock
 
 __all__ = ["NodeServer"]
 

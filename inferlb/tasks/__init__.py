@@ -8,8 +8,8 @@ External operations have no function: the instance parks and the gateway perform
 
 from __future__ import annotations
 
-from inferlb.engine.services import ProcessContract, ServiceSpec, ServiceTable
 from inferlb.tasks import admission, audit, autoscale, evaluate, health, retry, rollout, routing
+from inferlb.workflow.services import ProcessContract, ServiceSpec, ServiceTable
 
 __all__ = ["AUTOSCALE_CONTRACT", "AUTOSCALE_REQUIRED_TASKS", "AUTOSCALE_START_DATA", "HEALTH_CONTRACT",
            "HEALTH_REQUIRED_TASKS", "HEALTH_START_DATA", "REQUEST_CONTRACT", "REQUEST_START_DATA",

@@ -1,7 +1,7 @@
 """``autoscale/*``: the service operations of ``processes/autoscale.bpmn`` (one scaling round).
 
 ``autoscale/observe``, ``autoscale/forecast`` and ``autoscale/actuate`` are external: the runner
-(:mod:`inferlb.engine.autoscale.runner`) reads the audit trail, fits the forecaster off the event
+(:mod:`inferlb.autoscale.runner`) reads the audit trail, fits the forecaster off the event
 loop, and calls the actuator, then completes the task with a summary. The two below run in the
 engine, never sleep, never do I/O:
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inferlb.engine.autoscale.record import round_events
-from inferlb.engine.autoscale.scope import AutoscaleScope
+from inferlb.autoscale.record import round_events
+from inferlb.autoscale.scope import AutoscaleScope
 
 __all__ = ["plan", "record"]
 

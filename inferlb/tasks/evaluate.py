@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inferlb.config.settings import ModelConfig
 from inferlb.engine.outcomes import check_context, check_model, check_version
 from inferlb.engine.scope import RequestScope
-from inferlb.engine.settings import ModelConfig
 
 __all__ = ["evaluate"]
 

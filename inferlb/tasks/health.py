@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inferlb.engine.health.assess import assess as _assess
-from inferlb.engine.health.isolation import isolate as _isolate
-from inferlb.engine.health.isolation import observe
-from inferlb.engine.health.isolation import restore as _restore
-from inferlb.engine.health.scope import HealthScope
+from inferlb.health.assess import assess as _assess
+from inferlb.health.isolation import isolate as _isolate
+from inferlb.health.isolation import observe
+from inferlb.health.isolation import restore as _restore
+from inferlb.health.scope import HealthScope
 
 __all__ = ["assess", "isolate", "record", "restore"]
 

@@ -1,6 +1,6 @@
 """``rollout/*``: the service operations of ``processes/rollout.bpmn`` (one decision round of one
-canary rollout). Thin adapters over :class:`~inferlb.engine.rollout.RolloutScope`; the logic is
-in ``engine/rollout`` (the guard in ``engine/rollout/guard.py``). None sleeps or does I/O: the
+canary rollout). Thin adapters over :class:`~inferlb.rollout.RolloutScope`; the logic is
+in ``rollout`` (the guard in ``rollout/guard.py``). None sleeps or does I/O: the
 manager writes the recorded events to the database after the round.
 
 * ``rollout/observe``: both versions' counts over the step's window → ``observation``;
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inferlb.engine.rollout.manager import RolloutScope
+from inferlb.rollout.manager import RolloutScope
 
 __all__ = ["decide", "observe", "promote", "record", "rollback"]
 

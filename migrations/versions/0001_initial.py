@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-01-01 00:00:00
 
-Timestamps are BigInteger epoch microseconds (``*_us``); see inferlb/engine/store/models.py.
+Timestamps are BigInteger epoch microseconds (``*_us``); see inferlb/store/schema.py.
 This file is frozen: it spells the schema out instead of importing the models, so later model
 changes need a new revision and never rewrite history.
 """

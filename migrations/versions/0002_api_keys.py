@@ -5,7 +5,7 @@ Revises: 0001
 Create Date: 2026-01-15 00:00:00
 
 ``api_keys`` stores only the SHA-256 digest of each key (``key_hash``, unique) and a short hint;
-see inferlb/engine/admission/keys.py. ``requests.queue_wait_ms`` is the time a request spent in
+see inferlb/admission/keys.py. ``requests.queue_wait_ms`` is the time a request spent in
 the gateway's admission queue (null when it never queued). Frozen like 0001: the schema is
 spelled out here, not imported from the models.
 """

@@ -4,7 +4,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-01-02 00:00:00
 
-Frozen like 0001: it spells the table out instead of importing inferlb/engine/store/events.py.
+Frozen like 0001: it spells the table out instead of importing inferlb/store/events.py.
 ``at_us`` is epoch microseconds (BigInteger), as in the audit tables.
 """
 

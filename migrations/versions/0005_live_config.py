@@ -6,9 +6,9 @@ Create Date: 2026-03-01 00:00:00
 
 ``requests.process_version`` is the request process file's content hash and
 ``requests.config_version`` the effective fleet config's hash (the file merged with the node
-overrides) the request started on: a reload swaps both (inferlb/engine/live.py).
+overrides) the request started on: a reload swaps both (inferlb/live/manager.py).
 ``node_overrides`` holds what operators changed on the live fleet (nodes added, patched, drained,
-removed; inferlb/engine/store/overrides.py) and ``fleet_revision`` the counter every replica polls.
+removed; inferlb/store/overrides.py) and ``fleet_revision`` the counter every replica polls.
 Frozen like 0001: the tables are spelled out here, not imported from the models.
 """
 

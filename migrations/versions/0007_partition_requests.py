@@ -9,7 +9,7 @@ PostgreSQL only; SQLite is left exactly as it was (upgrade and downgrade do noth
 ``requests`` becomes a table partitioned by range of ``received_at_us`` and ``request_attempts``
 one partitioned by range of ``started_at_us``: a partition per UTC day (``<table>_pYYYYMMDD``)
 plus a default partition, so months of audit are pruned by dropping whole days
-(inferlb/engine/store/retention.py) and a report over a window reads only that window's days.
+(inferlb/store/retention.py) and a report over a window reads only that window's days.
 
 What PostgreSQL requires of a partitioned table, and what changes with it:
 
@@ -27,7 +27,7 @@ The tables are converted by copy (``LIKE`` the old table, so columns added by ea
 come along; its secondary indexes are recreated from the catalog on the partitioned parent), in
 the migration's one transaction: plan a maintenance window for a large existing table. Day
 partitions are created for every day holding rows, through today + 7 days; the application
-creates the days after that (engine/store/partitions.py). Frozen like 0001: this file does not
+creates the days after that (store/partitions.py). Frozen like 0001: this file does not
 import the application's partition code.
 """
 

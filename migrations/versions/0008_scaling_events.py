@@ -4,7 +4,7 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-03-01 00:00:00
 
-Frozen like 0001: it spells the table out instead of importing inferlb/engine/store/scaling.py.
+Frozen like 0001: it spells the table out instead of importing inferlb/autoscale/store.py.
 ``at_us`` is epoch microseconds (BigInteger), as in the audit tables.
 """
 

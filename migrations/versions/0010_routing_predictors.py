@@ -5,8 +5,8 @@ Revises: 0006
 Create Date: 2026-03-10 00:00:00
 
 ``routing_predictors``: one row per predictor name (the learned profile's: ``routing:learned``)
-with its type, version, when it was saved and its state as JSON (inferlb/engine/store/predictors.py,
-inferlb/engine/routing/predictor_state.py). Frozen like 0001: the table is spelled out here.
+with its type, version, when it was saved and its state as JSON (inferlb/learned/store.py,
+inferlb/routing/predictor_state.py). Frozen like 0001: the table is spelled out here.
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.app import request_end
+from inferlb.admission.keys import ApiKey
+from inferlb.app import request_end
+from inferlb.config.settings import Settings, fleet_from_mapping
 from inferlb.engine.scope import RequestScope, Runtime, build_runtime
-from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.types import ManualClock
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.types import ManualClock
 
 
 @dataclass

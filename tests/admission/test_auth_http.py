@@ -13,8 +13,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
 from tests.support import fast_specs, running_gateway, settings_for
 

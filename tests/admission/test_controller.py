@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferlb.engine.routing.types import NodeView
+from inferlb.routing.types import NodeView
 from tests.admission.rig import make_rig
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.api.auth import identity
-from inferlb.engine.errors import InvalidRequest, ModelNotFound
+from inferlb.admission.keys import ApiKey
+from inferlb.api.auth import identity
+from inferlb.errors import InvalidRequest, ModelNotFound
 from tests.admission.rig import make_rig
 
 

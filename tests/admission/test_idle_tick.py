@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inferlb.engine.admission.service import AdmissionService
+from inferlb.admission.service import AdmissionService
 from tests.admission.rig import make_rig
 
 _TINY_TICK = {"queue": {"tick_s": 1e-6}}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.cli import main
-from inferlb.engine.admission.keys import hash_key
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.keys import get_key
+from inferlb.admission.keys import hash_key
+from inferlb.admission.store import get_key
+from inferlb.cli.main import main
+from inferlb.store.db import make_engine
 
 
 def test_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

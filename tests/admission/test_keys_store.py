@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, text
 
-from inferlb.engine.admission import keys as keys_mod
-from inferlb.engine.admission.keys import KEY_PREFIX, ApiKey, KeyCache, generate_key, hash_key
-from inferlb.engine.store.db import downgrade, make_engine, upgrade
-from inferlb.engine.store.keys import add_spend, create_key, get_key, list_keys, load_keys, revoke_key
+from inferlb.admission import keys as keys_mod
+from inferlb.admission.keys import KEY_PREFIX, ApiKey, KeyCache, generate_key, hash_key
+from inferlb.admission.store import add_spend, create_key, get_key, list_keys, load_keys, revoke_key
+from inferlb.store.db import downgrade, make_engine, upgrade
 
 T0 = 1_767_225_600.0
 

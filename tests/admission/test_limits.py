@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferlb.engine.admission.buckets import Limiter, TokenBucket
-from inferlb.engine.admission.budget import RetryBudget
+from inferlb.admission.buckets import Limiter, TokenBucket
+from inferlb.admission.budget import RetryBudget
 from tests.admission.rig import make_rig
 
 

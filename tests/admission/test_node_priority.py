@@ -6,12 +6,12 @@ import json
 from functools import partial
 from typing import Any
 
-from inferlb.engine.app import request_end
+from inferlb.app import request_end
+from inferlb.config.settings import Settings, fleet_from_mapping
 from inferlb.engine.gateway import Gateway, IncomingRequest
 from inferlb.engine.scope import RequestScope, build_runtime
-from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.types import ManualClock
+from inferlb.store.records import RequestRecord
+from inferlb.types import ManualClock
 
 
 def _body(priority: str | None, labels: dict[str, str], client_field: Any = None) -> dict[str, Any]:

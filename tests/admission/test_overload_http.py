@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import Clock, ManualClock
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.types import Clock, ManualClock
 from tests.support import running_gateway, settings_for
 
 MSG = [{"role": "user", "content": "hello"}]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.admission.buckets import Limiter, RedisSync
+from inferlb.admission.buckets import Limiter, RedisSync
 
 T0 = 1_767_225_600.0
 

@@ -12,14 +12,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.api.audit import router
-from inferlb.engine.errors import ClientError
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store import StoreHandle
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.writer import AuditWriter, upsert_records
-from inferlb.engine.types import ManualClock
+from inferlb.api.audit import router
+from inferlb.config.settings import SLOConfig
+from inferlb.errors import ClientError
+from inferlb.store import StoreHandle
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.writer import AuditWriter, upsert_records
+from inferlb.types import ManualClock
 
 T0 = 1_767_225_600.0
 

@@ -21,9 +21,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from inferlb.engine.app import create_app
-from inferlb.engine.server import build_server
-from inferlb.engine.settings import load_settings
+from inferlb.app import create_app
+from inferlb.config.settings import load_settings
+from inferlb.server import build_server
 from inferlb.simulator import SimFleet
 from tests.support import fast_specs, fleet_for, free_port, settings_for
 

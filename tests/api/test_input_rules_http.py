@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.api.labels import MAX_STORED_CHARS, UNKNOWN_MODEL, clean_text
+from inferlb.api.labels import MAX_STORED_CHARS, UNKNOWN_MODEL, clean_text
+from inferlb.config.admission import AdmissionSettings
 from inferlb.simulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 

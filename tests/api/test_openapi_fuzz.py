@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.api.schema import REQUEST_BODIES
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.api.schema import REQUEST_BODIES
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
 from tests.support import fast_specs, running_gateway, settings_for
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.api.validation import (
+from inferlb.api.validation import (
     validate_chat,
 )
-from inferlb.engine.errors import InvalidRequest
+from inferlb.errors import InvalidRequest
 from tests.api.validation_support import (
     _DROP,
     _TOOL,

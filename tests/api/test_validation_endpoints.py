@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.api.validation import (
+from inferlb.api.validation import (
     ValidatedRequest,
     validate_chat,
     validate_completions,
     validate_embeddings,
     validate_predict,
 )
-from inferlb.engine.errors import InvalidRequest
+from inferlb.errors import InvalidRequest
 from tests.api.validation_support import _DROP, _TOOL, CANARY, _assert_clean, _chat, _fmt, _fn, _parse, _rows, _tools
 
 # -- completions and embeddings ------------------------------------------------------------------

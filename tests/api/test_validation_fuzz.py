@@ -9,7 +9,7 @@ import json
 import random
 from typing import Any
 
-from inferlb.engine.api.validation import (
+from inferlb.api.validation import (
     ValidatedRequest,
     parse_json_body,
     validate_chat,
@@ -17,7 +17,7 @@ from inferlb.engine.api.validation import (
     validate_embeddings,
     validate_predict,
 )
-from inferlb.engine.errors import ClientError
+from inferlb.errors import ClientError
 from tests.api.validation_support import _TOOL, CANARY, _assert_clean, _chat, _fmt, _fn, _tools
 
 # -- fuzz: only ClientError may ever escape ------------------------------------------------------

@@ -1,5 +1,5 @@
 """Client-input validation at the parse level: docs/reliability.md §8 rows V-01..V-14 (body bytes →
-JSON object, engine/api/validation_json.py).
+JSON object, api/validation_json.py).
 
 Every rejection must be a ClientError with the right status and ``param``, and its message must
 carry no traceback, no Python repr and no long echo of client input (validation_support.CANARY).
@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from inferlb.engine.api.validation import (
+from inferlb.api.validation import (
     validate_chat,
 )
-from inferlb.engine.errors import ClientError, InvalidRequest, PayloadTooLarge
+from inferlb.errors import ClientError, InvalidRequest, PayloadTooLarge
 from tests.api.validation_support import CANARY, MAX_BYTES, _assert_clean, _parse, _rows
 
 # -- parse level: rows 1, 2, 3, 5, 9, 10, 11, 12, 13 ---------------------------------------------

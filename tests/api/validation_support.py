@@ -1,4 +1,4 @@
-"""Shared by the tests of engine/api/validation*.py: the canary, the error-cleanliness check, the
+"""Shared by the tests of api/validation*.py: the canary, the error-cleanliness check, the
 case-table rows and the request builders."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.api.validation import parse_json_body
-from inferlb.engine.errors import ClientError
+from inferlb.api.validation import parse_json_body
+from inferlb.errors import ClientError
 
 __all__ = [
     "CANARY",

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.rows import upsert_records
+from inferlb.store.db import make_engine
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.rows import upsert_records
 from tests.store.conftest import (  # noqa: F401  (fixtures, found by name)
     db_url,
     pg_admin,

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from inferlb.engine.autoscale.actuators.local import LocalActuator
-from inferlb.engine.autoscale.actuators.webhook import WebhookActuator
-from inferlb.engine.autoscale.config import AutoscaleConfig
-from inferlb.engine.autoscale.fleet_port import AdminFleetPort, LocalNodeAdmin
-from inferlb.engine.autoscale.planner import Plan, PoolDecision
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.autoscale.actuators.local import LocalActuator
+from inferlb.autoscale.actuators.webhook import WebhookActuator
+from inferlb.autoscale.fleet_port import AdminFleetPort, LocalNodeAdmin
+from inferlb.autoscale.planner import Plan, PoolDecision
+from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.types import ManualClock
 
 FIX = Path(__file__).parent / "fixtures" / "k8s"
 
@@ -99,7 +99,7 @@ async def apiserver() -> AsyncIterator[tuple[FakeApiServer, str]]:
 
 def k8s_actuator(url: str, cfg: AutoscaleConfig) -> Any:
     kubernetes = pytest.importorskip("kubernetes")
-    from inferlb.engine.autoscale.actuators.kubernetes import KubernetesActuator
+    from inferlb.autoscale.actuators.kubernetes import KubernetesActuator
 
     conf = kubernetes.client.Configuration(host=url)
     return KubernetesActuator(cfg, kubernetes.client.ApiClient(conf))
@@ -198,7 +198,7 @@ class Launcher:
         self.fail_after = fail_after
 
     async def start(self, name: str, model: str, gpu: str, cold_start_s: float) -> Any:
-        from inferlb.cli_autoscale import SimLauncher
+        from inferlb.cli.autoscale import SimLauncher
 
         if self.fail_after is not None and len(self.nodes) >= self.fail_after:
             raise RuntimeError("no GPU left on this host")

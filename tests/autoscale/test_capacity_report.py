@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.autoscale.report import capacity_report
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
+from inferlb.autoscale.report import capacity_report
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
 from tests.autoscale.conftest import T0, seasonal_records, seed
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from inferlb.engine.autoscale.forecast import (
+from inferlb.autoscale.forecast import (
     HoltWinters,
     Mstl,
     Oracle,

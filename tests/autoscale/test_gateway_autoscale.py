@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
@@ -52,9 +52,9 @@ async def test_admin_autoscale_is_404_when_off(tmp_path: Path) -> None:
 async def test_local_actuator_scales_through_the_live_node_admin(tmp_path: Path) -> None:
     """A node the autoscaler starts is an admin-added node (source admin, a node override every
     replica applies, loading until probed); scale-down is an admin drain, then an admin remove."""
-    from inferlb.cli_autoscale import SimLauncher
-    from inferlb.engine.autoscale.planner import Plan, PoolDecision
-    from inferlb.engine.store.overrides import load_overrides
+    from inferlb.autoscale.planner import Plan, PoolDecision
+    from inferlb.cli.autoscale import SimLauncher
+    from inferlb.store.overrides import load_overrides
 
     def plan_of(cur: int, want: int) -> Plan:
         return Plan(0.0, (PoolDecision("m", "l4", cur, want, want, 0.0, 100.0, 1.0, "test"),), 0.0)

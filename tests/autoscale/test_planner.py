@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferlb.engine.autoscale.capacity import Capacity, NodeBucket, learn_capacity
-from inferlb.engine.autoscale.config import AutoscaleConfig
-from inferlb.engine.autoscale.forecast import Forecast
-from inferlb.engine.autoscale.planner import PlannerState, plan
-from inferlb.engine.autoscale.policy import Autoscaler, LoadHistory
+from inferlb.autoscale.capacity import Capacity, NodeBucket, learn_capacity
+from inferlb.autoscale.forecast import Forecast
+from inferlb.autoscale.planner import PlannerState, plan
+from inferlb.autoscale.policy import Autoscaler, LoadHistory
+from inferlb.config.autoscale import AutoscaleConfig
 
 
 def cfg(**over: Any) -> AutoscaleConfig:

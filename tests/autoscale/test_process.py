@@ -10,17 +10,17 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.autoscale.actuators import DryRunActuator, PoolResult
-from inferlb.engine.autoscale.config import AutoscaleConfig
-from inferlb.engine.autoscale.observe import audit_observer
-from inferlb.engine.autoscale.planner import Plan
-from inferlb.engine.autoscale.policy import Autoscaler
-from inferlb.engine.autoscale.runner import AutoscaleRunner
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.scaling import insert_scaling_events, recent_scaling_events
-from inferlb.engine.types import ManualClock
-from inferlb.engine.workflow import load_process
+from inferlb.autoscale.actuators import DryRunActuator, PoolResult
+from inferlb.autoscale.observe import audit_observer
+from inferlb.autoscale.planner import Plan
+from inferlb.autoscale.policy import Autoscaler
+from inferlb.autoscale.runner import AutoscaleRunner
+from inferlb.autoscale.store import insert_scaling_events, recent_scaling_events
+from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.config.settings import SLOConfig
 from inferlb.tasks import AUTOSCALE_CONTRACT, SERVICES
+from inferlb.types import ManualClock
+from inferlb.workflow import load_process
 from tests.autoscale.conftest import T0, TOKENS, per_minute, seasonal_records, seed
 from tests.support import ROOT
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from inferlb.autoscale import AutoscaleConfig, Autoscaler
+from inferlb.autoscale.forecast import make_forecaster
 from inferlb.bench.autoscale_backtest import BacktestOptions, make_trace, run_backtest
 from inferlb.bench.autoscale_controller import ScalerController
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload
-from inferlb.cli import main
-from inferlb.engine.autoscale import AutoscaleConfig, Autoscaler
-from inferlb.engine.autoscale.forecast import make_forecaster
+from inferlb.cli.main import main
 from inferlb.simulator.des import Simulation
 from inferlb.simulator.presets import preset_spec
 

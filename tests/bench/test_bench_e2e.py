@@ -60,7 +60,7 @@ def test_bench_run_command_end_to_end(tmp_path: Path) -> None:
     workload = tmp_path / "w.yaml"
     workload.write_text(json.dumps({**WORKLOAD.model_dump(), "model": "sim-llm"}))
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "inferlb.cli", "bench", "run", "--fleet", str(fleet), "--workload",
+    cmd = [sys.executable, "-m", "inferlb.cli.main", "bench", "run", "--fleet", str(fleet), "--workload",
            str(workload), "--rate", "8", "--duration", "2", "--seed", "3", "--profile", "token-aware",
            "--json", str(out), "--markdown", "--quiet", "--workdir", str(tmp_path / "work")]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
@@ -85,7 +85,7 @@ def test_bench_capacity_command_steps_until_p99_doubles(tmp_path: Path) -> None:
     workload.write_text(json.dumps({**WORKLOAD.model_dump(), "model": "sim-llm", "stream": 1.0,
                                     "output_tokens": {"dist": "constant", "value": 20}}))
     out = tmp_path / "cap.json"
-    cmd = [sys.executable, "-m", "inferlb.cli", "bench", "capacity", "--fleet", str(fleet), "--workload",
+    cmd = [sys.executable, "-m", "inferlb.cli.main", "bench", "capacity", "--fleet", str(fleet), "--workload",
            str(workload), "--step-s", "0.5", "--base-rate", "2", "--start-rate", "40", "--factor", "4",
            "--max-steps", "2", "--json", str(out), "--quiet"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)

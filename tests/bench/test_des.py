@@ -17,7 +17,7 @@ from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.results import is_good
 from inferlb.bench.loadgen.runner import Outcome
 from inferlb.bench.loadgen.workload import Workload, load_workload, plan
-from inferlb.engine.admission.config import AdmissionPolicy
+from inferlb.config.admission import AdmissionPolicy
 from inferlb.simulator.des import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import BatchSpec, NodeSpec
@@ -78,7 +78,7 @@ def test_gateway_admission_queues_grants_and_sheds_like_the_controller() -> None
 
 
 def test_sim_des_command(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "inferlb.cli", "sim", "des", "--workload", "heavy-tail", "--nodes", "6",
+    cmd = [sys.executable, "-m", "inferlb.cli.main", "sim", "des", "--workload", "heavy-tail", "--nodes", "6",
            "--profile", "least-connections", "--rate", "15", "--duration", "20", "--json"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr[-2000:]

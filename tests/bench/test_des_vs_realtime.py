@@ -30,7 +30,7 @@ from inferlb.bench.des_admission import GatewayAdmission
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen import Workload, plan, run_plan, summarize
 from inferlb.bench.loadgen.stack import gateway_fleet
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import NodeSpec, SimFleet
 from inferlb.simulator.des import Simulation
 from inferlb.simulator.spec import BatchSpec

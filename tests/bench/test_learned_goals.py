@@ -10,7 +10,7 @@ import pytest
 
 from inferlb.bench import learned_goals as lg
 from inferlb.bench.loadgen.workload import load_workload, plan
-from inferlb.engine.routing.ope_replay import evaluate
+from inferlb.routing.ope_replay import evaluate
 
 
 def test_regret_is_relative_to_the_best_fixed_profile_over_the_first_n() -> None:

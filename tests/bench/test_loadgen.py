@@ -165,7 +165,7 @@ def test_gateway_fleet_gives_each_node_its_kv_size() -> None:
     cfg = gateway_fleet(specs, urls, "least-connections", w, seed=4)
     assert cfg["routing"] == {"profile": "least-connections", "seed": 4}
     assert [n["capacity_tokens"] for n in cfg["nodes"]] == [s.batching.kv_tokens for s in specs if s.batching]
-    from inferlb.engine.settings import fleet_from_mapping
+    from inferlb.config.settings import fleet_from_mapping
     assert fleet_from_mapping(cfg).nodes[0].url == urls[specs[0].name]
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from inferlb.engine.cluster.admission import SharedAdmission
-from inferlb.engine.cluster.service import ClusterService
-from inferlb.engine.store.records import RequestRecord
+from inferlb.cluster.admission import SharedAdmission
+from inferlb.cluster.service import ClusterService
+from inferlb.store.records import RequestRecord
 
 EV = {"priority": "standard", "model": "m", "prompt_tokens_est": 10, "output_budget": 10}
 

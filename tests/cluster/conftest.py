@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.cluster.admission import SharedAdmission
-from inferlb.engine.cluster.config import ClusterSettings
-from inferlb.engine.cluster.service import ClusterService
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.cluster.admission import SharedAdmission
+from inferlb.cluster.service import ClusterService
+from inferlb.config.cluster import ClusterSettings
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.types import ManualClock
 from tests.admission.conftest import REDIS_URL, redis_client
 from tests.store.conftest import db_url, fresh_url, pg_admin, pg_migrated_url, pg_schema_factory
 

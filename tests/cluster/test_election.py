@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.cluster.election import Election, FencedOut, LocalLeader
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.types import ManualClock, SystemClock
+from inferlb.cluster.election import Election, FencedOut, LocalLeader
+from inferlb.store.db import make_engine
+from inferlb.types import ManualClock, SystemClock
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.cluster.service import ClusterService
-from inferlb.engine.types import ManualClock
+from inferlb.cluster.service import ClusterService
+from inferlb.types import ManualClock
 
 
 async def _until(pred: Callable[[], bool], deadline_s: float = 15.0) -> None:

@@ -12,14 +12,14 @@ from pathlib import Path
 import openai
 import pytest
 
-from inferlb.engine.errors import StoreError
-from inferlb.engine.store.db import make_engine
+from inferlb.errors import StoreError
+from inferlb.store.db import make_engine
 from tests.admission.test_auth_http import ADMIN, MSG, _fleet, admin_headers, sdk
 from tests.support import fast_specs, running_gateway, settings_for
 
 
 async def test_keys_served_from_a_bounded_cache_while_the_database_is_away(tmp_path: Path) -> None:
-    from inferlb.engine.admission.config import AdmissionSettings
+    from inferlb.config.admission import AdmissionSettings
     from inferlb.simulator import SimFleet
 
     async with SimFleet(fast_specs(2)) as sim:
@@ -59,7 +59,7 @@ async def test_keys_served_from_a_bounded_cache_while_the_database_is_away(tmp_p
 
 
 async def test_a_single_gateway_always_leads(tmp_path: Path) -> None:
-    from inferlb.engine.app import leader, leadership
+    from inferlb.app import leader, leadership
     from inferlb.simulator import SimFleet
 
     async with SimFleet(fast_specs(1)) as sim:

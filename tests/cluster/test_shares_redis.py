@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.cluster.service import ClusterService
+from inferlb.admission.keys import ApiKey
+from inferlb.cluster.service import ClusterService
 from tests.cluster.admission_support import _admit, _ctl, _end, _scope
 from tests.cluster.conftest import REDIS_URL, small_fleet
 from tests.cluster.proxy import TcpProxy
@@ -167,16 +167,16 @@ async def test_different_config_files_are_reported(make_replica: Any) -> None:
     assert await a.sync_once() and await b.sync_once() and await a.sync_once()
     assert a.conflict == {"aaaa": ["a"], "bbbb": ["b"]}
     assert a.status()["config"]["conflict"] == a.conflict
-    metrics = {m.name: m for m in __import__("inferlb.engine.cluster.service", fromlist=["x"]).ClusterCollector(a)
+    metrics = {m.name: m for m in __import__("inferlb.cluster.service", fromlist=["x"]).ClusterCollector(a)
                .collect()}
     assert metrics["inferlb_cluster_config_conflict"].samples[0].value == 1.0
 
 
 def test_one_replica_alone_runs_the_plain_controller() -> None:
-    from inferlb.engine.admission.controller import AdmissionController
+    from inferlb.admission.controller import AdmissionController
+    from inferlb.config.settings import Settings
     from inferlb.engine.scope import build_runtime
-    from inferlb.engine.settings import Settings
-    from inferlb.engine.types import ManualClock
+    from inferlb.types import ManualClock
 
     cfg = small_fleet()
     s = Settings(fleet=cfg)

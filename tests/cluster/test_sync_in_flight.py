@@ -14,8 +14,8 @@ import asyncio
 import random
 from typing import Any
 
-from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.cluster.service import ClusterService
+from inferlb.admission.keys import ApiKey
+from inferlb.cluster.service import ClusterService
 from tests.cluster.admission_support import _admit, _ctl, _end
 
 LIMIT = 6    # small_fleet(): pool m on 2 nodes × 3 slots

@@ -16,9 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.api.health import router as health_router
-from inferlb.engine.settings import Settings, fleet_from_mapping, load_settings
+from inferlb.api.health import router as health_router
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import Settings, fleet_from_mapping, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "kubernetes"
@@ -103,7 +103,7 @@ def test_drain_fits_in_the_grace_period(rendered: list[dict[str, Any]]) -> None:
     cmd = c["lifecycle"]["preStop"]["exec"]["command"]
     assert cmd[0] == "sleep"
     pre_stop = float(cmd[1])
-    # engine/server/lifecycle.py: drain, then 2 s stop grace; engine/app.py: the audit flush waits ≤ 10 s.
+    # server/lifecycle.py: drain, then 2 s stop grace; app.py: the audit flush waits ≤ 10 s.
     assert pre_stop + drain + 2 + 10 <= _pod_spec(dep)["terminationGracePeriodSeconds"]
     # readiness must notice the drain within a second or two of the stop signal
     probe = c["readinessProbe"]
@@ -190,7 +190,7 @@ def test_service_pdb_hpa_and_job_point_at_the_gateway(rendered: list[dict[str, A
 
 def test_the_gateway_account_may_watch_endpointslices_and_scale_workloads_only(
         rendered: list[dict[str, Any]]) -> None:
-    """rbac.yaml: what engine/discovery (list/watch EndpointSlices) and the kubernetes actuator
+    """rbac.yaml: what discovery (list/watch EndpointSlices) and the kubernetes actuator
     (get/patch deployments/scale, statefulsets/scale) call, and nothing more."""
     sa, role, binding = (_one(rendered, k) for k in ("ServiceAccount", "Role", "RoleBinding"))
     rules = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
@@ -206,8 +206,8 @@ def test_the_gateway_account_may_watch_endpointslices_and_scale_workloads_only(
     job = _pod_spec(_one(rendered, "Job"))     # the migration Job gets no API token
     assert job.get("serviceAccountName") is None and job["automountServiceAccountToken"] is False
     # the calls the code makes are the ones granted
-    from inferlb.engine.autoscale.actuators import kubernetes as actuator
-    from inferlb.engine.discovery import kubernetes as discovery
+    from inferlb.autoscale.actuators import kubernetes as actuator
+    from inferlb.discovery import kubernetes as discovery
 
     assert "list_namespaced_endpoint_slice" in Path(discovery.__file__).read_text()
     src = Path(actuator.__file__).read_text()

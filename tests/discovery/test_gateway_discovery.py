@@ -14,8 +14,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
 from inferlb.simulator import SimFleet
 from tests.discovery.apiserver import FakeApiServer, Running
 from tests.support import fast_specs, running_gateway, settings_for

@@ -1,6 +1,6 @@
-"""The pure half of discovery (engine/discovery/slices.py): EndpointSlices → endpoints, the slice
+"""The pure half of discovery (discovery/slices.py): EndpointSlices → endpoints, the slice
 cache under watch events, and the plan (add, keep, drain, remove once drained, undrain, replace);
-plus how discovered rows merge with the file and operators' overrides (engine/fleet_admin.py)."""
+plus how discovered rows merge with the file and operators' overrides (live/fleet_admin.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.discovery.config import KubernetesDiscoveryConfig
-from inferlb.engine.discovery.slices import Change, Observed, SliceCache, endpoints_of, observed, plan
-from inferlb.engine.errors import Conflict
-from inferlb.engine.fleet_admin import merge_overrides, patch_node, remove_node, set_drained
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.overrides import NodeOverride
+from inferlb.config.discovery import KubernetesDiscoveryConfig
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.discovery.slices import Change, Observed, SliceCache, endpoints_of, observed, plan
+from inferlb.errors import Conflict
+from inferlb.live.fleet_admin import merge_overrides, patch_node, remove_node, set_drained
+from inferlb.store.overrides import NodeOverride
 from tests.discovery.apiserver import FIX
 
 LIST = json.loads((FIX / "endpointslice_list.json").read_text())
@@ -147,7 +147,7 @@ def test_operators_may_drain_a_discovered_node_but_not_patch_or_remove_it() -> N
 
 
 def test_config_errors_name_the_key_path() -> None:
-    from inferlb.engine.errors import ConfigError
+    from inferlb.errors import ConfigError
 
     base = {"models": [{"name": "llm"}], "nodes": []}
     cases = [({"service": "llm", "node": {"models": ["nope"]}}, "discovery[0].node.models[0]", "unknown model"),

@@ -1,6 +1,6 @@
-"""One discovery source (engine/discovery/source.py) driven turn by turn against recorded
+"""One discovery source (discovery/source.py) driven turn by turn against recorded
 EndpointSlice responses served over HTTP to the real ``kubernetes`` client, applied to a real
-:class:`~inferlb.engine.fleet.Fleet` through engine/fleet_admin.py (the path an operator's node
+:class:`~inferlb.fleet.state.Fleet` through live/fleet_admin.py (the path an operator's node
 takes): pods join as ``loading`` then slow start after good probes, a terminating pod drains and
 goes once drained, ``410 Gone`` relists, and an API server that is away changes nothing."""
 
@@ -11,21 +11,21 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.discovery.config import KubernetesDiscoveryConfig
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.fleet_admin import apply_fleet, merge_overrides, settle
-from inferlb.engine.health.isolation import isolate, restore
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-from inferlb.engine.store.overrides import NodeOverride
-from inferlb.engine.types import ManualClock
+from inferlb.config.discovery import KubernetesDiscoveryConfig
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import isolate, restore
+from inferlb.live.fleet_admin import apply_fleet, merge_overrides, settle
+from inferlb.store.overrides import NodeOverride
+from inferlb.types import ManualClock
 from tests.discovery.apiserver import FakeApiServer, Running, serve
 
 Api = tuple[FakeApiServer, str, Running]
 
 kubernetes = pytest.importorskip("kubernetes")
 
-from inferlb.engine.discovery.kubernetes import EndpointSliceClient  # noqa: E402
-from inferlb.engine.discovery.source import KubernetesDiscovery  # noqa: E402
+from inferlb.discovery.kubernetes import EndpointSliceClient  # noqa: E402
+from inferlb.discovery.source import KubernetesDiscovery  # noqa: E402
 
 A, B, C, D = (f"llm-6f7d8c9b5-{x * 5}" for x in "abcd")
 

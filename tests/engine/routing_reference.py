@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferlb.engine.routing.registry import make_plugin
-from inferlb.engine.routing.types import JSON_ELIMINATED, JSON_NAMES, JSON_RANKED, JSON_SCORED, NodeView, RouteRequest
+from inferlb.routing.registry import make_plugin
+from inferlb.routing.types import JSON_ELIMINATED, JSON_NAMES, JSON_RANKED, JSON_SCORED, NodeView, RouteRequest
 from tests.engine.routing_reference_plugins import REF_PLUGINS, RefElimination
 
 __all__ = ["REF_PLUGINS", "RefDecision", "RefElimination", "RefRouter", "ref_router"]
@@ -97,7 +97,7 @@ class RefRouter:
     serve the request, the filters, scorers and picker see k of them drawn at random (with
     ``rng``; k draws with replacement, repeats dropped, so sometimes a few fewer), so a decision
     costs about the same at 10 and at 1,000 nodes. When the nodes come as a
-    :class:`~inferlb.engine.routing.types.NodeList` and the profile filters by model, the draw is
+    :class:`~inferlb.routing.types.NodeList` and the profile filters by model, the draw is
     from the model's own pool. When no sampled node passes the filters, every node is considered,
     so sampling never turns a servable request away. A picker with ``preselect`` (the
     ``affinity`` picker) chooses the k instead of the random draw, when it has a reason to.

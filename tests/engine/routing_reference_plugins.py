@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferlb.engine.routing.types import NodeView, RouteRequest
+from inferlb.routing.types import NodeView, RouteRequest
 
 __all__ = ["REF_PLUGINS", "RefElimination"]
 

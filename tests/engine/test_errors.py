@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from inferlb.engine.errors import AuditUnavailable, ModelNotFound, error_body, error_event, error_json
+from inferlb.errors import AuditUnavailable, ModelNotFound, error_body, error_event, error_json
 
 FIELDS = {"message", "type", "param", "code"}
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.isolation import observe, outlier_sweep, restore
-from inferlb.engine.health.types import Sample
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import observe, outlier_sweep, restore
+from inferlb.node_types import Sample
+from inferlb.types import ManualClock
 
 
 def make(n: int = 4, health: dict[str, Any] | None = None, models: int = 1) -> tuple[Fleet, ManualClock]:
@@ -280,7 +280,7 @@ def test_at_low_load_every_node_gets_traffic_and_learns_its_speed() -> None:
     # Requests one at a time: a node whose speed is unknown must not lose every tie to the first
     # node that learned one (it would never learn its own); it learns on short requests, and a
     # long one never goes to a node whose speed is unknown while a known one can take it.
-    from inferlb.engine.routing import RouteRequest, build_router
+    from inferlb.routing import RouteRequest, build_router
 
     f, _ = make(3)
     true_speed = {"n0": 30.0, "n1": 60.0, "n2": 90.0}

@@ -1,4 +1,4 @@
-"""The fleet changed live (engine/fleet_admin.py) with an injected clock: overrides merged into the
+"""The fleet changed live (live/fleet_admin.py) with an injected clock: overrides merged into the
 file's fleet, the running fleet reconciled without losing node state, drains and removals settled
 only when no request is in flight, and every refusal a ClientError with nothing changed."""
 
@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import ConfigError, Conflict, InvalidRequest, NotFound
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.fleet_admin import (
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
+from inferlb.errors import ConfigError, Conflict, InvalidRequest, NotFound
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import isolate, restore
+from inferlb.live.fleet_admin import (
     add_node,
     apply_fleet,
     config_version,
@@ -20,10 +22,8 @@ from inferlb.engine.fleet_admin import (
     set_drained,
     settle,
 )
-from inferlb.engine.health.isolation import isolate, restore
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-from inferlb.engine.store.overrides import NodeOverride
-from inferlb.engine.types import ManualClock
+from inferlb.store.overrides import NodeOverride
+from inferlb.types import ManualClock
 
 
 def base(n: int = 3, **extra: Any) -> FleetConfig:

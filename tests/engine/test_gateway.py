@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 from starlette.responses import Response, StreamingResponse
 
-from inferlb.engine.app import request_end
+from inferlb.app import request_end
+from inferlb.config.settings import Settings, TimeoutConfig, fleet_from_mapping
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.scope import IncomingRequest, build_runtime
-from inferlb.engine.settings import Settings, TimeoutConfig, fleet_from_mapping
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.types import ManualClock
 from inferlb.engine.upstream import Upstream, UpstreamResponse
-from inferlb.engine.workflow import load_process
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.store.records import RequestRecord
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
+from inferlb.types import ManualClock
+from inferlb.workflow import load_process
 
 MAIN = Path(__file__).resolve().parents[2] / "processes" / "inference_request.bpmn"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

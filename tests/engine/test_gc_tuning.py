@@ -1,4 +1,4 @@
-"""engine/server/gc_tuning.py: what ``inferlb serve`` does to the collector once started."""
+"""server/gc_tuning.py: what ``inferlb serve`` does to the collector once started."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from inferlb.engine.server.gc_tuning import tune_gc
-from inferlb.engine.settings import load_settings
+from inferlb.config.settings import load_settings
+from inferlb.server.gc_tuning import tune_gc
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The learned routing predictor survives a restart (routing/predictor_state.py, store/predictors.py,
-engine/learned_loop.py): saved at shutdown and after a retrain, restored at start with its version
+"""The learned routing predictor survives a restart (routing/predictor_state.py, learned/store.py,
+learned/loop.py): saved at shutdown and after a retrain, restored at start with its version
 and the very same predictions; a damaged or incompatible saved state is ignored with an event,
 and routing goes on."""
 
@@ -15,16 +15,16 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.health.types import NodeEvent
-from inferlb.engine.learned_loop import EVENT_NODE, LearnedLoop
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.features import features
-from inferlb.engine.routing.lifecycle import LifecycleParams, PredictorLifecycle
-from inferlb.engine.routing.predictor import Observed, OnlineLinear
-from inferlb.engine.routing.predictor_state import IncompatibleState, restore, state_of
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.predictors import load_saved_predictor, save_predictor
-from inferlb.engine.types import ManualClock
+from inferlb.learned.loop import EVENT_NODE, LearnedLoop
+from inferlb.learned.store import load_saved_predictor, save_predictor
+from inferlb.node_types import NodeEvent
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.features import features
+from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
+from inferlb.routing.predictor import Observed, OnlineLinear
+from inferlb.routing.predictor_state import IncompatibleState, restore, state_of
+from inferlb.store.db import make_engine, upgrade
+from inferlb.types import ManualClock
 
 
 def _node(name: str, inflight: int, gpu: str) -> NodeView:

@@ -18,23 +18,23 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from starlette.responses import Response, StreamingResponse
 
-from inferlb.engine.admission.keys import ApiKey
-from inferlb.engine.app import request_end
-from inferlb.engine.cost import node_prices
+from inferlb.admission.keys import ApiKey
+from inferlb.app import request_end
+from inferlb.config.settings import FleetConfig, Settings, fleet_from_mapping
+from inferlb.cost import node_prices
 from inferlb.engine.gateway import Gateway
-from inferlb.engine.observability.hub import Observability
 from inferlb.engine.request_end import RequestEnd
 from inferlb.engine.scope import IncomingRequest, Runtime, build_runtime
-from inferlb.engine.settings import FleetConfig, Settings, fleet_from_mapping
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.ledger import build_ledger, cost_report
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.store.rows import upsert_records
-from inferlb.engine.types import ManualClock
 from inferlb.engine.upstream import Upstream, UpstreamResponse
-from inferlb.engine.workflow import load_process
+from inferlb.observability.hub import Observability
 from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.ledger import build_ledger, cost_report
+from inferlb.store.records import RequestRecord
+from inferlb.store.rows import upsert_records
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
+from inferlb.types import ManualClock
+from inferlb.workflow import load_process
 
 MAIN = Path(__file__).resolve().parents[2] / "processes" / "inference_request.bpmn"
 STEPS = ["tenant spend", "admission release", "audit", "metrics", "traces"]

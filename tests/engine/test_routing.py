@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.plugins import HasCapacity, OutstandingTokens, PowerOfTwo, WeightedRandom
-from inferlb.engine.routing.registry import make_plugin
+from inferlb.errors import ConfigError
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.plugins import HasCapacity, OutstandingTokens, PowerOfTwo, WeightedRandom
+from inferlb.routing.registry import make_plugin
 
 
 def node(name: str, **kw: object) -> NodeView:
@@ -101,6 +101,6 @@ def test_unknown_profile_and_plugin_are_config_errors() -> None:
 
 
 def test_user_plugin_by_module_path() -> None:
-    r = build_router("custom", filters=["healthy"], scorers={"inferlb.engine.routing.plugins:LeastRequests": 1.0},
+    r = build_router("custom", filters=["healthy"], scorers={"inferlb.routing.plugins:LeastRequests": 1.0},
                      picker="max-score", seed=1)
     assert r.decide(REQ, [node("a", inflight_requests=2), node("b")]).pick == "b"

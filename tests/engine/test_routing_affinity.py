@@ -1,4 +1,4 @@
-"""The prefix / session affinity picker (engine/routing/affinity.py) and its hashes (prefix.py), without I/O."""
+"""The prefix / session affinity picker (routing/affinity.py) and its hashes (prefix.py), without I/O."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.affinity import Affinity, AffinityParams, affinity_key, load_bound
-from inferlb.engine.routing.prefix import BLOCK_CHARS, block_hashes, hrw_weights, name_hash, text_key
-from inferlb.engine.routing.types import NodeList
+from inferlb.errors import ConfigError
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.affinity import Affinity, AffinityParams, affinity_key, load_bound
+from inferlb.routing.prefix import BLOCK_CHARS, block_hashes, hrw_weights, name_hash, text_key
+from inferlb.routing.types import NodeList
 
 SYSTEM = "You are a careful assistant for the billing team. " * 30   # ~1,500 characters
 

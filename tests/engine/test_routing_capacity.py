@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.plugins import HasCapacity
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.plugins import HasCapacity
 
 
 def node(name: str, capacity: int, **kw: object) -> NodeView:
@@ -30,7 +30,7 @@ def test_when_no_node_could_hold_it_an_idle_node_still_takes_it() -> None:
 
 
 def test_decode_speed_sends_long_requests_to_fast_nodes_and_short_ones_anywhere() -> None:
-    from inferlb.engine.routing.plugins import DecodeSpeed
+    from inferlb.routing.plugins import DecodeSpeed
 
     fast = node("fast", 65536, tokens_per_s=80.0)
     slow = node("slow", 65536, tokens_per_s=16.0)

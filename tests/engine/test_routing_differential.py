@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.routing import PROFILES, Elimination, NodeView, Router, RouteRequest, build_router
-from inferlb.engine.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
-from inferlb.engine.routing.types import NodeList
+from inferlb.routing import PROFILES, Elimination, NodeView, Router, RouteRequest, build_router
+from inferlb.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
+from inferlb.routing.types import NodeList
 from tests.engine.routing_reference import RefDecision, RefRouter, ref_router
 
 MODELS = ("m0", "m1", "m2")
@@ -142,7 +142,7 @@ def test_plugins_from_elsewhere_run_the_same_in_both_cores() -> None:
     nodes = as_nodelist(views)
 
     def plugins() -> tuple[list[Any], list[tuple[Any, float]], Any]:
-        from inferlb.engine.routing.plugins import HasCapacity, Healthy, ServesModel
+        from inferlb.routing.plugins import HasCapacity, Healthy, ServesModel
 
         sc = PredictedLatency()
         sc.bind(_Predictor())
@@ -187,7 +187,7 @@ def test_the_audit_copys_fast_rounding_equals_round() -> None:
     import struct
     import sys
 
-    from inferlb.engine.routing.types import _round4
+    from inferlb.routing.types import _round4
 
     rng = random.Random(11)
     xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, -1e-320, sys.float_info.max, 1e300, -1e300,

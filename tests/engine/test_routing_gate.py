@@ -1,4 +1,4 @@
-"""A routing-policy change gated by off-policy evaluation (routing/gate.py, engine/policy_gate.py),
+"""A routing-policy change gated by off-policy evaluation (routing/gate.py, learned/policy_gate.py),
 without I/O: synthetic logs of the learned profile whose per-node costs follow a known law, so the
 gate's verdicts can be checked against each policy's true value."""
 
@@ -9,14 +9,14 @@ import random
 
 import pytest
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.policy_gate import EVENT_NODE, requirement_for, routing_changed, verdict_event
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.explain import context_of
-from inferlb.engine.routing.gate import EvaluationRequirement, judge, span_seconds
-from inferlb.engine.routing.ope_replay import LoggedDecision, target_probabilities
-from inferlb.engine.routing.profiles import Router
-from inferlb.engine.settings import RoutingConfig, fleet_from_mapping
+from inferlb.config.settings import RoutingConfig, fleet_from_mapping
+from inferlb.errors import ConfigError
+from inferlb.learned.policy_gate import EVENT_NODE, requirement_for, routing_changed, verdict_event
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.explain import context_of
+from inferlb.routing.gate import EvaluationRequirement, judge, span_seconds
+from inferlb.routing.ope_replay import LoggedDecision, target_probabilities
+from inferlb.routing.profiles import Router
 
 BANDIT = {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2}}
 

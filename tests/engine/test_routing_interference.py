@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.learned import PredictedLatency, PredictedLatencyParams
-from inferlb.engine.routing.lifecycle import LifecycleParams, PredictorLifecycle
-from inferlb.engine.routing.predictor import OnlineLinear
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
+from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
+from inferlb.routing.predictor import OnlineLinear
 
 
 class FixedPredictor:
@@ -90,7 +90,7 @@ def test_online_linear_reports_its_learned_load_response() -> None:
     m = OnlineLinear()
     assert m.tpot_elasticity(_node("n", 5_000, 5)) == 0.0       # the prior: no load term
     w = m.w.copy()
-    from inferlb.engine.routing.features import FEATURE_NAMES
+    from inferlb.routing.features import FEATURE_NAMES
     w[FEATURE_NAMES.index("log_inflight_ktokens"), 1] = 0.6
     m._set_weights(w)
     assert m.tpot_elasticity(_node("n", 5_000, 5)) == pytest.approx(0.6 * 5_000 / 6_000)

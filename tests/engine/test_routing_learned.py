@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.explain import context_of
-from inferlb.engine.routing.features import FEATURE_NAMES, N_FEATURES, features
-from inferlb.engine.routing.guarded import GuardedRouter
-from inferlb.engine.routing.learned import PredictedLatency, PredictionFault, SoftmaxBandit, SoftmaxBanditParams
-from inferlb.engine.routing.lifecycle import LifecycleParams, PredictorLifecycle, observed_from
-from inferlb.engine.routing.predictor import Observed, OnlineLinear
+from inferlb.errors import ConfigError
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.explain import context_of
+from inferlb.routing.features import FEATURE_NAMES, N_FEATURES, features
+from inferlb.routing.guarded import GuardedRouter
+from inferlb.routing.learned import PredictedLatency, PredictionFault, SoftmaxBandit, SoftmaxBanditParams
+from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle, observed_from
+from inferlb.routing.predictor import Observed, OnlineLinear
 
 
 def _node(name: str, *, inflight: int = 0, tps: float | None = 50.0, ttft: float | None = 0.1,
@@ -251,7 +251,7 @@ class NaNPredictor:
         return [(float("nan"), 0.01) for _ in nodes]
 
     def predict(self, row: Any) -> Any:
-        from inferlb.engine.routing.predictor import Prediction
+        from inferlb.routing.predictor import Prediction
         return Prediction(float("nan"), 0.01)
 
     def update(self, row: Any, observed: Observed) -> None:

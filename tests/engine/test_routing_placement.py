@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.isolation import RTT_ALPHA, observe
-from inferlb.engine.health.types import Sample
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.rtt import Rtt, RttParams
-from inferlb.engine.routing.selector import NodeSelector, NodeSelectorFilter
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.errors import ConfigError
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import RTT_ALPHA, observe
+from inferlb.node_types import Sample
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.rtt import Rtt, RttParams
+from inferlb.routing.selector import NodeSelector, NodeSelectorFilter
+from inferlb.types import ManualClock
 
 
 def _node(name: str, labels: dict[str, str] | None = None, **kw: Any) -> NodeView:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.learned import PredictedLatency, PredictedLatencyParams
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
 
 
 class TablePredictor:

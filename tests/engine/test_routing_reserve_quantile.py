@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.learned import RESERVE_MIN_SAMPLES, PredictedLatency, PredictedLatencyParams
-from inferlb.engine.routing.profiles import LEARNED_LATENCY
-from inferlb.engine.routing.quantile import WindowQuantile
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.learned import RESERVE_MIN_SAMPLES, PredictedLatency, PredictedLatencyParams
+from inferlb.routing.profiles import LEARNED_LATENCY
+from inferlb.routing.quantile import WindowQuantile
 
 
 class TablePredictor:

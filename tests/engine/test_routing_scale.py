@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import random
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.isolation import observe, outlier_sweep, restore
-from inferlb.engine.health.types import Sample
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.routing.types import NodeList
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import observe, outlier_sweep, restore
+from inferlb.node_types import Sample
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.types import NodeList
+from inferlb.types import ManualClock
 
 
 def fleet(n: int, clock: ManualClock, panic: float = 50.0) -> Fleet:
@@ -123,8 +123,8 @@ def test_a_small_fleet_is_never_sampled() -> None:
 
 
 def test_the_fleet_files_sample_size_reaches_the_router() -> None:
+    from inferlb.config.settings import Settings
     from inferlb.engine.scope import build_runtime
-    from inferlb.engine.settings import Settings
 
     clock = ManualClock()
     base = fleet(200, clock)

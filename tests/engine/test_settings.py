@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.settings import Settings, load_fleet_file, load_settings
-from inferlb.engine.startup import check_journal_dir
+from inferlb.config.settings import Settings, load_fleet_file, load_settings
+from inferlb.errors import ConfigError
+from inferlb.live.startup import check_journal_dir
 
 GOOD = """
 models: [{name: m, fallbacks: [s]}, {name: s}]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from inferlb.engine.errors import UpstreamProtocolError
 from inferlb.engine.sse import (
     SSERelay,
     Usage,
@@ -13,6 +12,7 @@ from inferlb.engine.sse import (
     extract_error,
     extract_usage,
 )
+from inferlb.errors import UpstreamProtocolError
 from inferlb.simulator.openai_format import ChunkTemplate, completion_body
 
 STREAM = (

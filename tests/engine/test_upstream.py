@@ -10,18 +10,18 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from inferlb.engine.errors import (
+from inferlb.config.settings import TimeoutConfig
+from inferlb.engine.sse import SSERelay, Usage, extract_usage
+from inferlb.engine.upstream import Upstream, parse_retry_after, strip_hop_by_hop
+from inferlb.errors import (
     UpstreamConnectError,
     UpstreamProtocolError,
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from inferlb.engine.settings import TimeoutConfig
-from inferlb.engine.sse import SSERelay, Usage, extract_usage
-from inferlb.engine.types import ManualClock
-from inferlb.engine.upstream import Upstream, parse_retry_after, strip_hop_by_hop
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
 from inferlb.simulator.node import EmulatedNode
+from inferlb.types import ManualClock
 
 MODEL = "m1"
 FAST = TimeoutConfig(connect_s=1.0, first_token_s=2.0, idle_s=2.0, total_s=5.0)

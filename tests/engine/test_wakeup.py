@@ -1,4 +1,4 @@
-"""``Wakeup`` (engine/wakeup.py): a set wakes every waiter at once and says so; a set before the
+"""``Wakeup`` (wakeup.py): a set wakes every waiter at once and says so; a set before the
 wait wakes the next wait; from another thread too. The timeouts here are an hour, so only a
 wake-up gets a waiter out before the hang guard; the one timeout path uses 0 s."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inferlb.engine.wakeup import Wakeup
+from inferlb.wakeup import Wakeup
 
 HOUR = 3600.0
 HANG_GUARD_S = 20.0

@@ -3,7 +3,7 @@ Envoy's timings scaled by 1/100 (base ejection 30 s → 0.3 s, interval 10 s →
 3 s, slow start 60 s → 0.6 s), so each docs/reliability.md §9.2 scenario runs in seconds while the
 rules under test stay the same.
 
-The gateway runs on a :class:`~inferlb.engine.types.ManualClock`: an ejection, a cooldown or a
+The gateway runs on a :class:`~inferlb.types.ManualClock`: an ejection, a cooldown or a
 slow-start window ends only when a test advances that clock (``clock_of(app).advance``), so what
 the tests assert does not depend on how fast a loaded machine runs them. Monitor rounds and
 timeouts still run on the event loop; waiting here is for *conditions* (a monitor round, a node
@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.events import recent_events
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
 from inferlb.simulator import SimFleet
+from inferlb.store.events import recent_events
+from inferlb.types import ManualClock
 from tests.support import fast_specs, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}

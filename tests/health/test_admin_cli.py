@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.cli import main
+from inferlb.cli.main import main
 from inferlb.simulator import FaultSpec, SimFleet
 from tests.health.chaos_support import chaos_stack, node_events
 from tests.support import free_port

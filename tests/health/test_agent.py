@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferlb.engine.health.agent import NodeAgent
-from inferlb.engine.health.nvml import NvmlReader
+from inferlb.health.agent import NodeAgent
+from inferlb.health.nvml import NvmlReader
 from tests.health.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, make_fake_nvml
 from tests.support import free_port
 
@@ -116,7 +116,7 @@ def test_real_pynvml_without_a_driver_is_unavailable_not_an_error() -> None:
 def test_cli_agent_starts_and_serves(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "inferlb.cli", "agent", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "inferlb.cli.main", "agent", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env)
     try:
         assert proc.stdout is not None

@@ -6,10 +6,10 @@ import asyncio
 
 from sqlalchemy import inspect, text
 
-from inferlb.engine.health.types import NodeEvent
-from inferlb.engine.store.db import downgrade, make_engine, migrations_dir, upgrade
-from inferlb.engine.store.events import NODE_EVENTS, EventWriter, recent_events
-from inferlb.engine.types import ManualClock
+from inferlb.node_types import NodeEvent
+from inferlb.store.db import downgrade, make_engine, migrations_dir, upgrade
+from inferlb.store.events import NODE_EVENTS, EventWriter, recent_events
+from inferlb.types import ManualClock
 
 T0 = 1_767_225_600.0
 
@@ -26,7 +26,7 @@ def _head() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from inferlb.engine.store.db import migrations_dir
+    from inferlb.store.db import migrations_dir
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))

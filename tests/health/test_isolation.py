@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.assess import assess
-from inferlb.engine.health.isolation import isolate, observe, outlier_sweep, restore
-from inferlb.engine.health.types import Sample
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.assess import assess
+from inferlb.health.isolation import isolate, observe, outlier_sweep, restore
+from inferlb.node_types import Sample
+from inferlb.types import ManualClock
 
 
 def make(n: int = 3, health: dict[str, Any] | None = None) -> tuple[Fleet, ManualClock]:

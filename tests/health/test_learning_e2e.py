@@ -41,7 +41,7 @@ async def test_time_in_the_gateways_queue_is_not_the_nodes_latency(tmp_path: Pat
     # the node must not contain that wait.
     import asyncio
 
-    from inferlb.engine.settings import fleet_from_mapping
+    from inferlb.config.settings import fleet_from_mapping
 
     async with SimFleet(fast_specs(1, base_ttft_s=0.005, tpot_s=0.35)) as sim:
         fleet = fleet_from_mapping({

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.engine.health.config import HardwareConfig, OutlierConfig, SlowStartConfig
-from inferlb.engine.health.gpu import throttle_names
-from inferlb.engine.health.prometheus import parse_dcgm, parse_sglang, parse_tgi, parse_vllm
-from inferlb.engine.health.rules import (
+from inferlb.config.health import HardwareConfig, OutlierConfig, SlowStartConfig
+from inferlb.fleet.gpu import throttle_names
+from inferlb.fleet.rules import (
     LatencyStats,
     ejection_seconds,
     failure_percentage_outliers,
@@ -18,6 +17,7 @@ from inferlb.engine.health.rules import (
     slow_start_factor,
     success_rate_outliers,
 )
+from inferlb.health.prometheus import parse_dcgm, parse_sglang, parse_tgi, parse_vllm
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from inferlb.engine.health.config import HealthConfig
-from inferlb.engine.health.probe import Prober, targets_for
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import SystemClock
+from inferlb.config.health import HealthConfig
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.health.probe import Prober, targets_for
+from inferlb.types import SystemClock
 from tests.support import free_port
 
 FIX = Path(__file__).parent / "fixtures"
@@ -145,8 +145,8 @@ def test_health_config_rejects_unknown_keys() -> None:
 
 
 def test_health_nodes_must_name_fleet_nodes() -> None:
-    from inferlb.engine.errors import ConfigError
-    from inferlb.engine.health.monitor import check_health_config
+    from inferlb.errors import ConfigError
+    from inferlb.health.monitor import check_health_config
 
     cfg = fleet_from_mapping({"models": [{"name": "m"}], "nodes": [{"name": "a", "url": "http://127.0.0.1:1",
                                                                    "models": ["m"]}],

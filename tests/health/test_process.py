@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import ProcessValidationError
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.monitor import HealthMonitor
-from inferlb.engine.health.probe import Prober
-from inferlb.engine.health.types import NodeEvent
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock
-from inferlb.engine.workflow import load_process
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.errors import ProcessValidationError
+from inferlb.fleet.state import Fleet
+from inferlb.health.monitor import HealthMonitor
+from inferlb.health.probe import Prober
+from inferlb.node_types import NodeEvent
 from inferlb.simulator import FaultSpec, SimFleet
 from inferlb.tasks import HEALTH_REQUIRED_TASKS, SERVICES
+from inferlb.types import ManualClock
+from inferlb.workflow import load_process
 from tests.support import ROOT, fast_specs
 
 FIX = Path(__file__).parent / "fixtures"
@@ -123,7 +123,7 @@ def test_the_health_process_must_keep_its_required_tasks(tmp_path: Path) -> None
 
 
 def test_validate_cli_knows_a_health_process() -> None:
-    from inferlb.cli import main
+    from inferlb.cli.main import main
 
     assert main(["validate", str(MAIN)]) == 0
 

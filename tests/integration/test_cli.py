@@ -15,7 +15,7 @@ from openai import OpenAI
 
 from tests.support import ROOT, free_port
 
-CLI = [sys.executable, "-m", "inferlb.cli"]
+CLI = [sys.executable, "-m", "inferlb.cli.main"]
 
 
 def _env(tmp: Path) -> dict[str, str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inferlb.cli import demo_banner, demo_fleet
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.settings import Settings, fleet_from_mapping
+from inferlb.cli.main import demo_banner, demo_fleet
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import Settings, fleet_from_mapping
 
 URLS = ["http://127.0.0.1:9001"]
 

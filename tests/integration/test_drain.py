@@ -45,7 +45,7 @@ async def serve(tmp: Path, urls: dict[str, str], **env: str) -> AsyncIterator[tu
                 **env}
     with (tmp / "gateway.log").open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "inferlb.cli", "serve", "--config", str(tmp / "fleet.yaml"), "--port", str(port),
+            sys.executable, "-m", "inferlb.cli.main", "serve", "--config", str(tmp / "fleet.yaml"), "--port", str(port),
             cwd=tmp, env=full_env, stdout=log, stderr=asyncio.subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

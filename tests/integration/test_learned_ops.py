@@ -17,11 +17,11 @@ import pytest
 import yaml
 from openai import AsyncOpenAI
 
-from inferlb.cli_routing import routing_command
-from inferlb.engine.learned_loop import EVENT_NODE as LEARNED_NODE
-from inferlb.engine.policy_gate import EVENT_NODE as POLICY_NODE
-from inferlb.engine.routing import RouteRequest
-from inferlb.engine.settings import Settings
+from inferlb.cli.routing import routing_command
+from inferlb.config.settings import Settings
+from inferlb.learned.loop import EVENT_NODE as LEARNED_NODE
+from inferlb.learned.policy_gate import EVENT_NODE as POLICY_NODE
+from inferlb.routing import RouteRequest
 from inferlb.simulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.cli_routing import routing_command
-from inferlb.engine.learned_loop import EVENT_NODE
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.events import recent_events
+from inferlb.cli.routing import routing_command
+from inferlb.learned.loop import EVENT_NODE
 from inferlb.simulator import SimFleet
+from inferlb.store.db import make_engine
+from inferlb.store.events import recent_events
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""Reload while serving (engine/live.py), over real HTTP in front of simulated nodes, with the real
+"""Reload while serving (live/manager.py), over real HTTP in front of simulated nodes, with the real
 OpenAI SDK as the client: 20 reloads alternating two valid processes under steady load fail no
 request, each request runs wholly on one definition and its audit row says which; an invalid file
 is a 4xx naming file, element / key path and problem, and the old config keeps serving."""
@@ -14,11 +14,11 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.settings import Settings
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.models import REQUESTS
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import Settings
 from inferlb.simulator import SimFleet
+from inferlb.store.db import make_engine
+from inferlb.store.schema import REQUESTS
 from tests.integration.load import steady_load
 from tests.support import ROOT, fast_specs, running_gateway
 

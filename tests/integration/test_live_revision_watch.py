@@ -1,5 +1,5 @@
 """A running gateway (a SQLite file, and PostgreSQL) follows the database through its revision
-watch (engine/store/revision_watch.py, wired in engine/app.py): while nothing is written, its
+watch (store/revision_watch.py, wired in app.py): while nothing is written, its
 live-config poll (``LiveConfig.poll_once``, called by the test: ``INFERLB_OVERRIDES_POLL_S`` is an
 hour here, so nothing sleeps for time) sends no SQL at all; a node drained through another engine
 (another replica, ``inferlb fleet``) is applied at the next poll on SQLite, and at once on PostgreSQL,
@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.live import LiveConfig
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.overrides import NodeOverride, save_override
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.live.manager import LiveConfig
 from inferlb.simulator import SimFleet
+from inferlb.store.db import make_engine
+from inferlb.store.overrides import NodeOverride, save_override
 from tests.support import fast_specs, running_gateway, settings_for
 
 # Set in the test's own task only after the gateway started: the live config's loop (woken by a

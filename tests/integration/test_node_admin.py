@@ -1,4 +1,4 @@
-"""Live node admin over real HTTP (engine/api/nodes.py) in front of simulated nodes, under steady
+"""Live node admin over real HTTP (api/nodes.py) in front of simulated nodes, under steady
 load through the real OpenAI SDK: drain → drained, removal (drained, forced), add (probed, then
 slow start), patch; every refusal in the OpenAI envelope with nothing applied; every change a node
 event carrying the admin key's id; a second replica on the same database converges."""
@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.fleet_admin import settle
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.live.fleet_admin import settle
 from inferlb.simulator import SimFleet
 from tests.integration.load import Load, steady_load
 from tests.support import fast_specs, running_gateway, settings_for

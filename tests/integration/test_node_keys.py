@@ -1,4 +1,4 @@
-"""Node keys over real HTTP (engine/api/nodes.py, engine/fleet_admin.py): a node added or patched live
+"""Node keys over real HTTP (api/nodes.py, live/fleet_admin.py): a node added or patched live
 names an environment variable (``api_key_env``); a literal ``api_key`` or an unset variable is a 400
 with nothing applied; no key (the file's literal one or a resolved one) appears in ``/admin/fleet``,
 the node events, the logs or the ``node_overrides`` table; a second replica that lacks the variable
@@ -12,10 +12,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.overrides import NODE_OVERRIDES
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
 from inferlb.simulator import SimFleet
+from inferlb.store.overrides import NODE_OVERRIDES
 from tests.support import fast_specs, running_gateway, settings_for
 
 VAR = "INFERLB_TEST_NODE_KEYS_HTTP"

@@ -1,4 +1,4 @@
-"""The other reload triggers on a real ``inferlb serve --watch`` process (engine/live_triggers.py):
+"""The other reload triggers on a real ``inferlb serve --watch`` process (live/triggers.py):
 SIGHUP reloads, an edit of a process file reloads (watchfiles), a bad edit is refused with one
 log line naming file, element and problem while the old process keeps serving, and
 ``inferlb fleet drain|undrain|reload`` drive the same process over HTTP. Polling below waits for
@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from inferlb.cli import main
+from inferlb.cli.main import main
 from inferlb.simulator import SimFleet
 from tests.support import ROOT, fast_specs, free_port
 
@@ -51,7 +51,7 @@ async def test_sighup_watch_and_the_fleet_command(tmp_path: Path) -> None:
         log = tmp_path / "gateway.log"
         with log.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inferlb.cli", "serve", "--watch", "--config", str(tmp_path / "fleet.yaml"),
+                sys.executable, "-m", "inferlb.cli.main", "serve", "--watch", "--config", str(tmp_path / "fleet.yaml"),
                 "--port", str(port), cwd=tmp_path, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         try:

@@ -1,4 +1,4 @@
-"""A reload that changes models' ``versions`` (engine/live.py with engine/rollout/manager.py), over
+"""A reload that changes models' ``versions`` (live/manager.py with rollout/manager.py), over
 real HTTP in front of simulated nodes, with the real OpenAI SDK as load: the version table is
 swapped in the same validate-then-swap as the process and the fleet (nothing partial on error),
 the config version covers the versions, a running rollout's weights survive a reload that keeps
@@ -15,10 +15,10 @@ import httpx
 import yaml
 from sqlalchemy import select
 
-from inferlb.engine.settings import Settings
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.models import REQUESTS
+from inferlb.config.settings import Settings
 from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.store.db import make_engine
+from inferlb.store.schema import REQUESTS
 from tests.integration.load import steady_load
 from tests.support import ROOT, running_gateway
 

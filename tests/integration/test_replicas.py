@@ -35,9 +35,9 @@ import openai
 import pytest
 import yaml
 
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.keys import create_key
+from inferlb.admission.store import create_key
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.store.db import make_engine, upgrade
 from tests.admission.conftest import REDIS_URL, redis_client
 from tests.cluster.proxy import TcpProxy
 from tests.store.conftest import pg_admin, pg_schema_factory
@@ -108,7 +108,7 @@ async def replicas(tmp: Path, fleet: Path, env: dict[str, str], n: int = 3) -> A
             log = d / "gateway.log"
             with log.open("wb") as out:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "inferlb.cli", "serve", "--config", str(fleet), "--port", str(port),
+                    sys.executable, "-m", "inferlb.cli.main", "serve", "--config", str(fleet), "--port", str(port),
                     cwd=d, env=full, stdout=out, stderr=asyncio.subprocess.STDOUT)
             procs.append(Replica(f"r{i}", port, proc, log))
         end = time.monotonic() + GUARD_S

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, BadRequestError, InternalServerError
 
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import NodeSpec, SimFleet
 from tests.support import running_gateway, settings_for
 

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferlb.engine.errors import UpstreamStatusError
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.errors import UpstreamStatusError
 from inferlb.simulator import FaultSpec, SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from openai import AsyncOpenAI
 
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import NodeSpec, SimFleet
 from tests.support import running_gateway, settings_for
 

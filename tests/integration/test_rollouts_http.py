@@ -23,8 +23,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.settings import fleet_from_mapping
+from inferlb.config.admission import AdmissionSettings
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
 from tests.support import ROOT, running_gateway, settings_for
 
@@ -284,7 +284,7 @@ async def test_with_auth_on_only_keys_allowed_to_may_pin(tmp_path: Path) -> None
 
 
 async def _cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "inferlb.cli", "rollout", *args,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "inferlb.cli.main", "rollout", *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                 cwd=ROOT)
     out, err = await asyncio.wait_for(proc.communicate(), 60)

@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-from inferlb.engine.store.partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.writer import upsert_records
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
+from inferlb.store.partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.writer import upsert_records
+from inferlb.types import ManualClock
 
 START = 1_767_225_600.0          # 2026-01-01T00:00:00Z
 END = START + 2 * 3600.0

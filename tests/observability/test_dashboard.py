@@ -7,13 +7,13 @@ from pathlib import Path
 
 import httpx
 
-from inferlb.engine.api.dashboard import ASSETS
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.observability.history import NodeStateHistory
-from inferlb.engine.types import ManualClock
+from inferlb.api.dashboard import ASSETS
+from inferlb.fleet.state import Fleet
+from inferlb.observability.history import NodeStateHistory
+from inferlb.types import ManualClock
 from tests.support import fleet_for, running_gateway, settings_for
 
-STATIC = Path(__file__).resolve().parents[2] / "inferlb" / "engine" / "observability" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "inferlb" / "observability" / "static"
 
 
 def test_nothing_is_loaded_from_another_origin() -> None:

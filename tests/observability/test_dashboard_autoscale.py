@@ -15,11 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.autoscale.panel import EVENT_FIELDS, autoscale_panel
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.scaling import recent_scaling_events
-from inferlb.engine.types import ManualClock
+from inferlb.autoscale.panel import EVENT_FIELDS, autoscale_panel
+from inferlb.autoscale.store import recent_scaling_events
+from inferlb.config.admission import AdmissionSettings
+from inferlb.store.db import make_engine, upgrade
+from inferlb.types import ManualClock
 from tests.observability import seed
 from tests.support import running_gateway, settings_for
 

@@ -33,9 +33,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from inferlb.engine.admission.config import AdmissionSettings
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.types import ManualClock
+from inferlb.config.admission import AdmissionSettings
+from inferlb.store.db import make_engine, upgrade
+from inferlb.types import ManualClock
 from tests.observability import seed
 from tests.support import ROOT, running_gateway, settings_for
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.observability.hub import Observability
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.types import ManualClock
+from inferlb.fleet.state import Fleet
+from inferlb.observability.hub import Observability
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.types import ManualClock
 from tests.support import ROOT, fleet_for
 
 DEPLOY = ROOT / "deploy"

@@ -16,11 +16,11 @@ import pytest
 from openai import AsyncOpenAI
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.observability.config import FinOpsConfig
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.ledger import Occupancy, attribute, build_ledger, cost_report, node_prices
+from inferlb.config.observability import FinOpsConfig
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator import SimFleet
+from inferlb.store.db import make_engine
+from inferlb.store.ledger import Occupancy, attribute, build_ledger, cost_report, node_prices
 from tests.observability import seed
 from tests.support import fast_specs, fleet_for, free_port, running_gateway, settings_for
 

@@ -14,18 +14,18 @@ from openai import AsyncOpenAI, NotFoundError
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferlb.engine.app import request_end
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.observability.config import MetricsConfig
-from inferlb.engine.observability.history import NODE_STATES
-from inferlb.engine.observability.hub import Observability, queue_depth_of
-from inferlb.engine.observability.metrics import GatewayCollector, LabelGuard, RequestMetrics, ScrapeSources
+from inferlb.app import request_end
+from inferlb.config.observability import MetricsConfig
+from inferlb.config.settings import Settings
 from inferlb.engine.request_end import RequestEnd
 from inferlb.engine.scope import build_runtime
-from inferlb.engine.settings import Settings
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.types import ManualClock
+from inferlb.fleet.state import Fleet
+from inferlb.observability.history import NODE_STATES
+from inferlb.observability.hub import Observability, queue_depth_of
+from inferlb.observability.metrics import GatewayCollector, LabelGuard, RequestMetrics, ScrapeSources
 from inferlb.simulator import SimFleet
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.types import ManualClock
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 T = 1_767_225_600.0

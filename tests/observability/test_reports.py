@@ -13,9 +13,9 @@ import pytest
 import yaml
 from sqlalchemy.engine import Engine
 
-from inferlb.cli import main
-from inferlb.engine.errors import InvalidRequest
-from inferlb.engine.store.queries import parse_bucket, parse_group_by, sla_report
+from inferlb.cli.main import main
+from inferlb.errors import InvalidRequest
+from inferlb.store.queries import parse_bucket, parse_group_by, sla_report
 from tests.observability import seed
 from tests.support import running_gateway, settings_for
 
@@ -111,9 +111,9 @@ def test_cli_report_cost_and_sla(seeded: Engine, db_url: str, tmp_path: Path, ca
 def test_ttft_percentiles_count_streamed_requests_only_and_group_by_stream(engine: Engine) -> None:
     # A non-streamed answer's first byte comes with its last: its "TTFT" is the whole generation
     # (3 s here) and must not enter the TTFT percentiles, nor fail a TTFT SLO.
-    from inferlb.engine.settings import SLOConfig
-    from inferlb.engine.store.ledger import cost_report
-    from inferlb.engine.store.writer import upsert_records
+    from inferlb.config.settings import SLOConfig
+    from inferlb.store.ledger import cost_report
+    from inferlb.store.writer import upsert_records
     from tests.store.conftest import T0, _record
 
     recs = []

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.engine.observability.config import TracingConfig
-from inferlb.engine.observability.tracing import build_tracer
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.config.observability import TracingConfig
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.observability.tracing import build_tracer
 from inferlb.simulator import SimFleet
+from inferlb.store.records import AttemptRecord, RequestRecord
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="tracing needs the otel extra")

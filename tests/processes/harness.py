@@ -19,13 +19,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from inferlb.engine.app import request_end
+from inferlb.app import request_end
+from inferlb.config.settings import Settings, fleet_from_mapping
 from inferlb.engine.scope import IncomingRequest, RequestScope, begin_request, build_runtime
-from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.types import ManualClock
-from inferlb.engine.workflow import TIMER_OPERATION, load_process
+from inferlb.store.records import RequestRecord
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
+from inferlb.types import ManualClock
+from inferlb.workflow import TIMER_OPERATION, load_process
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "processes" / "inference_request.bpmn"

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.engine.errors import ProcessValidationError
-from inferlb.engine.workflow import load_process
-from inferlb.engine.workflow.datacheck import data_problems
-from inferlb.engine.workflow.parser import make_parser, sequence_flows
+from inferlb.errors import ProcessValidationError
 from inferlb.tasks import HEALTH_REQUIRED_TASKS, HEALTH_START_DATA, REQUEST_START_DATA, REQUIRED_TASKS, SERVICES
+from inferlb.workflow import load_process
+from inferlb.workflow.datacheck import data_problems
+from inferlb.workflow.parser import make_parser, sequence_flows
 from tests.processes.harness import FIXTURES, MAIN, run_scenario
 
 ROOT = MAIN.parents[1]
@@ -53,7 +53,7 @@ def test_each_typo_is_one_problem_naming_the_element(fixture: str, element: str,
 @pytest.mark.parametrize("engine", ["compiled", "spiff"])
 def test_the_typo_really_fails_requests_at_run_time(engine: str) -> None:
     """What validation prevents: loaded without the check, routing["okk"] fails the request."""
-    from inferlb.engine.errors import WorkflowRuntimeError
+    from inferlb.errors import WorkflowRuntimeError
 
     with pytest.raises(WorkflowRuntimeError, match="gw_routed"):
         run_scenario(FIXTURES / "typo_routing_key.bpmn", engine, [{"kind": "ok", "status": 200}])
@@ -99,7 +99,7 @@ def test_validation_is_pure() -> None:
 
 async def test_app_start_up_refuses_the_typo_before_opening_anything(tmp_path: Path) -> None:
     """create_app's lifespan validates the same way, first: nothing is started, so nothing leaks."""
-    from inferlb.engine.app import create_app
+    from inferlb.app import create_app
     from tests.support import fleet_for, settings_for
 
     pdir = tmp_path / "processes"

@@ -1,4 +1,4 @@
-"""The spiff executor's tuning (inferlb/engine/workflow/spiff.py) changes what SpiffWorkflow builds,
+"""The spiff executor's tuning (inferlb/workflow/spiff.py) changes what SpiffWorkflow builds,
 never what a process does: same path and same data as SpiffWorkflow's own prediction."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.workflow import load_process
-from inferlb.engine.workflow.parser import LazyExclusiveGateway
-from inferlb.engine.workflow.spiff import SpiffExecutor
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
+from inferlb.workflow import load_process
+from inferlb.workflow.parser import LazyExclusiveGateway
+from inferlb.workflow.spiff import SpiffExecutor
 from tests.processes.harness import FIXTURES, MAIN, make_request, run_scenario
 from tests.processes.test_differential import FALLBACK_FLEET, SCENARIOS
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store.db import make_engine, upgrade
+from inferlb.store.db import make_engine, upgrade
 from tests.store.conftest import BACKENDS, pg_admin, pg_migrated_url, pg_schema_factory
 
 __all__ = ["pg_admin", "pg_migrated_url", "pg_schema_factory", "shared_db", "shared_db_url"]

@@ -10,15 +10,15 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.rollout.config import RolloutConfig, RolloutSpec
-from inferlb.engine.rollout.manager import RolloutManager
-from inferlb.engine.rollout.window import VersionWindow
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.types import ManualClock
-from inferlb.engine.versions.table import VersionTable
-from inferlb.engine.workflow import load_process
+from inferlb.config.rollout import RolloutConfig, RolloutSpec
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
+from inferlb.rollout.manager import RolloutManager
+from inferlb.rollout.window import VersionWindow
+from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
+from inferlb.types import ManualClock
+from inferlb.versions.table import VersionTable
+from inferlb.workflow import load_process
 from tests.support import ROOT
 
 MAIN = ROOT / "processes" / "rollout.bpmn"

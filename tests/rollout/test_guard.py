@@ -1,13 +1,13 @@
 """The statistical guard with known inputs: Wilson and Newcombe bounds against published values,
-and the promote / hold / rollback rule (engine/rollout/guard.py)."""
+and the promote / hold / rollback rule (rollout/guard.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferlb.engine.rollout.config import RolloutCriteria, check_steps
-from inferlb.engine.rollout.guard import Counts, compare, guard
-from inferlb.engine.rollout.stats import diff_bounds, wilson, z_one_sided
+from inferlb.config.rollout import RolloutCriteria, check_steps
+from inferlb.rollout.guard import Counts, compare, guard
+from inferlb.rollout.stats import diff_bounds, wilson, z_one_sided
 
 Z95_TWO_SIDED = 1.959963984540054
 

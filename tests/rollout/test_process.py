@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import ClientError, InvalidRequest
-from inferlb.engine.rollout.manager import RolloutBusy, RolloutNotFound
+from inferlb.errors import ClientError, InvalidRequest
+from inferlb.rollout.manager import RolloutBusy, RolloutNotFound
 from tests.rollout.rig import MAIN, Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 100, "min_step_s": 10, "max_step_s": 600, "window_s": 300,
@@ -131,8 +131,8 @@ async def test_bad_requests_are_refused_and_change_nothing() -> None:
 
 
 async def test_rollouts_are_recorded_and_resume_after_a_restart(tmp_path: Path) -> None:
-    from inferlb.engine.store.db import make_engine, upgrade
-    from inferlb.engine.store.rollouts import rollout_events
+    from inferlb.rollout.store import rollout_events
+    from inferlb.store.db import make_engine, upgrade
 
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     upgrade(url)

@@ -1,4 +1,4 @@
-"""The rollout manager's part of a reload (engine/live.py calls these inside its validate-then-swap):
+"""The rollout manager's part of a reload (live/manager.py calls these inside its validate-then-swap):
 ``check_config`` refuses a config that drops a running rollout's model or version and changes
 nothing; ``follow_config`` swaps the version table, keeps a running rollout's weights, lets a
 finished rollout's weights last until the file changes the model's weights, and takes the new
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import Conflict
-from inferlb.engine.settings import FleetConfig, fleet_from_mapping
+from inferlb.config.settings import FleetConfig, fleet_from_mapping
+from inferlb.errors import Conflict
 from tests.rollout.rig import Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 1, "min_step_s": 0, "max_step_s": 600, "window_s": 300}

@@ -3,7 +3,7 @@ version table, window and injected clock, running the real ``rollout.bpmn``: a r
 on either is followed by the other (same weights, same user → version assignment), only the
 leader decides steps, an abort on a follower wins over the leader's next step, an abort of a
 rollout the leader already ended is a 409, and a former leader's round is fenced out. ``sync`` is
-what each replica's live-config poll calls when the shared revision moved (engine/live.py); the
+what each replica's live-config poll calls when the shared revision moved (live/manager.py); the
 tests call it, nothing sleeps."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.cluster.election import Election
-from inferlb.engine.rollout.manager import RolloutBusy
-from inferlb.engine.store.overrides import read_revision
-from inferlb.engine.store.rollouts import get_rollout, rollout_events
-from inferlb.engine.types import ManualClock
+from inferlb.cluster.election import Election
+from inferlb.rollout.manager import RolloutBusy
+from inferlb.rollout.store import get_rollout, rollout_events
+from inferlb.store.overrides import read_revision
+from inferlb.types import ManualClock
 from tests.rollout.rig import Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 50, "min_step_s": 5, "max_step_s": 600, "window_s": 300,
@@ -110,7 +110,7 @@ async def test_aborting_a_rollout_the_leader_already_ended_is_409(shared_db: Eng
 
 
 async def test_a_former_leader_is_fenced_out_and_follows_the_new_one(shared_db: Engine) -> None:
-    """The election of engine/cluster/election.py on the real database: A led and paused past its
+    """The election of cluster/election.py on the real database: A led and paused past its
     lease; B took the role (the next fencing token). A still believes it leads, and its round would
     promote: the fence refuses the write, A drops the round and follows the table; B decides."""
     role = "rollouts-test-" + secrets.token_hex(4)

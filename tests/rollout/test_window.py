@@ -1,13 +1,13 @@
-"""Per-version window (engine/rollout/window.py): what counts as a failure of a version, which
+"""Per-version window (rollout/window.py): what counts as a failure of a version, which
 version an attempt counts for, the sliding window and the step start."""
 
 from __future__ import annotations
 
-from inferlb.engine.rollout.guard import Counts
-from inferlb.engine.rollout.window import VersionWindow, attempt_failed
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.types import ManualClock
+from inferlb.config.settings import SLOConfig
+from inferlb.rollout.guard import Counts
+from inferlb.rollout.window import VersionWindow, attempt_failed
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.types import ManualClock
 
 
 def test_what_counts_as_a_failed_attempt() -> None:

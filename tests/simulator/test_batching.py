@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferlb.engine.types import ManualClock
 from inferlb.simulator.batching import BatchCore, SeqState
 from inferlb.simulator.spec import BatchSpec
+from inferlb.types import ManualClock
 
 
 def spec(**kw: object) -> BatchSpec:

@@ -14,7 +14,6 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.engine.types import ManualClock
 from inferlb.simulator import (
     FaultSpec,
     LatencyModel,
@@ -26,6 +25,7 @@ from inferlb.simulator import (
     serve_sim,
 )
 from inferlb.simulator.node import EmulatedNode
+from inferlb.types import ManualClock
 
 MODEL = "m1"
 

@@ -14,11 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from inferlb.engine.types import ManualClock
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
 from inferlb.simulator.node import SIM_OUTPUT_FIELD, EmulatedNode
 from inferlb.simulator.presets import PRESETS, cli_specs, fleet_specs, load_sim_fleet, preset_spec
 from inferlb.simulator.spec import BatchSpec
+from inferlb.types import ManualClock
 
 MODEL = "m"
 
@@ -110,7 +110,7 @@ async def test_gpu_reading_shape_and_hardware_faults(http: aiohttp.ClientSession
         async with http.get(url + "/sim/gpu") as r:
             g = await r.json()
         assert [e["xid"] for e in g["xid_events"]] == [79, 79] and g["boot_id"] == "g1-0"
-        # The agent's report shape (inferlb.engine.health.nvml): the same keys per GPU.
+        # The agent's report shape (inferlb.health.nvml): the same keys per GPU.
         for key in ("lost", "unsupported", "errors", "ecc_errors", "xid_last"):
             assert key in g["gpus"][0]
 

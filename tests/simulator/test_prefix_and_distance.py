@@ -5,17 +5,17 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from inferlb.engine.fleet import Fleet
-from inferlb.engine.health.config import HealthConfig
-from inferlb.engine.health.isolation import observe
-from inferlb.engine.health.probe import Prober
-from inferlb.engine.routing.prefix import BLOCK_CHARS
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.types import ManualClock, SystemClock
+from inferlb.config.health import HealthConfig
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.fleet.state import Fleet
+from inferlb.health.isolation import observe
+from inferlb.health.probe import Prober
+from inferlb.routing.prefix import BLOCK_CHARS
 from inferlb.simulator import NodeSpec, SimFleet
 from inferlb.simulator.batching import BatchCore
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache
 from inferlb.simulator.spec import BatchSpec
+from inferlb.types import ManualClock, SystemClock
 
 TEXT = "".join(chr(65 + i % 26) for i in range(BLOCK_CHARS * 10))   # 10 blocks
 

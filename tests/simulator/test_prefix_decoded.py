@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from inferlb.engine.routing.prefix import BLOCK_CHARS
+from inferlb.routing.prefix import BLOCK_CHARS
 from inferlb.simulator import NodeSpec, SimFleet
 from inferlb.simulator.des import PrefixCaches, PromptInfo, Simulation
 from inferlb.simulator.openai_format import answer_text, completion_body, prompt_text_of, prompt_tokens_of

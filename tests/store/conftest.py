@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
 
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.records import AttemptRecord, RequestRecord
 
 PG_URL = os.environ.get("INFERLB_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REQUIRE_PG = os.environ.get("INFERLB_REQUIRE_PG") == "1"

@@ -11,12 +11,12 @@ import pytest
 from sqlalchemy import inspect
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.errors import InvalidRequest
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.commands import db_upgrade, report_sla
-from inferlb.engine.store.db import make_engine
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.store.writer import upsert_records
+from inferlb.cli.audit import db_upgrade, report_sla
+from inferlb.config.settings import SLOConfig
+from inferlb.errors import InvalidRequest
+from inferlb.store.db import make_engine
+from inferlb.store.records import RequestRecord
+from inferlb.store.writer import upsert_records
 
 T0 = 1_767_225_600.0
 

@@ -12,17 +12,10 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from inferlb.engine.errors import StoreError
-from inferlb.engine.store import (
-    events,  # noqa: F401  (registers node_events on Base.metadata)
-    leases,  # noqa: F401  (registers leader_leases)
-    overrides,  # noqa: F401  (registers node_overrides, fleet_revision)
-    predictors,  # noqa: F401  (registers routing_predictors)
-    scaling,  # noqa: F401  (registers scaling_events on Base.metadata)
-)
-from inferlb.engine.store.db import downgrade, is_sqlite, make_engine, migrations_dir, normalize_url, upgrade
-from inferlb.engine.store.models import Base
-from inferlb.engine.store.partitions import PARTITION_NAME
+from inferlb.errors import StoreError
+from inferlb.store.db import downgrade, is_sqlite, make_engine, migrations_dir, normalize_url, upgrade
+from inferlb.store.partitions import PARTITION_NAME
+from inferlb.store.schema import Base
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,13 +13,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import insert, inspect, text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.db import downgrade, make_engine, migrations_dir, upgrade
-from inferlb.engine.store.models import ATTEMPTS, REQUESTS
-from inferlb.engine.store.partitions import day_bounds, day_of, day_partitions, ensure_days, is_partitioned
-from inferlb.engine.store.queries import get_request, sla_report, sla_report_python
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.rows import UNKNOWN_OUTCOME, record_rows, upsert_records
+from inferlb.config.settings import SLOConfig
+from inferlb.store.db import downgrade, make_engine, migrations_dir, upgrade
+from inferlb.store.partitions import day_bounds, day_of, day_partitions, ensure_days, is_partitioned
+from inferlb.store.queries import get_request, sla_report, sla_report_python
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.rows import UNKNOWN_OUTCOME, record_rows, upsert_records
+from inferlb.store.schema import ATTEMPTS, REQUESTS
 
 # The revision 0007 upgrades from (later migrations may sit between 0004 and 0007).
 BEFORE = ScriptDirectory(str(migrations_dir())).get_revision("0007").down_revision

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.errors import InvalidRequest
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.queries import get_request, list_requests, parse_time, percentile, sla_report
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.store.writer import upsert_records
+from inferlb.config.settings import SLOConfig
+from inferlb.errors import InvalidRequest
+from inferlb.store.queries import get_request, list_requests, parse_time, percentile, sla_report
+from inferlb.store.records import RequestRecord
+from inferlb.store.writer import upsert_records
 
 MakeRecord = Callable[..., RequestRecord]
 T0 = 1_767_225_600.0

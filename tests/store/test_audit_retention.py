@@ -14,17 +14,17 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.cli import main
-from inferlb.engine.errors import InvalidRequest
-from inferlb.engine.settings import SLOConfig
-from inferlb.engine.store.db import upgrade
-from inferlb.engine.store.maintenance import AuditMaintenance
-from inferlb.engine.store.partitions import day_of, day_partitions, ensure_days, is_partitioned
-from inferlb.engine.store.queries import sla_report
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.retention import parse_age, prune
-from inferlb.engine.store.rows import upsert_records
-from inferlb.engine.types import ManualClock
+from inferlb.cli.main import main
+from inferlb.config.settings import SLOConfig
+from inferlb.errors import InvalidRequest
+from inferlb.store.db import upgrade
+from inferlb.store.maintenance import AuditMaintenance
+from inferlb.store.partitions import day_of, day_partitions, ensure_days, is_partitioned
+from inferlb.store.queries import sla_report
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.retention import parse_age, prune
+from inferlb.store.rows import upsert_records
+from inferlb.types import ManualClock
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, as in conftest.py
 DAY = 86_400.0
@@ -148,7 +148,7 @@ def test_cli_db_prune(tmp_path: Path, make_record: MakeRecord, capsys: pytest.Ca
                       monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     upgrade(url)
-    from inferlb.engine.store.db import make_engine
+    from inferlb.store.db import make_engine
 
     engine = make_engine(url)
     try:

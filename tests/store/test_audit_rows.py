@@ -1,4 +1,4 @@
-"""The batch upsert's statements (engine/store/rows.py): compiled once, the same SQL as the
+"""The batch upsert's statements (store/rows.py): compiled once, the same SQL as the
 dialect's ``ON CONFLICT`` construct, and the rows they write."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store import rows
-from inferlb.engine.store.models import REQUESTS
-from inferlb.engine.store.queries import get_request
-from inferlb.engine.store.records import RequestRecord
+from inferlb.store import rows
+from inferlb.store.queries import get_request
+from inferlb.store.records import RequestRecord
+from inferlb.store.schema import REQUESTS
 
 
 def _constructs(dialect_name: str) -> tuple[Any, Any]:

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine, make_url
 
-from inferlb.engine.errors import AuditUnavailable
-from inferlb.engine.store import journal as journal_mod
-from inferlb.engine.store import wal as wal_mod
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.queries import get_request
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.store.wal import Wal, recover, start_entry
-from inferlb.engine.store.writer import AuditWriter
-from inferlb.engine.types import ManualClock
+from inferlb.errors import AuditUnavailable
+from inferlb.store import journal as journal_mod
+from inferlb.store import wal as wal_mod
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.queries import get_request
+from inferlb.store.records import RequestRecord
+from inferlb.store.wal import Wal, recover, start_entry
+from inferlb.store.writer import AuditWriter
+from inferlb.types import ManualClock
 from tests.store.conftest import count_rows
 from tests.store.test_audit_writer import _table_missing
 from tests.support import ROOT
@@ -39,8 +39,8 @@ _CRASHER = r"""
 import asyncio, os, signal, sys
 sys.path.insert(0, sys.argv[3])
 from tests.store.conftest import _record
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.writer import AuditWriter
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.writer import AuditWriter
 
 async def main():
     # An hour-long flush interval: nothing reaches the database; only the write-ahead log has them.
@@ -302,7 +302,7 @@ async def test_an_unwritable_journal_fails_closed_logs_rarely_and_recovers(
     w = AuditWriter(engine, journal_dir=tmp_path / "j", clock=clock, error_log_interval_s=60)
     await w.start(background=False)
     _disk_full(monkeypatch)
-    caplog.set_level(logging.ERROR, logger="inferlb.engine.store.writer")
+    caplog.set_level(logging.ERROR, logger="inferlb.store.writer")
     for i in range(50):                          # 50 flushes: each one fails to journal
         w.submit(make_record(i))
         await w.flush_once()

@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store.db import is_sqlite, make_engine
-from inferlb.engine.store.journal import QUARANTINE_FILE, dump_record
-from inferlb.engine.store.queries import get_request
-from inferlb.engine.store.records import AttemptRecord, RequestRecord
-from inferlb.engine.store.writer import AuditWriter
-from inferlb.engine.types import ManualClock
+from inferlb.store.db import is_sqlite, make_engine
+from inferlb.store.journal import QUARANTINE_FILE, dump_record
+from inferlb.store.queries import get_request
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.writer import AuditWriter
+from inferlb.types import ManualClock
 
 MakeRecord = Callable[..., RequestRecord]
 RowsIn = Callable[..., int]

@@ -10,16 +10,16 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store.models import REQUESTS
-from inferlb.engine.store.overrides import (
+from inferlb.store.overrides import (
     NodeOverride,
     StaleOverrides,
     load_overrides,
     read_revision,
     save_override,
 )
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.store.rows import upsert_records
+from inferlb.store.records import RequestRecord
+from inferlb.store.rows import upsert_records
+from inferlb.store.schema import REQUESTS
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The revision watch (engine/store/revision_watch.py): a change committed through another engine
+"""The revision watch (store/revision_watch.py): a change committed through another engine
 (another replica, ``inferlb fleet``) makes a read due, nothing else does, and a read that was not
 handed back stays due.
 
@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.overrides import NodeOverride, read_revision, save_override
-from inferlb.engine.store.revision_watch import (
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.overrides import NodeOverride, read_revision, save_override
+from inferlb.store.revision_watch import (
     Mark,
     PgNotifyWatch,
     PollWatch,
@@ -30,7 +30,7 @@ from inferlb.engine.store.revision_watch import (
     SqliteFileWatch,
     revision_watch,
 )
-from inferlb.engine.types import ManualClock
+from inferlb.types import ManualClock
 
 HANG_GUARD_S = 20.0    # only a broken listener gets near this
 
@@ -46,7 +46,7 @@ def take(watch: RevisionWatch) -> Mark:
 
 
 def read_through(watch: RevisionWatch, engine: Engine) -> int | None:
-    """What the live config's poll does (engine/live.py ``poll_once``): read only when due."""
+    """What the live config's poll does (live/manager.py ``poll_once``): read only when due."""
     mark = watch.due()
     if mark is None:
         return None
@@ -283,7 +283,7 @@ async def test_postgres_listener_killed_polls_then_reconnects(pg_engines: tuple[
         down.set()
         await back.wait()
 
-    from inferlb.engine.store.db import pg_connect_params
+    from inferlb.store.db import pg_connect_params
 
     params = pg_connect_params(mine)
 

@@ -11,8 +11,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from inferlb.engine.store.overrides import read_revision
-from inferlb.engine.store.rollouts import (
+from inferlb.rollout.store import (
     RolloutConflict,
     following,
     get_rollout,
@@ -22,6 +21,7 @@ from inferlb.engine.store.rollouts import (
     running_rollouts,
     save_progress,
 )
+from inferlb.store.overrides import read_revision
 
 T0 = 1_767_225_600.0
 

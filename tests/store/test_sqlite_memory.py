@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete
 
-from inferlb.engine.store import db
-from inferlb.engine.store.db import make_engine, upgrade
-from inferlb.engine.store.models import ATTEMPTS
+from inferlb.store import db
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.schema import ATTEMPTS
 
 
 def _memory_used() -> Callable[[], int]:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.app import request_end
+from inferlb.app import request_end
+from inferlb.config.settings import Settings, fleet_from_mapping
 from inferlb.engine.scope import IncomingRequest, RequestScope, Runtime, begin_request, build_runtime
-from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.store.records import RequestRecord
-from inferlb.engine.types import ManualClock
+from inferlb.store.records import RequestRecord
+from inferlb.types import ManualClock
 
 
 class Ended(list[RequestRecord]):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferlb.engine.errors import error_body
 from inferlb.engine.scope import Runtime
-from inferlb.engine.store.records import AttemptRecord
+from inferlb.errors import error_body
+from inferlb.store.records import AttemptRecord
 from inferlb.tasks.audit import record
 from tests.tasks.conftest import Ended, start
 

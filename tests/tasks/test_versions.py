@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.app import request_end
+from inferlb.app import request_end
+from inferlb.config.settings import Settings, fleet_from_mapping
 from inferlb.engine.scope import Runtime, build_runtime
-from inferlb.engine.settings import Settings, fleet_from_mapping
-from inferlb.engine.types import ManualClock
 from inferlb.tasks.evaluate import evaluate
 from inferlb.tasks.routing import fallback, select
+from inferlb.types import ManualClock
 from tests.tasks.conftest import start
 
 

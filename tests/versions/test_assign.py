@@ -1,4 +1,4 @@
-"""Sticky weighted assignment (engine/versions/assign.py): stable per user, shares follow the
+"""Sticky weighted assignment (versions/assign.py): stable per user, shares follow the
 weights, and a weight change moves only the users it must, in the direction it must."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from inferlb.engine.versions.assign import choose, sticky_key
+from inferlb.versions.assign import choose, sticky_key
 from tests.support import ROOT
 
 USERS = [f"user-{i}" for i in range(20_000)]
@@ -30,7 +30,7 @@ def test_the_same_user_always_gets_the_same_version() -> None:
 
 def test_assignment_is_stable_across_processes() -> None:
     """BLAKE2b, not Python's salted hash(): another process (another hash seed) agrees."""
-    code = ("from inferlb.engine.versions.assign import choose, sticky_key;"
+    code = ("from inferlb.versions.assign import choose, sticky_key;"
             "print(''.join(choose([('a', 1.0), ('b', 1.0)], sticky_key('m', 't', f'u{i}')) for i in range(200)))")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}).stdout.strip()

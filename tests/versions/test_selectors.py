@@ -1,4 +1,4 @@
-"""Node selectors on a model version (engine/versions/config.py): numeric comparisons in ``selector``
+"""Node selectors on a model version (config/versions.py): numeric comparisons in ``selector``
 and ``node_selector``, joined with the model's ``node_selector`` for routing; clear errors at load."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.routing import NodeView, RouteRequest, build_router
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.versions.table import VersionTable
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.errors import ConfigError
+from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.versions.table import VersionTable
 
 
 def _fleet(versions: list[dict[str, Any]], routing: dict[str, Any] | None = None, **model: Any) -> dict[str, Any]:

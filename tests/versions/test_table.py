@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from inferlb.engine.errors import ConfigError
-from inferlb.engine.settings import fleet_from_mapping
-from inferlb.engine.versions.table import VersionTable
+from inferlb.config.settings import fleet_from_mapping
+from inferlb.errors import ConfigError
+from inferlb.versions.table import VersionTable
 
 
 def _fleet(versions: list[dict[str, Any]], **model: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from inferlb.bench.loadgen.runner import Outcome, RunData, Sample
 from inferlb.bench.loadgen.workload import Workload
-from inferlb.engine.store.sla import percentile
+from inferlb.store.sla import percentile
 
 __all__ = ["is_good", "node_figures", "pcts", "summarize"]
 

@@ -77,7 +77,7 @@ def chat_messages(turn: ChatTurn) -> list[dict[str, Any]]:
 
 def prompt_text(turn: ChatTurn) -> str:
     """The prompt text of ``turn`` as the gateway's validator joins it (message texts joined with
-    newlines, engine/api/validation.py) and the emulator's prefix cache reads it
+    newlines, api/validation.py) and the emulator's prefix cache reads it
     (simulator/openai_format.py ``prompt_text_of``): what the discrete-event simulator hashes."""
     return "\n".join(str(m["content"]) for m in chat_messages(turn))
 

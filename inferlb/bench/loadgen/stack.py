@@ -102,7 +102,7 @@ class Stack:
         self.stop_nodes()
         ports = [free_port() for _ in self.specs]
         self.node_urls = {s.name: f"http://127.0.0.1:{p}" for s, p in zip(self.specs, ports, strict=True)}
-        cmd = [PY, "-m", "inferlb.cli", "sim", "--fleet", self.fleet, *self.sim_args,
+        cmd = [PY, "-m", "inferlb.cli.main", "sim", "--fleet", self.fleet, *self.sim_args,
                "--ports", *map(str, ports)]
         self.sim = self._spawn("sim", cmd, _env())
         for url in self.node_urls.values():
@@ -136,7 +136,7 @@ class Stack:
                     INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
                     INFERLB_LOG_LEVEL="WARNING", **(env or {}))
         genv.pop("INFERLB_REDIS_URL", None)    # the benchmark's gateway keeps its state in-process
-        self.gateway = self._spawn(name, [PY, "-m", "inferlb.cli", "serve", "--config", str(fleet_file)], genv)
+        self.gateway = self._spawn(name, [PY, "-m", "inferlb.cli.main", "serve", "--config", str(fleet_file)], genv)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/readyz", self.gateway, 90)
         self.log(f"{name} up at {url} (pid {self.gateway.pid})")

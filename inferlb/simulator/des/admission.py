@@ -13,14 +13,14 @@ is passed).
 :class:`OpenAdmission` is the gateway with ``admission.enabled: false``: only the gateway-wide
 cap on requests in flight. The gateway's own rules (priority classes, pool slots, the bounded
 queue, shedding) are :class:`inferlb.bench.des.admission.GatewayAdmission`, built on
-``inferlb.engine.admission`` (which the simulator may not import: tests/test_layering.py).
+``inferlb.admission`` (which the simulator may not import: tests/test_layering.py).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from inferlb.engine.routing.types import NodeView
+from inferlb.routing.types import NodeView
 
 __all__ = ["ADMIT", "QUEUE", "REJECT", "Admission", "OpenAdmission", "Pools", "Verdict"]
 

@@ -5,7 +5,7 @@ Contract:
 * A :class:`Feedback` given to :class:`~.sim.Simulation` (``feedback=``) has its
   :meth:`Feedback.on_finish` called once for every request that got a routing decision, when that
   request ends (``ok``, ``failed``, ``timeout``, or ``no_node`` at once), with a :class:`Finished`:
-  the request, the :class:`~inferlb.engine.routing.types.Decision` that placed it and what the
+  the request, the :class:`~inferlb.routing.types.Decision` that placed it and what the
   node measured. Times are **the node's**: from the request's start on the node (its dispatch),
   so the gateway's queue is not in them, as the gateway's attempt timings are not
   (``Fleet.report_success``); ``queue_s`` gives the gateway's queue apart.
@@ -18,7 +18,7 @@ Contract:
   token; a non-streamed answer's first byte is the whole answer), training is
   ``lifecycle.train_pending()`` on each tick. With ``log=True`` it also keeps, for every decision
   the learned policy made itself (one with a propensity), a
-  :class:`~inferlb.engine.routing.ope_replay.LoggedDecision` whose reward is the request's cost as
+  :class:`~inferlb.routing.ope_replay.LoggedDecision` whose reward is the request's cost as
   the client saw it (gateway queue + node e2e; a request that did not complete costs
   ``failure_cost_s``): the input of off-policy evaluation, as the audit trail is in production.
 """
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from inferlb.engine.routing.ope_replay import LoggedDecision
-from inferlb.engine.routing.types import Decision
+from inferlb.routing.ope_replay import LoggedDecision
+from inferlb.routing.types import Decision
 
 __all__ = ["Feedback", "Finished", "LearnedFeedback"]
 

@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from inferlb.engine.routing import Router
-from inferlb.engine.routing.types import Decision, NodeList, NodeView
+from inferlb.routing import Router
+from inferlb.routing.types import Decision, NodeList, NodeView
 from inferlb.simulator.des.admission import Admission
 from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window
 from inferlb.simulator.des.engine import FastSeq

@@ -9,7 +9,7 @@ Contract:
 * Life cycle: ``starting`` (added; loading for its cold start, counted in GPU time, not routable)
   → ``ready`` → ``draining`` (no new requests; ``removed`` once its last one ends) → ``removed``.
   A node added at the start of a run with no cold start is ``ready`` at once.
-* The gateway's view mirrors :class:`~inferlb.engine.fleet.Fleet` as routing reads it:
+* The gateway's view mirrors :class:`~inferlb.fleet.state.Fleet` as routing reads it:
   ``inflight_*`` are counted on dispatch and completion; ``tokens_per_s`` and ``ttft_s`` are the
   decode-speed and streamed-TTFT EWMAs of ``Fleet.report_success`` (0.8 old, 0.2 new;
   streamed: (tokens − 1) / (e2e − TTFT),
@@ -18,7 +18,7 @@ Contract:
   ``max_concurrency`` the node's own cap, as ``inferlb bench run`` writes the gateway's fleet file
   (inferlb/bench/loadgen/stack.py). Health rules (ejection, slow start of the gateway, panic
   mode) are not modelled: a node is routable exactly while ``ready`` and not crashed.
-  ``rtt_ms`` is the gateway's round-trip EWMA (engine/health/isolation.py ``observe``: weight
+  ``rtt_ms`` is the gateway's round-trip EWMA (health/isolation.py ``observe``: weight
   :data:`RTT_ALPHA` on the newest probe time), fed at every scrape with the node's
   ``network_delay_s`` (what a readiness probe's time is on an otherwise idle network; the
   emulator's probe answers after that delay); None before the first scrape, as before the first
@@ -30,13 +30,13 @@ from __future__ import annotations
 import heapq
 import math
 
-from inferlb.engine.routing.types import NodeView
+from inferlb.routing.types import NodeView
 from inferlb.simulator.des.engine import ABORTED, FAILED, FINISHED, RUNNING, CoreReport, FastCore, FastSeq
 from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["RTT_ALPHA", "DesNode", "FixedCore", "NodeState"]
 
-RTT_ALPHA = 0.2   # the gateway's (engine/health/isolation.py); the layering keeps the simulator off engine.health
+RTT_ALPHA = 0.2   # the gateway's (health/isolation.py); the layering keeps the simulator off engine.health
 
 NodeState = str   # "starting" | "ready" | "draining" | "removed"
 
@@ -168,7 +168,7 @@ class DesNode:
                         ttft_s=self.ttft_ewma, rtt_ms=self.rtt_ms)
 
     def learn(self, *, stream: bool, tokens: int, ttft_s: float | None, e2e_s: float) -> None:
-        """``Fleet.report_success``'s decode-speed and TTFT EWMAs (inferlb/engine/fleet.py)."""
+        """``Fleet.report_success``'s decode-speed and TTFT EWMAs (inferlb/fleet/state.py)."""
         speed: float | None = None
         if stream:
             if ttft_s is not None and ttft_s >= 0:

@@ -8,8 +8,8 @@ Contract:
   fields) and returns :class:`~.results.DesResults` (row ``i`` = request ``i``). Same inputs and
   seed, same results, on any machine.
 * Per request, as the gateway does it: admission (:mod:`.admission`) → routing with a
-  :class:`~inferlb.engine.routing.Router` built by ``build_router(profile)`` (the gateway's
-  profiles by name, or a router passed in) over :class:`~inferlb.engine.routing.types.NodeList`
+  :class:`~inferlb.routing.Router` built by ``build_router(profile)`` (the gateway's
+  profiles by name, or a router passed in) over :class:`~inferlb.routing.types.NodeList`
   views kept up to date incrementally → the node's engine (:mod:`.engine`: the emulator's
   continuous-batching model). The first ranked node is used; a request no node may serve ends
   ``no_node``. Retries are not modelled (nodes here do not fail a request that routing placed,
@@ -52,8 +52,8 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from inferlb.engine.routing import Router, build_router
-from inferlb.engine.routing.types import Decision, NodeList
+from inferlb.routing import Router, build_router
+from inferlb.routing.types import Decision, NodeList
 from inferlb.simulator.des.admission import Admission, OpenAdmission
 from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window
 from inferlb.simulator.des.engine import FastSeq

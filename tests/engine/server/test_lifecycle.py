@@ -1,4 +1,4 @@
-"""``GatewayServer``'s main loop (engine/server/lifecycle.py): idle, it sleeps up to ``tick_s``
+"""``GatewayServer``'s main loop (server/lifecycle.py): idle, it sleeps up to ``tick_s``
 instead of waking every 0.1 s, and setting ``should_exit`` (from another thread here, as a signal
 handler or an embedding program would) wakes it at once. ``tick_s`` is an hour in the test, so only
 the wake-up can stop the server before the hang guard; the ``Date`` header is still sent."""
@@ -10,8 +10,8 @@ import asyncio
 import httpx
 from fastapi import FastAPI
 
-from inferlb.engine.server import build_server
-from inferlb.engine.settings import Settings
+from inferlb.config.settings import Settings
+from inferlb.server import build_server
 from tests.support import free_port
 
 HANG_GUARD_S = 20.0   # far below tick_s: only the wake-up gets the server out in time

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from inferlb.engine.routing import build_router
+from inferlb.routing import build_router
 from inferlb.simulator.des import ADMIT, QUEUE, Finished, LearnedFeedback, Pools, Simulation, Verdict
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import BatchSpec, NodeSpec

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferlb.engine.routing import build_router
-from inferlb.engine.routing.prefix import block_hashes
+from inferlb.routing import build_router
+from inferlb.routing.prefix import block_hashes
 from inferlb.simulator.des import PrefixCaches, PromptInfo, Simulation
 from inferlb.simulator.des.node import RTT_ALPHA
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS
@@ -129,7 +129,7 @@ def test_network_delay_adds_to_the_clients_times_and_feeds_rtt_ms() -> None:
 
 
 def test_rtt_alpha_is_the_gateways() -> None:
-    from inferlb.engine.health.isolation import RTT_ALPHA as GATEWAY_ALPHA
+    from inferlb.health.isolation import RTT_ALPHA as GATEWAY_ALPHA
     assert RTT_ALPHA == GATEWAY_ALPHA
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferlb.engine.routing import build_router
+from inferlb.routing import build_router
 from inferlb.simulator.des import OUTCOMES, DesNode, OpenAdmission, Simulation
 from inferlb.simulator.des.engine import FastCore
 from inferlb.simulator.presets import preset_spec

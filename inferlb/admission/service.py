@@ -1,0 +1,169 @@
+"""The admission controller's background work, started and stopped by ``create_app``'s lifespan.
+
+Contract:
+
+* :meth:`AdmissionService.start` loads the key cache from the database before the gateway turns
+  ready (with auth on, a database without the ``api_keys`` table is a start-up error naming
+  ``inferlb db upgrade``), connects to Redis when ``INFERLB_REDIS_URL`` is set, and starts three
+  loops: the queue *tick* (expiry and re-check every ``queue.tick_s``, only while something
+  waits), the key *refresh* (adds pending spend to the database, then reloads every key, every
+  ``keys_refresh_s``), and the Redis *sync* of the limit buckets (every ``redis_sync_s``).
+* While the database is away the key cache keeps serving; once its last load is older than
+  ``admission.keys_max_stale_s`` it is emptied (:meth:`KeyCache.expire`) until a load succeeds.
+* A loop that fails logs and goes on; it never takes the gateway down. :meth:`stop` cancels the
+  loops, writes the spend still pending and closes Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from inferlb.admission.buckets import RedisSync
+from inferlb.admission.controller import AdmissionController
+from inferlb.errors import ConfigError, StoreError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = ["AdmissionService"]
+
+log = logging.getLogger("inferlb.admission")
+
+
+class AdmissionService:
+    """Owns the loops around one :class:`AdmissionController`."""
+
+    def __init__(self, controller: AdmissionController, engine: Engine | None) -> None:
+        self.ctl = controller
+        self.engine = engine
+        self.redis: Any = None
+        self.sync: RedisSync | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._queued = asyncio.Event()       # set by the controller when a request is queued
+        controller.on_enqueue = self._queued.set
+        self.ticks = 0                       # queue ticks run (the tick loop parks while nothing waits)
+        self.keys_loaded_at: float | None = None   # monotonic time of the last successful key load
+
+    async def start(self) -> None:
+        ctl = self.ctl
+        if self.engine is not None:
+            try:
+                await self.refresh_keys()
+            except StoreError as exc:
+                if ctl.auth_on:
+                    raise ConfigError(f"cannot load API keys ({exc}); run `inferlb db upgrade`") from exc
+                log.warning("API keys not loaded (%s); authentication is off", exc)
+        env = ctl.env
+        if env.redis_url and env.limits != "memory" and ctl.policy.enabled:
+            self.redis = _redis_client(env.redis_url)
+            self.sync = RedisSync(ctl.limiter, self.redis, env.redis_prefix)
+            self._loop("redis-sync", ctl.policy.redis_sync_s, self._sync_once)
+        elif env.limits == "redis":
+            raise ConfigError("INFERLB_LIMITS=redis needs INFERLB_REDIS_URL")
+        self._loop("queue-tick", ctl.policy.queue.tick_s, self._tick_once, park=self._park_until_queued)
+        if self.engine is not None:
+            self._loop("keys-refresh", ctl.policy.keys_refresh_s, self.refresh_keys)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self.engine is not None:
+            with contextlib.suppress(StoreError):
+                await self._flush_spend()
+        if self.sync is not None:
+            await self.sync.sync(self.ctl.clock.time())
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+
+    def _loop(self, name: str, every_s: float, fn: Callable[[], Awaitable[Any]],
+              park: Callable[[], Awaitable[None]] | None = None) -> None:
+        async def run() -> None:
+            while True:
+                if park is not None:
+                    await park()
+                await asyncio.sleep(every_s)
+                try:
+                    await fn()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("admission %s failed; retrying in %.2fs", name, every_s)
+
+        self._tasks.append(asyncio.create_task(run(), name=f"inferlb-admission-{name}"))
+
+    async def _park_until_queued(self) -> None:
+        # An idle gateway must not wake every tick_s (50 times a second by default) for nothing.
+        if not self.ctl.has_queued():
+            self._queued.clear()
+            await self._queued.wait()
+
+    async def _tick_once(self) -> None:
+        self.ticks += 1
+        self.ctl.tick()
+
+    async def _sync_once(self) -> None:
+        assert self.sync is not None
+        await self.sync.sync(self.ctl.clock.time())
+        self.ctl.limiter.forget_idle(self.ctl.clock.time())
+
+    async def _flush_spend(self) -> None:
+        from inferlb.admission.store import add_spend
+
+        pending = {k: v for k, v in self.ctl.spend_pending.items() if v}
+        if not pending or self.engine is None:
+            return
+        for k in pending:
+            self.ctl.spend_pending[k] -= pending[k]
+        try:
+            await asyncio.to_thread(add_spend, self.engine, pending)
+        except StoreError:
+            for k, v in pending.items():   # keep it for the next refresh
+                self.ctl.spend_pending[k] += v
+            raise
+        for k, v in pending.items():
+            key = self.ctl.keys.by_id.get(k)
+            if key is not None:
+                self.ctl.keys.with_spent(k, key.spent + v)
+
+    async def refresh_keys(self) -> None:
+        """Write pending spend, then reload the key cache (revocations and new keys included)."""
+        from inferlb.admission.store import load_keys
+
+        if self.engine is None:
+            return
+        try:
+            await self._flush_spend()
+            keys = await asyncio.to_thread(load_keys, self.engine)
+        except StoreError as exc:
+            self._maybe_expire(exc)
+            raise
+        self.ctl.keys.replace(keys)
+        self.keys_loaded_at = self.ctl.clock.monotonic()
+        self.ctl.sweep()
+
+    def _maybe_expire(self, exc: StoreError) -> None:
+        """The database is away: keep serving from the cache until it is ``keys_max_stale_s`` old."""
+        ctl = self.ctl
+        if self.keys_loaded_at is None or ctl.keys.expired is not None:
+            return
+        age = ctl.clock.monotonic() - self.keys_loaded_at
+        if age > ctl.policy.keys_max_stale_s:
+            log.error("API keys not reloaded for %.0fs (%s): the key cache is dropped until the database answers",
+                      age, exc)
+            ctl.keys.expire(f"key store unreachable for {age:.0f}s")
+
+
+def _redis_client(url: str) -> Any:
+    import redis.asyncio as aioredis
+
+    # Short timeouts: a slow Redis must never stall the sync loop for long (decisions stay local).
+    return aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)

@@ -1,0 +1,182 @@
+"""HTTP edge rules that sit in front of the routers.
+
+- :func:`openai_guard`: the one dependency of the OpenAI routes: :func:`~.auth.authenticate`, then
+  :func:`openai_edge`, called in that order as plain coroutines. FastAPI's dependency solving costs
+  ~7 µs per dependency, and the two as dependencies made a chain of six per request (with their
+  own: admission controller, lifecycle, gateway), ~30 µs of the request path (docs/benchmarks.md,
+  "The request path profiled again").
+- :func:`openai_edge`: the edge rules of the OpenAI routes. A POST body must be declared
+  ``Content-Type: application/json`` (any parameters, e.g. ``charset``) and must not be compressed
+  (``Content-Encoding`` other than ``identity``): else 415. A ``text/plain`` or form-encoded POST is
+  what a browser sends cross-site without a CORS preflight, so refusing it keeps any web page from
+  spending a local gateway's GPUs. While the server drains after SIGTERM, new POSTs get 503
+  ``server_shutting_down`` (readiness already says so; requests in flight finish).
+- :class:`HeadAsGet`: ASGI middleware answering ``HEAD`` on every ``GET`` route (headers of the
+  GET answer, no body).
+- :class:`ClientGone`: ASGI middleware ending quietly a request whose client left (or whose body
+  read timed out, ``server/protocol.py``) while its body was being read: there is nobody to
+  answer, and it is not a server error.
+- :func:`allow_header`: the ``Allow`` value for a 405, the methods of every route on the path.
+- :func:`add_cors`: starlette's ``CORSMiddleware`` for the configured origins (none by default,
+  and then a preflight ``OPTIONS`` is a 405 like any unrouted method).
+
+:func:`install` adds the middleware; the dependency and ``allow_header`` are wired in ``app.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferlb.api.auth import authenticate
+from inferlb.api.deps import GatewayDep, LifecycleDep, get_admission, get_gateway, get_lifecycle
+from inferlb.errors import ClientError
+
+log = logging.getLogger("inferlb")
+
+__all__ = ["ClientGone", "HeadAsGet", "ShuttingDown", "UnsupportedMediaType", "add_cors", "allow_header", "install",
+           "openai_edge", "openai_guard"]
+
+
+class UnsupportedMediaType(ClientError):
+    """415: the body is not declared JSON, or it is compressed."""
+
+    status = 415
+
+
+class ShuttingDown(ClientError):
+    """503 ``server_shutting_down``: the gateway drains; another replica should take the request."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__("The gateway is shutting down; retry on another replica", code="server_shutting_down")
+        self.headers = {"retry-after": "1", "connection": "close"}
+
+
+def _media_error(request: Request) -> UnsupportedMediaType | None:
+    ctype = request.headers.get("content-type")
+    media = ctype.split(";", 1)[0].strip().lower() if ctype else ""
+    if media != "application/json":
+        got = f"'{media[:100]}'" if media else "none"
+        return UnsupportedMediaType(f"Content-Type must be application/json (got {got})",
+                                    param="content-type", code="unsupported_media_type")
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        return UnsupportedMediaType(f"unsupported content encoding '{encoding[:100]}': send the JSON body "
+                                    "uncompressed", param="content-encoding", code="unsupported_content_encoding")
+    return None
+
+
+def _endpoint(path: str) -> str:
+    """The audit's endpoint name of an OpenAI route (as ``api/openai.py`` names them)."""
+    if path.startswith("/v1/predict/"):
+        return "predict"
+    return {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, path.rsplit("/", 1)[-1])
+
+
+async def openai_edge(request: Request, life: LifecycleDep, gw: GatewayDep) -> None:
+    """Refuse, before the body is read, a POST the OpenAI routes cannot take (module docstring).
+    A 415 is audited like every other invalid request."""
+    if request.method != "POST":
+        return
+    if life.draining:
+        raise ShuttingDown()
+    err = _media_error(request)
+    if err is not None:
+        gw.reject(_endpoint(request.url.path), "?", err.status, err.code)
+        raise err
+
+
+async def openai_guard(request: Request) -> None:
+    """The OpenAI routes' dependency: :func:`~.auth.authenticate`, then :func:`openai_edge` (module
+    docstring), with the app-wide objects from ``deps``'s getters."""
+    await authenticate(request, await get_admission(request))
+    await openai_edge(request, await get_lifecycle(request), await get_gateway(request))
+
+
+class HeadAsGet:
+    """Serve ``HEAD`` as ``GET`` and drop the body (RFC 9110 §9.3.2)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headless(message: Message) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headless)
+
+
+def _route_methods(app: FastAPI) -> Iterator[tuple[str, set[str]]]:
+    """(path template, methods) of every route, included routers flattened."""
+    try:    # FastAPI ≥ 0.13x keeps included routers nested; iter_route_contexts flattens them
+        from fastapi.routing import iter_route_contexts
+    except ImportError:   # older FastAPI: app.routes is already flat
+        for route in app.routes:
+            path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+            if path and methods:
+                yield path, set(methods)
+        return
+    for ctx in iter_route_contexts(app.routes):
+        if ctx.path and ctx.methods:
+            yield ctx.path, set(ctx.methods)
+
+
+class ClientGone:
+    """Swallow starlette's ``ClientDisconnect`` (raised while reading the body of a request whose
+    connection is gone) instead of logging it as an exception in the application."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            log.debug("client left while its request body was read: %s", scope.get("path"))
+
+
+def allow_header(request: Request) -> str:
+    """The methods the routes on this request's path accept (HEAD wherever GET is)."""
+    methods: set[str] = set()
+    path = request.url.path
+    for template, route_methods in _route_methods(request.app):
+        if compile_path(template)[0].match(path):
+            methods |= route_methods
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
+def install(app: FastAPI, cors_origins: Sequence[str]) -> None:
+    """Add the edge middleware to ``app`` (CORS outermost: a preflight is answered before routing)."""
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(ClientGone)
+    add_cors(app, cors_origins)
+
+
+def add_cors(app: FastAPI, origins: Sequence[str]) -> None:
+    """Answer CORS preflights and tag answers for ``origins`` (nothing when empty)."""
+    if not origins:
+        return
+    kwargs: dict[str, Any] = {
+        "allow_origins": list(origins), "allow_methods": ["GET", "POST", "HEAD", "OPTIONS"],
+        "allow_headers": ["*"], "allow_credentials": False,
+        "expose_headers": ["x-request-id", "retry-after"], "max_age": 600,
+    }
+    app.add_middleware(CORSMiddleware, **kwargs)

@@ -1,0 +1,37 @@
+"""Actuators: where a plan goes. ``dry-run`` (record only), ``local`` (emulated nodes joined to the
+gateway's fleet), ``kubernetes`` (scale subresource), ``webhook`` (POST the plan). The contract is
+in :mod:`.base`; :func:`build_actuator` picks one from the config (the ``local`` one needs a fleet
+port and a node launcher, injected by the composition root)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferlb.autoscale.actuators.base import Actuator, PoolResult, guard_min
+from inferlb.autoscale.actuators.dryrun import DryRunActuator
+from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.types import Clock
+
+__all__ = ["Actuator", "DryRunActuator", "PoolResult", "build_actuator", "guard_min"]
+
+
+def build_actuator(cfg: AutoscaleConfig, *, clock: Clock, port: Any = None, launcher: Any = None,
+                   gpu_label: str = "gpu", gpu_prices: dict[str, float] | None = None,
+                   api_client: Any = None) -> Actuator:
+    """The configured actuator. ``local`` without a launcher is a ConfigError-worthy ValueError."""
+    kind = cfg.actuator.kind
+    if kind == "local":
+        if port is None or launcher is None:
+            raise ValueError("actuator local needs a node launcher: it runs under `inferlb demo --autoscale`")
+        from inferlb.autoscale.actuators.local import LocalActuator
+
+        return LocalActuator(cfg, port, launcher, clock=clock, gpu_label=gpu_label, gpu_prices=gpu_prices)
+    if kind == "kubernetes":
+        from inferlb.autoscale.actuators.kubernetes import KubernetesActuator
+
+        return KubernetesActuator(cfg, api_client)
+    if kind == "webhook":
+        from inferlb.autoscale.actuators.webhook import WebhookActuator
+
+        return WebhookActuator(cfg)
+    return DryRunActuator(cfg)

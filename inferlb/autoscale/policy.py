@@ -1,0 +1,90 @@
+"""The autoscaler as a backtest (or the gateway) drives it: ``observe(history) → forecast() → plan()``.
+
+:class:`Autoscaler` holds no clock and does no I/O: the caller hands it the observed history,
+the time, the replicas in place and the capacity model, and gets forecasts and a plan back. The
+gateway's rounds (``processes/autoscale.bpmn``, :mod:`.runner`) and a discrete-event backtest use
+the same object, so a backtest measures what production would do::
+
+    scaler = Autoscaler(cfg, make_forecaster("holt-winters"), gpu_prices={"h100": 4.1})
+    for now in rounds:
+        scaler.observe(LoadHistory(step_s=300, end=now, tokens={"m": series_up_to_now}))
+        forecasts = scaler.forecast()
+        plan = scaler.plan(now=now, current={("m", "h100"): 3}, capacity=capacities)
+        apply(plan.desired())          # the backtest's own fleet model
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from inferlb.autoscale.capacity import Capacity
+from inferlb.autoscale.forecast import Forecast, Forecaster, make_forecaster
+from inferlb.autoscale.planner import Plan, PlannerState, plan
+from inferlb.config.autoscale import AutoscaleConfig
+
+__all__ = ["Autoscaler", "LoadHistory"]
+
+
+@dataclass(frozen=True)
+class LoadHistory:
+    """Observed load per model: one value per step (tokens/s), oldest first, the last step ending at ``end``."""
+
+    step_s: float
+    end: float
+    tokens: Mapping[str, Sequence[float]]
+    arrivals: Mapping[str, Sequence[float]] = field(default_factory=dict)
+
+    def last(self, model: str) -> float:
+        s = self.tokens.get(model) or ()
+        return float(s[-1]) if len(s) else 0.0
+
+
+class Autoscaler:
+    """Forecast and plan for every pool of ``cfg`` (see the module docstring)."""
+
+    def __init__(self, cfg: AutoscaleConfig, forecaster: Forecaster | None = None, *,
+                 gpu_prices: Mapping[str, float] | None = None) -> None:
+        self.cfg = cfg
+        self.forecaster = forecaster or make_forecaster(cfg.forecaster)
+        self.gpu_prices = dict(gpu_prices or {})
+        self.state = PlannerState()
+        self.history: LoadHistory | None = None
+        self.forecasts: dict[str, Forecast] = {}
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({p.model for p in self.cfg.pools})
+
+    def horizon_steps(self, step_s: float) -> int:
+        """Steps a forecast must cover: the slowest cold start plus one round, plus one step."""
+        lead = max((p.cold_start_s for p in self.cfg.pools), default=0.0) + self.cfg.interval_s
+        return max(1, math.ceil(lead / step_s)) + 1
+
+    def season_steps(self, step_s: float) -> int:
+        return max(1, round(self.cfg.season_s / step_s))
+
+    def observe(self, history: LoadHistory) -> None:
+        self.history = history
+
+    def forecast(self) -> dict[str, Forecast]:
+        """One forecast per model of the pools, from the last observed history."""
+        h = self.history
+        if h is None:
+            raise RuntimeError("observe() a history before forecast()")
+        horizon, season = self.horizon_steps(h.step_s), self.season_steps(h.step_s)
+        self.forecasts = {m: self.forecaster.forecast(list(h.tokens.get(m, ())), horizon, season)
+                          for m in self.models}
+        return self.forecasts
+
+    def plan(self, *, now: float, current: Mapping[tuple[str, str], int],
+             capacity: Mapping[tuple[str, str], Capacity]) -> Plan:
+        """The plan for ``now``; remembers the recommendations for scale-down stabilisation."""
+        h = self.history
+        if h is None:
+            raise RuntimeError("observe() a history before plan()")
+        out, self.state = plan(self.cfg, now=now, forecasts=self.forecasts,
+                               observed={m: h.last(m) for m in self.models}, capacity=capacity,
+                               current=current, step_s=h.step_s, gpu_prices=self.gpu_prices, state=self.state)
+        return out

@@ -1,0 +1,58 @@
+"""Prometheus figures of the learned routing profile's predictor, read at scrape time.
+
+* ``inferlb_routing_predictor_state{state}``: 1 for the lifecycle's current state
+  (warming / active / drifted / faulted), 0 for the others; ``active`` is 1 exactly while the
+  learned profile routes, the others mean ``token-aware`` decides (routing/lifecycle.py);
+* ``inferlb_routing_predictor_mape{target}``: rolling prequential MAPE (ttft, tpot, both);
+* ``inferlb_routing_predictor_version``, ``inferlb_routing_predictor_pending`` (answers queued
+  for training);
+* counters ``inferlb_routing_predictor_fallback_decisions_total``,
+  ``inferlb_routing_predictor_faults_total`` (unusable predictions), ``inferlb_routing_explored_total``
+  (decisions where the bandit explored), ``inferlb_routing_predictor_transitions_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferlb.routing.lifecycle import PredictorLifecycle
+
+__all__ = ["LearnedCollector"]
+
+_STATES = ("warming", "active", "drifted", "faulted")
+
+
+class LearnedCollector(Collector):
+    def __init__(self, lifecycle: PredictorLifecycle) -> None:
+        self.lc = lifecycle
+
+    def collect(self) -> Iterable[Metric]:
+        lc = self.lc
+        st = GaugeMetricFamily("inferlb_routing_predictor_state",
+                               "1 for the latency predictor's current state (active: the learned profile routes)",
+                               labels=["state"])
+        for s in _STATES:
+            st.add_metric([s], 1.0 if lc.state == s else 0.0)
+        yield st
+        mape = GaugeMetricFamily("inferlb_routing_predictor_mape",
+                                 "Rolling prequential mean absolute percentage error of the latency predictor",
+                                 labels=["target"])
+        for k, v in lc.mape().items():
+            if v is not None:
+                mape.add_metric([k], v)
+        yield mape
+        yield GaugeMetricFamily("inferlb_routing_predictor_version", "Version of the active latency predictor",
+                                value=float(lc.version))
+        yield GaugeMetricFamily("inferlb_routing_predictor_pending", "Answers queued for the predictor's training",
+                                value=float(len(lc.pending)))
+        for name, doc, v in (
+                ("inferlb_routing_predictor_fallback_decisions", "Decisions the fallback profile made",
+                 lc.fallbacks_total),
+                ("inferlb_routing_predictor_faults", "Decisions whose predictions were unusable (NaN, ≤ 0, error)",
+                 lc.faults_total),
+                ("inferlb_routing_explored", "Decisions where the bandit picker explored", lc.explored_total),
+                ("inferlb_routing_predictor_transitions", "Predictor state changes", lc.transitions_total)):
+            yield CounterMetricFamily(name, doc, value=float(v))

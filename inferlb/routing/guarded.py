@@ -1,0 +1,128 @@
+"""A router whose scorers read a learned latency predictor, guarded by that predictor's lifecycle.
+
+:class:`GuardedRouter` runs its profile (``learned``: filters, ``predicted-latency``,
+``softmax-bandit``) only while :meth:`PredictorLifecycle.usable` says so; otherwise, and for any
+decision where the predictor's answer is unusable (:class:`~.learned.PredictionFault`: NaN, ≤ 0,
+an exception), the fallback router (``token-aware``) decides. Either way the decision carries a
+:class:`~.explain.LearnedInfo`: predictions, propensity and whether it explored, or which profile
+decided instead and why. Routing never fails because of the predictor.
+
+The filters run before the bandit, so exploration only ever picks among nodes that passed them
+(healthy, serving the model, with capacity).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from inferlb.errors import ConfigError
+from inferlb.routing.explain import LearnedInfo
+from inferlb.routing.features import features
+from inferlb.routing.learned import PredictionFault
+from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
+from inferlb.routing.predictor import Prediction
+from inferlb.routing.profiles import Router
+from inferlb.routing.types import Decision, Filter, NodeView, Picker, RouteRequest, Scorer
+
+__all__ = ["GuardedRouter", "make_guarded"]
+
+
+class GuardedRouter(Router):
+    """See the module docstring. ``lifecycle`` is public: the gateway feeds it answers, a
+    background loop trains it, metrics read it."""
+
+    def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]], picker: Picker,
+                 rng: random.Random, sample: int, *, fallback: Router, lifecycle: PredictorLifecycle) -> None:
+        super().__init__(name, filters, scorers, picker, rng, sample)
+        self.fallback = fallback
+        fallback.rng = rng
+        self.lifecycle = lifecycle
+        self._bound = [s for s, _ in scorers if hasattr(s, "bind")]
+        self._explainer = next((s for s in self._bound if hasattr(s, "last")), None)
+        # The interference weight the explainer charges (recorded with its per-candidate terms).
+        self._beta = float(getattr(getattr(self._explainer, "p", None), "interference", 0.0) or 0.0)
+
+    def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
+        lc = self.lifecycle
+        model = lc.model
+        if lc.usable():
+            for s in self._bound:
+                s.bind(model)
+            try:
+                d = super().decide(req, nodes)
+            except PredictionFault as exc:
+                lc.fault(str(exc))
+                return self._fall_back(req, nodes, f"prediction unusable: {exc}", with_model=False)
+            lc.faults_in_a_row = 0
+            d.learned = self._explain(req, d)
+            return d
+        return self._fall_back(req, nodes, f"predictor {lc.state}: {lc.reason}",
+                               with_model=lc.state in ("warming", "drifted"))
+
+    def _explain(self, req: RouteRequest, d: Decision) -> LearnedInfo:
+        lc = self.lifecycle
+        info = LearnedInfo(req=req, version=lc.version, state=lc.state, pick=None)
+        sc = getattr(self._explainer, "last", None)
+        choice = getattr(self.picker, "last", None)
+        if sc is None or d.pick is None:
+            return info
+        info.nodes, info.preds = sc.nodes, sc.preds
+        names = [n.name for n in sc.nodes]
+        i = names.index(d.pick)
+        info.pick = sc.nodes[i]
+        info.pick_pred = Prediction(*sc.preds[i])
+        info.pick_slack = sc.slack[i]
+        # The scorer's per-candidate terms, for the audit (explain.py bounds them to CTX_NODES).
+        info.slack, info.others, info.reserved = sc.slack, sc.others_s, sc.reserved
+        info.interference = self._beta
+        if sc.reserve_cut is not None:
+            info.reserve_cut, info.reserve_rule = sc.reserve_cut, getattr(self._explainer, "cut_rule", None)
+        if choice is not None and choice.pick == d.pick and len(choice.probs) == len(names):
+            info.probs = choice.probs
+            info.propensity = choice.propensity
+            info.explored = choice.explored
+            info.epsilon = choice.epsilon
+            if choice.explored:
+                lc.explored_total += 1
+                rows = d.score_rows   # the greedy choice is by the profile's total score
+                info.best = max(names, key=lambda n: rows[n][-1] if n in rows else -1.0)
+        return info
+
+    def _fall_back(self, req: RouteRequest, nodes: list[NodeView], reason: str, *, with_model: bool) -> Decision:
+        lc = self.lifecycle
+        lc.note_fallback()
+        d = self.fallback.decide(req, nodes)
+        d.profile = self.name
+        info = LearnedInfo(req=req, version=lc.version, state=lc.state, pick=None, fallback=self.fallback.name,
+                           reason=reason)
+        pick = d.pick
+        if pick is not None:
+            view = next((n for n in nodes if n.name == pick), None)
+            info.pick = view
+            model = lc.model
+            if view is not None and with_model and model is not None:
+                try:   # the pick's prediction: logged, and what a non-streamed answer's TPOT is net of
+                    p = model.predict(features(req, view))
+                    if 0 < p.ttft_s < float("inf") and 0 < p.tpot_s < float("inf"):
+                        info.pick_pred = p
+                except Exception:   # a broken predictor never breaks routing; the state says why
+                    pass
+        d.learned = info
+        return d
+
+
+def make_guarded(profile: str, filters: list[Filter], scorers: list[tuple[Scorer, float]], picker: Picker,
+                 rng: random.Random, sample: int, *, fallback: Router, predictor: dict[str, Any] | None,
+                 lifecycle: PredictorLifecycle | None, clock: Any = None) -> GuardedRouter:
+    """Build the guarded router (``build_router`` calls this); bad ``predictor`` params raise ConfigError."""
+    if lifecycle is None:
+        try:
+            params = LifecycleParams.model_validate(predictor or {})
+        except Exception as exc:
+            errs = getattr(exc, "errors", None)
+            first = errs()[0] if callable(errs) else {"msg": str(exc), "loc": ()}
+            raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})",
+                              path="routing.predictor") from exc
+        lifecycle = PredictorLifecycle(params, clock=clock)
+    return GuardedRouter(profile, filters, scorers, picker, rng, sample, fallback=fallback, lifecycle=lifecycle)

@@ -1,0 +1,356 @@
+"""The ``learned`` profile's plugins: the ``predicted-latency`` scorer and the ``softmax-bandit`` picker.
+
+Both are synchronous, pure apart from the injected ``rng`` and the predictor they are bound to, and
+keep what their last call saw (``last``) so the router that called them can explain the decision in
+the same ``decide`` call (routing/guarded.py). Neither reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferlb.routing.quantile import WindowQuantile
+from inferlb.routing.types import NodeView, RouteRequest
+
+__all__ = ["BanditChoice", "PredictedLatency", "PredictedLatencyParams", "PredictionFault", "Scored",
+           "SoftmaxBandit", "SoftmaxBanditParams"]
+
+
+class PredictionFault(Exception):
+    """The predictor's answer cannot be used (NaN, infinite, ≤ 0, missing, or it raised)."""
+
+
+class PredictedLatencyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttft_slo_s: float = Field(1.0, gt=0)      # TTFT budget of a streamed request
+    e2e_slo_s: float = Field(30.0, gt=0)      # end-to-end budget when the request has no deadline
+    # Interference (0: off, the request's own predicted latency alone): the weight of the slowdown
+    # this request is predicted to cause the requests in flight on the node, added to its own
+    # predicted e2e before the slack is taken (see PredictedLatency).
+    interference: float = Field(0.0, ge=0)
+    # d log(TPOT) / d log(in-flight tokens) used by the interference term; None: the predictor's
+    # own learned response (its ``tpot_elasticity(node)``, floored at 0; 0 when it has none).
+    elasticity: float | None = Field(0.5, ge=0, le=2)
+    # Size-aware: charge the interference term only to requests whose output budget is at most
+    # this (None: to every request), so short work is kept off the busy nodes the long outputs need.
+    interference_max_output: int | None = Field(None, ge=0)
+    # Tail reservation (0: off): the share of a *fast* node's token capacity held back for long
+    # requests (output budget ≥ ``reserve_min_output``); a shorter request pays ``reserve_weight``
+    # of slack, in proportion to how deep into that reserve it would reach (see PredictedLatency).
+    reserve: float = Field(0.0, ge=0, lt=1)
+    reserve_min_output: int = Field(256, ge=1)
+    # Adaptive cut (None: the fixed ``reserve_min_output``): a request is long when its output
+    # budget is ≥ this quantile of the output budgets of the last ``reserve_window`` requests
+    # scored (``reserve_min_output`` until ``RESERVE_MIN_SAMPLES`` have been seen), so the
+    # reservation holds the fast nodes for the same share of the traffic, the share that forms
+    # the tail, whatever the workload's lengths are.
+    reserve_quantile: float | None = Field(None, gt=0, lt=1)
+    reserve_window: int = Field(4096, ge=1, le=1_000_000)
+    # A candidate is fast when its predicted TPOT ≤ (1 + reserve_fast) × the fastest candidate's.
+    reserve_fast: float = Field(0.25, ge=0)
+    reserve_weight: float = Field(1.0, ge=0)
+    # Prefill interference (0: off): the weight of the stall this request's prompt is predicted to
+    # cause the requests in flight on the node (a step that prefills a prompt, or a chunk of one,
+    # is longer for every running sequence); see PredictedLatency.
+    prefill_interference: float = Field(0.0, ge=0)
+
+
+RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
+
+
+@dataclass
+class Scored:
+    """What the scorer's last call saw: the nodes, their predicted (TTFT, TPOT), slack and score."""
+
+    nodes: list[NodeView]
+    preds: list[tuple[float, float]]
+    slack: list[float]
+    scores: list[float]
+    others_s: list[float] | None = None    # interference: predicted slowdown of the others, seconds
+    reserved: list[float] | None = None    # tail reservation: slack charged per node (short requests)
+    reserve_cut: int | None = None         # tail reservation: the output budget that counted as long
+
+
+class PredictedLatency:
+    """Scores each candidate by its predicted *slack*: the smallest share of a budget left after
+    the predicted latency, over the budgets that apply: TTFT (``ttft_slo_s``, streamed requests
+    only) and end to end (``req.deadline_s`` when the request has a deadline, else ``e2e_slo_s``),
+    predicted e2e = TTFT + TPOT × (output budget − 1). score = clamp(0.5 + 0.5 × slack, 0, 1):
+    1 for an instant answer, 0.5 at the budget, 0 at twice the budget, so the node with the most
+    slack scores highest and the picker can tell "all late" from "all fine".
+
+    Reads the candidates through the bound predictor (``bind``; the predictor reads the request's
+    tokens, stream and priority and each node's in-flight tokens and requests, waiting, KV use,
+    recent TTFT and tokens/s, capacity and GPU label). Raises :class:`PredictionFault` when the
+    predictor has no usable answer; the router then falls back for this decision.
+
+    Interference (``interference`` = β > 0): a request placed on a node also slows the requests
+    already decoding there (they share its batch steps), which a per-request slack cannot see. With
+    T the node's in-flight tokens, n its in-flight requests, d this request's tokens (prompt +
+    output budget), o its output budget, τ its predicted TPOT there and e the elasticity
+    (``elasticity``, or the predictor's learned one):
+
+        others = τ · e · d / (T + d)  ×  min(n · o, T)
+
+    the predicted rise of the node's time per token times the decode steps of the others that
+    overlap this request (at most o each, at most the tokens in flight in all), and the latency
+    judged is own e2e + β · others. With ``interference_max_output`` = m only requests with o ≤ m
+    are charged (size-aware: short work kept off the busy nodes, long outputs judged on their own
+    latency). O(candidates), no I/O; the per-node terms are in ``last``.
+
+    Tail reservation (``reserve`` = r > 0; trunk reservation across speed classes): the p99 of a
+    heavy-tailed workload is its long outputs, and their time is TPOT × length, so they need fast
+    nodes whose batches are light *when they arrive*, which a greedy per-request score cannot keep.
+    A candidate is *fast* when its predicted TPOT for this request is within ``reserve_fast`` of
+    the fastest candidate's. On a fast node with token capacity C and in-flight tokens T, the top
+    r · C tokens are held for requests with output budget ≥ ``reserve_min_output``: a shorter
+    request of d tokens has its slack lowered by
+
+        reserve_weight × clamp((T + d − (1 − r) · C) / (r · C), 0, 1)
+
+    (nothing while it fits below the reserve, the full weight when it would fill it), so short
+    work spreads to the slower classes while they have slack, and still takes a fast node when
+    every other choice is worse by more than the charge. Long requests are scored as without it.
+
+    Prefill interference (``prefill_interference`` = γ > 0): an engine step that prefills a prompt
+    delays every sequence running there by that prefill, and prefill speed differs across GPU
+    classes far more than decode speed (a long prompt on a slow-prefill node stalls its whole
+    batch). The stall is taken as the request's predicted TTFT there (its prefill plus any wait: an
+    upper bound on the prefill alone, as the router has no separate prefill estimate) times the
+    node's in-flight requests n, and the latency judged is own e2e + γ · TTFT · n (on top of the
+    decode interference above, when that is on). Applies to every request, long or short."""
+
+    type_name = "predicted-latency"
+    Params = PredictedLatencyParams
+
+    def __init__(self, params: PredictedLatencyParams | None = None) -> None:
+        self.p = params or PredictedLatencyParams()
+        self.predictor: Any = None
+        self.last: Scored | None = None
+        q = self.p.reserve_quantile
+        self._lengths = WindowQuantile(self.p.reserve_window) if q is not None and self.p.reserve > 0 else None
+        # How this scorer draws the long-output cut, logged with each decision's cut (``rule``, None
+        # without a reservation): a replay may use a logged cut only if it was drawn the same way.
+        self.cut_rule: str | None = None
+        if self.p.reserve > 0:
+            # "<fixed cut>" or "q<quantile>/w<window>/<cut before RESERVE_MIN_SAMPLES budgets>"
+            self.cut_rule = (str(self.p.reserve_min_output) if self._lengths is None else
+                             f"q{q:g}/w{self.p.reserve_window}/{self.p.reserve_min_output}")
+        self._pinned_cut: int | None = None
+
+    def pin_cut(self, logged: Mapping[str, Any] | None) -> None:
+        """Off-policy replay (routing/ope_replay.py): score the next decisions with the cut a logged
+        decision used (its ``reserve`` record: ``cut`` and ``rule``) when this scorer draws its cut by
+        the same rule; the window then learns nothing from them, since a replay is not traffic. With
+        another adaptive rule, or ``None``, the scorer goes back to its own window (for a rule
+        other than the logged one the replayed window is an approximation: the log holds the
+        budgets of logged decisions only, in completion order). A fixed cut needs no pinning."""
+        cut = None if logged is None else logged.get("cut")
+        ok = self._lengths is not None and isinstance(cut, int) and logged is not None \
+            and logged.get("rule") == self.cut_rule
+        self._pinned_cut = cut if ok else None
+
+    def reserve_cut(self) -> int:
+        """The output budget from which a request counts as long for the tail reservation: the
+        ``reserve_quantile`` of the recent budgets once enough were seen, else ``reserve_min_output``."""
+        w = self._lengths
+        if w is None or len(w) < RESERVE_MIN_SAMPLES or self.p.reserve_quantile is None:
+            return self.p.reserve_min_output
+        cut = w.quantile(self.p.reserve_quantile)
+        return max(1, cut) if cut is not None else self.p.reserve_min_output
+
+    def bind(self, predictor: Any) -> None:
+        """``predictor``: anything with ``predict_nodes(req, nodes)`` (a model, or the lifecycle's
+        current model through :class:`~inferlb.routing.guarded.GuardedRouter`)."""
+        self.predictor = predictor
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return self.score_all(req, [node])[0]
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        model = self.predictor
+        if model is None:
+            raise PredictionFault("no predictor loaded")
+        try:
+            raw = model.predict_nodes(req, nodes)
+            preds = raw if isinstance(raw, list) else [(float(a), float(b)) for a, b in raw]
+        except PredictionFault:
+            raise
+        except Exception as exc:   # a user's predictor may raise anything: fall back, say why
+            raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
+        if len(preds) != len(nodes):
+            raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
+        for a, b in preds:
+            if not (0 < a < math.inf and 0 < b < math.inf):
+                raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
+        e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
+        ttft_budget = self.p.ttft_slo_s if req.stream else None
+        rest = max(0, req.output_tokens - 1)
+        slack: list[float] = []
+        scores: list[float] = []
+        beta = self.p.interference
+        cap_o = self.p.interference_max_output
+        charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
+        others = self._others(req, nodes, preds, model) if charged else None
+        cut: int | None = None
+        reserved = None
+        if self.p.reserve > 0:
+            if self._pinned_cut is not None:   # a replay of a logged decision (pin_cut)
+                cut = self._pinned_cut
+            else:
+                cut = self.reserve_cut()
+                if self._lengths is not None:   # seen after the cut is read: a request is not its own reference
+                    self._lengths.add(max(0, req.output_tokens))
+            if req.output_tokens < cut:
+                reserved = self._reserved(req, nodes, preds)
+        bp = self.p.prefill_interference
+        for i, (a, b) in enumerate(preds):
+            own = a + b * rest
+            if others is not None:
+                own += beta * others[i]
+            if bp > 0:
+                own += bp * a * max(0, nodes[i].inflight_requests)
+            s = (e2e_budget - own) / e2e_budget
+            if ttft_budget is not None:
+                s = min(s, (ttft_budget - a) / ttft_budget)
+            if reserved is not None:
+                s -= reserved[i]
+            slack.append(s)
+            scores.append(min(1.0, max(0.0, 0.5 + 0.5 * s)))
+        self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
+        return scores
+
+    def _reserved(self, req: RouteRequest, nodes: Sequence[NodeView],
+                  preds: Sequence[tuple[float, float]]) -> list[float]:
+        """The slack a short request is charged on each node for reaching into its reserve (see
+        the class docstring): 0 on the slower candidates and below the reserve."""
+        r = self.p.reserve
+        w = self.p.reserve_weight
+        fast = (1.0 + self.p.reserve_fast) * min(b for _, b in preds)
+        d = max(0, req.tokens)
+        out: list[float] = []
+        for n, (_, b) in zip(nodes, preds, strict=True):
+            cap = n.capacity_tokens
+            if b > fast or cap <= 0:
+                out.append(0.0)
+                continue
+            over = (max(0, n.inflight_tokens) + d - (1.0 - r) * cap) / (r * cap)
+            out.append(w * (over if over < 1.0 else 1.0) if over > 0.0 else 0.0)
+        return out
+
+    def _others(self, req: RouteRequest, nodes: Sequence[NodeView], preds: Sequence[tuple[float, float]],
+                model: Any) -> list[float]:
+        """The predicted slowdown (seconds, summed over the requests in flight) that placing ``req``
+        on each node causes the others there (see the class docstring)."""
+        d = max(0, req.tokens)
+        o = max(0, req.output_tokens)
+        fixed = self.p.elasticity
+        learned = None if fixed is not None else getattr(model, "tpot_elasticity", None)
+        out: list[float] = []
+        for n, (_, tpot) in zip(nodes, preds, strict=True):
+            t = max(0, n.inflight_tokens)
+            k = max(0, n.inflight_requests)
+            if t <= 0 or k <= 0 or d <= 0:
+                out.append(0.0)
+                continue
+            if fixed is not None:
+                e = fixed
+            else:
+                try:
+                    e = float(learned(n)) if learned is not None else 0.0
+                except Exception:   # a user's predictor: no learned response, no interference term
+                    e = 0.0
+                e = min(2.0, e) if e > 0 else 0.0   # NaN and negative → 0
+            out.append(tpot * e * d / (t + d) * min(k * o, t))
+        return out
+
+
+class SoftmaxBanditParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(0.05, ge=0, le=1)          # exploration rate
+    temperature: float = Field(0.05, gt=0)           # softmax temperature over the total score
+    never_explore: list[str] = Field(default_factory=lambda: ["critical"])   # priority classes
+
+
+@dataclass
+class BanditChoice:
+    pick: str
+    propensity: float          # probability this policy picks ``pick`` for this context
+    explored: bool             # the exploring branch chose a node other than the greedy best
+    epsilon: float             # the exploration rate that applied (0 for never-explore classes)
+    probs: list[float]         # per scored node, in the order given
+
+
+class SoftmaxBandit:
+    """An ε-greedy bandit with softmax exploration over the profile's total score (the filters
+    ran first, so exploration only ever picks among nodes that may serve):
+
+        P(node) = (1 − ε) · [node is a best node] / (number of best nodes)
+                  + ε · exp(total / T) / Σ exp(total' / T)
+
+    ε = 0 for the priority classes in ``never_explore`` (critical by default). The pick's
+    probability is its *propensity*, logged with the decision for off-policy evaluation. The rest
+    of the ranking (fallbacks) is by score. Randomness from ``rng`` only."""
+
+    type_name = "softmax-bandit"
+    Params = SoftmaxBanditParams
+
+    def __init__(self, params: SoftmaxBanditParams | None = None) -> None:
+        self.p = params or SoftmaxBanditParams()
+        self._never = frozenset(self.p.never_explore)
+        self.last: BanditChoice | None = None
+
+    def epsilon_for(self, req: RouteRequest | None) -> float:
+        if req is not None and req.priority in self._never:
+            return 0.0
+        return self.p.epsilon
+
+    def probabilities(self, req: RouteRequest | None, scored: Sequence[tuple[NodeView, float]]) -> list[float]:
+        """The exact probability of each scored node being picked."""
+        n = len(scored)
+        if n == 0:
+            return []
+        eps = self.epsilon_for(req)
+        best = max(s for _, s in scored)
+        ties = [s >= best for _, s in scored]
+        k = sum(ties)
+        t = self.p.temperature
+        ex = [math.exp((s - best) / t) for _, s in scored]
+        z = sum(ex)
+        return [(1 - eps) * (1.0 / k if tie else 0.0) + eps * e / z for tie, e in zip(ties, ex, strict=True)]
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        return self.rank_for(None, scored, rng)
+
+    def rank_for(self, req: RouteRequest | None, scored: list[tuple[NodeView, float]],
+                 rng: random.Random) -> list[str]:
+        if not scored:
+            self.last = None
+            return []
+        probs = self.probabilities(req, scored)
+        eps = self.epsilon_for(req)
+        best = max(s for _, s in scored)
+        greedy = [i for i, (_, s) in enumerate(scored) if s >= best]
+        explore = eps > 0 and rng.random() < eps
+        if explore:
+            t = self.p.temperature
+            ex = [math.exp((s - best) / t) for _, s in scored]
+            x = rng.random() * sum(ex)
+            i = len(ex) - 1
+            for j, e in enumerate(ex):
+                x -= e
+                if x <= 0:
+                    i = j
+                    break
+        else:
+            i = greedy[int(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
+        pick = scored[i][0].name
+        rest = sorted((x for j, x in enumerate(scored) if j != i), key=lambda x: -x[1])
+        self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
+        return [pick] + [n.name for n, _ in rest]

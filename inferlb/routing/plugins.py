@@ -1,0 +1,366 @@
+"""Built-in routing plugins: filters, scorers and pickers.
+
+Each plugin has a stable ``type_name``, a params model rejecting unknown keys, and a docstring
+saying what it reads. All are pure and synchronous.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferlb.routing.types import Elimination, NodeView, RouteRequest
+
+__all__ = [
+    "DecodeSpeed",
+    "HasCapacity",
+    "Healthy",
+    "KVCacheScorer",
+    "LeastRequests",
+    "MaxScore",
+    "NoParams",
+    "OutstandingTokens",
+    "PowerOfTwo",
+    "QueueDepth",
+    "RoundRobin",
+    "ServesModel",
+    "StaticWeight",
+    "WeightedRandom",
+]
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- filters
+
+# Elimination reasons, formatted only when read (Elimination.later): a decision's audit copy
+# reads the first few; the count by filter and the discrete-event simulation read none.
+
+
+def _not_served(model: str) -> str:
+    return f"does not serve {model}"
+
+
+def _at_max(inflight_requests: int) -> str:
+    return f"{inflight_requests} requests in flight (max)"
+
+
+def _never_fits(tokens: int, capacity: int) -> str:
+    return f"{tokens} tokens never fit capacity {capacity}"
+
+
+def _over_capacity(inflight_tokens: int, tokens: int, capacity: int) -> str:
+    return f"{inflight_tokens}+{tokens} tokens over capacity {capacity}"
+
+
+
+class Healthy:
+    """Drops nodes that are ejected, cooling down (429) or loading. Reads ``healthy``."""
+
+    type_name = "healthy"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+        kept = [n for n in nodes if n.healthy]
+        if len(kept) == len(nodes):
+            return kept, []
+        out = [Elimination(n.name, self.type_name, n.unhealthy_reason or "unhealthy") for n in nodes if not n.healthy]
+        return kept, out
+
+
+class ServesModel:
+    """Drops nodes that do not serve ``req.model``. Reads ``models``."""
+
+    type_name = "serves-model"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+        model = req.model
+        kept = [n for n in nodes if model in n.models]
+        if len(kept) == len(nodes):
+            return kept, []
+        by = self.type_name
+        out = [Elimination.later(n.name, by, _not_served, model) for n in nodes if model not in n.models]
+        return kept, out
+
+
+class HasCapacityParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token_headroom: float = Field(1.0, gt=0, le=4)   # allowed share of capacity_tokens
+
+
+class HasCapacity:
+    """Drops nodes whose in-flight tokens + this request's would pass capacity, or that are at
+    ``max_concurrency``. Reads ``inflight_tokens``, ``capacity_tokens``, ``inflight_requests``.
+
+    A node whose whole capacity is smaller than the request is dropped when another candidate's
+    capacity could hold it (a small GPU would refuse it, or thrash); when none could, the old rule
+    stands: an idle node always takes a request."""
+
+    type_name = "has-capacity"
+    Params = HasCapacityParams
+
+    def __init__(self, params: HasCapacityParams | None = None) -> None:
+        self.p = params or HasCapacityParams()
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+        room = self.p.token_headroom
+        tokens = req.tokens
+        fits_somewhere = False
+        for n in nodes:
+            if tokens <= n.capacity_tokens * room:
+                fits_somewhere = True
+                break
+        kept: list[NodeView] = [n for n in nodes if n.inflight_requests < n.max_concurrency
+                and not (fits_somewhere and tokens > n.capacity_tokens * room)
+                and not (n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room)]
+        if len(kept) == len(nodes):
+            return kept, []
+        kept = []
+        out: list[Elimination] = []
+        by = self.type_name
+        later = Elimination.later
+        for n in nodes:   # the same rules, in order, now naming why (formatted only if read)
+            if n.inflight_requests >= n.max_concurrency:
+                out.append(later(n.name, by, _at_max, n.inflight_requests))
+            elif fits_somewhere and tokens > n.capacity_tokens * room:
+                out.append(later(n.name, by, _never_fits, tokens, n.capacity_tokens))
+            elif n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room:
+                # An idle node always takes a request, even one larger than its budget.
+                out.append(later(n.name, by, _over_capacity, n.inflight_tokens, tokens, n.capacity_tokens))
+            else:
+                kept.append(n)
+        return kept, out
+
+
+# ---------------------------------------------------------------- scorers
+
+
+class OutstandingTokens:
+    """1 − (in-flight tokens + this request's) / capacity, floored at 0. Reads
+    ``inflight_tokens``, ``capacity_tokens``. The token-aware heart of the default profile."""
+
+    type_name = "outstanding-tokens"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return max(0.0, 1.0 - (node.inflight_tokens + req.tokens) / node.capacity_tokens)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        t = req.tokens
+        # ``x if x > 0.0 else 0.0`` is max(0.0, x) without the call (NaN and -0.0 give 0.0 in both).
+        return [x if (x := 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) > 0.0 else 0.0 for n in nodes]
+
+
+class QueueDepth:
+    """1 / (1 + waiting requests) from the node's metrics (in-flight requests when unknown)."""
+
+    type_name = "queue-depth"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        waiting = node.waiting if node.waiting is not None else max(0, node.inflight_requests - 1)
+        return 1.0 / (1.0 + waiting)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [1.0 / (1.0 + (w if (w := n.waiting) is not None else (r - 1 if (r := n.inflight_requests) > 1 else 0)))
+                for n in nodes]
+
+
+class KVCacheScorer:
+    """1 − KV-cache use (0..1) from node metrics; 0.5 when unknown."""
+
+    type_name = "kv-cache"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return 0.5 if node.kv_usage is None else max(0.0, min(1.0, 1.0 - node.kv_usage))
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        # max(0.0, min(1.0, y)) without the calls: y below 1 is clamped at 0; 1 and above, or NaN, give 1.0.
+        return [0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0)
+                for n in nodes]
+
+
+class DecodeSpeedParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reference_s: float = Field(10.0, gt=0)   # the predicted decode time that scores 0.5
+    unknown_tokens_per_s: float = Field(20.0, gt=0)   # assumed until a node's speed is learned
+    optimistic_max_tokens: int = Field(256, ge=0)     # up to this output: unknown = fastest known
+
+
+class DecodeSpeed:
+    """``reference_s / (reference_s + output_tokens / tokens_per_s)``: how soon this node would
+    finish *this* request's decode at the speed it showed lately (``tokens_per_s``, the gateway's
+    EWMA of per-request decode speed, which already reflects the node's batch load). Long requests
+    are steered to fast nodes while short ones hardly care, so slow nodes take the short work.
+    Reads ``tokens_per_s``.
+
+    A node whose speed is not learned yet is, for a request of at most ``optimistic_max_tokens``
+    output tokens, scored as fast as the fastest candidate that has one (``score_all``, what the
+    router calls): optimism under uncertainty, so at low load it wins its share of the ties and
+    learns its speed from one short answer. Assumed slow, it would lose every request at low load
+    to the first node that learned and never learn its own; assumed average (the median), it
+    would still lose every tie to the faster nodes. A longer request assumes it slow-ish
+    (``unknown_tokens_per_s``): a cold slow GPU must not learn on a 1,024-token answer
+    (docs/benchmarks.md). ``unknown_tokens_per_s`` also applies when no candidate has a speed, or
+    when one node is scored alone (``score``)."""
+
+    type_name = "decode-speed"
+    Params = DecodeSpeedParams
+
+    def __init__(self, params: DecodeSpeedParams | None = None) -> None:
+        self.p = params or DecodeSpeedParams()
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        speed = node.tokens_per_s
+        if speed is None or speed <= 0:
+            speed = self.p.unknown_tokens_per_s
+        ref = self.p.reference_s
+        return ref / (ref + req.output_tokens / speed)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        prior = self.p.unknown_tokens_per_s
+        if req.output_tokens <= self.p.optimistic_max_tokens:
+            best: float | None = None     # the fastest known speed (max() keeps the first of equals too)
+            for n in nodes:
+                s = n.tokens_per_s
+                if s is not None and s > 0 and (best is None or s > best):
+                    best = s
+            if best is not None:
+                prior = best
+        ref, out = self.p.reference_s, req.output_tokens
+        return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
+
+
+class StaticWeightParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_weight: float = Field(10.0, gt=0)
+
+
+class StaticWeight:
+    """``weight`` / ``max_weight`` from the fleet file, capped at 1."""
+
+    type_name = "static-weight"
+    Params = StaticWeightParams
+
+    def __init__(self, params: StaticWeightParams | None = None) -> None:
+        self.p = params or StaticWeightParams()
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return min(1.0, node.weight / self.p.max_weight)
+
+
+class LeastRequests:
+    """1 / (1 + in-flight requests): least-connections as a scorer. Reads ``inflight_requests``."""
+
+    type_name = "least-requests"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def score(self, req: RouteRequest, node: NodeView) -> float:
+        return 1.0 / (1.0 + node.inflight_requests)
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        return [1.0 / (1.0 + n.inflight_requests) for n in nodes]
+
+
+# ---------------------------------------------------------------- pickers
+
+
+class MaxScore:
+    """Highest total first; ties broken at random (so equal nodes share load)."""
+
+    type_name = "max-score"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        r = rng.random
+        keyed = [(-s, r(), n.name) for n, s in scored]
+        keyed.sort()
+        return [name for _, _, name in keyed]
+
+
+class WeightedRandom:
+    """Samples without replacement with probability ∝ score (a small floor keeps 0-score nodes
+    as last-resort fallbacks)."""
+
+    type_name = "weighted-random"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        pool = [(n.name, max(s, 1e-6)) for n, s in scored]
+        out: list[str] = []
+        while pool:
+            total = sum(w for _, w in pool)
+            x = rng.random() * total
+            for i, (name, w) in enumerate(pool):
+                x -= w
+                if x <= 0 or i == len(pool) - 1:
+                    out.append(name)
+                    pool.pop(i)
+                    break
+        return out
+
+
+class PowerOfTwo:
+    """Two random candidates, the better one first, then the rest by score."""
+
+    type_name = "power-of-two"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
+        if len(scored) <= 2:
+            return MaxScore().rank(scored, rng)
+        a, b = rng.sample(range(len(scored)), 2)
+        first = scored[a] if scored[a][1] >= scored[b][1] else scored[b]
+        rest = sorted((x for x in scored if x is not first), key=lambda x: -x[1])
+        return [first[0].name] + [n.name for n, _ in rest]
+
+
+class RoundRobin:
+    """Ignores scores: rotates through the candidates in name order (a baseline)."""
+
+    type_name = "round-robin"
+    Params = NoParams
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        self._i = 0
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: Any) -> list[str]:
+        names = sorted(n.name for n, _ in scored)
+        if not names:
+            return []
+        k = self._i % len(names)
+        self._i += 1
+        return names[k:] + names[:k]

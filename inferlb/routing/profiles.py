@@ -1,0 +1,291 @@
+"""Routing profiles: named filter → scorer → picker pipelines, and the :class:`Router` that runs one.
+
+Built-in profiles:
+
+Every profile but ``round-robin`` samples 16 candidates on larger fleets (see :class:`Router`).
+
+Every profile filters by ``node-selector`` after ``serves-model`` (a no-op unless the model has a
+``node_selector``).
+
+- ``token-aware`` (default): healthy, serves-model, has-capacity; outstanding-tokens ×1.0,
+  queue-depth ×0.5, kv-cache ×0.5, decode-speed ×1.0 (long requests to nodes that decode fast
+  under their current load; see docs/benchmarks.md for what it changed); max-score.
+- ``least-connections``: healthy, serves-model; least-requests; max-score (random ties).
+- ``round-robin``: healthy, serves-model; round-robin.
+- ``power-of-two``: healthy, serves-model, has-capacity; outstanding-tokens; power-of-two.
+- ``weighted``: healthy, serves-model; static-weight; weighted-random.
+- ``learned``: healthy, serves-model, has-capacity; predicted-latency ×3 (with the tail
+  reservation, its adaptive cut and the interference terms on: :data:`LEARNED_LATENCY`),
+  outstanding-tokens ×1; softmax-bandit (exploration
+  rate ``epsilon``, never for the critical class), guarded by its predictor's lifecycle: while the
+  predictor warms up, drifts or faults, ``token-aware`` decides (routing/guarded.py).
+- ``prefix-affinity``: token-aware's filters and scorers plus rtt ×0.5; the ``affinity`` picker:
+  a request with a session (``x-session-id`` / ``user``) or a prompt of at least one full block
+  goes to its key's node in rendezvous-hash order, escaping to the next when that node is past
+  (1 + ε) × the candidates' mean load (routing/affinity.py); others by score.
+
+A profile may be customised in the fleet file (``routing.filters/scorers/picker/params``); a
+plugin's params given there are merged over the profile's own (key by key).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferlb.errors import ConfigError
+from inferlb.routing.registry import make_plugin
+from inferlb.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
+
+__all__ = ["FALLBACK_PROFILE", "LEARNED_LATENCY", "PROFILES", "ProfileSpec", "Router", "build_router"]
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    filters: tuple[str, ...]
+    scorers: dict[str, float] = field(default_factory=dict)
+    picker: str = "max-score"
+    sample: int = 0     # power-of-k: consider k random nodes of the model's pool (0: all)
+    # The profile's own plugin params (plugin name → params), under what the caller gives: a
+    # caller's key replaces the profile's, the profile's other keys stay.
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# k = 16 for the score-based profiles: figures and the cost in routing quality in
+# docs/benchmarks.md ("Routing decision cost"). A fleet of at most k nodes is never sampled.
+SAMPLE = 16
+
+_BASE = ("healthy", "serves-model", "node-selector")
+_TOKEN_AWARE = {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5, "decode-speed": 1.0}
+
+# The learned profile's predicted-latency setting (docs/benchmarks.md, "an adaptive tail
+# reservation" and its sixth pass): hold 90 % of the fast nodes' token capacity for the requests
+# whose output budget is in the top 1.5 % of the last 4,096 (800 tokens until 100 were seen),
+# charge short requests (≤ 64 output tokens) 1.25 × the decode slowdown they cause the others,
+# and every request the prefill stall it causes. Each decision logs its cut, so off-policy replay
+# of this profile reproduces its decisions (routing/ope_replay.py).
+LEARNED_LATENCY: dict[str, Any] = {
+    "reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
+    "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}
+
+PROFILES: dict[str, ProfileSpec] = {
+    "token-aware": ProfileSpec((*_BASE, "has-capacity"), dict(_TOKEN_AWARE), sample=SAMPLE),
+    "least-connections": ProfileSpec(_BASE, {"least-requests": 1.0}, sample=SAMPLE),
+    "round-robin": ProfileSpec(_BASE, {}, "round-robin"),
+    "power-of-two": ProfileSpec((*_BASE, "has-capacity"), {"outstanding-tokens": 1.0}, "power-of-two",
+                                sample=SAMPLE),
+    "weighted": ProfileSpec(_BASE, {"static-weight": 1.0}, "weighted-random", sample=SAMPLE),
+    # predicted-latency ×3 + outstanding-tokens ×1: tuned in the discrete-event simulator
+    # (docs/benchmarks.md, "Learned routing: the goals"): slack alone sends every request to the
+    # fastest predicted node, short ones included, which fills the fast GPUs and slows the long
+    # requests that need them (e2e p99 1.2× token-aware's); with the load term, predicted slack
+    # decides where it differs much (long requests) and load where it hardly does (short ones).
+    # Its predicted-latency params: LEARNED_LATENCY (below).
+    "learned": ProfileSpec((*_BASE, "has-capacity"), {"predicted-latency": 3.0, "outstanding-tokens": 1.0},
+                           "softmax-bandit", sample=SAMPLE, params={"predicted-latency": LEARNED_LATENCY}),
+    "prefix-affinity": ProfileSpec((*_BASE, "has-capacity"), {**_TOKEN_AWARE, "rtt": 0.5}, "affinity",
+                                   sample=SAMPLE),
+}
+FALLBACK_PROFILE = "token-aware"   # what a learned profile falls back to
+
+
+class Router:
+    """Runs one profile. ``decide`` is pure apart from the picker's own state and ``rng``.
+
+    Sampling (``sample`` = k > 0, the power-of-k-choices family): when more than k nodes could
+    serve the request, the filters, scorers and picker see k of them drawn at random (with
+    ``rng``; k draws with replacement, repeats dropped, so sometimes a few fewer), so a decision
+    costs about the same at 10 and at 1,000 nodes. When the nodes come as a
+    :class:`~inferlb.routing.types.NodeList` and the profile filters by model, the draw is
+    from the model's own pool. When no sampled node passes the filters, every node is considered,
+    so sampling never turns a servable request away. A picker with ``preselect`` (the
+    ``affinity`` picker) chooses the k instead of the random draw, when it has a reason to.
+
+    ``prefix_blocks``: how many prompt blocks the request's data must carry (the largest any of
+    the profile's plugins reads; 0: none, and the prompt is not hashed at all).
+
+    Model versions: when ``req.only`` is set (the nodes of the request's version), the pool is
+    cut to those nodes first, before sampling (so a canary served by 1 node of 100 is always in
+    the sample), and the nodes left out are counted under ``model-version`` in the decision.
+    """
+
+    def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]],
+                 picker: Picker, rng: random.Random, sample: int = 0) -> None:
+        self.name = name
+        self.filters = filters
+        self.scorers = scorers
+        self.picker = picker
+        self.rng = rng
+        self.sample = sample
+        self._by_model = any(f.type_name == "serves-model" for f in filters)
+        self._total_w = sum(w for _, w in scorers) or 1.0
+        self._rank_for = getattr(picker, "rank_for", None)   # a picker that reads the request (priority)
+        self._rank_detail = getattr(picker, "rank_detail", None)   # ... and explains its ranking (affinity)
+        self._preselect = getattr(picker, "preselect", None)
+        plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
+        self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
+        self.uses_selector = any(f.type_name == "node-selector" for f in filters)
+        # Resolved once: the plugin lists are fixed when the router is built (build_router).
+        self._apply = [f.apply for f in filters]
+        self._batch = [_batch_of(s) for s, _ in scorers]
+        self._keys = (*(s.type_name for s, _ in scorers), "total")
+        self._weigh = _weigher([w for _, w in scorers], self._total_w)
+
+    def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
+        """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
+        pool: list[NodeView] = nodes
+        counts: dict[str, int] = {}
+        by_model = getattr(nodes, "by_model", None) if self._by_model else None
+        if by_model is not None:
+            pool = by_model.get(req.model, [])
+            if len(nodes) > len(pool):
+                counts["serves-model"] = len(nodes) - len(pool)
+        only = req.only
+        if only is not None:
+            size = len(pool)
+            pool = [n for n in pool if n.name in only]
+            if len(pool) < size:
+                counts["model-version"] = size - len(pool)
+        k = self.sample
+        size = len(pool)
+        if 0 < k < size:
+            pre = self._preselect
+            picked = pre(req, pool, k) if pre is not None else None
+            own = picked is None      # a preselected list is the picker's: only copies are kept
+            if picked is None:
+                # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
+                rnd = self.rng.random
+                picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
+            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own)
+            if d.ranked:
+                return d
+        return self._decide(req, pool, len(nodes), counts, None, False)
+
+    def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
+                sampled: int | None, own: bool) -> Decision:
+        """``own``: ``nodes`` is a list of the router's own (the sample), which the decision may
+        keep; otherwise it belongs to the caller and only copies are kept."""
+        if own:
+            d = Decision._lazy(self.name, nodes, self.picker.type_name, offered, sampled, counts)
+        else:
+            d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name, offered=offered,
+                         sampled=sampled, counts=counts)
+        eliminated = d.eliminated
+        live = nodes
+        exclude = req.exclude
+        if exclude:
+            live = []
+            for n in nodes:
+                if n.name in exclude:
+                    eliminated.append(Elimination(n.name, "retry", "already tried for this request"))
+                else:
+                    live.append(n)
+            for e in eliminated:
+                counts[e.by] = counts.get(e.by, 0) + 1
+        for apply in self._apply:
+            if not live:
+                break
+            live, out = apply(req, live)
+            if out:
+                eliminated.extend(out)
+                for e in out:
+                    by = e.by
+                    counts[by] = counts.get(by, 0) + 1
+        if not live:
+            return d
+        if live is nodes and not own:
+            live = list(live)      # the decision keeps it (score rows): not the caller's list
+        batch = self._batch
+        if batch:
+            cols = [score_all(req, live) for score_all in batch]
+            totals = self._weigh(cols)
+            d._set_scores(self._keys, live, cols, totals)
+            scored = list(zip(live, totals, strict=True))
+        else:
+            totals = [0.0] * len(live)
+            d._set_scores(self._keys, live, [], totals)
+            scored = [(n, 0.0) for n in live]
+        rank_detail, rank_for = self._rank_detail, self._rank_for
+        if rank_detail is not None:
+            d.ranked, d.pick_detail = rank_detail(req, scored, self.rng)
+        elif rank_for is not None:
+            d.ranked = rank_for(req, scored, self.rng)
+        else:
+            d.ranked = self.picker.rank(scored, self.rng)
+        return d
+
+
+def _batch_of(s: Scorer) -> Callable[[RouteRequest, list[NodeView]], list[float]]:
+    """The scorer's ``score_all``, or ``score`` applied per node."""
+    batch: Callable[[RouteRequest, list[NodeView]], list[float]] | None = getattr(s, "score_all", None)
+    if batch is not None:
+        return batch
+    score = s.score
+    return lambda req, nodes: [score(req, n) for n in nodes]
+
+
+def _weigher(ws: list[float], total_w: float) -> Callable[[list[list[float]]], list[float]]:
+    """Per node, the weighted total of the scorer columns divided by ``total_w``. The sum runs in
+    scorer order from 0.0, ``((0.0 + c0·w0) + c1·w1) + …``, so every total is the same float
+    whatever the number of scorers (the comprehensions below only unroll that loop)."""
+    if len(ws) == 1:
+        (w0,) = ws
+        return lambda cols: [(0.0 + a * w0) / total_w for a in cols[0]]
+    if len(ws) == 2:
+        w0, w1 = ws
+        return lambda cols: [(0.0 + a * w0 + b * w1) / total_w for a, b in zip(*cols, strict=True)]
+    if len(ws) == 3:
+        w0, w1, w2 = ws
+        return lambda cols: [(0.0 + a * w0 + b * w1 + c * w2) / total_w for a, b, c in zip(*cols, strict=True)]
+    if len(ws) == 4:
+        w0, w1, w2, w3 = ws
+        return lambda cols: [(0.0 + a * w0 + b * w1 + c * w2 + e * w3) / total_w
+                             for a, b, c, e in zip(*cols, strict=True)]
+
+    def weigh(cols: list[list[float]]) -> list[float]:
+        totals = [0.0] * len(cols[0])
+        for col, w in zip(cols, ws, strict=True):
+            totals = [t + c * w for t, c in zip(totals, col, strict=True)]
+        return [t / total_w for t in totals]
+
+    return weigh
+
+
+def build_router(profile: str, *, filters: list[str] | None = None, scorers: dict[str, float] | None = None,
+                 picker: str | None = None, params: dict[str, dict[str, Any]] | None = None,
+                 seed: int | None = None, sample: int | None = None, predictor: dict[str, Any] | None = None,
+                 lifecycle: Any = None, clock: Any = None) -> Router:
+    """Build a router from a profile name plus overrides; plugin errors raise ConfigError.
+    ``sample``: the power-of-k sample size (0: consider every node; default: the profile's).
+
+    A profile with a scorer that needs a latency predictor (one with ``bind``, such as
+    ``predicted-latency``) comes back as a :class:`~inferlb.routing.guarded.GuardedRouter`:
+    its predictor's lifecycle is ``lifecycle`` when given, else one built from ``predictor`` (the
+    fleet file's ``routing.predictor``; ``clock`` gives its events' times), and it falls back to
+    :data:`FALLBACK_PROFILE` while the predictor cannot be used."""
+    base = PROFILES.get(profile)
+    if base is None and filters is None:
+        raise ConfigError(f"unknown routing profile {profile!r} (known: {', '.join(sorted(PROFILES))})",
+                          path="routing.profile")
+    spec = base or ProfileSpec(())
+    given = params or {}
+    params = {n: {**spec.params.get(n, {}), **given.get(n, {})} for n in {*spec.params, *given}}
+    fs: list[Filter] = [make_plugin(n, params.get(n)) for n in (filters if filters is not None else spec.filters)]
+    sc: list[tuple[Scorer, float]] = []
+    for n, w in (scorers if scorers is not None else spec.scorers).items():
+        if w < 0:
+            raise ConfigError(f"scorer weight must be ≥ 0, got {w}", path=f"routing.scorers.{n}")
+        sc.append((make_plugin(n, params.get(n)), w))
+    pk: Picker = make_plugin(picker or spec.picker, params.get(picker or spec.picker))
+    k = spec.sample if sample is None else sample
+    if k < 0:
+        raise ConfigError(f"sample must be ≥ 0, got {k}", path="routing.sample")
+    rng = random.Random(seed)
+    if any(hasattr(s, "bind") for s, _ in sc):
+        from inferlb.routing.guarded import make_guarded
+
+        return make_guarded(profile, fs, sc, pk, rng, k, fallback=build_router(FALLBACK_PROFILE, sample=sample),
+                            predictor=predictor, lifecycle=lifecycle, clock=clock)
+    return Router(profile, fs, sc, pk, rng, k)

@@ -1,0 +1,69 @@
+"""One table of plugin type names → ``"module:attr"``; a user's own plugin is named by
+``"module:attr"`` directly (uvicorn style). Plugins are resolved and their params validated once,
+when the router is built, never per request.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from inferlb.errors import ConfigError
+
+__all__ = ["BUILTINS", "make_plugin", "resolve"]
+
+_P = "inferlb.routing.plugins"
+_R = "inferlb.routing"
+
+BUILTINS: dict[str, str] = {
+    # filters
+    "healthy": f"{_P}:Healthy",
+    "serves-model": f"{_P}:ServesModel",
+    "has-capacity": f"{_P}:HasCapacity",
+    "node-selector": f"{_R}.selector:NodeSelectorFilter",
+    # scorers
+    "outstanding-tokens": f"{_P}:OutstandingTokens",
+    "queue-depth": f"{_P}:QueueDepth",
+    "kv-cache": f"{_P}:KVCacheScorer",
+    "static-weight": f"{_P}:StaticWeight",
+    "least-requests": f"{_P}:LeastRequests",
+    "decode-speed": f"{_P}:DecodeSpeed",
+    "predicted-latency": "inferlb.routing.learned:PredictedLatency",
+    "rtt": f"{_R}.rtt:Rtt",
+    # pickers
+    "max-score": f"{_P}:MaxScore",
+    "weighted-random": f"{_P}:WeightedRandom",
+    "power-of-two": f"{_P}:PowerOfTwo",
+    "round-robin": f"{_P}:RoundRobin",
+    "softmax-bandit": "inferlb.routing.learned:SoftmaxBandit",
+    "affinity": f"{_R}.affinity:Affinity",
+}
+
+
+def resolve(name: str) -> Any:
+    """The plugin class for a built-in type name or a ``module:attr`` string."""
+    target = BUILTINS.get(name, name)
+    if ":" not in target:
+        raise ConfigError(f"unknown routing plugin {name!r} (known: {', '.join(sorted(BUILTINS))})",
+                          path="routing")
+    mod, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load routing plugin {name!r}: {exc}", path="routing") from exc
+
+
+def make_plugin(name: str, params: dict[str, Any] | None) -> Any:
+    """Instantiate a plugin with validated params (unknown keys rejected)."""
+    cls = resolve(name)
+    model: type[BaseModel] | None = getattr(cls, "Params", None)
+    if model is None:
+        return cls()
+    try:
+        return cls(model.model_validate(params or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})",
+                          path=f"routing.params.{name}") from exc

@@ -1,0 +1,393 @@
+"""Routing vocabulary: what the decision core reads and returns. No I/O, no project imports.
+
+The core sees the fleet only through :class:`NodeView` snapshots and a :class:`RouteRequest`;
+it returns a :class:`Decision` whose ``to_json()`` goes into the audit record verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Decision", "Elimination", "Filter", "LabelSelector", "NodeList", "NodeView", "Picker", "RouteRequest",
+           "Scorer"]
+
+# Bounds of Decision.to_json (the routing part of one audit record), whatever the fleet's size.
+JSON_NAMES = 16        # candidate names listed
+JSON_ELIMINATED = 6    # eliminations listed one by one (all are counted by filter)
+JSON_RANKED = 8        # ranked names listed
+JSON_SCORED = 4        # nodes whose per-scorer scores are listed (the best ranked)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as routing sees it at one instant.
+
+    ``inflight_*`` are the gateway's own counts; ``waiting`` and ``kv_usage`` come from scraped
+    node metrics (None when unknown); ``healthy`` is False while ejected or cooling down.
+    ``labels``: the node's labels from the fleet file (sorted pairs; the ``node-selector`` filter
+    reads them); ``rtt_ms``: the gateway's EWMA of the node's readiness-probe time (None until a
+    probe answered; the ``rtt`` scorer reads it).
+    """
+
+    name: str
+    models: frozenset[str]
+    capacity_tokens: int
+    max_concurrency: int
+    weight: float = 1.0
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    waiting: int | None = None
+    kv_usage: float | None = None
+    healthy: bool = True
+    unhealthy_reason: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    tokens_per_s: float | None = None          # learned decode speed (EWMA)
+    ttft_s: float | None = None                # recent streamed time to first token (EWMA, seconds)
+    rtt_ms: float | None = None                # probe round trip (EWMA), health/isolation.py
+
+
+class NodeList(list[NodeView]):
+    """A list of node views that also carries ``by_model``: model → the views of the nodes
+    configured to serve it (same objects, same order). A router may read a model's pool from it
+    instead of scanning every node; a plain list works everywhere a NodeList does."""
+
+    __slots__ = ("by_model",)
+
+    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]]) -> None:
+        super().__init__(views)
+        self.by_model = by_model
+
+
+class LabelSelector(Protocol):
+    """Node labels a request requires (see :mod:`.selector`): ``matches`` a node's labels."""
+
+    def matches(self, labels: tuple[tuple[str, str], ...]) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What is being routed: model, token estimate, priority, nodes to avoid; whether the answer
+    is streamed and how many seconds are left before its deadline (None: no deadline).
+
+    ``prefix``: chained hashes of the prompt's leading text blocks (:mod:`.prefix`), computed only
+    when the router asks for them (``Router.prefix_blocks``); ``session``: a stable 64-bit hash of
+    the client's session (``x-session-id`` header, else the body's ``user``), None without one;
+    ``selector``: the node labels the model requires (None: any node); ``only``: the nodes of the
+    request's model version: when set, no other node is considered (the router's built-in
+    ``model-version`` filter, applied to the pool before sampling).
+    """
+
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+    priority: str | None = None
+    exclude: frozenset[str] = frozenset()
+    stream: bool = False
+    deadline_s: float | None = None
+    prefix: tuple[int, ...] = ()
+    session: int | None = None
+    selector: LabelSelector | None = None
+    only: frozenset[str] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+def _round4(x: float) -> float:
+    """``round(x, 4)``, the same float (sign of zero included), cheaper for most scores.
+
+    ``round(x, 4)`` converts through a correctly rounded decimal string, which costs more than the
+    rest of a decision's audit copy. For a finite ``x`` with ``|x · 10⁴| < 2⁴⁰`` the product
+    ``y = fl(x · 10⁴)`` is within 2⁻¹³ of the exact one, so when ``y`` is within 0.49 of an
+    integer ``r`` (far from a tie) the exact product rounds to ``r`` too, and ``r / 10⁴`` (one
+    correctly rounded division of exact operands) is the double nearest to the decimal
+    ``r·10⁻⁴``: what ``round`` returns. Near a tie, for a zero result (its sign) and for anything
+    else, ``round`` itself answers (tests/engine/test_routing_differential.py holds them equal)."""
+    y = x * 10000.0
+    if -1099511627776.0 < y < 1099511627776.0:
+        r = round(y)
+        if r and -0.49 < y - r < 0.49:
+            return r / 10000.0
+    return round(x, 4)
+
+
+class Elimination:
+    """Why ``node`` was not a candidate: the filter (``by``) and the reason, in words.
+
+    Immutable by contract, compared and hashed by ``(node, by, reason)``. A filter on the hot path
+    may build one with :meth:`later`: the reason is then formatted only when read (the audit copy
+    reads the first few; a count by filter needs none)."""
+
+    __slots__ = ("_args", "_fmt", "_reason", "by", "node")
+
+    def __init__(self, node: str, by: str, reason: str) -> None:
+        self.node = node
+        self.by = by
+        self._reason: str | None = reason
+        self._fmt: Callable[..., str] | None = None
+        self._args: tuple[Any, ...] = ()
+
+    @classmethod
+    def later(cls, node: str, by: str, fmt: Callable[..., str], *args: Any) -> Elimination:
+        """An elimination whose reason is ``fmt(*args)``, formatted when first read."""
+        e = cls.__new__(cls)
+        e.node = node
+        e.by = by
+        e._reason = None
+        e._fmt = fmt
+        e._args = args
+        return e
+
+    @property
+    def reason(self) -> str:
+        r = self._reason
+        if r is None:
+            assert self._fmt is not None
+            r = self._reason = self._fmt(*self._args)
+            self._fmt, self._args = None, ()
+        return r
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Elimination)
+        return (self.node, self.by, self.reason) == (other.node, other.by, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.node, self.by, self.reason))
+
+    def __repr__(self) -> str:
+        return f"Elimination(node={self.node!r}, by={self.by!r}, reason={self.reason!r})"
+
+
+_ScoreSource = tuple[list["NodeView"], list[list[float]], list[float]]
+
+
+class Decision:
+    """Candidates, eliminations with reasons, per-scorer scores, the ranked pick.
+
+    ``candidates``: the nodes the filters saw (the sample when the router sampled);
+    ``offered``: how many nodes routing was offered; ``sampled``: the sample size, None when every
+    node was considered; ``counts``: eliminations by filter, nodes skipped for another model
+    without being looked at included.
+
+    The router fills ``candidates`` and ``score_rows`` lazily (from the views and score columns it
+    already holds, :meth:`_lazy`): they are built when first read, so a caller that reads only the
+    pick (the discrete-event simulation) never pays for them. Reading and setting them works as
+    for plain attributes.
+    """
+
+    __slots__ = ("_cand", "_cand_src", "_rows", "_rows_src", "counts", "eliminated", "learned", "offered",
+                 "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
+
+    def __init__(self, profile: str, candidates: list[str], eliminated: list[Elimination] | None = None,
+                 score_keys: tuple[str, ...] = (), score_rows: dict[str, tuple[float, ...]] | None = None,
+                 ranked: list[str] | None = None, picker: str = "", offered: int = 0, sampled: int | None = None,
+                 counts: dict[str, int] | None = None, learned: Any = None,
+                 pick_detail: dict[str, Any] | None = None) -> None:
+        self.profile = profile
+        self._cand: list[str] | None = candidates
+        self._cand_src: list[NodeView] | None = None
+        self.eliminated: list[Elimination] = [] if eliminated is None else eliminated
+        self.score_keys = score_keys                                    # scorer type names, then "total"
+        self._rows: dict[str, tuple[float, ...]] | None = {} if score_rows is None else score_rows
+        self._rows_src: _ScoreSource | None = None
+        self.ranked: list[str] = [] if ranked is None else ranked
+        self.picker = picker
+        self.offered = offered
+        self.sampled = sampled
+        self.counts: dict[str, int] = {} if counts is None else counts
+        # Set by a profile that learns (routing/learned.py): predictions, propensity, exploration,
+        # predictor version or why it fell back; its ``to_json()`` is bounded (routing/explain.py).
+        self.learned = learned
+        self.pick_detail = pick_detail   # why the picker ranked as it did (small JSON; None: by score)
+
+    @classmethod
+    def _lazy(cls, profile: str, nodes: list[NodeView], picker: str, offered: int, sampled: int | None,
+              counts: dict[str, int]) -> Decision:
+        """A decision whose candidate names are ``nodes``' (read when first needed). ``nodes`` must
+        not change afterwards (the router passes lists of its own)."""
+        d = cls.__new__(cls)
+        d.profile = profile
+        d._cand = None
+        d._cand_src = nodes
+        d.eliminated = []
+        d.score_keys = ()
+        d._rows = {}
+        d._rows_src = None
+        d.ranked = []
+        d.picker = picker
+        d.offered = offered
+        d.sampled = sampled
+        d.counts = counts
+        d.learned = None
+        d.pick_detail = None
+        return d
+
+    @property
+    def candidates(self) -> list[str]:
+        c = self._cand
+        if c is None:
+            src = self._cand_src
+            c = self._cand = [n.name for n in src] if src is not None else []
+            self._cand_src = None
+        return c
+
+    @candidates.setter
+    def candidates(self, value: list[str]) -> None:
+        self._cand, self._cand_src = value, None
+
+    @property
+    def score_rows(self) -> dict[str, tuple[float, ...]]:
+        """Node → its scores, in ``score_keys`` order (the weighted total last)."""
+        rows = self._rows
+        if rows is None:
+            assert self._rows_src is not None
+            live, cols, totals = self._rows_src
+            rows = self._rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
+            self._rows_src = None
+        return rows
+
+    @score_rows.setter
+    def score_rows(self, value: dict[str, tuple[float, ...]]) -> None:
+        self._rows, self._rows_src = value, None
+
+    def _set_scores(self, keys: tuple[str, ...], live: list[NodeView], cols: list[list[float]],
+                    totals: list[float]) -> None:
+        """Per-scorer columns over ``live`` and the totals; :attr:`score_rows` is built from them
+        when read. None of the lists may change afterwards."""
+        self.score_keys = keys
+        self._rows, self._rows_src = None, (live, cols, totals)
+
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        """Per scored node: each scorer's score and the weighted ``total`` (built when read)."""
+        keys = self.score_keys
+        return {n: dict(zip(keys, row, strict=True)) for n, row in self.score_rows.items()}
+
+    @property
+    def pick(self) -> str | None:
+        return self.ranked[0] if self.ranked else None
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.profile, self.candidates, self.eliminated, self.score_keys, self.score_rows, self.ranked,
+                self.picker, self.offered, self.sampled, self.counts, self.learned, self.pick_detail)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Decision)
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]   # mutable, like the dataclass it was
+
+    def __repr__(self) -> str:
+        names = ("profile", "candidates", "eliminated", "score_keys", "score_rows", "ranked", "picker", "offered",
+                 "sampled", "counts", "learned", "pick_detail")
+        return "Decision(" + ", ".join(f"{k}={v!r}" for k, v in zip(names, self._fields(), strict=True)) + ")"
+
+    def to_json(self) -> dict[str, Any]:
+        """The audit record's routing part, bounded whatever the fleet's size (≈ 2 KB at most with
+        node names of ~12 characters): the first :data:`JSON_NAMES` candidates, the first
+        :data:`JSON_ELIMINATED` eliminations with their reasons and the count of all of them by
+        filter, the first :data:`JSON_RANKED` ranked nodes, and the per-scorer scores of the best
+        :data:`JSON_SCORED` (rounded to 4 places). ``*_total`` fields give the full lengths of the cut lists.
+        ``pick_detail`` is there only when the picker explained its ranking (the ``affinity``
+        picker: which key, which node HRW chose, which nodes were over the load bound)."""
+        counts = dict(self.counts)
+        if not counts:
+            for e in self.eliminated:
+                counts[e.by] = counts.get(e.by, 0) + 1
+        ranked = self.ranked
+        top = ranked[:JSON_SCORED]
+        keys = self.score_keys
+        scores: dict[str, dict[str, float]] = {}
+        if top:
+            src = self._rows_src
+            if src is not None and len(top) * 2 < len(src[0]):
+                # Only the best few rows: read them from the columns, not the whole table.
+                live, cols, totals = src
+                where = {n.name: i for i, n in enumerate(live)}
+                for n in top:
+                    i = where.get(n)
+                    if i is not None:
+                        row = [c[i] for c in cols]
+                        row.append(totals[i])
+                        scores[n] = {k: _round4(v) for k, v in zip(keys, row, strict=True)}
+            else:
+                rows = self.score_rows
+                for n in top:
+                    r = rows.get(n)
+                    if r is not None:
+                        scores[n] = {k: _round4(v) for k, v in zip(keys, r, strict=True)}
+        cand_src = self._cand_src
+        if cand_src is not None:
+            cand_total = len(cand_src)
+            cand = [n.name for n in cand_src[:JSON_NAMES]]
+        else:
+            cand_total = len(self.candidates)
+            cand = self.candidates[:JSON_NAMES]
+        elim = self.eliminated
+        out = {
+            "profile": self.profile,
+            "offered": self.offered or cand_total,
+            "sampled": self.sampled,
+            "candidates": cand,
+            "candidates_total": cand_total,
+            "eliminated": [{"node": e.node, "by": e.by, "reason": e.reason} for e in elim[:JSON_ELIMINATED]],
+            "eliminated_counts": counts,
+            "scores": scores,
+            "ranked": ranked[:JSON_RANKED],
+            "ranked_total": len(ranked),
+            "picker": self.picker,
+            "pick": ranked[0] if ranked else None,
+        }
+        if self.learned is not None:
+            out["learned"] = self.learned.to_json()
+        if self.pick_detail is not None:
+            out["pick_detail"] = self.pick_detail
+        return out
+
+
+class Filter(Protocol):
+    """Keeps the nodes that may serve; returns (kept, eliminated-with-reason)."""
+
+    type_name: str
+
+    def apply(self, req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]: ...
+
+
+class Scorer(Protocol):
+    """A score in [0, 1] per node; higher is better. The profile weights scorers.
+
+    A scorer may also define ``score_all(req, nodes) -> list[float]`` (one score per node, in
+    order); the router then calls it once per decision instead of ``score`` per node. It must
+    agree with ``score`` except where it documents what it reads from the other candidates. The
+    list it returns is handed over: the decision keeps it (its score rows are built from it when
+    read), so the scorer must not change it afterwards.
+    """
+
+    type_name: str
+
+    def score(self, req: RouteRequest, node: NodeView) -> float: ...
+
+
+class Picker(Protocol):
+    """Ranks scored nodes; the first is used, the rest are fallbacks. Randomness from ``rng``.
+
+    A picker that needs the request may also define ``rank_for(req, scored, rng) -> ranked``
+    (the router then calls it instead of ``rank``), or ``rank_detail(req, scored, rng) -> (ranked,
+    detail)`` (called before either; ``detail``, a small JSON dict or None, is kept as
+    :attr:`Decision.pick_detail`). A picker may define ``preselect(req, pool, k)
+    -> list[NodeView] | None``: the k candidates to consider on a sampled fleet instead of a random
+    draw (None: draw at random); it must be deterministic for a request, pool and k.
+    """
+
+    type_name: str
+
+    def rank(self, scored: list[tuple[NodeView, float]], rng: Any) -> list[str]: ...

@@ -1,0 +1,53 @@
+"""The gateway's HTTP server: uvicorn with the edge limits and the drain on SIGTERM.
+
+:func:`build_server` is the one place the server is configured; ``inferlb serve``/``demo`` and the
+tests that need the real edge use it. ``protocol.py`` bounds slow and oversized request heads and
+bodies; ``lifecycle.py`` drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from fastapi import FastAPI
+
+from inferlb.config.settings import Settings
+from inferlb.server.lifecycle import GatewayServer
+from inferlb.server.protocol import EdgeLimits, GatewayConfig, GuardedHttpToolsProtocol
+
+__all__ = ["EdgeLimits", "GatewayConfig", "GatewayServer", "GuardedHttpToolsProtocol", "build_server",
+           "edge_limits"]
+
+
+def edge_limits(settings: Settings) -> EdgeLimits:
+    return EdgeLimits(header_timeout_s=settings.http_header_timeout_s, body_timeout_s=settings.http_body_timeout_s,
+                      max_header_bytes=settings.http_max_header_bytes, max_headers=settings.http_max_headers)
+
+
+def _begin_drain(app: FastAPI) -> None:
+    """Readiness false and new inference requests refused (``api/health.py``, ``api/edge.py``)."""
+    app.state.ready = False
+    app.state.draining = True
+
+
+async def _stop_streams(app: FastAPI) -> None:
+    """Ask the gateway to end the streams still running (an SSE ``server_shutting_down`` error)."""
+    stop = getattr(getattr(app.state, "gateway", None), "stop_streams", None)
+    if stop is None:
+        return
+    result = stop(reason="server_shutting_down")
+    if inspect.isawaitable(result):
+        await result
+
+
+def build_server(app: FastAPI, settings: Settings, **overrides: Any) -> GatewayServer:
+    """A :class:`GatewayServer` for ``app`` on ``settings.host:port``; ``overrides`` go to uvicorn.Config."""
+    kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "log_level": settings.log_level.lower(),
+                              "access_log": False, "loop": "none", "lifespan": "on",
+                              # after the drain (GatewayServer), only connections that ignore the stop remain
+                              "timeout_graceful_shutdown": 1}
+    kwargs.update(overrides)
+    config = GatewayConfig(app, edge=edge_limits(settings), **kwargs)
+    return GatewayServer(config, drain_timeout_s=settings.drain_timeout_s, on_drain=lambda: _begin_drain(app),
+                         on_deadline=lambda: _stop_streams(app))
