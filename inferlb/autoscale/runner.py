@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from inferlb.autoscale.actuators.base import Actuator, PoolResult
+from inferlb.autoscale.actuator import Actuator, PoolResult
 from inferlb.autoscale.observe import Observation
 from inferlb.autoscale.policy import Autoscaler
 from inferlb.autoscale.record import fallback_kind

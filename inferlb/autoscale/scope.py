@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferlb.autoscale.actuators.base import PoolResult
+from inferlb.autoscale.actuator import PoolResult
 from inferlb.autoscale.capacity import Capacity
 from inferlb.autoscale.forecast import Forecast
 from inferlb.autoscale.planner import Plan

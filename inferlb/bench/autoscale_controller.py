@@ -18,7 +18,7 @@ is one autoscaler round, as ``processes/autoscale.bpmn`` runs it in the gateway
 * **plan**: :meth:`Autoscaler.plan` every round, with ``current`` = the pool's nodes that are
   starting or ready (what the local actuator counts: draining nodes are not), and the capacity
   model given (one replica's tokens/s at SLO).
-* **actuate**, like the ``local`` actuator (autoscale/actuators/local.py): scale-up adds
+* **actuate**, like the ``local`` actuator (autoscale/actuator_local.py): scale-up adds
   one node per missing replica with :meth:`Simulation.add_node` and the pool's ``cold_start_s``
   (no traffic until ready; GPU time counts from the start); scale-down drains the newest nodes
   first (:meth:`Simulation.drain_node`: no new requests, removed once idle), never below ``min``.

@@ -18,7 +18,7 @@ import argparse
 import json
 from typing import Any
 
-from inferlb.autoscale.actuators.local import LaunchedNode
+from inferlb.autoscale.actuator_local import LaunchedNode
 from inferlb.config.settings import FleetConfig, fleet_from_mapping
 
 __all__ = ["SimLauncher", "capacity_command", "demo_autoscale_fleet", "format_capacity"]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from inferlb.autoscale.actuators.local import LocalActuator
-from inferlb.autoscale.actuators.webhook import WebhookActuator
+from inferlb.autoscale.actuator_local import LocalActuator
+from inferlb.autoscale.actuator_webhook import WebhookActuator
 from inferlb.autoscale.fleet_port import AdminFleetPort, LocalNodeAdmin
 from inferlb.autoscale.planner import Plan, PoolDecision
 from inferlb.config.autoscale import AutoscaleConfig
@@ -99,7 +99,7 @@ async def apiserver() -> AsyncIterator[tuple[FakeApiServer, str]]:
 
 def k8s_actuator(url: str, cfg: AutoscaleConfig) -> Any:
     kubernetes = pytest.importorskip("kubernetes")
-    from inferlb.autoscale.actuators.kubernetes import KubernetesActuator
+    from inferlb.autoscale.actuator_kubernetes import KubernetesActuator
 
     conf = kubernetes.client.Configuration(host=url)
     return KubernetesActuator(cfg, kubernetes.client.ApiClient(conf))

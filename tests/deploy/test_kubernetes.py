@@ -206,7 +206,7 @@ def test_the_gateway_account_may_watch_endpointslices_and_scale_workloads_only(
     job = _pod_spec(_one(rendered, "Job"))     # the migration Job gets no API token
     assert job.get("serviceAccountName") is None and job["automountServiceAccountToken"] is False
     # the calls the code makes are the ones granted
-    from inferlb.autoscale.actuators import kubernetes as actuator
+    from inferlb.autoscale import actuator_kubernetes as actuator
     from inferlb.discovery import kubernetes as discovery
 
     assert "list_namespaced_endpoint_slice" in Path(discovery.__file__).read_text()

@@ -27,7 +27,7 @@ import asyncio
 import importlib
 from typing import Any
 
-from inferlb.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.autoscale.actuator import PoolResult, guard_min
 from inferlb.autoscale.planner import Plan
 from inferlb.config.autoscale import AutoscaleConfig, PoolConfig
 

@@ -6,7 +6,7 @@ as the sequence of recommendations an operator would have applied.
 
 from __future__ import annotations
 
-from inferlb.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.autoscale.actuator import PoolResult, guard_min
 from inferlb.autoscale.planner import Plan
 from inferlb.config.autoscale import AutoscaleConfig
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferlb.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.autoscale.actuator import PoolResult, guard_min
 from inferlb.autoscale.fleet_port import FleetPort
 from inferlb.autoscale.planner import Plan, PoolDecision
 from inferlb.autoscale.planner import pool_price as _pool_price

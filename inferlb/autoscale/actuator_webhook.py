@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from inferlb.autoscale.actuators.base import PoolResult, guard_min
+from inferlb.autoscale.actuator import PoolResult, guard_min
 from inferlb.autoscale.planner import Plan
 from inferlb.config.autoscale import AutoscaleConfig
 

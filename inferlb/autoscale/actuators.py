@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferlb.autoscale.actuators.base import Actuator, PoolResult, guard_min
-from inferlb.autoscale.actuators.dryrun import DryRunActuator
+from inferlb.autoscale.actuator import Actuator, PoolResult, guard_min
+from inferlb.autoscale.actuator_dryrun import DryRunActuator
 from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.types import Clock
 
@@ -23,15 +23,15 @@ def build_actuator(cfg: AutoscaleConfig, *, clock: Clock, port: Any = None, laun
     if kind == "local":
         if port is None or launcher is None:
             raise ValueError("actuator local needs a node launcher: it runs under `inferlb demo --autoscale`")
-        from inferlb.autoscale.actuators.local import LocalActuator
+        from inferlb.autoscale.actuator_local import LocalActuator
 
         return LocalActuator(cfg, port, launcher, clock=clock, gpu_label=gpu_label, gpu_prices=gpu_prices)
     if kind == "kubernetes":
-        from inferlb.autoscale.actuators.kubernetes import KubernetesActuator
+        from inferlb.autoscale.actuator_kubernetes import KubernetesActuator
 
         return KubernetesActuator(cfg, api_client)
     if kind == "webhook":
-        from inferlb.autoscale.actuators.webhook import WebhookActuator
+        from inferlb.autoscale.actuator_webhook import WebhookActuator
 
         return WebhookActuator(cfg)
     return DryRunActuator(cfg)
