@@ -20,39 +20,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Double, Index, Integer, String, Table, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 
 from inferlb.store.read import run_query
 from inferlb.store.rows import clean_json, clean_str
-from inferlb.store.schema import Base, from_us, json_type, to_us
+from inferlb.store.schema import SCALING_EVENTS, from_us, to_us
 
-__all__ = ["SCALING_EVENTS", "SCALING_STATUSES", "insert_scaling_events", "recent_scaling_events"]
+__all__ = ["SCALING_STATUSES", "insert_scaling_events", "recent_scaling_events"]
 
 SCALING_STATUSES = ("applied", "partial", "failed", "dry_run", "held", "fallback")
 
-SCALING_EVENTS: Table = Table(
-    "scaling_events",
-    Base.metadata,
-    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True),
-    Column("at_us", BigInteger(), nullable=False),
-    Column("round", Integer(), nullable=False),
-    Column("model", String(), nullable=False),
-    Column("gpu", String(), nullable=True),
-    Column("from_replicas", Integer(), nullable=True),
-    Column("to_replicas", Integer(), nullable=True),
-    Column("applied_replicas", Integer(), nullable=True),
-    Column("status", String(), nullable=False),
-    Column("actuator", String(), nullable=False),
-    Column("forecaster", String(), nullable=True),
-    Column("forecast_tokens_s", Double(), nullable=True),
-    Column("actual_tokens_s", Double(), nullable=True),
-    Column("capacity_tokens_s", Double(), nullable=True),
-    Column("reason", String(), nullable=False),
-    Column("detail", json_type(), nullable=False),
-    Index("ix_scaling_events_at", "at_us"),
-    Index("ix_scaling_events_model", "model", "at_us"),
-)
 
 _NUM = ("forecast_tokens_s", "actual_tokens_s", "capacity_tokens_s")
 _INT = ("round", "from_replicas", "to_replicas", "applied_replicas")

@@ -14,25 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, String, Table, delete, insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from inferlb.errors import StoreError
 from inferlb.store.db import describe_db_error
-from inferlb.store.schema import Base, from_us, json_type, to_us
+from inferlb.store.schema import ROUTING_PREDICTORS, from_us, to_us
 
-__all__ = ["ROUTING_PREDICTORS", "SavedPredictor", "load_saved_predictor", "save_predictor"]
-
-ROUTING_PREDICTORS: Table = Table(
-    "routing_predictors",
-    Base.metadata,
-    Column("name", String(), primary_key=True),
-    Column("type", String(), nullable=False),
-    Column("version", BigInteger(), nullable=False),
-    Column("saved_at_us", BigInteger(), nullable=False),
-    Column("state", json_type(), nullable=False),
-)
+__all__ = ["SavedPredictor", "load_saved_predictor", "save_predictor"]
 
 
 @dataclass(frozen=True, slots=True)

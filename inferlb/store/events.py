@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -41,30 +41,15 @@ from inferlb.store.db import describe_db_error
 from inferlb.store.journal import Spool
 from inferlb.store.rows import clean_json as _clean_json
 from inferlb.store.rows import clean_str as _clean_str
-from inferlb.store.schema import Base, from_us, json_type, to_us
+from inferlb.store.schema import NODE_EVENTS, from_us, to_us
 from inferlb.types import Clock, SystemClock
 
-__all__ = ["NODE_EVENTS", "EventWriter", "dump_event", "insert_events", "load_event", "recent_events"]
+__all__ = ["EventWriter", "dump_event", "insert_events", "load_event", "recent_events"]
 
 log = logging.getLogger(__name__)
 
 _SPOOL_PREFIX = "events-"
 _SPOOL_ERROR_LOG_INTERVAL_S = 60.0
-
-NODE_EVENTS: Table = Table(
-    "node_events",
-    Base.metadata,
-    # BIGINT on PostgreSQL; SQLite autoincrements only an INTEGER PRIMARY KEY (its rowid).
-    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True),
-    Column("at_us", BigInteger(), nullable=False),
-    Column("node", String(), nullable=False),
-    Column("from_state", String(), nullable=True),
-    Column("to_state", String(), nullable=False),
-    Column("reason", String(), nullable=False),
-    Column("evidence", json_type(), nullable=False),
-    Index("ix_node_events_node", "node", "at_us"),
-    Index("ix_node_events_at", "at_us"),
-)
 
 
 def _row(ev: NodeEvent) -> dict[str, Any]:

@@ -25,38 +25,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Column, Integer, String, Table, delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from inferlb.errors import StoreError
 from inferlb.store.db import describe_db_error
-from inferlb.store.schema import Base, json_type, to_us
+from inferlb.store.schema import FLEET_REVISION, NODE_OVERRIDES, to_us
 
-__all__ = ["FLEET_REVISION", "NODE_OVERRIDES", "REVISION_CHANNEL", "NodeOverride", "StaleOverrides", "bump_revision",
+__all__ = ["REVISION_CHANNEL", "NodeOverride", "StaleOverrides", "bump_revision",
            "load_overrides", "read_revision", "save_override"]
 
-NODE_OVERRIDES: Table = Table(
-    "node_overrides",
-    Base.metadata,
-    Column("name", String(), primary_key=True),
-    Column("source", String(), nullable=False),
-    Column("spec", json_type(), nullable=False),
-    Column("drained", Boolean(), nullable=False),
-    Column("removed", Boolean(), nullable=False),
-    Column("key_id", String(), nullable=True),
-    Column("updated_at_us", BigInteger(), nullable=False),
-)
 
 # The PostgreSQL NOTIFY channel of every revision bump (bump_revision; store/revision_watch.py).
 REVISION_CHANNEL = "inferlb_fleet_revision"
-
-FLEET_REVISION: Table = Table(
-    "fleet_revision",
-    Base.metadata,
-    Column("id", Integer(), primary_key=True, autoincrement=False),
-    Column("revision", BigInteger(), nullable=False),
-)
 
 
 class StaleOverrides(StoreError):

@@ -1,4 +1,12 @@
-"""SQLAlchemy models of the audit store: ``requests`` and ``request_attempts``.
+"""The one schema home: every table of inferlb, on one ``Base.metadata``.
+
+``migrations/env.py`` and the tests import this module and nothing else for the schema, so
+``alembic revision --autogenerate`` and ``alembic check`` see every table. The queries over a table
+live with its feature (``admission/store.py``, ``rollout/store.py``, ``autoscale/store.py``,
+``learned/store.py``) or in ``store/`` (audit rows, node events, overrides, leases); the tables live
+here. ORM models: ``requests``, ``request_attempts``, ``api_keys``, ``rollouts``, ``rollout_events``;
+Core tables (at the end): ``leader_leases``, ``routing_predictors``, ``scaling_events``,
+``node_overrides``, ``fleet_revision``, ``node_events``.
 
 Contract:
 
@@ -37,6 +45,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     Double,
     ForeignKey,
     Index,
@@ -52,8 +61,14 @@ from sqlalchemy.types import TypeEngine
 
 __all__ = [
     "ATTEMPTS",
+    "FLEET_REVISION",
+    "LEADER_LEASES",
     "NAMING_CONVENTION",
+    "NODE_EVENTS",
+    "NODE_OVERRIDES",
     "REQUESTS",
+    "ROUTING_PREDICTORS",
+    "SCALING_EVENTS",
     "ApiKeyRow",
     "AttemptRow",
     "Base",
@@ -260,3 +275,90 @@ class RolloutEventRow(Base):
 # Core views of the two tables, for the writer's bulk upserts and the report queries.
 REQUESTS: Table = cast(Table, RequestRow.__table__)
 ATTEMPTS: Table = cast(Table, AttemptRow.__table__)
+
+# ``leader_leases`` (migration 0009): one row per elected role, the lease of its holder. ``token``
+# grows by one every time the role changes hands (or a lapsed lease is taken again), so it is a
+# fencing token: a writer acting for the role checks, inside its own transaction, that the row still
+# carries its holder and token (inferlb/cluster/election.py). ``expires_at`` and ``acquired_at`` are
+# epoch seconds on the database's clock, never a replica's, so clock skew cannot make two holders.
+LEADER_LEASES: Table = Table(
+    "leader_leases",
+    Base.metadata,
+    Column("name", String(), primary_key=True),
+    Column("holder", String(), nullable=False),
+    Column("token", BigInteger(), nullable=False),
+    Column("expires_at", Double(), nullable=False),
+    Column("acquired_at", Double(), nullable=False),
+)
+
+
+ROUTING_PREDICTORS: Table = Table(
+    "routing_predictors",
+    Base.metadata,
+    Column("name", String(), primary_key=True),
+    Column("type", String(), nullable=False),
+    Column("version", BigInteger(), nullable=False),
+    Column("saved_at_us", BigInteger(), nullable=False),
+    Column("state", json_type(), nullable=False),
+)
+
+
+SCALING_EVENTS: Table = Table(
+    "scaling_events",
+    Base.metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    Column("at_us", BigInteger(), nullable=False),
+    Column("round", Integer(), nullable=False),
+    Column("model", String(), nullable=False),
+    Column("gpu", String(), nullable=True),
+    Column("from_replicas", Integer(), nullable=True),
+    Column("to_replicas", Integer(), nullable=True),
+    Column("applied_replicas", Integer(), nullable=True),
+    Column("status", String(), nullable=False),
+    Column("actuator", String(), nullable=False),
+    Column("forecaster", String(), nullable=True),
+    Column("forecast_tokens_s", Double(), nullable=True),
+    Column("actual_tokens_s", Double(), nullable=True),
+    Column("capacity_tokens_s", Double(), nullable=True),
+    Column("reason", String(), nullable=False),
+    Column("detail", json_type(), nullable=False),
+    Index("ix_scaling_events_at", "at_us"),
+    Index("ix_scaling_events_model", "model", "at_us"),
+)
+
+
+NODE_OVERRIDES: Table = Table(
+    "node_overrides",
+    Base.metadata,
+    Column("name", String(), primary_key=True),
+    Column("source", String(), nullable=False),
+    Column("spec", json_type(), nullable=False),
+    Column("drained", Boolean(), nullable=False),
+    Column("removed", Boolean(), nullable=False),
+    Column("key_id", String(), nullable=True),
+    Column("updated_at_us", BigInteger(), nullable=False),
+)
+
+
+FLEET_REVISION: Table = Table(
+    "fleet_revision",
+    Base.metadata,
+    Column("id", Integer(), primary_key=True, autoincrement=False),
+    Column("revision", BigInteger(), nullable=False),
+)
+
+
+NODE_EVENTS: Table = Table(
+    "node_events",
+    Base.metadata,
+    # BIGINT on PostgreSQL; SQLite autoincrements only an INTEGER PRIMARY KEY (its rowid).
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    Column("at_us", BigInteger(), nullable=False),
+    Column("node", String(), nullable=False),
+    Column("from_state", String(), nullable=True),
+    Column("to_state", String(), nullable=False),
+    Column("reason", String(), nullable=False),
+    Column("evidence", json_type(), nullable=False),
+    Index("ix_node_events_node", "node", "at_us"),
+    Index("ix_node_events_at", "at_us"),
+)

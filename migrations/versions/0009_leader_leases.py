@@ -4,7 +4,7 @@ Revision ID: 0009
 Revises: 0008
 Create Date: 2026-02-10 00:00:00
 
-Frozen like 0001: it spells the table out instead of importing inferlb/store/leases.py.
+Frozen like 0001: it spells the table out instead of importing inferlb/store/schema.py.
 ``expires_at`` / ``acquired_at`` are epoch seconds taken from the database's own clock.
 """
 

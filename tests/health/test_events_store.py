@@ -8,7 +8,8 @@ from sqlalchemy import inspect, text
 
 from inferlb.node_types import NodeEvent
 from inferlb.store.db import downgrade, make_engine, migrations_dir, upgrade
-from inferlb.store.events import NODE_EVENTS, EventWriter, recent_events
+from inferlb.store.events import EventWriter, recent_events
+from inferlb.store.schema import NODE_EVENTS
 from inferlb.types import ManualClock
 
 T0 = 1_767_225_600.0
