@@ -107,7 +107,7 @@ def _round4(x: float) -> float:
     integer ``r`` (far from a tie) the exact product rounds to ``r`` too, and ``r / 10⁴`` (one
     correctly rounded division of exact operands) is the double nearest to the decimal
     ``r·10⁻⁴``: what ``round`` returns. Near a tie, for a zero result (its sign) and for anything
-    else, ``round`` itself answers (tests/engine/test_routing_differential.py holds them equal)."""
+    else, ``round`` itself answers (tests/routing/test_routing_differential.py holds them equal)."""
     y = x * 10000.0
     if -1099511627776.0 < y < 1099511627776.0:
         r = round(y)

@@ -6,7 +6,7 @@ isolation promises: when a node is taken out, that it stays out, how it comes ba
 The gateway's clock is a ManualClock (chaos_support): every "how long" here (an ejection, a
 Retry-After, a slow-start window) is an advance of that clock, so the assertions hold on a loaded
 machine; the timing of the timers themselves is unit-tested with injected clocks
-(tests/engine/test_fleet.py, tests/engine/test_upstream.py)."""
+(tests/fleet/test_fleet.py, tests/engine/test_upstream.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The built-in plugins of routing/plugins.py as they were before the routing core's speed work
 (main at 21e94db), copied verbatim (elimination renamed ``RefElimination``), and their table
-``REF_PLUGINS``; the router that runs them is tests/engine/routing_reference.py.
+``REF_PLUGINS``; the router that runs them is tests/routing/routing_reference.py.
 
 Not used by the product. Change it only to mirror a deliberate change of routing behaviour.
 """

@@ -1,6 +1,6 @@
 """The routing core as it was before its speed work (main at 21e94db): the built-in plugins of
 routing/plugins.py (in routing_reference_plugins.py), ``Router`` and ``Decision`` copied verbatim
-(renamed ``Ref*``), so tests/engine/test_routing_differential.py can hold the optimised core to the
+(renamed ``Ref*``), so tests/routing/test_routing_differential.py can hold the optimised core to the
 same decisions. Plugins that work did not touch (node-selector, rtt, affinity, learned) come from
 the registry.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.types import JSON_ELIMINATED, JSON_NAMES, JSON_RANKED, JSON_SCORED, NodeView, RouteRequest
-from tests.engine.routing_reference_plugins import REF_PLUGINS, RefElimination
+from tests.routing.routing_reference_plugins import REF_PLUGINS, RefElimination
 
 __all__ = ["REF_PLUGINS", "RefDecision", "RefElimination", "RefRouter", "ref_router"]
 

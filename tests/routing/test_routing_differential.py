@@ -1,6 +1,6 @@
 """The routing core decides exactly as it did before its speed work.
 
-tests/engine/routing_reference.py holds the core as it was (plugins, ``Router``, ``Decision``,
+tests/routing/routing_reference.py holds the core as it was (plugins, ``Router``, ``Decision``,
 copied verbatim). Here both run side by side from the same seed over random fleets and requests
 (healthy and not, full and idle nodes, unknown metrics, other models, retries, sampled and not,
 plain lists and :class:`NodeList`, sessions and prompt prefixes for the affinity picker), and
@@ -21,7 +21,7 @@ import pytest
 from inferlb.routing import PROFILES, Elimination, NodeView, Router, RouteRequest, build_router
 from inferlb.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
 from inferlb.routing.types import NodeList
-from tests.engine.routing_reference import RefDecision, RefRouter, ref_router
+from tests.routing.routing_reference import RefDecision, RefRouter, ref_router
 
 MODELS = ("m0", "m1", "m2")
 
