@@ -28,11 +28,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from inferlb.bench.loadgen.procs import workdir
 from inferlb.bench.loadgen.results import summarize
 from inferlb.bench.loadgen.runner import run_plan
 from inferlb.bench.loadgen.stack import Stack, gateway_fleet, node_overrides
 from inferlb.bench.loadgen.workload import load_workload, plan
-from inferlb.bench.procs import workdir
 
 __all__ = ["main", "prefix_cache_totals"]
 

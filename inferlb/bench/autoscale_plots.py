@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferlb.bench.plotting import pyplot
+from inferlb.bench.loadgen.plotting import pyplot
 
 __all__ = ["plot_backtests"]
 

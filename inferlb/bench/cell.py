@@ -27,10 +27,10 @@ from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from inferlb.bench.loadgen.procs import system_busy, tree_cpu_seconds
 from inferlb.bench.loadgen.results import pcts
 from inferlb.bench.loadgen.runner import RunData, run_plan
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload
-from inferlb.bench.procs import system_busy, tree_cpu_seconds
 
 __all__ = ["LoadSpec", "main", "run_load"]
 

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from inferlb.bench.cell import LoadSpec
+from inferlb.bench.loadgen.procs import tree_cpu_seconds, workdir
 from inferlb.bench.overhead import PY, BenchConfig, Target, _Bench, _child_env, _Log
-from inferlb.bench.procs import tree_cpu_seconds, workdir
 
 __all__ = ["idle_cpu_ms_per_s", "main", "rss_mib"]
 

@@ -49,7 +49,7 @@ import yaml
 
 from inferlb.bench.cell import LoadSpec
 from inferlb.bench.engine import measure_engine
-from inferlb.bench.procs import Child, free_port, system_busy, wait_http, workdir
+from inferlb.bench.loadgen.procs import Child, free_port, system_busy, wait_http, workdir
 from inferlb.bench.report import render
 
 __all__ = ["MODES", "BenchConfig", "Target", "main", "repo_root", "run_bench"]

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from inferlb.bench.procs import free_port
+from inferlb.bench.loadgen.procs import free_port
 from inferlb.config.settings import TimeoutConfig
 from inferlb.engine.sse import SSERelay
 from inferlb.engine.upstream import Upstream

@@ -105,7 +105,7 @@ async def _phase(http: httpx.AsyncClient, workers: int, seconds: float, reloads:
 
 async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> dict[str, Any]:
     from inferlb.app import create_app
-    from inferlb.bench.procs import free_port
+    from inferlb.bench.loadgen.procs import free_port
     from inferlb.config.settings import Settings
     from inferlb.server import build_server
     from inferlb.simulator import NodeSpec, SimFleet

@@ -44,8 +44,8 @@ from typing import Any
 import yaml
 
 from inferlb.bench.cell import LoadSpec
+from inferlb.bench.loadgen.procs import Child, free_port, wait_http, workdir
 from inferlb.bench.overhead import _child_env, repo_root
-from inferlb.bench.procs import Child, free_port, wait_http, workdir
 
 __all__ = ["ReplicaBenchConfig", "main", "measure_admission", "run"]
 

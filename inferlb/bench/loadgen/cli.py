@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from inferlb.bench.loadgen.procs import system_busy, tree_cpu_seconds, workdir
 from inferlb.bench.loadgen.report import capacity_lines, compare_rows, node_rows, plot_runs, print_table
 from inferlb.bench.loadgen.results import summarize
 from inferlb.bench.loadgen.runner import RunData, run_plan
 from inferlb.bench.loadgen.stack import Stack, node_overrides
 from inferlb.bench.loadgen.trace import load_trace
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
-from inferlb.bench.procs import system_busy, tree_cpu_seconds, workdir
 
 __all__ = ["main"]
 

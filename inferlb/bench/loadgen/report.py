@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferlb.bench.plotting import pyplot
+from inferlb.bench.loadgen.plotting import pyplot
 
 __all__ = ["capacity_lines", "compare_rows", "plot_runs", "print_table", "table_markdown"]
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import aiohttp
 
+from inferlb.bench.loadgen.procs import tree_cpu_seconds
 from inferlb.bench.loadgen.sessions import chat_messages
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload
-from inferlb.bench.procs import tree_cpu_seconds
 from inferlb.simulator.node import SIM_OUTPUT_FIELD
 
 __all__ = ["Outcome", "RunData", "Sample", "run_plan"]

@@ -1,7 +1,7 @@
 """The processes a benchmark runs: simulated nodes (one ``inferlb sim`` process) and a gateway.
 
 Contract: everything binds 127.0.0.1 on free ports; every child is a
-:class:`~inferlb.bench.procs.Child` (own session, log file in the work dir) and
+:class:`~inferlb.bench.loadgen.procs.Child` (own session, log file in the work dir) and
 :meth:`Stack.close` stops them all by PID, also when the benchmark fails. The gateway's fleet file
 written by :func:`gateway_fleet` gives each node ``capacity_tokens`` = its KV-cache size and
 ``max_concurrency`` = its own cap, as an operator would configure them from the server's start-up
@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
+from inferlb.bench.loadgen.procs import Child, free_port, wait_http
 from inferlb.bench.loadgen.workload import Workload
-from inferlb.bench.procs import Child, free_port, wait_http
 from inferlb.simulator.presets import FLEETS, fleet_specs
 from inferlb.simulator.spec import NodeSpec
 
