@@ -1,1 +1,5 @@
-"""api package."""
+"""HTTP routes: one router per file (OpenAI, admin, audit, keys, nodes, rollouts, capacity, health, metrics, dashboard).
+
+Thin adapters over the features and the request path: ``deps.py`` is the one reader of
+``app.state``; routers take its ``Annotated`` types. No route imports ``tasks`` or SpiffWorkflow.
+"""
