@@ -1,4 +1,4 @@
-"""A deterministic, realistic audit history for report and dashboard tests (and the README screenshot).
+"""A deterministic, realistic audit history for report and dashboard tests (and docs/dashboard.png).
 
 Two hours of traffic ending at :data:`END` on three priced nodes, two models, three tenants and two
 priority classes: streamed and plain requests overlapping on each node, a bad spell on ``gpu-c``

@@ -11,7 +11,7 @@ model at a running rollout's first step, the rollouts table: the running one, th
 with its last decision; both started through ``POST /admin/rollouts``). With autoscaling off and no
 versions, both panels say so. The screenshot goes to
 ``test-artifacts/dashboard-<backend>.png``; with ``INFERLB_UPDATE_DOCS_SCREENSHOT=1`` it also
-replaces ``docs/dashboard.png`` (the README's).
+replaces ``docs/dashboard.png`` (docs/observability.md shows it).
 
 Skips with the reason when node, the driver or chromium is missing, unless
 ``INFERLB_REQUIRE_BROWSER=1`` (CI), where it fails.

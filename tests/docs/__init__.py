@@ -1,0 +1,1 @@
+"""The docs site and the README."""
