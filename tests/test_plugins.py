@@ -88,3 +88,36 @@ def test_a_located_error_keeps_what_it_says_and_adds_where() -> None:
     err = TABLE.error("x", "unknown widget 'x'").located(source="fleet.yaml", path="widgets[0]")
     assert isinstance(err, PluginError) and err.point == "widget" and err.known == ("dumps", "error")
     assert str(err).startswith("fleet.yaml: widgets[0]: unknown widget 'x' (known: dumps, error")
+
+
+# -- every extension point is a table of this shape, and every built-in target loads ----------------
+
+
+def _points() -> dict[str, Table]:
+    from inferlb.config.autoscale import ACTUATORS, FORECASTERS
+    from inferlb.config.health import METRICS_PARSERS
+    from inferlb.routing.lifecycle import PREDICTORS
+    from inferlb.routing.registry import BUILTINS
+    from inferlb.simulator.presets import FLEETS
+
+    return {"routing plugin": BUILTINS, "predictor": PREDICTORS, "actuator": ACTUATORS,
+            "forecaster": FORECASTERS, "metrics format": METRICS_PARSERS, "simulated fleet": FLEETS}
+
+
+@pytest.mark.parametrize("point", list(_points()))
+def test_every_extension_point_is_one_table_whose_builtins_load(point: str) -> None:
+    table = _points()[point]
+    assert isinstance(table, Table) and table.point == point and table.custom
+    for name in table:
+        assert callable(table.load(name)), f"{point} {name}: {table[name]}"
+    with pytest.raises(PluginError, match=f"unknown {point} 'no-such-name'"):
+        table.load("no-such-name")
+
+
+def test_the_configured_names_of_old_keep_working() -> None:
+    points = _points()
+    assert set(points["actuator"]) == {"local", "kubernetes", "webhook", "dry-run"}
+    assert set(points["forecaster"]) == {"seasonal-naive", "holt-winters", "mstl", "reactive", "static"}
+    assert set(points["metrics format"]) == {"vllm", "tgi", "sglang", "dcgm"}
+    assert set(points["predictor"]) == {"online-linear"}
+    assert set(points["simulated fleet"]) == {"hetero4", "cache4", "uniform4", "large16"}
