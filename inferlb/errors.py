@@ -8,6 +8,7 @@ exception type.
 
     InferlbError
     ├── ConfigError                 bad settings or fleet file (file, key path, message)
+    │   └── PluginError             an extension point's name resolves to nothing (plugins.py)
     ├── ProcessError                a BPMN process does not parse / validate / run
     │   ├── ProcessValidationError  found at start-up or by ``inferlb validate`` (element ids)
     │   └── WorkflowRuntimeError    a task raised while a request's instance ran
@@ -49,6 +50,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "PayloadTooLarge",
+    "PluginError",
     "ProcessError",
     "ProcessValidationError",
     "RateLimited",
@@ -106,6 +108,27 @@ class ConfigError(InferlbError):
         self.message = message
         where = ": ".join(p for p in (source, path) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class PluginError(ConfigError):
+    """A name given to an extension point (a routing plugin, a predictor, an actuator …) is neither
+    one of its built-ins nor a ``module:attr`` that loads (:mod:`inferlb.plugins`).
+
+    ``point`` is the extension point (``"actuator"``), ``name`` what was asked for and ``known`` the
+    built-in names; the message says all three and why the name did not load.
+    """
+
+    def __init__(self, message: str, *, point: str, name: str, known: tuple[str, ...] = (),
+                 source: str | None = None, path: str | None = None) -> None:
+        self.point = point
+        self.name = name
+        self.known = known
+        super().__init__(message, source=source, path=path)
+
+    def located(self, *, source: str | None = None, path: str | None = None) -> PluginError:
+        """The same error said of ``source`` (a file) at key ``path`` (each kept when not given)."""
+        return PluginError(self.message, point=self.point, name=self.name, known=self.known,
+                           source=source or self.source, path=path or self.path)
 
 
 class ProcessError(InferlbError):

@@ -19,8 +19,10 @@ IO_LIBS = {"aiohttp", "httpx", "sqlalchemy", "socket", "asyncio", "requests", "u
 
 #: part of ``inferlb`` → floor. A module may import from its own floor and below, never above.
 FLOORS: dict[str, int] = {
-    # 1 ground: the shared vocabulary (the exception tree, clocks, node samples and events, waits)
+    # 1 ground: the shared vocabulary (the exception tree, clocks, node samples and events, waits) and
+    #   the one loader of every extension point's "module:attr" table
     "inferlb": 1, "inferlb.errors": 1, "inferlb.types": 1, "inferlb.node_types": 1, "inferlb.wakeup": 1,
+    "inferlb.plugins": 1,
     # 2 the routing core: pure, I/O-free (filters, scorers, pickers, profiles, the learned model, OPE)
     "inferlb.routing": 2,
     # 3 configuration: INFERLB_* settings and the fleet-file schema, one module per feature's config;
@@ -188,7 +190,8 @@ def test_the_walker_sees_imports_of_submodules_by_name() -> None:
 def test_routing_imports_only_the_vocabulary_and_itself(path: Path) -> None:
     for name in _imports(path):
         if name.startswith("inferlb"):
-            assert _starts(name, "inferlb.routing") or name in ("inferlb.errors", "inferlb.types"), name
+            assert _starts(name, "inferlb.routing") or name in ("inferlb.errors", "inferlb.types",
+                                                                 "inferlb.plugins"), name
         assert name.split(".")[0] not in IO_LIBS, f"routing must stay I/O-free: {name}"
 
 
@@ -232,7 +235,7 @@ def test_nothing_below_the_commands_imports_simulator_bench_or_cli(path: Path) -
 
 @pytest.mark.parametrize("path", _modules("simulator"), ids=lambda p: p.relative_to(PKG).as_posix())
 def test_simulator_imports_only_shared_vocabulary_and_routing(path: Path) -> None:
-    allowed = ("inferlb.simulator", "inferlb.types", "inferlb.routing", "inferlb.errors")
+    allowed = ("inferlb.simulator", "inferlb.types", "inferlb.routing", "inferlb.errors", "inferlb.plugins")
     for name in _imports(path):
         if name.startswith("inferlb"):
             assert any(_starts(name, a) for a in allowed), f"{path.name} imports {name}"

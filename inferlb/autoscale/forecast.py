@@ -17,6 +17,10 @@ them exactly as the gateway does.
 * ``static``: the peak of the whole history (static peak provisioning).
 * ``oracle``: the true future, handed to it (backtests only; perfect foresight).
 
+The names a gateway may configure are one table, :data:`inferlb.config.autoscale.FORECASTERS`
+(name → ``"module:attr"``, a user's own ``"module:attr"`` too: called with no argument, it returns a
+:class:`Forecaster`); :func:`make_forecaster` resolves a name through it, or makes the oracle.
+
 **Fallbacks, always said.** A forecaster fed too little history answers with the reactive
 forecast and says why (``Forecast.fallback``); the statistical ones answer with seasonal-naive
 (or reactive when that is short too) when their library is not installed
@@ -34,10 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["FORECASTER_NAMES", "Forecast", "Forecaster", "HoltWinters", "Mstl", "Oracle", "Reactive",
-           "SeasonalNaive", "StaticPeak", "make_forecaster"]
+from inferlb.config.autoscale import FORECASTERS
 
-FORECASTER_NAMES = ("seasonal-naive", "holt-winters", "mstl", "reactive", "static", "oracle")
+__all__ = ["Forecast", "Forecaster", "HoltWinters", "Mstl", "Oracle", "Reactive", "SeasonalNaive", "StaticPeak",
+           "make_forecaster"]
 
 
 @dataclass(frozen=True)
@@ -187,15 +191,12 @@ class Oracle:
 
 
 def make_forecaster(name: str, *, future: Callable[[int, int], Sequence[float]] | None = None) -> Forecaster:
-    """The forecaster called ``name`` (:data:`FORECASTER_NAMES`); ``oracle`` needs ``future``."""
-    simple: dict[str, Callable[[], Forecaster]] = {
-        "seasonal-naive": SeasonalNaive, "holt-winters": HoltWinters, "mstl": Mstl, "reactive": Reactive,
-        "static": StaticPeak}
+    """The forecaster called ``name``: one of :data:`~inferlb.config.autoscale.FORECASTERS` or a
+    ``module:attr`` of your own (PluginError when it does not resolve), or ``oracle``, which needs
+    ``future`` (ValueError without it)."""
     if name == "oracle":
         if future is None:
             raise ValueError("the oracle forecaster needs the future (backtests only)")
         return Oracle(future)
-    make = simple.get(name)
-    if make is None:
-        raise ValueError(f"unknown forecaster {name!r} (known: {', '.join(FORECASTER_NAMES)})")
-    return make()
+    forecaster: Forecaster = FORECASTERS.load(name)()
+    return forecaster

@@ -74,7 +74,7 @@ from inferlb.routing.profiles import PROFILES
 from inferlb.simulator.des import ClosedLoop, PrefixCaches, PromptInfo, Session, Simulation
 from inferlb.simulator.openai_format import answer_text
 from inferlb.simulator.prefix_cache import PrefixCache, finished_sequence
-from inferlb.simulator.presets import FLEETS, preset_spec
+from inferlb.simulator.presets import fleet_specs, preset_spec
 from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["des_prompt", "ideal_hit_rate", "main", "near_far_fleet", "run_affinity", "run_rtt"]
@@ -233,7 +233,7 @@ def _affinity_part(a: argparse.Namespace, out: dict[str, Any]) -> None:
     if not closed and a.think is not None:
         w = w.model_copy(update={"sessions": w.sessions.model_copy(update={"think_s": a.think})})
         open_think = a.think
-    specs = FLEETS["cache4"]([w.model])
+    specs = fleet_specs("cache4", [w.model])
     t0 = time.perf_counter()
     per_node = node_capacity("a100", w, seed=1, offered_rps=30.0)
     cap = per_node * len(specs)

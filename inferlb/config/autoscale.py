@@ -5,6 +5,16 @@ cold start a new replica takes before it serves (model download, weights to GPU,
 its price and a prior capacity in tokens/s at SLO (used until the audit trail has taught one,
 :mod:`.capacity`). Actuator settings say where the plan goes (:mod:`.actuators`).
 
+Two extension points are declared here, as :class:`~inferlb.plugins.Table` s of short names →
+``"module:attr"`` (a user's own ``"module:attr"`` is accepted too), so that the file's load checks
+the names (uvicorn keeps its tables in its config module the same way):
+
+* :data:`ACTUATORS` (``actuator.kind``): a target is a callable
+  ``(cfg: AutoscaleConfig, ctx: inferlb.autoscale.actuators.ActuatorContext) -> Actuator``
+  (the contract of :mod:`inferlb.autoscale.actuator`);
+* :data:`FORECASTERS` (``forecaster``): a target is called with no argument and returns a
+  forecaster (:class:`inferlb.autoscale.forecast.Forecaster`).
+
 Defaults follow the Kubernetes HPA where it has one: target utilisation 0.7 is a common
 ``averageUtilization`` choice; the scale-down stabilisation window is the HPA's 300 s default
 (``behavior.scaleDown.stabilizationWindowSeconds``); scale-up has none.
@@ -12,14 +22,33 @@ Defaults follow the Kubernetes HPA where it has one: target utilisation 0.7 is a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["FORECASTERS", "ActuatorConfig", "AutoscaleConfig", "PoolConfig"]
+from inferlb.config.plugin_field import plugin_name
+from inferlb.plugins import Table
 
-# The forecasters a running gateway may use (oracle needs the future: backtests only).
-FORECASTERS = ("seasonal-naive", "holt-winters", "mstl", "reactive", "static")
+__all__ = ["ACTUATORS", "FORECASTERS", "ActuatorConfig", "AutoscaleConfig", "PoolConfig"]
+
+_A = "inferlb.autoscale.actuators"
+ACTUATORS = Table("actuator", {
+    "dry-run": f"{_A}:make_dry_run",
+    "local": f"{_A}:make_local",
+    "kubernetes": f"{_A}:make_kubernetes",
+    "webhook": f"{_A}:make_webhook",
+})
+
+# The forecasters a running gateway may use (the oracle needs the future: backtests only, so it is
+# not one of them; inferlb.autoscale.forecast.make_forecaster makes it).
+_F = "inferlb.autoscale.forecast"
+FORECASTERS = Table("forecaster", {
+    "seasonal-naive": f"{_F}:SeasonalNaive",
+    "holt-winters": f"{_F}:HoltWinters",
+    "mstl": f"{_F}:Mstl",
+    "reactive": f"{_F}:Reactive",
+    "static": f"{_F}:StaticPeak",
+})
 
 
 class _Strict(BaseModel):
@@ -54,9 +83,10 @@ class PoolConfig(_Strict):
 
 class ActuatorConfig(_Strict):
     """Where a plan goes: ``dry-run`` (record only), ``local`` (emulated nodes, ``inferlb demo
-    --autoscale``), ``kubernetes`` (scale subresource), ``webhook`` (POST the plan JSON)."""
+    --autoscale``), ``kubernetes`` (scale subresource), ``webhook`` (POST the plan JSON), or a
+    ``module:attr`` of your own (:data:`ACTUATORS`)."""
 
-    kind: Literal["dry-run", "local", "kubernetes", "webhook"] = "dry-run"
+    kind: Annotated[str, plugin_name(ACTUATORS)] = "dry-run"
     url: str | None = None                 # webhook
     kubeconfig: str | None = None          # kubernetes: a kubeconfig file; unset: in-cluster service account
     context: str | None = None             # kubernetes: the kubeconfig context (default: its current one)
@@ -80,7 +110,7 @@ class AutoscaleConfig(_Strict):
     history_s: float = Field(7 * 86_400.0, gt=0)    # how far back observe reads the audit trail
     # mstl: the most accurate on the diurnal-bursty series (docs/benchmarks.md, "Autoscaling
     # forecasters"); without the forecast extra it falls back to seasonal-naive and says so
-    forecaster: Literal["seasonal-naive", "holt-winters", "mstl", "reactive", "static"] = "mstl"
+    forecaster: Annotated[str, plugin_name(FORECASTERS)] = "mstl"   # or module:attr (FORECASTERS)
     target_utilisation: float = Field(0.7, gt=0, le=1)
     headroom: float = Field(0.0, ge=0)              # extra share of the forecast provisioned (0.1: +10 %)
     scale_down_stabilisation_s: float = Field(300.0, ge=0)

@@ -16,28 +16,55 @@ where a [P] comment says why we differ.
       hardware: {drain_on: [hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, hw_power_brake_slowdown]}
       nodes:
         gpu-a: {metrics: vllm, agent_url: "http://10.0.0.11:9401/gpu", dcgm_url: "http://10.0.0.11:9400/metrics"}
+
+The page formats the prober parses are one extension point, :data:`METRICS_PARSERS` (format →
+``"module:attr"`` of a function ``(text: str) -> dict``, a user's own ``"module:attr"`` too),
+checked when the file loads. A server format (``vllm``, ``tgi``, ``sglang``, your own) returns
+``{"format", "running", "waiting", "kv_usage"}`` (None for what the page lacks); ``dcgm`` is the
+``dcgm_url`` page's and returns the node agent's report shape (inferlb/health/prometheus.py).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from inferlb.config.plugin_field import check_plugin
+from inferlb.plugins import Table
 
 __all__ = [
     "DEFAULT_METRICS",
     "DEFAULT_PROBE_PATHS",
+    "METRICS_PARSERS",
     "CircuitConfig",
     "HardwareConfig",
     "HealthConfig",
-    "MetricsFormat",
     "NodeHealthConfig",
     "OutlierConfig",
     "ProbeConfig",
     "SlowStartConfig",
 ]
 
-MetricsFormat = Literal["vllm", "tgi", "sglang", "none"]
+_H = "inferlb.health.prometheus"
+METRICS_PARSERS = Table("metrics format", {
+    "vllm": f"{_H}:parse_vllm",
+    "tgi": f"{_H}:parse_tgi",
+    "sglang": f"{_H}:parse_sglang",
+    "dcgm": f"{_H}:parse_dcgm",
+})
+
+
+def _metrics_format(name: str) -> str:
+    """``metrics:``: ``none`` (no scrape) or a server page's format; ``dcgm`` is not one (it has a
+    GPU page's shape), so it is refused here with where it goes instead."""
+    if name == "none":
+        return name
+    if name == "dcgm":
+        why = METRICS_PARSERS.error(name, "metrics format 'dcgm' is a DCGM exporter's page: give its URL as dcgm_url")
+        raise ValueError(why.message) from why
+    return check_plugin(METRICS_PARSERS, name)
+
 
 # A probe must cost no tokens: each server kind's own readiness endpoint, never a generation.
 DEFAULT_PROBE_PATHS: dict[str, str] = {
@@ -45,7 +72,7 @@ DEFAULT_PROBE_PATHS: dict[str, str] = {
     "triton": "/v2/health/ready", "ollama": "/api/version", "openai": "/v1/models",
 }
 # Prometheus scrape format by node kind (the simulator speaks vLLM's names).
-DEFAULT_METRICS: dict[str, MetricsFormat] = {"vllm": "vllm", "tgi": "tgi", "sglang": "sglang", "sim": "vllm"}
+DEFAULT_METRICS: dict[str, str] = {"vllm": "vllm", "tgi": "tgi", "sglang": "sglang", "sim": "vllm"}
 
 
 class _Strict(BaseModel):
@@ -139,7 +166,8 @@ class NodeHealthConfig(_Strict):
 
     probe_path: str | None = None          # default: DEFAULT_PROBE_PATHS[kind]
     probe: bool = True                      # false: no active probe (passive detection only)
-    metrics: MetricsFormat | None = None    # default: DEFAULT_METRICS.get(kind, "none")
+    # default: DEFAULT_METRICS.get(kind, "none"); a METRICS_PARSERS format or module:attr of your own
+    metrics: Annotated[str, AfterValidator(_metrics_format)] | None = None
     metrics_url: str | None = None          # default: node url + /metrics
     agent_url: str | None = None            # full URL of an `inferlb agent` report (…/gpu)
     dcgm_url: str | None = None             # full URL of a DCGM exporter (…:9400/metrics)

@@ -2,7 +2,9 @@
 
 Contract: :func:`load_settings` returns a fully validated :class:`Settings` or raises
 :class:`~inferlb.errors.ConfigError` whose message names the file, the key path
-(``nodes[1].capacity_tokens``) and what is wrong. Nothing here is created at import time.
+(``nodes[1].capacity_tokens``) and what is wrong; a name that no extension point knows (a routing
+plugin, an actuator kind, a forecaster, a metrics format: :mod:`inferlb.plugins`) is its subclass
+:class:`~inferlb.errors.PluginError`, located the same way. Nothing here is created at import time.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from inferlb.config.health import HealthConfig
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.rollout import RolloutConfig
 from inferlb.config.versions import VersionConfig, version_nodes, version_problems
-from inferlb.errors import DEFAULT_RETRY_ON_STATUS, ConfigError
+from inferlb.errors import DEFAULT_RETRY_ON_STATUS, ConfigError, PluginError
 from inferlb.routing.gate import EvaluationRequirement
 from inferlb.routing.selector import NodeSelector, all_of, label_number
 
@@ -473,6 +475,9 @@ def fleet_from_mapping(raw: Any, *, source: str = "<config>") -> FleetConfig:
         err = (first.get("ctx") or {}).get("error")
         if isinstance(err, _KeyPathError):
             msg, path = err.message, err.path
+        elif isinstance(err, ValueError) and isinstance(err.__cause__, PluginError):
+            # a field naming a plugin (config/plugin_field.py): the loader's own error, located
+            raise err.__cause__.located(source=source, path=path) from exc
         elif isinstance(err, ValueError):
             msg = str(err)
         elif first["type"] == "extra_forbidden":
@@ -480,6 +485,8 @@ def fleet_from_mapping(raw: Any, *, source: str = "<config>") -> FleetConfig:
         raise ConfigError(msg, source=source, path=path) from exc
     try:
         check_routing(cfg)
+    except PluginError as exc:
+        raise exc.located(source=source, path=exc.path or "routing") from exc
     except ConfigError as exc:
         raise ConfigError(exc.message, source=source, path=exc.path or "routing") from exc
     return cfg

@@ -13,23 +13,25 @@ against about 5 ms with httpx (docs/benchmarks.md, the idle CPU section), and
 connections are kept alive between rounds.
 
 Sources per node (see :class:`~inferlb.config.health.NodeHealthConfig`): ``probe`` (the
-readiness path; 503 means loading), ``metrics`` (vLLM / TGI / SGLang page), ``agent`` (an
-``inferlb agent`` JSON report), ``dcgm`` (a DCGM exporter page, converted to the agent's shape).
+readiness path; 503 means loading), ``metrics`` (vLLM / TGI / SGLang page, or a format of your
+own), ``agent`` (an ``inferlb agent`` JSON report), ``dcgm`` (a DCGM exporter page, converted to the
+agent's shape). A page's parser comes from the one table of formats,
+:data:`~inferlb.config.health.METRICS_PARSERS`, resolved when the targets are built
+(:func:`targets_for`: at start-up and at each reload), never per round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from inferlb.config.health import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, HealthConfig
+from inferlb.config.health import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, METRICS_PARSERS, HealthConfig
 from inferlb.config.settings import NodeConfig
-from inferlb.health.prometheus import PARSERS, parse_dcgm
 from inferlb.node_types import Sample
 from inferlb.types import Clock
 
@@ -43,9 +45,13 @@ class Target:
     url: str
     fmt: str | None = None
     api_key: str | None = field(default=None, repr=False)   # the node's key: never in a log line
+    # the page's parser (METRICS_PARSERS[fmt]), for metrics and dcgm sources
+    parse: Callable[[str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
 
 def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
+    """Every source of every node, each page's parser resolved (PluginError for a format that
+    does not load; the fleet file's load has checked them already)."""
     out: list[Target] = []
     for n in nodes:
         h = cfg.node(n.name)
@@ -54,11 +60,12 @@ def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
             out.append(Target(n.name, "probe", n.url + path, api_key=n.credential()))
         fmt = h.metrics or DEFAULT_METRICS.get(n.kind, "none")
         if fmt != "none":
-            out.append(Target(n.name, "metrics", h.metrics_url or n.url + "/metrics", fmt, api_key=n.credential()))
+            out.append(Target(n.name, "metrics", h.metrics_url or n.url + "/metrics", fmt, api_key=n.credential(),
+                              parse=METRICS_PARSERS.load(fmt)))
         if h.agent_url:
             out.append(Target(n.name, "agent", h.agent_url))
         if h.dcgm_url:
-            out.append(Target(n.name, "dcgm", h.dcgm_url, "dcgm"))
+            out.append(Target(n.name, "dcgm", h.dcgm_url, "dcgm", parse=METRICS_PARSERS.load("dcgm")))
     return out
 
 
@@ -152,10 +159,9 @@ class Prober:
 
 def _parse(t: Target, body: bytes) -> dict[str, Any]:
     text = body.decode("utf-8")
-    if t.source == "metrics":
-        return PARSERS[t.fmt or "vllm"](text)
-    if t.source == "dcgm":
-        return parse_dcgm(text)
+    if t.source in ("metrics", "dcgm"):
+        parse = t.parse if t.parse is not None else METRICS_PARSERS.load(t.fmt or "vllm")
+        return parse(text)
     report = json.loads(text)
     if not isinstance(report, dict) or "nvml" not in report:
         raise ValueError("not a node-agent report (no 'nvml' key)")

@@ -13,19 +13,21 @@ this module only knows which series mean what:
 * DCGM exporter: per-GPU ``DCGM_FI_DEV_*`` fields, returned in the node agent's report shape.
 
 Server results: ``{"format", "running", "waiting", "kv_usage"}`` with None for what the page lacks.
+Which function parses which format is the one table of formats,
+:data:`inferlb.config.health.METRICS_PARSERS`, where a format of your own is added too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferlb.fleet.gpu import throttle_names
 
-__all__ = ["PARSERS", "parse_dcgm", "parse_sglang", "parse_tgi", "parse_vllm", "series"]
+__all__ = ["parse_dcgm", "parse_sglang", "parse_tgi", "parse_vllm", "series"]
 
 Series = tuple[str, dict[str, str], float]
 
@@ -92,8 +94,6 @@ def parse_sglang(text: str) -> dict[str, Any]:
     return {"format": "sglang", "running": a.count("sglang:num_running_reqs"),
             "waiting": a.count("sglang:num_queue_reqs"), "kv_usage": a.fraction("sglang:token_usage")}
 
-
-PARSERS: dict[str, Callable[[str], dict[str, Any]]] = {"vllm": parse_vllm, "tgi": parse_tgi, "sglang": parse_sglang}
 
 # DCGM field → (report key, converter). FB values are MiB, power W, temperature °C.
 _DCGM_FIELDS: dict[str, str] = {

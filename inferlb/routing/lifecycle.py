@@ -23,13 +23,18 @@ States (each change queued as an event, :meth:`take_events`, and counted):
 ``faulted``  the predictor could not be loaded or returned NaN / ≤ 0 ``fault_limit`` decisions in a
              row: the fallback routes until a model is installed, or (NaN case) until
              ``fault_limit`` prequential predictions in a row are usable again.
+
+The predictor types are one table, :data:`PREDICTORS` (type → ``"module:attr"``, an
+:class:`inferlb.plugins.Table`; ``type: module:attr`` names one of your own, a
+:class:`~inferlb.routing.predictor.LatencyPredictor` class). It is resolved when the lifecycle is
+built (the fleet file's load builds the router); a type that does not resolve faults the
+lifecycle, with the loader's message as the reason, and routing goes on by the fallback.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,10 +42,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from inferlb.errors import PluginError
+from inferlb.plugins import Table
 from inferlb.routing.features import FEATURE_NAMES
-from inferlb.routing.predictor import LatencyPredictor, Observed, OnlineLinear, Prediction
+from inferlb.routing.predictor import LatencyPredictor, Observed, Prediction
 
-__all__ = ["LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision", "observed_from"]
+__all__ = ["PREDICTORS", "LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision",
+           "observed_from"]
+
+# A built-in is constructed with its validated ``Params`` and the version; a user's class with
+# ``params`` as keyword arguments (it knows no version).
+PREDICTORS = Table("predictor", {"online-linear": "inferlb.routing.predictor:OnlineLinear"})
 
 _APE_CAP = 10.0
 _TTFT_UNKNOWN = FEATURE_NAMES.index("ttft_unknown")
@@ -51,7 +63,7 @@ class LifecycleParams(BaseModel):
     """``routing.predictor`` in the fleet file."""
 
     model_config = ConfigDict(extra="forbid")
-    type: str = "online-linear"                   # or "module:attr" of your own (LatencyPredictor)
+    type: str = "online-linear"                   # a PREDICTORS type, or "module:attr" of your own
     params: dict[str, Any] = Field(default_factory=dict)
     min_samples: int = Field(50, ge=0)            # observations before the learned profile routes
     window: int = Field(200, ge=10)               # observations per rolling error window
@@ -76,17 +88,16 @@ class LifecycleParams(BaseModel):
 
 
 def load_predictor(p: LifecycleParams, version: int = 1) -> LatencyPredictor:
-    """Instantiate ``p.type``; raises ValueError (with why) when it cannot be loaded."""
-    if p.type == "online-linear":
+    """Instantiate ``p.type`` (:data:`PREDICTORS`); PluginError when the type does not resolve,
+    ValueError (with why) when its params are bad or a user's class fails to construct."""
+    cls = PREDICTORS.load(p.type)
+    if p.type in PREDICTORS:
         try:
-            return OnlineLinear(OnlineLinear.Params.model_validate(p.params), version=version)
+            built: LatencyPredictor = cls(cls.Params.model_validate(p.params), version=version)
         except ValidationError as exc:
             raise ValueError(f"bad predictor params: {exc.errors()[0]['msg']}") from exc
-    mod, _, attr = p.type.partition(":")
-    if not attr:
-        raise ValueError(f"unknown predictor type {p.type!r} (online-linear, or module:attr)")
+        return built
     try:
-        cls = getattr(importlib.import_module(mod), attr)
         obj: LatencyPredictor = cls(**p.params) if p.params else cls()
     except Exception as exc:   # a user's class: whatever it raises, routing must go on without it
         raise ValueError(f"cannot load predictor {p.type!r}: {type(exc).__name__}: {exc}") from exc
@@ -136,7 +147,7 @@ class PredictorLifecycle:
         else:
             try:
                 self.install(load_predictor(self.p), "configured")
-            except ValueError as exc:
+            except (PluginError, ValueError) as exc:
                 self._to("faulted", str(exc), {"type": self.p.type})
 
     # ------------------------------------------------------------------ what routing asks

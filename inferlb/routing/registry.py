@@ -1,23 +1,28 @@
-"""One table of plugin type names → ``"module:attr"``; a user's own plugin is named by
-``"module:attr"`` directly (uvicorn style). Plugins are resolved and their params validated once,
-when the router is built, never per request.
+"""The routing plugins' table (:data:`BUILTINS`, an :class:`inferlb.plugins.Table`): type names →
+``"module:attr"``; a user's own plugin is named by ``"module:attr"`` directly (uvicorn style).
+
+Contract of a target: a class; when it has a ``Params`` pydantic model (rejecting unknown keys) it
+is called with the validated params, else with no argument. Plugins are resolved and their params
+validated once, when the router is built (the fleet file's load builds it), never per request. A
+name that does not resolve is a :class:`~inferlb.errors.PluginError` at ``routing``; bad params a
+:class:`~inferlb.errors.ConfigError` at ``routing.params.<name>``.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from inferlb.errors import ConfigError
+from inferlb.errors import ConfigError, PluginError
+from inferlb.plugins import Table
 
 __all__ = ["BUILTINS", "make_plugin", "resolve"]
 
 _P = "inferlb.routing.plugins"
 _R = "inferlb.routing"
 
-BUILTINS: dict[str, str] = {
+BUILTINS = Table("routing plugin", {
     # filters
     "healthy": f"{_P}:Healthy",
     "serves-model": f"{_P}:ServesModel",
@@ -39,20 +44,16 @@ BUILTINS: dict[str, str] = {
     "round-robin": f"{_P}:RoundRobin",
     "softmax-bandit": "inferlb.routing.learned:SoftmaxBandit",
     "affinity": f"{_R}.affinity:Affinity",
-}
+})
 
 
 def resolve(name: str) -> Any:
-    """The plugin class for a built-in type name or a ``module:attr`` string."""
-    target = BUILTINS.get(name, name)
-    if ":" not in target:
-        raise ConfigError(f"unknown routing plugin {name!r} (known: {', '.join(sorted(BUILTINS))})",
-                          path="routing")
-    mod, _, attr = target.partition(":")
+    """The plugin class for a built-in type name or a ``module:attr`` string; PluginError (at
+    ``routing``) when it resolves to nothing."""
     try:
-        return getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load routing plugin {name!r}: {exc}", path="routing") from exc
+        return BUILTINS.load(name)
+    except PluginError as exc:
+        raise exc.located(path="routing") from exc.__cause__
 
 
 def make_plugin(name: str, params: dict[str, Any] | None) -> Any:

@@ -9,7 +9,12 @@ override any preset field.
 A simulated-fleet file (YAML or JSON) is ``{"model": NAME?, "nodes": [NODE, ...]}``; a NODE is
 ``{"name": ..., "preset": "h100" | "a100" | "l4" | "t4", "models": [...]?, <NodeSpec fields>,
 <BatchSpec fields>}``. Unknown keys are refused with :class:`ValueError` naming the node and key.
-Named fleets (:data:`FLEETS`) need no file.
+
+Named fleets need no file: they are one table, :data:`FLEETS` (name → ``"module:attr"``, an
+:class:`inferlb.plugins.Table`), and a fleet of your own is named by its ``"module:attr"``; either
+target is a function ``(models: list[str]) -> list[NodeSpec]``. :func:`fleet_specs` takes a name
+from the table first, then an existing file, then a ``module:attr`` (a
+:class:`~inferlb.errors.PluginError` when it does not load), and reads anything else as a file.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from typing import Any, Literal
 
 import yaml
 
+from inferlb.plugins import Table, is_target
 from inferlb.simulator.spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec
 
-__all__ = ["FLEETS", "PRESETS", "SIM_MODEL", "Preset", "cli_specs", "fleet_specs", "load_sim_fleet", "preset_spec",
-           "spec_from_mapping"]
+__all__ = ["FLEETS", "PRESETS", "SIM_MODEL", "Preset", "cli_specs", "fleet_specs", "is_named_fleet", "load_sim_fleet",
+           "preset_spec", "spec_from_mapping"]
 
 SIM_MODEL = "sim-llm"
 _EMBED = "sim-embed"
@@ -140,19 +146,27 @@ def _cache4(models: list[str]) -> list[NodeSpec]:
     return [preset_spec(f"a100-{i}", "a100", models, prefix_cache=True) for i in range(4)]
 
 
-FLEETS: dict[str, Callable[[list[str]], list[NodeSpec]]] = {
-    "hetero4": _hetero4,
-    "cache4": _cache4,
-    "uniform4": _uniform4,
-    "large16": _large16,
-}
+_S = "inferlb.simulator.presets"
+FLEETS = Table("simulated fleet", {
+    "hetero4": f"{_S}:_hetero4",
+    "cache4": f"{_S}:_cache4",
+    "uniform4": f"{_S}:_uniform4",
+    "large16": f"{_S}:_large16",
+})
+
+
+def is_named_fleet(name: str) -> bool:
+    """Whether :func:`fleet_specs` takes ``name`` as a fleet from code (a :data:`FLEETS` name, or a
+    ``module:attr`` that is not an existing file) rather than a fleet file's path."""
+    return name in FLEETS or (is_target(name) and not Path(name).exists())
 
 
 def fleet_specs(name: str, models: list[str] | None = None) -> list[NodeSpec]:
-    """A named fleet (:data:`FLEETS`) or a fleet file path."""
+    """A named fleet (:data:`FLEETS`, or ``module:attr`` of your own: PluginError when it does not
+    load) or a fleet file path (ValueError for anything wrong in it)."""
     ms = list(models or [SIM_MODEL, _EMBED])
-    make = FLEETS.get(name)
-    if make is not None:
+    if is_named_fleet(name):
+        make: Callable[[list[str]], list[NodeSpec]] = FLEETS.load(name)
         return make(ms)
     return load_sim_fleet(Path(name), ms)
 

@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from inferlb.autoscale.actuator_dryrun import DryRunActuator
 from inferlb.autoscale.actuator_local import LocalActuator
 from inferlb.autoscale.actuator_webhook import WebhookActuator
+from inferlb.autoscale.actuators import ActuatorContext, build_actuator
 from inferlb.autoscale.fleet_port import AdminFleetPort, LocalNodeAdmin
 from inferlb.autoscale.planner import Plan, PoolDecision
 from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.config.settings import fleet_from_mapping
+from inferlb.errors import PluginError
 from inferlb.fleet.state import Fleet
 from inferlb.types import ManualClock
 
@@ -268,3 +271,48 @@ async def test_local_launch_failure_is_a_partial_result() -> None:
         await act.close()
     assert not r.ok and r.status == "partial" and r.after == 2
     assert r.error is not None and "no GPU left" in r.error
+
+
+# -- the kinds: one table, a factory of your own by module:attr --------------------------------------
+
+
+class OwnActuator(DryRunActuator):
+    """An actuator of the operator's own: what its factory was handed is kept to be looked at."""
+
+    name = "own"
+
+    def __init__(self, cfg: AutoscaleConfig, ctx: ActuatorContext) -> None:
+        super().__init__(cfg)
+        self.ctx = ctx
+
+
+def test_the_builtin_kinds_build_as_before() -> None:
+    clock = ManualClock()
+    assert isinstance(build_actuator(AutoscaleConfig(), clock=clock), DryRunActuator)
+    hook = AutoscaleConfig.model_validate({"actuator": {"kind": "webhook", "url": "http://127.0.0.1:1/scale"}})
+    assert isinstance(build_actuator(hook, clock=clock), WebhookActuator)
+    local = AutoscaleConfig.model_validate({"actuator": {"kind": "local"}})
+    with pytest.raises(ValueError, match="needs a node launcher"):
+        build_actuator(local, clock=clock)
+
+
+def test_an_actuator_of_ones_own_by_module_attr() -> None:
+    cfg = AutoscaleConfig.model_validate({"pools": [{"model": "m", "gpu": "l4", "min": 1}],
+                                          "actuator": {"kind": f"{__name__}:OwnActuator"}})
+    clock = ManualClock()
+    act = build_actuator(cfg, clock=clock, gpu_label="accel", gpu_prices={"l4": 0.8})
+    assert isinstance(act, OwnActuator)
+    assert act.ctx.clock is clock and act.ctx.gpu_label == "accel" and act.ctx.gpu_prices == {"l4": 0.8}
+
+
+def test_an_actuator_kind_that_does_not_resolve_fails_the_fleet_file() -> None:
+    base = {"models": [{"name": "m"}], "nodes": [{"name": "n", "url": "http://127.0.0.1:1", "models": ["m"]}]}
+    for kind, why in (("k8s", "unknown actuator 'k8s'"),
+                      (f"{__name__}:Nope", f"cannot load actuator '{__name__}:Nope'")):
+        with pytest.raises(PluginError) as info:
+            fleet_from_mapping({**base, "autoscale": {"actuator": {"kind": kind}}}, source="fleet.yaml")
+        err = info.value
+        assert (err.source, err.path, err.point, err.name) == ("fleet.yaml", "autoscale.actuator.kind", "actuator",
+                                                               kind)
+        assert why in str(err)
+        assert "(known: dry-run, kubernetes, local, webhook; or module:attr of your own)" in str(err)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
 from inferlb.autoscale.forecast import (
+    Forecast,
     HoltWinters,
     Mstl,
     Oracle,
@@ -15,6 +17,8 @@ from inferlb.autoscale.forecast import (
     StaticPeak,
     make_forecaster,
 )
+from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.errors import PluginError
 
 SEASON = 48
 
@@ -84,5 +88,25 @@ def test_oracle_reads_the_future_it_is_given() -> None:
     assert f.values == pytest.approx(y[90:95])
     with pytest.raises(ValueError, match="future"):
         make_forecaster("oracle")
-    with pytest.raises(ValueError, match="unknown forecaster"):
+    with pytest.raises(PluginError, match="unknown forecaster 'prophet'"):
         make_forecaster("prophet")
+
+
+class Flat:
+    """A forecaster of the operator's own: a constant."""
+
+    name = "flat"
+
+    def forecast(self, history: Sequence[float], horizon: int, season: int) -> Forecast:
+        return Forecast((7.0,) * horizon, self.name)
+
+
+def test_a_forecaster_of_ones_own_by_module_attr() -> None:
+    own = f"{__name__}:Flat"
+    assert AutoscaleConfig.model_validate({"forecaster": own}).forecaster == own   # checked at load
+    f = make_forecaster(own).forecast([1.0, 2.0], 3, SEASON)
+    assert f.values == (7.0, 7.0, 7.0) and f.method == "flat"
+    with pytest.raises(ValueError, match=f"cannot load forecaster '{__name__}:Nope'"):   # a ValidationError
+        AutoscaleConfig.model_validate({"forecaster": f"{__name__}:Nope"})
+    with pytest.raises(ValueError, match="unknown forecaster 'oracle'"):   # backtests only: not configurable
+        AutoscaleConfig.model_validate({"forecaster": "oracle"})

@@ -15,7 +15,7 @@ from inferlb.bench.learned_goals import node_capacity
 from inferlb.bench.loadgen.sessions import chat_messages, prompt_text, session_plan
 from inferlb.bench.loadgen.workload import Workload, load_workload, plan
 from inferlb.simulator.openai_format import answer_text, prompt_text_of, prompt_tokens_of
-from inferlb.simulator.presets import FLEETS
+from inferlb.simulator.presets import fleet_specs
 
 
 def test_the_des_prompt_is_the_emulators_and_the_gateways_join() -> None:
@@ -40,7 +40,7 @@ def test_the_des_prompt_is_the_emulators_and_the_gateways_join() -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_affinity_lowers_ttft_p50_and_raises_the_hit_rate_at_equal_load(seed: int) -> None:
     w = load_workload("chat-sessions")
-    specs = FLEETS["cache4"]([w.model])
+    specs = fleet_specs("cache4", [w.model])
     rate = 0.5 * 4 * node_capacity("a100", w, seed=1, offered_rps=30.0, duration_s=90.0)
     reqs = plan(w, seed=seed, rate=rate, duration_s=60.0)
     base = run_affinity("token-aware", specs, reqs, w, seed=seed, duration_s=60.0)
@@ -120,7 +120,7 @@ def test_the_closed_loop_session_plan_is_the_open_plans_sessions_with_seeded_thi
 
 def test_closed_loop_sessions_send_no_turn_before_its_answer_and_affinity_still_wins() -> None:
     w = load_workload("chat-sessions")
-    specs = FLEETS["cache4"]([w.model])
+    specs = fleet_specs("cache4", [w.model])
     rate = 0.5 * 4 * node_capacity("a100", w, seed=1, offered_rps=30.0, duration_s=90.0)
     ss = session_plan(w, seed=2, rate=rate, duration_s=90.0, think_s=3.0)
     base = run_affinity("token-aware", specs, None, w, seed=2, duration_s=90.0, sessions=ss)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from inferlb.config.settings import Settings, load_fleet_file, load_settings
-from inferlb.errors import ConfigError
+from inferlb.errors import ConfigError, PluginError
 from inferlb.live.startup import check_journal_dir
 
 GOOD = """
@@ -68,6 +68,29 @@ def test_bad_files(tmp_path: Path, text: str, where: str, what: str) -> None:
     msg = str(ei.value)
     assert msg.startswith(str(p))
     assert where in msg and what in msg
+
+
+_ONE = "models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n"
+
+
+@pytest.mark.parametrize(("section", "where", "point", "what"), [
+    ("routing: {profile: custom, filters: [healthy], scorers: {qeue-depth: 1}, picker: max-score}",
+     "routing", "routing plugin", "unknown routing plugin 'qeue-depth' (known: affinity,"),
+    ("autoscale: {forecaster: prophet}", "autoscale.forecaster", "forecaster",
+     "unknown forecaster 'prophet' (known: holt-winters, mstl, reactive, seasonal-naive, static; or module:attr"),
+    ("autoscale: {actuator: {kind: 'my_scalers:Nope'}}", "autoscale.actuator.kind", "actuator",
+     "cannot load actuator 'my_scalers:Nope': ModuleNotFoundError"),
+    ("health: {nodes: {a: {metrics: prometheus}}}", "health.nodes.a.metrics", "metrics format",
+     "unknown metrics format 'prometheus' (known: dcgm, sglang, tgi, vllm; or module:attr"),
+])
+def test_a_name_no_extension_point_knows_is_a_plugin_error_of_the_file(
+        tmp_path: Path, section: str, where: str, point: str, what: str) -> None:
+    p = tmp_path / "fleet.yaml"
+    p.write_text(_ONE + section + "\n")
+    with pytest.raises(PluginError) as ei:
+        load_fleet_file(p)
+    assert (ei.value.source, ei.value.path, ei.value.point) == (str(p), where, point)
+    assert str(ei.value).startswith(f"{p}: {where}: {what}")
 
 
 def test_missing_file(tmp_path: Path) -> None:

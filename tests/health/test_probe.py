@@ -168,3 +168,31 @@ async def test_probes_keep_their_connection_between_rounds(server: tuple[Fake, s
     finally:
         await p.close()
     assert fake.hits["/health"] == 3 and len(fake.peers["/health"]) == 1
+
+
+def parse_plain(text: str) -> dict[str, Any]:
+    """A metrics format of the operator's own: ``running waiting`` on one line."""
+    running, waiting = (int(x) for x in text.split())
+    return {"format": "plain", "running": running, "waiting": waiting, "kv_usage": None}
+
+
+async def test_a_metrics_format_of_ones_own_by_module_attr(server: tuple[Fake, str]) -> None:
+    fake, url = server
+    fake.body["/metrics"] = b"4 2\n"
+    p = _prober(url, kind="openai", metrics=f"{__name__}:parse_plain")
+    assert [t.parse for t in p.targets if t.source == "metrics"] == [parse_plain]   # resolved once, at build
+    s = await _collect(p)
+    assert s["metrics"].ok and s["metrics"].values == {"format": "plain", "running": 4, "waiting": 2,
+                                                       "kv_usage": None}
+
+
+def test_a_metrics_format_that_does_not_resolve_fails_the_fleet_file() -> None:
+    from inferlb.errors import PluginError
+
+    for fmt, why in (("prom", "unknown metrics format 'prom'"),
+                     (f"{__name__}:nope", f"cannot load metrics format '{__name__}:nope'"),
+                     ("dcgm", "metrics format 'dcgm' is a DCGM exporter's page: give its URL as dcgm_url")):
+        with pytest.raises(PluginError) as info:
+            _prober("http://127.0.0.1:1", metrics=fmt)
+        assert info.value.path == "health.nodes.a.metrics" and info.value.name == fmt
+        assert why in str(info.value) and "(known: dcgm, sglang, tgi, vllm;" in str(info.value)

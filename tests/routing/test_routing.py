@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from inferlb.errors import ConfigError
+from inferlb.errors import ConfigError, PluginError
 from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.plugins import HasCapacity, OutstandingTokens, PowerOfTwo, WeightedRandom
 from inferlb.routing.registry import make_plugin
@@ -104,3 +104,13 @@ def test_user_plugin_by_module_path() -> None:
     r = build_router("custom", filters=["healthy"], scorers={"inferlb.routing.plugins:LeastRequests": 1.0},
                      picker="max-score", seed=1)
     assert r.decide(REQ, [node("a", inflight_requests=2), node("b")]).pick == "b"
+
+
+def test_a_plugin_that_does_not_load_is_a_plugin_error_at_routing() -> None:
+    with pytest.raises(PluginError) as info:
+        build_router("token-aware", scorers={"unknown": 1.0})
+    assert info.value.path == "routing" and info.value.point == "routing plugin" and "rtt" in info.value.known
+    with pytest.raises(PluginError, match=r"routing: cannot load routing plugin 'no_such_mod:X': ModuleNotFound"):
+        build_router("custom", filters=["healthy"], scorers={"no_such_mod:X": 1.0}, picker="max-score")
+    with pytest.raises(PluginError, match=r"'inferlb.routing.plugins' has no attribute 'Nope'"):
+        build_router("custom", filters=["healthy"], scorers={"inferlb.routing.plugins:Nope": 1.0}, picker="max-score")

@@ -281,6 +281,27 @@ def test_predictor_that_cannot_load_routes_by_fallback() -> None:
     assert lc.state in ("warming", "active")
 
 
+class OwnPredictor(NaNPredictor):
+    """A predictor of the operator's own, named ``module:attr`` and given its params as keywords."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+
+def test_a_predictor_of_ones_own_by_module_attr() -> None:
+    r = build_router("learned", seed=1, predictor={"type": f"{__name__}:OwnPredictor", "params": {"scale": 2.0}})
+    assert isinstance(r, GuardedRouter)
+    assert isinstance(r.lifecycle.model, OwnPredictor) and r.lifecycle.model.scale == 2.0
+    assert r.lifecycle.state == "warming"
+
+
+def test_an_unknown_predictor_type_faults_with_the_loaders_message() -> None:
+    r = build_router("learned", seed=1, predictor={"type": "linear"})
+    assert isinstance(r, GuardedRouter)
+    assert r.lifecycle.state == "faulted"
+    assert r.lifecycle.reason == "unknown predictor 'linear' (known: online-linear; or module:attr of your own)"
+
+
 def test_drift_falls_back_and_recovers_with_hysteresis() -> None:
     lc = PredictorLifecycle(LifecycleParams(min_samples=10, window=20, drift_mape=0.5, recover_mape=0.3,
                                             params={"forget": 0.95}))

@@ -14,9 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from inferlb.errors import PluginError
 from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
 from inferlb.simulator.node import SIM_OUTPUT_FIELD, EmulatedNode
-from inferlb.simulator.presets import PRESETS, cli_specs, fleet_specs, load_sim_fleet, preset_spec
+from inferlb.simulator.presets import PRESETS, cli_specs, fleet_specs, is_named_fleet, load_sim_fleet, preset_spec
 from inferlb.simulator.spec import BatchSpec
 from inferlb.types import ManualClock
 
@@ -239,3 +240,25 @@ def test_presets_fleets_and_fleet_files(tmp_path: Path) -> None:
     over = cli_specs("uniform4", on_kv_full="oom", stream_interval=4)
     assert over is not None and all(s.batching is not None and s.batching.on_kv_full == "oom" for s in over)
     assert all(s.stream_interval == 4 for s in over) and cli_specs(None) is None
+
+
+def two_own_nodes(models: list[str]) -> list[NodeSpec]:
+    """A simulated fleet of the operator's own, named ``module:attr``."""
+    return [preset_spec(f"own-{i}", "l4", models) for i in range(2)]
+
+
+def test_a_fleet_of_ones_own_by_module_attr_and_files_still_read(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    own = f"{__name__}:two_own_nodes"
+    assert is_named_fleet(own) and is_named_fleet("cache4") and not is_named_fleet("fleet.yaml")
+    assert [s.name for s in fleet_specs(own, ["m"])] == ["own-0", "own-1"]
+    assert fleet_specs(own, ["m"])[0].models == ["m"]
+    with pytest.raises(PluginError, match=r"cannot load simulated fleet 'no_such_mod:fleet'.*known: cache4, "):
+        fleet_specs("no_such_mod:fleet")
+    with pytest.raises(ValueError, match=r"cannot read .*named fleets: hetero4, cache4, uniform4, large16"):
+        fleet_specs(str(tmp_path / "missing.yaml"))
+    # a file whose name has the module:attr shape is still read as the file it is
+    monkeypatch.chdir(tmp_path)
+    Path("mine:x.yaml").write_text("nodes:\n  - {name: a, preset: t4}\n")
+    assert not is_named_fleet("mine:x.yaml")
+    assert [s.name for s in fleet_specs("mine:x.yaml")] == ["a"]

@@ -26,7 +26,7 @@ import yaml
 
 from inferlb.bench.loadgen.procs import Child, free_port, wait_http
 from inferlb.bench.loadgen.workload import Workload
-from inferlb.simulator.presets import FLEETS, fleet_specs
+from inferlb.simulator.presets import fleet_specs, is_named_fleet
 from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["Stack", "gateway_fleet", "node_overrides"]
@@ -81,7 +81,7 @@ class Stack:
                  log: Callable[[str], None] = lambda m: None) -> None:
         self.dir = workdir
         # The node process runs in the work dir: a fleet file is passed by absolute path.
-        self.fleet = fleet if fleet in FLEETS else str(Path(fleet).resolve())
+        self.fleet = fleet if is_named_fleet(fleet) else str(Path(fleet).resolve())
         self.specs = fleet_specs(self.fleet)
         self.sim_args = list(sim_args or [])
         self.log = log
