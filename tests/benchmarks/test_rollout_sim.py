@@ -1,4 +1,4 @@
-"""The rollout simulation (inferlb/bench/rollout_sim.py): the real split, routing core, window and
+"""The rollout simulation (benchmarks/rollout_sim.py): the real split, routing core, window and
 rollout.bpmn over the emulator's engine in virtual time. A healthy v2 is promoted to 100 %, a v2
 whose attempts fail 5 % of the time is rolled back at the first step, and no request fails."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inferlb.bench.rollout_sim import main, simulate
+from benchmarks.rollout_sim import main, simulate
 
 
 def test_healthy_v2_is_promoted_through_every_step() -> None:

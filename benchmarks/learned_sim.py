@@ -1,9 +1,9 @@
 """Learned routing in virtual time: latency-prediction error by library, and learned vs token-aware.
 
-``python -m inferlb.bench.learned_sim [--nodes 24] [--load 0.85] [--duration 300] [--seed 1]
+``python -m benchmarks.learned_sim [--nodes 24] [--load 0.85] [--duration 300] [--seed 1]
 [--targets token-aware,learned] [--compare]``
 
-The fleet, workload (``heavy-tail``) and node engine are those of :mod:`inferlb.bench.routing_sim`
+The fleet, workload (``heavy-tail``) and node engine are those of :mod:`benchmarks.routing_sim`
 (``BatchCore`` nodes cycling the ``h100`` / ``a100`` / ``l4`` presets, the gateway's
 :class:`~inferlb.fleet.state.Fleet` fed as in production); no HTTP, no wall clock, seeded.
 With the ``learned`` profile the predictor's lifecycle is fed every answer
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.routing_sim import _pct
 from inferlb.bench.loadgen.workload import load_workload, plan
-from inferlb.bench.routing_sim import _pct
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
 from inferlb.health.isolation import observe

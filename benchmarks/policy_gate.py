@@ -1,7 +1,7 @@
 """What a gated routing reload spends judging: :func:`~inferlb.routing.gate.judge` over a
 synthetic log of the ``learned`` profile's decisions (5 candidates each, JSON as the audit keeps it).
 
-``python -m inferlb.bench.policy_gate [--decisions 2000,10000] [--bootstrap 200]``
+``python -m benchmarks.policy_gate [--decisions 2000,10000] [--bootstrap 200]``
 
 For each log size: building the log is not timed; then one ``judge`` of ``token-aware`` against
 the logging policy (its baseline measured) and one against ``round-robin`` (two estimates), each

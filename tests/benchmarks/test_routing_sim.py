@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferlb.bench.routing_sim import main, simulate
+from benchmarks.routing_sim import main, simulate
 
 
 def test_a_run_is_deterministic_and_serves_every_request() -> None:

@@ -1,9 +1,9 @@
-"""``python -m inferlb.bench.reload`` end to end, small: both phases run, every reload is taken and
+"""``python -m benchmarks.reload`` end to end, small: both phases run, every reload is taken and
 no request fails (the figures themselves are for docs/benchmarks.md, never asserted on)."""
 
 from __future__ import annotations
 
-from inferlb.bench.reload import run
+from benchmarks.reload import run
 
 
 async def test_reload_bench_runs_and_fails_nothing() -> None:

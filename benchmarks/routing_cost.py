@@ -1,6 +1,6 @@
 """CPU time of one routing decision at fleet scale, this tree against a baseline tree in the same run.
 
-``python -m inferlb.bench.routing_cost [--sizes 10,100,1000] [--profiles token-aware] [--iters 20000]
+``python -m benchmarks.routing_cost [--sizes 10,100,1000] [--profiles token-aware] [--iters 20000]
 [--rounds 3] [--baseline-tree DIR] [--gc on|off]``
 
 The workload is the peer bench's routing_bench.py (docs/benchmarks.md, "Routing decision cost at
@@ -38,7 +38,7 @@ from typing import Any
 __all__ = ["main", "measure"]
 
 _HERE = Path(__file__).resolve()
-_TREE = _HERE.parents[2]
+_TREE = _HERE.parents[1]
 
 
 def _pct(vals: Sequence[float], q: float) -> float:

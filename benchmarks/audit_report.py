@@ -1,6 +1,6 @@
 """How long ``/reports/sla`` takes over one day of audit records on PostgreSQL.
 
-``python -m inferlb.bench.audit_report [--records 1000000] [--pg-url URL] [--repeat 3]``
+``python -m benchmarks.audit_report [--records 1000000] [--pg-url URL] [--repeat 3]``
 
 Loads ``--records`` synthetic requests spread over one UTC day (plus ``--other-days`` days around
 it holding ``--other-records`` each, so the window is a part of the table, as in production) into
@@ -89,7 +89,7 @@ def _time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.audit_report", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.audit_report", description=__doc__)
     ap.add_argument("--records", type=int, default=1_000_000, help="records in the day the report reads")
     ap.add_argument("--other-days", type=int, default=2, help="days of data on each side of it")
     ap.add_argument("--other-records", type=int, default=100_000, help="records in each other day")

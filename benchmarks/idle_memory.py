@@ -2,7 +2,7 @@
 
 ::
 
-    python -m inferlb.bench.idle_memory [--idle-s 20] [--warmup 10000] [--n 40000] [--step 10000]
+    python -m benchmarks.idle_memory [--idle-s 20] [--warmup 10000] [--n 40000] [--step 10000]
                                         [--concurrency 16] [--engine compiled] [--fake-server PATH]
 
 Starts the benchmark's nodes (the peer bench's ``fake_openai_server.py``, as ``bench overhead``
@@ -155,7 +155,7 @@ def _render(o: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns 1 when requests failed, 2 when the benchmark could not run."""
-    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.idle_memory", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.idle_memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--idle-s", type=float, default=20.0, help="idle measurement window (20)")
     ap.add_argument("--settle-s", type=float, default=5.0, help="wait before each idle window (5)")

@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m inferlb.bench.idle_memory``: structure and plausible figures, no timed
+"""Smoke test of ``python -m benchmarks.idle_memory``: structure and plausible figures, no timed
 assertions."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.bench.idle_memory import main, rss_mib
+from benchmarks.idle_memory import main, rss_mib
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
                                 reason="CPU and RSS figures are read from /proc (Linux)")

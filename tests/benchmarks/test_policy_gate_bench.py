@@ -1,10 +1,10 @@
-"""``python -m inferlb.bench.policy_gate`` runs end to end on a small log and prints one row per judgement."""
+"""``python -m benchmarks.policy_gate`` runs end to end on a small log and prints one row per judgement."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferlb.bench.policy_gate import main, synthetic_log
+from benchmarks.policy_gate import main, synthetic_log
 
 
 def test_the_bench_prints_a_row_per_judgement(capsys: pytest.CaptureFixture[str]) -> None:

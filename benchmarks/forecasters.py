@@ -1,6 +1,6 @@
 """Forecaster accuracy and CPU on synthetic load series: how the autoscaler's default was chosen.
 
-``python -m inferlb.bench.forecasters [--days 14] [--origins 32] [--horizon 6] [--seed 1]
+``python -m benchmarks.forecasters [--days 14] [--origins 32] [--horizon 6] [--seed 1]
 [--series seasonal,diurnal-bursty] [--json]`` (one series per run keeps a run under a minute here)
 
 Two synthetic series of tokens/s at 5-minute steps (288 per day), ``--days`` long:
@@ -119,7 +119,7 @@ def _warm(names: Sequence[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.forecasters")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.forecasters")
     ap.add_argument("--days", type=int, default=14)
     ap.add_argument("--origins", type=int, default=32)
     ap.add_argument("--horizon", type=int, default=6)

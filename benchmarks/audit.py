@@ -1,6 +1,6 @@
 """What the audit path costs per request: the write-ahead log and the database upsert.
 
-``python -m inferlb.bench.audit [--records N] [--concurrency C] [--commit-interval-ms MS]``
+``python -m benchmarks.audit [--records N] [--concurrency C] [--commit-interval-ms MS]``
 
 Prints, for the write-ahead log (``begin`` + ``submit`` per request, as the gateway does, with
 concurrent requests; the database is not written in this phase): the ``begin`` latency (p50, p99),
@@ -92,7 +92,7 @@ def _db_phase(tmp: Path, records: int, batch: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m inferlb.bench.audit", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.audit", description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--commit-interval-ms", type=float, default=0.0)

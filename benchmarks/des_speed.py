@@ -1,6 +1,6 @@
 """How fast the discrete-event mode replays: N requests over M nodes, with a baseline in the same run.
 
-``python -m inferlb.bench.des_speed [--nodes 1000] [--requests 1000000] [--rate 3000]
+``python -m benchmarks.des_speed [--nodes 1000] [--requests 1000000] [--rate 3000]
 [--profile token-aware] [--workload chat] [--max-seconds 60] [--json OUT]``
 
 The fleet cycles the ``h100`` / ``a100`` / ``l4`` presets; the plan is the workload's (``chat``:
@@ -13,7 +13,8 @@ stop being fed once the simulation has run ``--max-seconds`` of wall time (the r
 the figure covers the requests fed, said so in the output).
 
 ``--baseline-tree DIR --rounds R`` compares two trees in the same run instead: an exported copy of
-another commit (``git archive <commit> inferlb | tar -x -C DIR``) and this one, each run in a fresh
+another commit (``git archive <commit> inferlb benchmarks | tar -x -C DIR``: each tree runs its own
+``benchmarks/des_speed.py``) and this one, each run in a fresh
 subprocess with ``PYTHONPATH`` and the working directory set to it, alternating, ``R`` rounds;
 printed: CPU µs per request of each run, the min and median per tree, and whether the two trees'
 runs agree (events, outcome counts, latency percentiles: the same seed must give the same
@@ -112,7 +113,7 @@ _SAME = ("requests_simulated", "events", "outcomes", "e2e_p50_s", "e2e_p99_s", "
 
 def compare(a: argparse.Namespace) -> int:
     """Alternate runs of the baseline tree and this one (see the module docstring)."""
-    this = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    this = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the tree holding benchmarks/
     trees = {"baseline": os.path.abspath(a.baseline_tree), "this": this}
     args = ["--nodes", str(a.nodes), "--requests", str(a.requests), "--rate", str(a.rate), "--profile", a.profile,
             "--workload", a.workload, "--max-seconds", str(a.max_seconds), "--seed", str(a.seed)]
@@ -123,7 +124,7 @@ def compare(a: argparse.Namespace) -> int:
         for label, tree in trees.items():
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "out.json")
-                subprocess.run([sys.executable, "-m", "inferlb.bench.des_speed", *args, "--json", path],
+                subprocess.run([sys.executable, "-m", "benchmarks.des_speed", *args, "--json", path],
                                env={**os.environ, "PYTHONPATH": tree}, cwd=tree,   # -m imports from the cwd first
                                capture_output=True, check=True, timeout=600)
                 with open(path) as fh:

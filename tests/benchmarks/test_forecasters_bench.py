@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m inferlb.bench.forecasters``: structure and the known answers of the
+"""Smoke test of ``python -m benchmarks.forecasters``: structure and the known answers of the
 baselines on the generated series (no timing assertions)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from inferlb.bench.forecasters import DAY, evaluate, main, series_seasonal
+from benchmarks.forecasters import DAY, evaluate, main, series_seasonal
 
 
 def test_bench_prints_one_row_per_series_and_forecaster(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
 """Routing quality in virtual time: the real routing core and fleet state over the emulator's engine.
 
-``python -m inferlb.bench.routing_sim [--nodes 64] [--rate R] [--duration 60] [--seed 1]
+``python -m benchmarks.routing_sim [--nodes 64] [--rate R] [--duration 60] [--seed 1]
 [--targets token-aware,token-aware:k=0,round-robin]``
 
 Each target routes the same seeded plan (the ``heavy-tail`` workload) over the same fleet: a node

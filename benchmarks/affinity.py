@@ -2,7 +2,7 @@
 
 ::
 
-    python -m inferlb.bench.affinity [--profiles token-aware,prefix-affinity] [--rate 6] [--duration 45]
+    python -m benchmarks.affinity [--profiles token-aware,prefix-affinity] [--rate 6] [--duration 45]
                                      [--fleet cache4] [--workload chat-sessions] [--seed 1] [--json OUT]
 
 A profile may carry ``affinity`` picker parameters: ``prefix-affinity:epsilon=0.25+min_bound=1``.
@@ -59,7 +59,7 @@ def _target(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.affinity", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.affinity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profiles", default="token-aware,prefix-affinity", help="the first is the baseline")
     ap.add_argument("--workload", default="chat-sessions")

@@ -1,6 +1,6 @@
 """The streaming data path alone: CPU of the gateway's upstream reader and SSE relay per request.
 
-``python -m inferlb.bench.relay [--n 320] [--tokens 256] [--concurrency 16]`` starts a bare aiohttp
+``python -m benchmarks.relay [--n 320] [--tokens 256] [--concurrency 16]`` starts a bare aiohttp
 server in a subprocess (one SSE event per write, no delay, so the figures are the client's cost,
 not the node's) and reads ``n`` streams of ``tokens`` events through
 :class:`~inferlb.engine.upstream.Upstream` and :class:`~inferlb.engine.sse.SSERelay`, ``concurrency``
@@ -81,7 +81,7 @@ async def _one(up: Upstream, url: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m inferlb.bench.relay", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.relay", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=320)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlb.bench import routing_cost
+from benchmarks import routing_cost
 from tests.support import ROOT
 
 

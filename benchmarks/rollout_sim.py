@@ -1,7 +1,7 @@
 """Canary rollouts in virtual time: the real version split, routing core, per-version window and
 ``rollout.bpmn`` on SpiffWorkflow, over the emulator's continuous-batching engine.
 
-``python -m inferlb.bench.rollout_sim [--rate 50] [--max-s 3600] [--seed 1]
+``python -m benchmarks.rollout_sim [--rate 50] [--max-s 3600] [--seed 1]
 [--scenarios healthy,errors,latency2x] [--json OUT]``
 
 Each scenario runs the same seeded plan (Poisson arrivals, lognormal prompts of median 400

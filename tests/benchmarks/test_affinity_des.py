@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.bench import affinity_des
-from inferlb.bench.affinity_des import des_prompt, ideal_hit_rate, near_far_fleet, run_affinity, run_rtt
-from inferlb.bench.learned_goals import node_capacity
+from benchmarks import affinity_des
+from benchmarks.affinity_des import des_prompt, ideal_hit_rate, near_far_fleet, run_affinity, run_rtt
+from benchmarks.learned_goals import node_capacity
 from inferlb.bench.loadgen.sessions import chat_messages, prompt_text, session_plan
 from inferlb.bench.loadgen.workload import Workload, load_workload, plan
 from inferlb.simulator.openai_format import answer_text, prompt_text_of, prompt_tokens_of

@@ -3,7 +3,7 @@ times, and how long a reload takes; with a baseline phase (same load, no reload)
 
 ::
 
-    python -m inferlb.bench.reload [--reloads 20] [--workers 8] [--phase-s 10]
+    python -m benchmarks.reload [--reloads 20] [--workers 8] [--phase-s 10]
 
 One process runs the simulated nodes (fast, like the tests'), the gateway (its real HTTP server,
 :func:`~inferlb.server.build_server`) and the client: ``workers`` closed-loop clients send
@@ -34,7 +34,7 @@ import yaml
 
 __all__ = ["main", "run"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 VARIANT = ROOT / "tests" / "processes" / "fixtures" / "inference_request_tagged.bpmn"
 
 
@@ -150,7 +150,7 @@ async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inferlb.bench.reload", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.reload", description=__doc__.split("\n\n")[0])
     p.add_argument("--reloads", type=int, default=20)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--phase-s", dest="phase_s", type=float, default=10.0, help="seconds per phase (≤ 30)")

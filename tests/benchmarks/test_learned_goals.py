@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.bench import learned_goals as lg
+from benchmarks import learned_goals as lg
 from inferlb.bench.loadgen.workload import load_workload, plan
 from inferlb.routing.ope_replay import evaluate
 

@@ -1,7 +1,7 @@
 """The goals of learned routing, measured in the discrete-event simulator
 (docs/benchmarks.md, "Learned routing: the goals in the discrete-event simulator").
 
-``python -m inferlb.bench.learned_goals [--nodes 12] [--load 0.85] [--requests 10000]
+``python -m benchmarks.learned_goals [--nodes 12] [--load 0.85] [--requests 10000]
 [--seeds 1,2,3] [--profiles learned,token-aware,...] [--no-ope] [--json] [--max-seconds 60]``
 
 What it does, in order, all in virtual time (:class:`~inferlb.simulator.des.Simulation`, seeded):
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         x is not None and abs(x) <= 0.05 for x in errs)
     report["goals"] = goals
     if a.plot is not None and "regret" in report and "(per seed) p99 ratio" in goals:
-        from inferlb.bench.learned_plots import plot_goals
+        from benchmarks.learned_plots import plot_goals
 
         e2e: dict[str, list[float]] = {p: [] for p in complete if p != soft}
         failed = dict.fromkeys(e2e, 0)

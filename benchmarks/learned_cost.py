@@ -1,7 +1,7 @@
 """What prediction adds to one routing decision: the peer bench's routing measurement with the
 ``learned`` profile's predictor active, against ``token-aware``, in the same run.
 
-``python -m inferlb.bench.learned_cost --routing-bench PATH/TO/routing_bench.py
+``python -m benchmarks.learned_cost --routing-bench PATH/TO/routing_bench.py
 [--nodes 100] [--iters 5000]``
 
 Loads that script's ``bench(profile, n, iters)`` (decide alone, and select = ``Fleet.views()`` +

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m inferlb.bench.affinity_cost [--sizes 10,100,1000] [--budget-s 1.0] [--seed 1]
+    python -m benchmarks.affinity_cost [--sizes 10,100,1000] [--budget-s 1.0] [--seed 1]
 
 Per fleet size, ``Router.decide`` + ``Decision.to_json`` (what ``routing/select`` does per
 request, apart from ``Fleet.views``) in microseconds (p50 / p99), over 8 prebuilt snapshots with
@@ -87,7 +87,7 @@ def _cases(snaps: list[NodeList], sessions: list[int], rng: random.Random,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.affinity_cost", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.affinity_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--budget-s", type=float, default=1.0)

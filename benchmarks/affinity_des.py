@@ -3,7 +3,7 @@
 
 ::
 
-    python -m inferlb.bench.affinity_des [--loads 0.5,0.8] [--seeds 1,2,3] [--duration S] [--warmup S]
+    python -m benchmarks.affinity_des [--loads 0.5,0.8] [--seeds 1,2,3] [--duration S] [--warmup S]
                                          [--sessions closed|open] [--think S]
                                          [--profiles token-aware,prefix-affinity] [--rtt-loads 0.2,0.4,0.6,0.8,0.95]
                                          [--no-rtt] [--prompt-only] [--json OUT]
@@ -64,9 +64,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferlb.bench.affinity import _target
+from benchmarks.affinity import _target
+from benchmarks.learned_goals import node_capacity
 from inferlb.bench.des_report import des_summary
-from inferlb.bench.learned_goals import node_capacity
 from inferlb.bench.loadgen.sessions import prompt_text, session_plan
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
 from inferlb.routing import build_router
@@ -342,7 +342,7 @@ def _floats(s: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inferlb.bench.affinity_des", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.affinity_des", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profiles", default="token-aware,prefix-affinity", help="the first is the baseline")
     ap.add_argument("--loads", type=_floats, default=[0.5, 0.8], help="shares of the no-cache capacity")
