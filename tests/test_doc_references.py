@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("inferlb", "tests", "processes", "docs", "deploy", "migrations")
+SCANNED = ("inferlb", "benchmarks", "tests", "processes", "docs", "deploy", "migrations")
 SUFFIXES = {".py", ".md", ".bpmn", ".yaml", ".yml", ".toml", ".ini"}
 DOC_REF = re.compile(r"docs/([A-Za-z0-9_.-]+\.md)((?:[ ,;]+(?:§\s?\d+(?:\.\d+)*|B\d+|[A-Z]-\d+(?:\.\.[A-Z]?-?\d+)?))*)")
 OUTSIDE = re.compile(r"RELIABILITY(?:\.md)?\b|ARCHITECTURE\.md|SPIFFWORKFLOW-NOTES|design card")

@@ -2,7 +2,9 @@
 
 ``FLOORS`` is the one statement of the rules: each top-level part of ``inferlb/`` has a floor, and a
 module imports only from its own floor or below. Every part must be listed (new code takes a floor
-before it lands), and no two packages, at any depth, import each other round a circle.
+before it lands), and no two packages, at any depth, import each other round a circle. The studies
+in benchmarks/ (repo root, outside the wheel) stand above every floor: they may import inferlb but
+no command of inferlb/cli, and nothing in inferlb imports them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "inferlb"
+#: The studies outside the wheel (repo root): they may import inferlb, never the other way round.
+BENCHMARKS = PKG.parent / "benchmarks"
 IO_LIBS = {"aiohttp", "httpx", "sqlalchemy", "socket", "asyncio", "requests", "urllib", "fastapi",
            "starlette", "SpiffWorkflow", "redis"}
 
@@ -219,7 +223,7 @@ def test_api_imports_neither_tasks_nor_spiff(path: Path) -> None:
 def test_only_app_wires_tasks_into_the_engine() -> None:
     users = {_module_name(p) for p in _modules() if not _starts(_module_name(p), "inferlb.tasks")
              and any(_starts(n, "inferlb.tasks") for n in _imports(p))}
-    assert users <= {"inferlb.app", "inferlb.cli.main"} | {m for m in users if _starts(m, "inferlb.bench")}, users
+    assert users <= {"inferlb.app", "inferlb.cli.validate"} | {m for m in users if _starts(m, "inferlb.bench")}, users
 
 
 @pytest.mark.parametrize("path", [p for p in _modules() if not _starts(_module_name(p), "inferlb.cli")
@@ -244,6 +248,25 @@ def test_simulator_imports_only_shared_vocabulary_and_routing(path: Path) -> Non
 @pytest.mark.parametrize("path", _modules("bench"), ids=lambda p: p.relative_to(PKG).as_posix())
 def test_bench_never_imports_the_cli(path: Path) -> None:
     assert not any(_starts(n, "inferlb.cli") for n in _imports(path))
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(PKG).as_posix())
+def test_the_wheel_never_imports_the_benchmarks(path: Path) -> None:
+    assert not any(_starts(n, "benchmarks") for n in _imports(path)), f"{path.name} imports benchmarks/"
+
+
+def _benchmarks() -> list[Path]:
+    return sorted(BENCHMARKS.rglob("*.py"))
+
+
+def test_the_benchmarks_are_found() -> None:
+    # guards the guard: the studies docs/benchmarks.md runs live in benchmarks/
+    assert BENCHMARKS / "des_speed.py" in _benchmarks()
+
+
+@pytest.mark.parametrize("path", _benchmarks(), ids=lambda p: p.relative_to(BENCHMARKS).as_posix())
+def test_benchmarks_import_no_command(path: Path) -> None:
+    assert not any(_starts(n, "inferlb.cli") for n in _imports(path)), f"{path.name} imports inferlb.cli"
 
 
 @pytest.mark.parametrize("path", [p for p in _modules("api") if p.name != "deps.py"], ids=lambda p: p.name)

@@ -26,7 +26,7 @@ forecast and says why (``Forecast.fallback``); the statistical ones answer with 
 (or reactive when that is short too) when their library is not installed
 (``pip install 'inferlb[forecast]'``) or their fit fails. Forecasts are never negative.
 docs/benchmarks.md ("Autoscaling forecasters") has the accuracy and CPU of each on synthetic
-series, measured by ``python -m inferlb.bench.forecasters``.
+series, measured by ``python -m benchmarks.forecasters``.
 """
 
 from __future__ import annotations

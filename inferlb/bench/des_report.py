@@ -2,7 +2,7 @@
 
 Contract: :func:`des_summary` is pure (``DesResults`` + ``Workload`` → a JSON-able dict) and uses
 the definitions of :mod:`inferlb.bench.loadgen.results`: *good* = completed, ``e2e ≤ slo.e2e_s``
-and, for streams, ``TTFT ≤ slo.ttft_s`` (``is_good``; tests/bench/test_des_report.py holds the two
+and, for streams, ``TTFT ≤ slo.ttft_s`` (``is_good``; tests/bench/test_des.py holds the two
 to the same count); SLO attainment = good / measured, goodput = good / the measured window; the
 measured requests are those that arrived after ``warmup_s``; latency percentiles (``pcts``) are
 over the completed ones. It reads the columns directly, so a million rows take about a second.

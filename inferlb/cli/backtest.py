@@ -57,7 +57,7 @@ def register(sub: Any) -> None:
     b.add_argument("--max-replicas", dest="max_replicas", type=int, default=128)
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--plot", type=Path, help="write PNG charts into this directory")
-    b.set_defaults(autoscale_handler=backtest_command)
+    b.set_defaults(handler=backtest_command)
 
 
 def _policies(raw: list[str]) -> list[str]:

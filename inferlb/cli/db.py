@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inferlb.config.settings import Settings
+from inferlb.cli.shared import settings_from
 from inferlb.errors import ConfigError
 
-__all__ = ["add_db_parser", "db_command"]
+if TYPE_CHECKING:
+    from inferlb.config.settings import Settings
+
+__all__ = ["db_command", "register"]
 
 
-def add_db_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
     """Register ``inferlb db`` on the top-level subparsers."""
     db = sub.add_parser("db", help="database maintenance: upgrade (migrations), prune (audit retention)")
     db.add_argument("action", choices=["upgrade", "prune"])
@@ -33,6 +36,11 @@ def add_db_parser(sub: Any) -> None:
                          "default INFERLB_AUDIT_RETENTION_DAYS")
     db.add_argument("--batch-size", dest="batch_size", type=int, default=None,
                     help="prune: rows per DELETE transaction where rows are deleted (default 5000)")
+    db.set_defaults(handler=_db)
+
+
+def _db(args: argparse.Namespace) -> int:
+    return db_command(args, settings_from(args))
 
 
 def db_command(args: argparse.Namespace, settings: Settings, *, now: float | None = None) -> int:

@@ -25,8 +25,6 @@ import os
 import sys
 from typing import Any
 
-import httpx
-
 __all__ = ["fleet_main", "register"]
 
 _ACTIONS = ("show", "add", "drain", "undrain", "set", "remove", "reload")
@@ -49,6 +47,7 @@ def register(sub: Any) -> None:
     fl.add_argument("--price-per-hour", dest="price_per_hour", type=float)
     fl.add_argument("--label", action="append", default=[], help="k=v (repeatable)")
     fl.add_argument("--force", action="store_true", help="remove: even if not drained (in-flight requests finish)")
+    fl.set_defaults(handler=fleet_main)
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,6 +105,8 @@ def _summary(action: str, doc: dict[str, Any]) -> str:
 
 def fleet_main(args: argparse.Namespace) -> int:
     """Run ``inferlb fleet ...`` (module docstring)."""
+    import httpx
+
     api_key = args.api_key or os.environ.get("INFERLB_ADMIN_KEY") or None
     if args.action == "show":
         from inferlb.cli.fleet_report import fleet_command

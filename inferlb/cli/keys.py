@@ -14,12 +14,13 @@ import json
 import time
 from typing import Any
 
+from inferlb.cli.shared import settings_from
 from inferlb.errors import StoreError
 
-__all__ = ["add_keys_parser", "keys_command"]
+__all__ = ["keys_command", "register"]
 
 
-def add_keys_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
     """Add the ``keys`` subcommand to the ``inferlb`` parser."""
     k = sub.add_parser("keys", help="tenant API keys: create, list, revoke")
     ks = k.add_subparsers(dest="action", required=True)
@@ -44,6 +45,11 @@ def add_keys_parser(sub: Any) -> None:
     r.add_argument("key_id")
     for sp in (c, lst, r):
         sp.add_argument("--database-url", dest="database_url")
+    k.set_defaults(handler=_keys)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    return keys_command(args, settings_from(args).database_url)
 
 
 def _positive(name: str, value: float | None) -> None:

@@ -20,9 +20,10 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["register", "rollout_command"]
 
@@ -58,6 +59,7 @@ def register(sub: Any) -> None:
     common(ab)
     ab.add_argument("id")
     ab.add_argument("--json", action="store_true")
+    ro.set_defaults(handler=rollout_command)
 
 
 def _fail(r: httpx.Response) -> int:
@@ -98,6 +100,9 @@ def _show(doc: dict[str, Any], as_json: bool) -> None:
 
 
 def rollout_command(args: argparse.Namespace) -> int:
+    """Run ``inferlb rollout ACTION`` against the gateway at ``--url`` (the module docstring says how it exits)."""
+    import httpx
+
     key = args.api_key or os.environ.get("INFERLB_ADMIN_KEY")
     headers = {"authorization": f"Bearer {key}"} if key else {}
     base = args.url.rstrip("/")

@@ -24,21 +24,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from inferlb.cli.shared import DeferredParser, settings_from
 from inferlb.errors import InferlbError
-from inferlb.learned.audit import learned_attempts
-from inferlb.learned.policy_gate import logged_decisions, reward_of
-from inferlb.routing.gate import EvaluationRequirement, judge
-from inferlb.routing.ope_replay import MIN_ESS, REWARD_MODELS, evaluate, softmax_policy
-from inferlb.store.db import make_engine
-from inferlb.store.queries import parse_time
 
-__all__ = ["add_routing_parser", "reward_of", "routing_command"]
+__all__ = ["register", "routing_command"]
 
 
-def add_routing_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
+    """Add ``routing`` to the ``inferlb`` parser's subcommands."""
     r = sub.add_parser("routing", help="routing policies: off-policy evaluation from the audit trail")
-    rs = r.add_subparsers(dest="routing_cmd", required=True)
-    e = rs.add_parser("evaluate", help="estimate how a routing profile would have done on logged decisions")
+    # evaluate's options show the evaluator's defaults and choices, which import the routing core
+    # (numpy): they are added when `routing evaluate` is chosen, not on every run of `inferlb`.
+    rs = r.add_subparsers(dest="routing_cmd", required=True, parser_class=DeferredParser)
+    rs.add_parser("evaluate", help="estimate how a routing profile would have done on logged decisions",
+                  add_arguments=_evaluate_options)
+    r.set_defaults(handler=_routing)
+
+
+def _evaluate_options(e: argparse.ArgumentParser) -> None:
+    from inferlb.routing.ope_replay import MIN_ESS, REWARD_MODELS
+
     e.add_argument("--policy", required=True, help="a profile name (token-aware, learned, …)")
     e.add_argument("--since", help="ISO time, epoch seconds, or a span back from now (30m, 24h, 7d)")
     e.add_argument("--until")
@@ -66,7 +71,19 @@ def add_routing_parser(sub: Any) -> None:
     e.add_argument("--config", type=Path)
 
 
+def _routing(args: argparse.Namespace) -> int:
+    return routing_command(args, settings_from(args).database_url)
+
+
 def routing_command(args: argparse.Namespace, database_url: str) -> int:
+    """Run ``inferlb routing evaluate`` on the audit database at ``database_url`` (the module
+    docstring says what it prints and how it exits)."""
+    from inferlb.learned.audit import learned_attempts
+    from inferlb.learned.policy_gate import logged_decisions
+    from inferlb.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
+    from inferlb.store.db import make_engine
+    from inferlb.store.queries import parse_time
+
     try:
         now = time.time()
         since = parse_time(args.since, param="since", now=now)
@@ -101,6 +118,9 @@ def routing_command(args: argparse.Namespace, database_url: str) -> int:
 
 def _gate(args: argparse.Namespace, logged: list[Any], read: int) -> int:
     """``--against``: the verdict a gated reload would reach (routing/gate.py)."""
+    from inferlb.routing.gate import EvaluationRequirement, judge
+    from inferlb.routing.ope_replay import MIN_ESS
+
     try:
         req = EvaluationRequirement(min_ess=getattr(args, "min_ess", MIN_ESS),
                                     max_regression=getattr(args, "max_regression", 0.05),

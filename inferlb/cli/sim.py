@@ -1,12 +1,17 @@
-"""``inferlb sim des``: replay a workload or trace through the discrete-event mode and print its figures.
+"""``inferlb sim``: simulated GPU nodes over HTTP; ``inferlb sim des``: the discrete-event mode.
 
 ::
 
+    inferlb sim [--host H] [--ports P ...] [--fleet NAME|FILE] [--on-kv-full preempt|oom] [--stream-interval N]
     inferlb sim des [--workload NAME|FILE | --trace FILE] [--nodes N [--presets h100,a100,l4] | --fleet NAME|FILE]
                     [--profile token-aware] [--rate R] [--duration S] [--seed 1] [--admission gateway|off]
                     [--json]
 
-The workloads and traces are those of ``inferlb bench run`` (:mod:`inferlb.bench.loadgen`), the
+``inferlb sim`` serves vLLM-like engines with ``/metrics`` (inferlb/simulator) and prints their
+URLs as JSON once they listen; Ctrl-C is a normal stop (exit 0).
+
+``sim des`` replays a workload or trace in virtual time and prints its figures. The workloads and
+traces are those of ``inferlb bench run`` (:mod:`inferlb.bench.loadgen`), the
 routing profiles those of the gateway, the nodes the simulator's presets / fleets; the figures
 follow ``bench run``'s definitions (:mod:`inferlb.bench.des_report`). Nothing listens on a socket
 and nothing sleeps: the run takes as long as the computer needs, not as long as the traffic lasts.
@@ -15,6 +20,7 @@ and nothing sleeps: the run takes as long as the computer needs, not as long as 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
@@ -22,13 +28,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["des_command", "register"]
+__all__ = ["des_command", "nodes_command", "register"]
 
 
-def register(sim_parser: argparse.ArgumentParser) -> None:
-    """Add ``des`` under ``inferlb sim`` (``inferlb sim`` alone still runs the HTTP nodes)."""
-    sub = sim_parser.add_subparsers(dest="sim_mode")
-    d = sub.add_parser("des", help="discrete-event mode: replay a workload in virtual time, print the figures")
+def register(sub: Any) -> None:
+    """Add ``sim`` to the ``inferlb`` parser's subcommands, with ``des`` under it (``inferlb sim``
+    alone runs the HTTP nodes)."""
+    sm = sub.add_parser("sim", help="run the simulated demo nodes only")
+    sm.add_argument("--host")
+    sm.add_argument("--ports", type=int, nargs="*")
+    sm.add_argument("--fleet", help="hetero4, uniform4, large16, cache4 or a fleet file (default: the demo nodes)")
+    sm.add_argument("--on-kv-full", dest="on_kv_full", choices=["preempt", "oom"])
+    sm.add_argument("--stream-interval", dest="stream_interval", type=int)
+    # Ctrl-C is how the nodes stop: a normal stop (and `sim des` inherits it, as it always did).
+    sm.set_defaults(handler=nodes_command, ctrl_c_status=0)
+    modes = sm.add_subparsers(dest="sim_mode")
+    d = modes.add_parser("des", help="discrete-event mode: replay a workload in virtual time, print the figures")
     d.add_argument("--workload", default="chat", help="built-in name or YAML/JSON file (chat)")
     d.add_argument("--trace", type=Path, help="replay a trace file (JSONL / CSV / audit export) instead")
     d.add_argument("--trace-time-scale", type=float, default=1.0, help="replay speed (2: twice as fast)")
@@ -44,7 +59,28 @@ def register(sim_parser: argparse.ArgumentParser) -> None:
                    help="the gateway's admission rules (default policy), or none")
     d.add_argument("--max-inflight", type=int, default=None, help="gateway-wide cap (default: none)")
     d.add_argument("--json", action="store_true", help="print the figures as JSON")
-    d.set_defaults(sim_handler=des_command)
+    d.set_defaults(handler=des_command)
+
+
+def nodes_command(args: argparse.Namespace) -> int:
+    """Run ``inferlb sim``: serve the simulated nodes until Ctrl-C; a bad ``--fleet`` is a ConfigError."""
+    asyncio.run(_serve_nodes(args))
+    return 0
+
+
+async def _serve_nodes(args: argparse.Namespace) -> None:
+    from inferlb.errors import ConfigError
+    from inferlb.simulator import serve_sim
+    from inferlb.simulator.presets import cli_specs
+
+    def ready(urls: dict[str, str]) -> None:
+        print(json.dumps(urls, indent=2), flush=True)
+
+    try:
+        specs = cli_specs(args.fleet, on_kv_full=args.on_kv_full, stream_interval=args.stream_interval)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    await serve_sim(specs, host=args.host or "127.0.0.1", ports=args.ports, on_ready=ready)
 
 
 def _specs(args: argparse.Namespace) -> list[Any]:

@@ -1,22 +1,20 @@
 """The DES glue in bench: figures by bench run's definitions, the gateway's admission controller,
-``inferlb sim des``, and the speed benchmark's shape (not its speed)."""
+and ``inferlb sim des`` (the speed benchmark's shape: tests/benchmarks/test_des_speed.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from inferlb.bench import des_speed
 from inferlb.bench.des_admission import GatewayAdmission
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.results import is_good
 from inferlb.bench.loadgen.runner import Outcome
-from inferlb.bench.loadgen.workload import Workload, load_workload, plan
+from inferlb.bench.loadgen.workload import Workload, plan
 from inferlb.config.admission import AdmissionPolicy
 from inferlb.simulator.des import Simulation
 from inferlb.simulator.presets import preset_spec
@@ -91,22 +89,3 @@ def test_sim_des_command(tmp_path: Path) -> None:
     bad = subprocess.run([*cmd[:5], "--nodes", "2", "--presets", "h200"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--presets: unknown h200" in bad.stderr and "Traceback" not in bad.stderr
-
-
-def test_speed_benchmark_reports_its_figures() -> None:
-    out = des_speed.run(nodes=30, requests=600, rate=90.0, profile="token-aware", workload="chat", max_seconds=30)
-    assert out["requests_simulated"] == 600 and out["complete"]
-    assert out["outcomes"]["ok"] == 600 and out["events"] > 600
-    assert out["router_decide_us_baseline"] > 0 and not math.isnan(out["e2e_p50_s"])
-    assert load_workload("chat").name == "chat"
-
-
-def test_speed_benchmark_compares_two_trees_and_checks_they_agree(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--baseline-tree``: both trees in alternating subprocesses; here the baseline is this very
-    tree, so the runs must agree (the shape of the comparison, not a speed)."""
-    rc = des_speed.main(["--nodes", "6", "--requests", "150", "--rate", "30", "--max-seconds", "30",
-                         "--baseline-tree", str(ROOT), "--rounds", "1"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert "round 1 baseline" in out and "round 1 this" in out and "load average before" in out
-    assert "same simulation in both trees (events, outcomes, latency percentiles): yes" in out

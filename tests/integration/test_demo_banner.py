@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inferlb.cli.main import demo_banner, demo_fleet
+from inferlb.cli.demo import demo_banner, demo_fleet
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import Settings, fleet_from_mapping
 

@@ -1,0 +1,108 @@
+"""What the audit path costs per request: the write-ahead log and the database upsert.
+
+``python -m benchmarks.audit [--records N] [--concurrency C] [--commit-interval-ms MS]``
+
+Prints, for the write-ahead log (``begin`` + ``submit`` per request, as the gateway does, with
+concurrent requests; the database is not written in this phase): the ``begin`` latency (p50, p99),
+the process CPU time per record, fsyncs per second and records per fsync. Then, for the database:
+the wall time per record of :func:`~inferlb.store.rows.upsert_records` on SQLite in batches
+of ``--batch`` (what the writer's database thread does), for new rows and for rows that exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from inferlb.store.db import make_engine, upgrade
+from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.store.rows import upsert_records
+from inferlb.store.writer import AuditWriter
+
+__all__ = ["main"]
+
+
+def _record(i: int) -> RequestRecord:
+    t = 1_767_225_600.0 + i * 0.001
+    return RequestRecord(
+        request_id=f"bench-{i:08d}", received_at=t, endpoint="chat", model_requested="llama-8b", tenant="acme",
+        model_served="llama-8b", node="gpu-a", priority="interactive", stream=True, status="ok", http_status=200,
+        admitted_at=t + 0.0001, routed_at=t + 0.0002, first_byte_at=t + 0.05, last_byte_at=t + 0.5,
+        prompt_tokens_est=120, prompt_tokens=118, completion_tokens=64, cost_est=0.0001,
+        decision={"picked": "gpu-a", "scores": {"gpu-a": 0.91, "gpu-b": 0.4}, "eliminated": []},
+        workflow_path=["start", "evaluate", "admit", "route", "dispatch", "record", "end"], tags={"ab": "x"},
+        engine="compiled", attempts=[AttemptRecord(number=1, node="gpu-a", model="llama-8b", started_at=t + 0.0003,
+                                                   ended_at=t + 0.5, outcome="ok", http_status=200,
+                                                   first_byte_at=t + 0.05)])
+
+
+async def _wal_phase(tmp: Path, records: int, concurrency: int, commit_interval_s: float) -> None:
+    upgrade(f"sqlite:///{tmp / 'wal.db'}")
+    engine = make_engine(f"sqlite:///{tmp / 'wal.db'}")
+    # An hour-long flush interval: this phase measures the write-ahead log alone.
+    w = AuditWriter(engine, journal_dir=tmp / "journal", flush_interval_s=3600,
+                    wal_commit_interval_s=commit_interval_s, max_records=records * 2)
+    await w.start()
+    latencies: list[float] = []
+    per_worker = records // concurrency
+    recs = [_record(i) for i in range(per_worker * concurrency)]   # built before the clock starts
+
+    async def worker(k: int) -> None:
+        for j in range(per_worker):
+            rec = recs[k * per_worker + j]
+            t0 = time.perf_counter()
+            await w.begin(rec)
+            latencies.append(time.perf_counter() - t0)
+            w.submit(rec)
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    fs0 = w._wal.stats()["fsyncs"]
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    await w._commit_wal()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    fsyncs = w._wal.stats()["fsyncs"] - fs0
+    n = per_worker * concurrency
+    q = statistics.quantiles(latencies, n=100)
+    print(f"write-ahead log: {n} requests, concurrency {concurrency}, commit interval "
+          f"{commit_interval_s * 1000:g} ms")
+    print(f"  begin latency p50 {q[49] * 1e6:.0f} µs, p99 {q[98] * 1e6:.0f} µs")
+    print(f"  CPU {cpu / n * 1e6:.1f} µs/record (start + finished entry), wall {wall / n * 1e6:.1f} µs/record")
+    print(f"  {fsyncs / wall:.0f} fsyncs/s, {2 * n / max(1, fsyncs):.1f} entries per fsync")
+    await w.close(timeout_s=60)
+    engine.dispose()
+
+
+def _db_phase(tmp: Path, records: int, batch: int) -> None:
+    url = f"sqlite:///{tmp / 'db.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    recs = [_record(i) for i in range(records)]
+    for label in ("new rows", "existing rows"):
+        t0 = time.perf_counter()
+        for i in range(0, records, batch):
+            with engine.begin() as conn:
+                upsert_records(conn, recs[i:i + batch])
+        print(f"database upsert (SQLite, batches of {batch}), {label}: "
+              f"{(time.perf_counter() - t0) / records * 1e6:.1f} µs/record")
+    engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.audit", description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=20_000)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--commit-interval-ms", type=float, default=0.0)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--dir", type=Path, help="where the journal and databases go (default: a temporary directory)")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        asyncio.run(_wal_phase(Path(d), a.records, a.concurrency, a.commit_interval_ms / 1000))
+        _db_phase(Path(d), a.records, a.batch)
+
+
+if __name__ == "__main__":
+    main()

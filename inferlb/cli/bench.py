@@ -1,0 +1,47 @@
+"""``inferlb bench WHAT [ARGS…]``: the benchmarks that ship with the wheel (inferlb/bench).
+
+::
+
+    inferlb bench overhead            gateway overhead vs direct / floor proxy / nginx
+    inferlb bench overload            admission control at 2× / 5× capacity, noisy neighbour (on vs off)
+    inferlb bench replicas            1, 2, 3 replicas on one Redis: req/s, CPU per request, admission cost
+    inferlb bench run|compare|capacity  open-loop load against simulated fleets (routing strategies)
+
+``ARGS`` go to the benchmark's own parser (``inferlb bench WHAT --help``); the exit status is the
+benchmark's. The studies that do not ship live in the repository's benchmarks/ folder
+(docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from inferlb.cli.shared import resolve
+
+__all__ = ["BENCHES", "bench_command", "register"]
+
+#: WHAT → the "module:attr" of its entry point, then the arguments it takes before ``ARGS`` (the
+#: load generator's one entry point serves three commands and is told which). Resolved when it runs.
+BENCHES: dict[str, tuple[str, ...]] = {
+    "overhead": ("inferlb.bench.overhead:main",),
+    "run": ("inferlb.bench.loadgen.cli:main", "run"),
+    "compare": ("inferlb.bench.loadgen.cli:main", "compare"),
+    "capacity": ("inferlb.bench.loadgen.cli:main", "capacity"),
+    "overload": ("inferlb.bench.overload:main",),
+    "replicas": ("inferlb.bench.replicas:main",),
+}
+
+
+def register(sub: Any) -> None:
+    """Add ``bench`` to the ``inferlb`` parser's subcommands."""
+    b = sub.add_parser("bench", help="benchmarks")
+    b.add_argument("what", choices=list(BENCHES))
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(handler=bench_command)
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Run ``inferlb bench WHAT ARGS``: WHAT's entry point with ``ARGS``."""
+    target, *lead = BENCHES[args.what]
+    return int(resolve(target)(*lead, args.rest))

@@ -1,0 +1,116 @@
+"""``inferlb demo``: the gateway on 127.0.0.1:8080 in front of 3 simulated nodes, SQLite audit.
+
+::
+
+    inferlb demo [--autoscale] [--host H] [--port P] [--database-url URL] [--engine E]
+
+The simulated nodes (inferlb/simulator) run in the same process; the audit database is a SQLite
+file in the working directory unless INFERLB_DATABASE_URL or ``--database-url`` says otherwise.
+Once the gateway listens, the banner (:func:`demo_banner`) says how to use it. ``--autoscale``
+adds the local autoscaler, which starts emulated nodes that join the fleet
+(inferlb/cli/autoscale.py). Ctrl-C is a normal stop (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from inferlb.cli.serve import run_loop, serve_gateway
+from inferlb.cli.shared import add_gateway_options, settings_from
+
+if TYPE_CHECKING:
+    from inferlb.config.settings import FleetConfig, Settings
+
+__all__ = ["demo_banner", "demo_fleet", "register"]
+
+
+def register(sub: Any) -> None:
+    """Add ``demo`` to the ``inferlb`` parser's subcommands."""
+    d = sub.add_parser("demo", help="gateway + 3 simulated nodes, SQLite audit in the working directory")
+    add_gateway_options(d)
+    d.add_argument("--autoscale", action="store_true", help="run the local autoscaler (emulated nodes join the fleet)")
+    # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.
+    d.set_defaults(handler=_demo_command, ctrl_c_status=0)
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    run_loop(_demo(args))
+    return 0
+
+
+def demo_fleet(urls: dict[str, str]) -> FleetConfig:
+    """The demo fleet over the simulated nodes (3 speeds; one also serves embeddings). ``demo-llm``
+    has two versions on every node: ``v1`` (all traffic) and ``v2`` (none yet; the nodes know it
+    as ``demo-llm-v2``), so ``inferlb rollout start --model demo-llm --from v1 --to v2`` works at
+    once, with criteria a few minutes of demo traffic can satisfy."""
+    from inferlb.config.settings import fleet_from_mapping
+
+    return fleet_from_mapping({
+        "models": [
+            {"name": "demo-llm", "max_context_tokens": 8192, "max_output_tokens": 2048, "default_max_tokens": 64,
+             "versions": [{"name": "v1", "weight": 100},
+                          {"name": "v2", "weight": 0, "upstream_name": "demo-llm-v2"}]},
+            {"name": "demo-embed", "kind": "embedding"},
+        ],
+        "nodes": [
+            {"name": name, "url": url, "models": ["demo-llm", "demo-embed"], "kind": "sim",
+             "capacity_tokens": kv, "max_concurrency": 64, "price_per_hour": price}
+            # capacity_tokens = each simulated node's KV cache (the h100 / a100 / l4 presets of demo_specs)
+            for (name, url), price, kv in zip(urls.items(), (2.5, 1.2, 0.6), (65536, 49152, 12288), strict=False)
+        ],
+        "routing": {"profile": "token-aware"},
+        "slos": [{"model": "demo-llm", "e2e_max_s": 5.0, "ttft_max_s": 1.0}],
+        "rollouts": {"steps": [10, 50, 100],
+                     "criteria": {"min_requests": 30, "min_step_s": 10, "max_step_s": 600, "window_s": 300,
+                                  "max_error_rate_increase": 0.1, "max_slo_miss_increase": 0.1}},
+    }, source="demo")
+
+
+_BANNER = """
+inferlb demo is ready: gateway http://{host}:{port}  (simulated nodes: {nodes})
+audit database: {db}   engine: INFERLB_ENGINE={engine}
+
+  curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model": "demo-llm", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
+
+  python - <<'PY'
+  from openai import OpenAI
+  client = OpenAI(base_url="http://{host}:{port}/v1", api_key="unused")
+  for chunk in client.chat.completions.create(model="demo-llm", stream=True,
+          messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=16):
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+  PY
+
+  curl -s 'http://{host}:{port}/reports/sla?group_by=node'     # SLA report from the audit trail
+  curl -s 'http://{host}:{port}/audit/requests?limit=5'         # the audit trail
+  open http://{host}:{port}/dashboard                             # latency, SLO, cost and node-state charts
+  curl -s http://{host}:{port}/metrics                              # Prometheus metrics
+  inferlb rollout start --url http://{host}:{port} --model demo-llm --from v1 --to v2   # a canary of v2
+
+{auth} Ctrl-C stops it.
+"""
+_AUTH_ON = ("Authentication is ON: the OpenAI routes want a tenant key (inferlb keys create), the others\n"
+            "the admin key (INFERLB_ADMIN_KEY), sent as 'Authorization: Bearer <key>'.")
+_AUTH_OFF = "Authentication is OFF: every route above answers anyone (INFERLB_AUTH=on turns it on)."
+
+
+def demo_banner(settings: Settings, nodes: list[str]) -> str:
+    """The demo's start-up text; its last line says whether tenant auth is on (env or fleet file)."""
+    auth = settings.admission.auth or (settings.fleet is not None and settings.fleet.admission.auth)
+    return _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(nodes), db=settings.database_url,
+                          engine=settings.engine, auth=_AUTH_ON if auth else _AUTH_OFF)
+
+
+async def _demo(args: argparse.Namespace) -> None:
+    from inferlb.simulator import SimFleet, demo_specs
+
+    async with SimFleet(demo_specs()) as sim:
+        urls = {name: node.url for name, node in sim.nodes.items()}
+        fleet, launcher = demo_fleet(urls), None
+        if getattr(args, "autoscale", False):
+            from inferlb.cli.autoscale import SimLauncher, demo_autoscale_fleet
+
+            fleet, launcher = demo_autoscale_fleet(fleet), SimLauncher()
+        settings = settings_from(args, fleet=fleet)
+        await serve_gateway(settings, demo_banner(settings, list(urls.values())), node_launcher=launcher)
