@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferlb.autoscale.actuator import Actuator, PoolResult, guard_min
+from inferlb.autoscale.actuator import Actuator
 from inferlb.autoscale.actuator_dryrun import DryRunActuator
 from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.types import Clock
 
-__all__ = ["Actuator", "DryRunActuator", "PoolResult", "build_actuator", "guard_min"]
+__all__ = ["build_actuator"]
 
 
 def build_actuator(cfg: AutoscaleConfig, *, clock: Clock, port: Any = None, launcher: Any = None,

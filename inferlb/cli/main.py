@@ -168,7 +168,8 @@ def demo_banner(settings: Settings, nodes: list[str]) -> str:
 
 
 async def _demo(args: argparse.Namespace) -> None:
-    from inferlb.simulator import SimFleet, demo_specs
+    from inferlb.simulator.emulator import SimFleet
+    from inferlb.simulator.spec import demo_specs
 
     async with SimFleet(demo_specs()) as sim:
         urls = {name: node.url for name, node in sim.nodes.items()}
@@ -197,7 +198,7 @@ def _print_problems(exc: ProcessValidationError | ConfigError) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from inferlb.app import check_startup_files
     from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
-    from inferlb.workflow import load_process
+    from inferlb.workflow.definition import load_process
 
     if args.file is None and args.config is None:
         print("inferlb: error: validate needs a BPMN FILE, --config FLEET, or both", file=sys.stderr)
@@ -264,7 +265,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 async def _sim(args: argparse.Namespace) -> None:
-    from inferlb.simulator import serve_sim
+    from inferlb.simulator.emulator import serve_sim
     from inferlb.simulator.presets import cli_specs
 
     def ready(urls: dict[str, str]) -> None:

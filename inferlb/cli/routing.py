@@ -26,13 +26,13 @@ from typing import Any
 
 from inferlb.errors import InferlbError
 from inferlb.learned.audit import learned_attempts
-from inferlb.learned.policy_gate import logged_decisions, reward_of
+from inferlb.learned.policy_gate import logged_decisions
 from inferlb.routing.gate import EvaluationRequirement, judge
 from inferlb.routing.ope_replay import MIN_ESS, REWARD_MODELS, evaluate, softmax_policy
 from inferlb.store.db import make_engine
-from inferlb.store.queries import parse_time
+from inferlb.store.report_params import parse_time
 
-__all__ = ["add_routing_parser", "reward_of", "routing_command"]
+__all__ = ["add_routing_parser", "routing_command"]
 
 
 def add_routing_parser(sub: Any) -> None:

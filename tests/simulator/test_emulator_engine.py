@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.node import SIM_OUTPUT_FIELD, EmulatedNode
 from inferlb.simulator.presets import PRESETS, cli_specs, fleet_specs, load_sim_fleet, preset_spec
-from inferlb.simulator.spec import BatchSpec
+from inferlb.simulator.spec import BatchSpec, FaultSpec, NodeSpec
 from inferlb.types import ManualClock
 
 MODEL = "m"
