@@ -27,9 +27,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.prefix import block_hashes, text_key
-from inferlb.routing.types import NodeList
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeList, NodeView, RouteRequest
 
 __all__ = ["main"]
 

@@ -11,7 +11,7 @@
 ``--sessions closed`` (the default) runs the sessions closed loop, as chat users send:
 sessions start open loop (Poisson, the same seeded sessions for every profile) and each next turn
 leaves ``--think`` seconds (mean, exponential, drawn in the plan; default 7 s) after the client
-received the previous answer in full (:class:`~inferlb.simulator.des.ClosedLoop`); a turn that
+received the previous answer in full (:class:`~inferlb.simulator.des.closed.ClosedLoop`); a turn that
 is not ok ends its session; turns due after ``--duration`` (default 240 s, warm-up 90 s) are not
 sent. ``--sessions open`` replays the workload's open-loop plan (a turn leaves ``think_s``, 2 s,
 after the previous *send*, so most follow-up turns leave before the previous answer has ended and
@@ -20,7 +20,7 @@ A profile may carry ``affinity`` picker parameters: ``prefix-affinity:epsilon=0.
 
 **Affinity.** The fleet is ``cache4`` (4 ``a100`` nodes, each with the emulator's prefix cache,
 inferlb/simulator/prefix_cache.py, behind the simulation's ``prefill_cached`` hook:
-:class:`~inferlb.simulator.des.PrefixCaches`; a completed request leaves its prompt and its answer
+:class:`~inferlb.simulator.des.prefix.PrefixCaches`; a completed request leaves its prompt and its answer
 cached, as vLLM keeps a finished sequence's decoded blocks; ``--prompt-only``: prompts alone, the
 older model); the workload ``chat-sessions`` (8 shared 2,000-token
 system prompts, 4-10 turns a session resending the history, the session id in ``user``), planned
@@ -69,9 +69,10 @@ from benchmarks.learned_goals import node_capacity
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.sessions import prompt_text, session_plan
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
-from inferlb.routing import build_router
-from inferlb.routing.profiles import PROFILES
-from inferlb.simulator.des import ClosedLoop, PrefixCaches, PromptInfo, Session, Simulation
+from inferlb.routing.profiles import PROFILES, build_router
+from inferlb.simulator.des.closed import ClosedLoop, Session
+from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.openai_format import answer_text
 from inferlb.simulator.prefix_cache import PrefixCache, finished_sequence
 from inferlb.simulator.presets import fleet_specs, preset_spec
@@ -144,7 +145,7 @@ def run_affinity(spec: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedReq
                  seed: int, duration_s: float, decoded: bool = True,
                  sessions: Sequence[Session] | None = None) -> dict[str, Any]:
     """One seeded DES run of ``reqs`` (open loop) or of ``sessions`` (closed loop:
-    :class:`~inferlb.simulator.des.ClosedLoop`, no turn sent at or after ``duration_s``; then
+    :class:`~inferlb.simulator.des.closed.ClosedLoop`, no turn sent at or after ``duration_s``; then
     ``reqs`` is ignored) routed by ``spec`` (``profile[:k=v+...]``) with per-node prefix caches
     (``decoded``: a completed answer is cached too): the summary of
     :func:`~.des_report.des_summary` plus the cache and TTFT figures, the achieved arrival rate

@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from inferlb.bench.loadgen.workload import PlannedRequest, load_workload, plan
-from inferlb.routing import RouteRequest, build_router
-from inferlb.routing.types import NodeList
-from inferlb.simulator.des import Simulation
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeList, RouteRequest
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import NodeSpec
 

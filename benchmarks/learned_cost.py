@@ -19,8 +19,7 @@ import argparse
 import importlib.util
 from typing import Any
 
-from inferlb.routing import build_router
-from inferlb.routing.profiles import LEARNED_LATENCY
+from inferlb.routing.profiles import LEARNED_LATENCY, build_router
 
 __all__ = ["main"]
 

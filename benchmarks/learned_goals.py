@@ -4,7 +4,7 @@
 ``python -m benchmarks.learned_goals [--nodes 12] [--load 0.85] [--requests 10000]
 [--seeds 1,2,3] [--profiles learned,token-aware,...] [--no-ope] [--json] [--max-seconds 60]``
 
-What it does, in order, all in virtual time (:class:`~inferlb.simulator.des.Simulation`, seeded):
+What it does, in order, all in virtual time (:class:`~inferlb.simulator.des.sim.Simulation`, seeded):
 
 1. **Capacity.** Each preset of the fleet (``h100`` / ``a100`` / ``l4`` in turn) is measured alone
    in the DES: one node, the workload offered at well over what it can serve (round-robin, so
@@ -14,7 +14,7 @@ What it does, in order, all in virtual time (:class:`~inferlb.simulator.des.Simu
 2. **Runs.** The same plan (``heavy-tail``: lognormal prompts, Pareto outputs; ``--requests``
    requests at that rate) per seed through each profile, with the gateway's admission rules
    (:class:`~inferlb.bench.des_admission.GatewayAdmission`) and the workload's client timeout.
-   ``learned`` runs with its feedback loop (:class:`~inferlb.simulator.des.LearnedFeedback`:
+   ``learned`` runs with its feedback loop (:class:`~inferlb.simulator.des.feedback.LearnedFeedback`:
    every answer observed with the node's times, training every ``train_interval_s`` of virtual
    time), starting cold (token-aware decides while it warms up; that counts against it).
 3. **Figures** per profile over the seeds: e2e p50 / p99, TTFT p99 (streams), goodput (requests
@@ -53,9 +53,11 @@ from inferlb.bench.des_admission import GatewayAdmission
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
 from inferlb.config.admission import AdmissionPolicy
-from inferlb.routing import build_router
 from inferlb.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
-from inferlb.simulator.des import OUTCOMES, DesResults, LearnedFeedback, Simulation
+from inferlb.routing.profiles import build_router
+from inferlb.simulator.des.feedback import LearnedFeedback
+from inferlb.simulator.des.results import OUTCOMES, DesResults
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import NodeSpec
 

@@ -16,9 +16,10 @@ import json
 import random
 import time
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.gate import EvaluationRequirement, judge
 from inferlb.routing.ope_replay import LoggedDecision
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 __all__ = ["main", "synthetic_log"]
 

@@ -108,7 +108,8 @@ async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> 
     from inferlb.bench.loadgen.procs import free_port
     from inferlb.config.settings import Settings
     from inferlb.server import build_server
-    from inferlb.simulator import NodeSpec, SimFleet
+    from inferlb.simulator.emulator import SimFleet
+    from inferlb.simulator.spec import NodeSpec
 
     phase_s = min(max(phase_s, 1.0), 30.0)
     specs = [NodeSpec(name=f"n{i}", models=["m"], base_ttft_s=0.002, tpot_s=0.0005) for i in range(3)]

@@ -46,14 +46,15 @@ from inferlb.health.isolation import observe
 from inferlb.node_types import Sample
 from inferlb.rollout.manager import RolloutManager
 from inferlb.rollout.window import VersionWindow
-from inferlb.routing import RouteRequest, build_router
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import RouteRequest
 from inferlb.simulator.batching import BatchCore, Seq, SeqState
 from inferlb.simulator.presets import PRESETS
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
 from inferlb.types import ManualClock
 from inferlb.versions.table import Version, VersionTable
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 
 __all__ = ["Outcome", "main", "simulate"]
 

@@ -58,7 +58,8 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
     """Per-decision CPU and wall nanoseconds for ``decide`` and ``select`` (see the module docstring)."""
     from inferlb.config.settings import fleet_from_mapping
     from inferlb.fleet.state import Fleet
-    from inferlb.routing import NodeView, RouteRequest, build_router
+    from inferlb.routing.profiles import build_router
+    from inferlb.routing.types import NodeView, RouteRequest
     from inferlb.types import SystemClock
 
     rng = random.Random(seed)

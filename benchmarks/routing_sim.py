@@ -33,7 +33,8 @@ from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
 from inferlb.health.isolation import observe
 from inferlb.node_types import Sample
-from inferlb.routing import RouteRequest, build_router
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import RouteRequest
 from inferlb.simulator.batching import BatchCore, Seq, SeqState
 from inferlb.simulator.presets import PRESETS
 from inferlb.types import ManualClock

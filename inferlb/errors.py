@@ -4,6 +4,11 @@ Foreign errors (aiohttp, SQLAlchemy, SpiffWorkflow, pydantic, YAML) are mapped i
 exactly one boundary each (``raise ... from exc``); nothing above that boundary catches a foreign
 exception type.
 
+Every class deriving from :class:`InferlbError` is drawn here under its parent. The trunk is
+defined in this module; a leaf defined beside the one part that raises it names its module first
+(a path under ``inferlb/``). ``tests/test_errors.py`` walks the package and fails on a class left
+out, drawn under another parent or in another module.
+
 ::
 
     InferlbError
@@ -22,13 +27,47 @@ exception type.
     │   ├── AuditUnavailable        503 audit_unavailable with Retry-After (the audit journal is full)
     │   ├── NotFound                404 not_found (an admin route's object, e.g. an unknown node)
     │   ├── Conflict                409 (e.g. removing a node that is not drained)
-    │   └── Unavailable             503 (a live change that needs the database while it is away)
+    │   ├── Unavailable             503 (a live change that needs the database while it is away)
+    │   ├── UnsupportedMediaType    api/edge.py: 415 (the body is not declared JSON, or is compressed)
+    │   ├── ShuttingDown            api/edge.py: 503 server_shutting_down (the gateway drains)
+    │   ├── AuditRecordNotFound     api/audit.py: 404 request_not_found
+    │   ├── KeyNotFound             api/keys.py: 404 key_not_found
+    │   ├── _Unavailable            api/keys.py: 503 store_unavailable (the key store is away)
+    │   ├── AutoscaleOff            api/capacity.py: 404 autoscale_off (no autoscale: section)
+    │   ├── MetricsDisabled         api/metrics.py: 404 metrics_disabled
+    │   ├── AssetNotFound           api/dashboard.py: 404 not_found (no such dashboard asset)
+    │   ├── RolloutBusy             rollout/errors.py: 409 rollout_conflict (a second running rollout)
+    │   ├── RolloutNotFound         rollout/errors.py: 404 rollout_not_found
+    │   └── RolloutUnavailable      rollout/errors.py: 503 store_unavailable (nothing was applied)
     ├── UpstreamError               one attempt against a node failed (data for the retry logic)
     │   ├── UpstreamConnectError    could not connect / connection reset before a response
     │   ├── UpstreamTimeout         connect / first-token / idle / total timeout (``phase``)
     │   ├── UpstreamStatusError     the node answered a non-2xx status
     │   └── UpstreamProtocolError   malformed response / SSE from the node
-    └── StoreError                  the audit database failed (the writer retries / spools)
+    ├── StoreError                  the database failed or refused a write (the audit writer retries / spools)
+    │   ├── FencedOut               cluster/election.py: a write under a lease another replica now holds
+    │   ├── RolloutConflict         rollout/store.py: the model already has a running rollout
+    │   └── StaleOverrides          store/overrides.py: another replica changed the node overrides meanwhile
+    ├── PredictionFault             routing/learned.py: the predictor's answer is unusable (the router falls back)
+    ├── IncompatibleState           routing/predictor_state.py: a saved predictor this gateway cannot use
+    │                               (also a ValueError)
+    ├── WatchGone                   discovery/kubernetes.py: the watch's resourceVersion is gone (410): list again
+    ├── NodeCrashed                 simulator/driver.py: an emulated node lost the sequence (crash, OOM)
+    └── OptionError                 simulator/openai_format.py: an emulated node's unusable sampling field
+                                    (also a ValueError)
+
+Internal exceptions stay outside the tree: each is raised and caught in the one module that defines
+it, never crossing a module boundary, so no caller can meet it.
+
+::
+
+    _KeyPathError       config/settings.py: a cross-field check's problem with its key path, raised in a
+                        pydantic validator (a ValueError); the loader turns it into a ConfigError
+    _TooLarge           health/probe.py: a probe body over ``max_body_bytes``; the probe records a
+                        failed sample
+    _Refused            server/protocol.py: an httptools.HttpParserError raised from a parser callback to
+                        stop parsing; the protocol answers the refusal (431) itself
+    _BadRequest         simulator/node.py: an emulated node's 4xx; its handler answers with the envelope
 """
 
 from __future__ import annotations

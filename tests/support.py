@@ -17,7 +17,7 @@ import uvicorn
 
 from inferlb.app import create_app
 from inferlb.config.settings import FleetConfig, Settings, fleet_from_mapping
-from inferlb.simulator import NodeSpec
+from inferlb.simulator.spec import NodeSpec
 from inferlb.types import Clock
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,4 @@ Importing the package imports neither FastAPI nor Redis; ``auth`` and ``service`
 ``app.py`` and the API routers import them.
 """
 
-from inferlb.admission.controller import AdmissionController
-from inferlb.config.admission import AdmissionPolicy, AdmissionSettings, PriorityClass
-
-__all__ = ["AdmissionController", "AdmissionPolicy", "AdmissionSettings", "PriorityClass"]
+__all__: list[str] = []

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from inferlb.fleet.state import Fleet
     from inferlb.routing.types import NodeView
 
-__all__ = ["AdmissionController", "Hold", "PoolState"]   # Hold, PoolState: state.py
+__all__ = ["AdmissionController"]
 
 log = logging.getLogger("inferlb.admission")
 

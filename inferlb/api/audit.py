@@ -27,7 +27,9 @@ from starlette.responses import Response
 from inferlb.api.deps import ObservabilityDep, StoreDep
 from inferlb.errors import ClientError, InvalidRequest
 from inferlb.store.ledger import cost_report
-from inferlb.store.queries import MAX_LIMIT, get_request, list_requests, parse_group_by, parse_time, sla_report
+from inferlb.store.queries import MAX_LIMIT, get_request, list_requests
+from inferlb.store.report_params import parse_group_by, parse_time
+from inferlb.store.sla import sla_report
 from inferlb.store.tabular import report_columns, to_csv
 
 __all__ = ["AuditRecordNotFound", "router"]

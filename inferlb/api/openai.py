@@ -28,14 +28,15 @@ from inferlb.api.labels import clean_text, model_label
 from inferlb.api.responses import validate_responses
 from inferlb.api.validation import (
     ValidatedRequest,
-    parse_json_body,
     validate_chat,
     validate_completions,
     validate_embeddings,
     validate_predict,
 )
+from inferlb.api.validation_json import parse_json_body
 from inferlb.config.versions import VERSION_NAME
-from inferlb.engine.gateway import Gateway, IncomingRequest
+from inferlb.engine.gateway import Gateway
+from inferlb.engine.scope import IncomingRequest
 from inferlb.errors import ClientError, Forbidden, InvalidRequest, ModelNotFound, PayloadTooLarge
 
 __all__ = ["read_body", "router"]

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse
 from inferlb.api.deps import OptionalStoreDep, RolloutsDep
 from inferlb.config.rollout import RolloutSpec
 from inferlb.errors import StoreError
-from inferlb.rollout.manager import RolloutNotFound
+from inferlb.rollout.errors import RolloutNotFound
 from inferlb.rollout.store import get_rollout, list_rollouts, rollout_events
 
 __all__ = ["router"]

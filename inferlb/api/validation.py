@@ -63,14 +63,12 @@ from typing import Any, Final, Literal
 from inferlb.api import validation_fields as f
 from inferlb.api.validation_content import _check_messages, _check_prompt, _Text
 from inferlb.api.validation_fields import fail as _fail
-from inferlb.api.validation_json import parse_json_body
 
 __all__ = [
     "DEFAULT_MAX_ITEMS",
     "DEFAULT_MAX_MESSAGES",
     "DEFAULT_MAX_N",
     "ValidatedRequest",
-    "parse_json_body",
     "validate_chat",
     "validate_completions",
     "validate_embeddings",

@@ -3,7 +3,7 @@
 Layout: its config is ``inferlb/config/autoscale.py`` (the fleet file's ``autoscale:`` section);
 here ``forecast`` (forecasters), ``capacity`` (tokens/s at SLO per replica, learned from the audit
 trail), ``capacity_query`` (the capacity report's query), ``planner`` (pure: the plan), ``policy``
-(:class:`Autoscaler`, the ``observe → forecast → plan`` object a backtest drives), ``actuators``
+(:class:`~.policy.Autoscaler`, the ``observe → forecast → plan`` object a backtest drives), ``actuators``
 (the table) and ``actuator_*`` (dry-run, local, kubernetes, webhook), ``fleet_port`` (the local
 actuator adds, drains and removes gateway nodes through the live node-admin operations),
 ``runner`` (runs ``processes/autoscale.bpmn`` every interval on one replica), ``scope`` (what the
@@ -11,7 +11,4 @@ actuator adds, drains and removes gateway nodes through the live node-admin oper
 ``advice`` (the capacity report's words). Importing this package creates nothing.
 """
 
-from inferlb.autoscale.policy import Autoscaler, LoadHistory
-from inferlb.config.autoscale import ActuatorConfig, AutoscaleConfig, PoolConfig
-
-__all__ = ["ActuatorConfig", "AutoscaleConfig", "Autoscaler", "LoadHistory", "PoolConfig"]
+__all__: list[str] = []

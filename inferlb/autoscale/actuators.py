@@ -14,13 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferlb.autoscale.actuator import Actuator, PoolResult, guard_min
+from inferlb.autoscale.actuator import Actuator
 from inferlb.autoscale.actuator_dryrun import DryRunActuator
 from inferlb.config.autoscale import ACTUATORS, AutoscaleConfig
 from inferlb.types import Clock
 
-__all__ = ["Actuator", "ActuatorContext", "DryRunActuator", "PoolResult", "build_actuator", "guard_min",
-           "make_dry_run", "make_kubernetes", "make_local", "make_webhook"]
+__all__ = ["ActuatorContext", "build_actuator", "make_dry_run", "make_kubernetes", "make_local", "make_webhook"]
 
 
 @dataclass(frozen=True)

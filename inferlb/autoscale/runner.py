@@ -38,7 +38,7 @@ from inferlb.autoscale.record import fallback_kind
 from inferlb.autoscale.scope import AutoscaleScope
 from inferlb.errors import WorkflowRuntimeError
 from inferlb.types import Clock
-from inferlb.workflow import ProcessDefinition
+from inferlb.workflow.definition import ProcessDefinition
 
 __all__ = ["AutoscaleRunner"]
 

@@ -25,7 +25,7 @@ from inferlb.autoscale.store import insert_scaling_events
 from inferlb.config.settings import FleetConfig
 from inferlb.fleet.state import Fleet
 from inferlb.types import Clock
-from inferlb.workflow import ProcessDefinition
+from inferlb.workflow.definition import ProcessDefinition
 
 __all__ = ["build_autoscaler"]
 

@@ -6,8 +6,8 @@
 What runs: the workload's plan (:func:`~inferlb.bench.loadgen.workload.iter_plan`) over
 ``warmup_days + days``; the warm-up days are not simulated, only binned into tokens/s per step
 (the history a gateway's audit trail would hold when the week starts); the ``days`` after it run
-in :class:`~inferlb.simulator.des.Simulation` (the real routing core, the continuous-batching
-node engines) with the :class:`~inferlb.autoscale.Autoscaler` as its controller
+in :class:`~inferlb.simulator.des.sim.Simulation` (the real routing core, the continuous-batching
+node engines) with the :class:`~inferlb.autoscale.policy.Autoscaler` as its controller
 (:class:`~.autoscale_controller.ScalerController`: one round every ``interval_s``, cold start on
 every new node, scale-down drains before it removes). One pool: the workload's model on one GPU
 preset. The policies differ only in the forecaster the same Autoscaler holds:
@@ -48,12 +48,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferlb.autoscale import AutoscaleConfig, Autoscaler
 from inferlb.autoscale.forecast import make_forecaster
+from inferlb.autoscale.policy import Autoscaler
 from inferlb.bench.autoscale_controller import ScalerController
 from inferlb.bench.des_report import des_summary
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, iter_plan, plan
-from inferlb.simulator.des import DesResults, Simulation
+from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.simulator.des.results import DesResults
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import NodeSpec
 

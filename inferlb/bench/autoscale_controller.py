@@ -1,7 +1,7 @@
 """The autoscaler as the discrete-event simulation's controller: the gateway's policy object on a DES fleet.
 
-:class:`ScalerController` is a :data:`~inferlb.simulator.des.Controller` (called every
-``control_every_s`` of virtual time with the :class:`~inferlb.simulator.des.Simulation`). Each call
+:class:`ScalerController` is a :data:`~inferlb.simulator.des.api.Controller` (called every
+``control_every_s`` of virtual time with the :class:`~inferlb.simulator.des.sim.Simulation`). Each call
 is one autoscaler round, as ``processes/autoscale.bpmn`` runs it in the gateway
 (:mod:`inferlb.autoscale.runner`), with the DES in place of the audit trail and the actuator:
 
@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inferlb.autoscale import Autoscaler, LoadHistory
 from inferlb.autoscale.capacity import Capacity
-from inferlb.simulator.des import Simulation
+from inferlb.autoscale.policy import Autoscaler, LoadHistory
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["RoundRow", "ScalerController"]

@@ -1,6 +1,6 @@
 """The gateway's admission rules in a discrete-event run: the real :class:`AdmissionController`.
 
-Contract: :class:`GatewayAdmission` implements :class:`inferlb.simulator.des.Admission` by driving
+Contract: :class:`GatewayAdmission` implements :class:`inferlb.simulator.des.admission.Admission` by driving
 the gateway's own :class:`~inferlb.admission.controller.AdmissionController` (priority
 classes, pool slots, the "hot pool" rule, the bounded priority queue with its expected-wait
 shedding and evictions, the service-time EWMA) the way the request process does: ``admit`` per

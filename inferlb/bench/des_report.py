@@ -17,7 +17,7 @@ from typing import Any
 
 from inferlb.bench.loadgen.results import pcts
 from inferlb.bench.loadgen.workload import Workload
-from inferlb.simulator.des import OUTCOMES, DesResults
+from inferlb.simulator.des.results import OUTCOMES, DesResults
 
 __all__ = ["des_summary"]
 

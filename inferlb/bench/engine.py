@@ -58,8 +58,9 @@ from inferlb.engine.scope import IncomingRequest, Runtime, begin_request, build_
 from inferlb.store.records import RequestRecord
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
 from inferlb.types import ManualClock
-from inferlb.workflow import TIMER_OPERATION, ProcessDefinition, load_process
+from inferlb.workflow.definition import ProcessDefinition, load_process
 from inferlb.workflow.services import ServiceSpec, ServiceTable
+from inferlb.workflow.spiff import TIMER_OPERATION
 
 __all__ = ["ENGINES", "SCENARIOS", "EngineScenario", "default_process_path", "main", "measure_engine"]
 

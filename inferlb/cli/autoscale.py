@@ -32,7 +32,7 @@ class SimLauncher:
         self.default_output_tokens = default_output_tokens
 
     async def start(self, name: str, model: str, gpu: str, cold_start_s: float) -> LaunchedNode:
-        from inferlb.simulator import EmulatedNode
+        from inferlb.simulator.node import EmulatedNode
         from inferlb.simulator.presets import PRESETS, preset_spec
 
         preset = gpu if gpu in PRESETS else "l4"

@@ -103,7 +103,8 @@ def demo_banner(settings: Settings, nodes: list[str]) -> str:
 
 
 async def _demo(args: argparse.Namespace) -> None:
-    from inferlb.simulator import SimFleet, demo_specs
+    from inferlb.simulator.emulator import SimFleet
+    from inferlb.simulator.spec import demo_specs
 
     async with SimFleet(demo_specs()) as sim:
         urls = {name: node.url for name, node in sim.nodes.items()}

@@ -82,7 +82,7 @@ def routing_command(args: argparse.Namespace, database_url: str) -> int:
     from inferlb.learned.policy_gate import logged_decisions
     from inferlb.routing.ope_replay import MIN_ESS, evaluate, softmax_policy
     from inferlb.store.db import make_engine
-    from inferlb.store.queries import parse_time
+    from inferlb.store.report_params import parse_time
 
     try:
         now = time.time()

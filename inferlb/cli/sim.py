@@ -70,7 +70,7 @@ def nodes_command(args: argparse.Namespace) -> int:
 
 async def _serve_nodes(args: argparse.Namespace) -> None:
     from inferlb.errors import ConfigError
-    from inferlb.simulator import serve_sim
+    from inferlb.simulator.emulator import serve_sim
     from inferlb.simulator.presets import cli_specs
 
     def ready(urls: dict[str, str]) -> None:
@@ -106,7 +106,8 @@ def des_command(args: argparse.Namespace) -> int:
     from inferlb.bench.loadgen.trace import load_trace
     from inferlb.bench.loadgen.workload import load_workload, plan
     from inferlb.errors import ConfigError
-    from inferlb.simulator.des import OpenAdmission, Simulation
+    from inferlb.simulator.des.admission import OpenAdmission
+    from inferlb.simulator.des.sim import Simulation
 
     try:
         w = load_workload(args.workload)

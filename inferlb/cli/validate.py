@@ -47,7 +47,7 @@ def validate_command(args: argparse.Namespace) -> int:
     """Run ``inferlb validate`` (the module docstring says what it prints and returns)."""
     from inferlb.app import check_startup_files
     from inferlb.tasks import HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
-    from inferlb.workflow import load_process
+    from inferlb.workflow.definition import load_process
 
     if args.file is None and args.config is None:
         print("inferlb: error: validate needs a BPMN FILE, --config FLEET, or both", file=sys.stderr)

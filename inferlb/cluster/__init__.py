@@ -10,6 +10,4 @@ metrics). Only ``create_app`` builds any of it, and only when the cluster is on:
 alone runs the plain controller with no cluster code on its request path.
 """
 
-from inferlb.config.cluster import ClusterSettings
-
-__all__ = ["ClusterSettings"]
+__all__: list[str] = []

@@ -182,7 +182,7 @@ class RoutingConfig(_Strict):
     def build_router(self, **overrides: Any) -> Router:
         """A new router of this config (``engine.routing.build_router`` with every field here);
         ``overrides`` replace or add keyword arguments (a seed, a clock, a lifecycle)."""
-        from inferlb.routing import build_router
+        from inferlb.routing.profiles import build_router
 
         kw: dict[str, Any] = {"filters": self.filters, "scorers": self.scorers, "picker": self.picker,
                               "params": self.params, "seed": self.seed, "sample": self.sample,

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from inferlb.config.discovery import KubernetesDiscoveryConfig
+from inferlb.errors import InferlbError
 
 __all__ = ["EndpointSliceClient", "WatchGone", "api_error"]
 
 GONE = 410
 
 
-class WatchGone(Exception):
+class WatchGone(InferlbError):
     """The watch's resourceVersion is gone (HTTP 410): list again."""
 
 

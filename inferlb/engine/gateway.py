@@ -38,9 +38,11 @@ from inferlb.errors import (
 )
 from inferlb.routing.lifecycle import observe_decision
 from inferlb.store.records import AttemptRecord, RequestRecord
-from inferlb.workflow import TIMER_OPERATION, ExternalCall, Instance, ProcessDefinition
+from inferlb.workflow.base import ExternalCall, Instance
+from inferlb.workflow.definition import ProcessDefinition
+from inferlb.workflow.spiff import TIMER_OPERATION
 
-__all__ = ["Gateway", "IncomingRequest", "Performer"]   # IncomingRequest lives in scope.py
+__all__ = ["Gateway", "Performer"]
 
 log = logging.getLogger("inferlb.gateway")
 

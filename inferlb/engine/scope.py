@@ -25,19 +25,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferlb.admission import AdmissionController
+from inferlb.admission.controller import AdmissionController
 from inferlb.config.settings import FleetConfig, Settings
 from inferlb.engine.request_ids import new_request_id
 from inferlb.engine.tokens import TokenEstimator
 from inferlb.fleet.state import Fleet
-from inferlb.routing import Decision, Router
 from inferlb.routing.prefix import block_hashes, text_key
+from inferlb.routing.profiles import Router
+from inferlb.routing.types import Decision
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.types import Clock
 from inferlb.versions.table import Version, VersionTable
 
 if TYPE_CHECKING:
-    from inferlb.workflow import ProcessDefinition
+    from inferlb.workflow.definition import ProcessDefinition
 
 __all__ = ["IncomingRequest", "RequestScope", "Runtime", "Snapshot", "begin_request", "build_runtime"]
 

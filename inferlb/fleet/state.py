@@ -1,7 +1,7 @@
 """Nodes and their live state as the gateway sees it.
 
 The gateway (one event loop) mutates :class:`NodeState` counters on dispatch start/end and on
-outcomes; routing reads immutable :class:`~inferlb.routing.NodeView` snapshots from
+outcomes; routing reads immutable :class:`~inferlb.routing.types.NodeView` snapshots from
 :meth:`Fleet.views`, kept up to date incrementally (a node's view is rebuilt when its state
 changes, not per request); the node-health process (``processes/node_health.bpmn``, through
 :mod:`inferlb.health.isolation`) moves nodes between states on its sweeps. Time comes from
@@ -54,7 +54,7 @@ from inferlb.node_types import NodeEvent
 from inferlb.routing.types import NodeList, NodeView
 from inferlb.types import Clock
 
-__all__ = ["ROUTABLE", "Fleet", "NodeState"]   # NodeState lives in fleet_node.py
+__all__ = ["ROUTABLE", "Fleet"]
 
 ROUTABLE = frozenset({"healthy", "half_open", "cooldown"})   # cooldown: only once cooldown_until passed
 _PANIC_ELIGIBLE = frozenset({"ejected", "down"})

@@ -33,7 +33,8 @@ from inferlb.health.probe import Prober
 from inferlb.health.scope import HealthScope
 from inferlb.node_types import NodeEvent
 from inferlb.types import Clock
-from inferlb.workflow import TIMER_OPERATION, ProcessDefinition
+from inferlb.workflow.definition import ProcessDefinition
+from inferlb.workflow.spiff import TIMER_OPERATION
 
 __all__ = ["HealthMonitor", "check_health_config"]
 

@@ -70,7 +70,7 @@ from inferlb.store import StoreHandle
 from inferlb.store.overrides import NodeOverride, StaleOverrides, load_overrides, read_revision, save_override
 from inferlb.store.revision_watch import PollWatch, RevisionWatch
 from inferlb.types import Clock
-from inferlb.workflow import ProcessDefinition
+from inferlb.workflow.definition import ProcessDefinition
 
 __all__ = ["RESTART_ONLY", "LiveConfig"]
 

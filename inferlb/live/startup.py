@@ -21,7 +21,7 @@ from pathlib import Path
 from inferlb.config.settings import FleetConfig, Settings
 from inferlb.errors import ConfigError
 from inferlb.health.monitor import check_health_config
-from inferlb.workflow import ProcessDefinition, load_process
+from inferlb.workflow.definition import ProcessDefinition, load_process
 from inferlb.workflow.services import ProcessContract, ServiceTable
 
 __all__ = ["Checked", "check_files", "check_journal_dir"]

@@ -2,7 +2,7 @@
 
 Contract: ``RolloutBusy`` is a 409 (a model's second running rollout, or a rollout not running),
 ``RolloutNotFound`` a 404 (no such id), ``RolloutUnavailable`` a 503 (the ``rollouts`` row could
-not be written: nothing was applied). They stay importable from :mod:`.manager`.
+not be written: nothing was applied).
 """
 
 from __future__ import annotations

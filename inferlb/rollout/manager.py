@@ -36,8 +36,8 @@ Contract:
 * Time comes from the injected clock; nothing here sleeps except the timer loop itself.
 * Layout: this module holds the state, starting and aborting, the round driver, the reloads and
   the timer; :mod:`.persist` the database side (writes, resume, :meth:`sync`), :mod:`.rounds`
-  one round on SpiffWorkflow and the process's operations, :mod:`.errors` the client errors.
-  Every public name stays importable from here.
+  one round on SpiffWorkflow and the process's operations, :mod:`.errors` the client errors; each
+  name is imported from the module that defines it.
 """
 
 from __future__ import annotations
@@ -56,18 +56,18 @@ from inferlb.config.rollout import RolloutConfig, RolloutCriteria, RolloutSpec
 from inferlb.errors import Conflict, InvalidRequest, StoreError
 from inferlb.rollout.errors import RolloutBusy, RolloutNotFound, RolloutUnavailable
 from inferlb.rollout.persist import RolloutPersistence
-from inferlb.rollout.rounds import RolloutRounds, RolloutScope
+from inferlb.rollout.rounds import RolloutRounds
 from inferlb.rollout.state import Rollout, new_rollout_id
 from inferlb.rollout.store import RolloutConflict, insert_rollout
 from inferlb.rollout.window import VersionWindow
 from inferlb.types import Clock
 from inferlb.versions.table import VersionTable
-from inferlb.workflow import ProcessDefinition
+from inferlb.workflow.definition import ProcessDefinition
 
 if TYPE_CHECKING:   # settings imports rollout.config: a runtime import here would be a cycle
     from inferlb.config.settings import FleetConfig
 
-__all__ = ["RolloutBusy", "RolloutManager", "RolloutNotFound", "RolloutScope", "RolloutUnavailable"]
+__all__ = ["RolloutManager"]
 
 log = logging.getLogger("inferlb.rollout")
 

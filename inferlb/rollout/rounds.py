@@ -24,7 +24,8 @@ from inferlb.rollout.guard import Counts, guard
 from inferlb.rollout.state import Rollout
 from inferlb.rollout.window import VersionWindow
 from inferlb.types import Clock
-from inferlb.workflow import TIMER_OPERATION, ProcessDefinition
+from inferlb.workflow.definition import ProcessDefinition
+from inferlb.workflow.spiff import TIMER_OPERATION
 
 if TYPE_CHECKING:   # manager.py mixes this class in: a runtime import would be a cycle
     from inferlb.rollout.manager import RolloutManager

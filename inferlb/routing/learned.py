@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferlb.errors import InferlbError
 from inferlb.routing.quantile import WindowQuantile
 from inferlb.routing.types import NodeView, RouteRequest
 
@@ -22,7 +23,7 @@ __all__ = ["BanditChoice", "PredictedLatency", "PredictedLatencyParams", "Predic
            "SoftmaxBandit", "SoftmaxBanditParams"]
 
 
-class PredictionFault(Exception):
+class PredictionFault(InferlbError):
     """The predictor's answer cannot be used (NaN, infinite, ≤ 0, missing, or it raised)."""
 
 

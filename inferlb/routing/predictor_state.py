@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from inferlb.errors import InferlbError
 from inferlb.routing.features import FEATURE_NAMES, N_FEATURES
 from inferlb.routing.lifecycle import LifecycleParams
 from inferlb.routing.predictor import OnlineLinear, OnlineLinearParams
@@ -30,8 +31,9 @@ __all__ = ["FORMAT", "IncompatibleState", "restore", "state_of"]
 FORMAT = "inferlb.online-linear/1"
 
 
-class IncompatibleState(ValueError):
-    """A saved predictor this gateway cannot use (the message says why)."""
+class IncompatibleState(InferlbError, ValueError):
+    """A saved predictor this gateway cannot use (the message says why). Still a ``ValueError``, as
+    it was before it joined the tree, so a caller that caught it as one still does."""
 
 
 def state_of(model: object) -> dict[str, Any] | None:

@@ -14,10 +14,9 @@ from fastapi import FastAPI
 
 from inferlb.config.settings import Settings
 from inferlb.server.lifecycle import GatewayServer
-from inferlb.server.protocol import EdgeLimits, GatewayConfig, GuardedHttpToolsProtocol
+from inferlb.server.protocol import EdgeLimits, GatewayConfig
 
-__all__ = ["EdgeLimits", "GatewayConfig", "GatewayServer", "GuardedHttpToolsProtocol", "build_server",
-           "edge_limits"]
+__all__ = ["build_server", "edge_limits"]
 
 
 def edge_limits(settings: Settings) -> EdgeLimits:

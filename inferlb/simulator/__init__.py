@@ -9,29 +9,4 @@ JSON), ``stats`` (its counters), ``emulator`` (``SimFleet``, ``serve_sim``). The
 the benchmarks that drive these nodes live in :mod:`inferlb.bench`.
 """
 
-from inferlb.simulator.batching import BatchCore
-from inferlb.simulator.emulator import SimFleet, serve_sim
-from inferlb.simulator.latency import LatencyModel, TokenSchedule, estimate_tokens
-from inferlb.simulator.node import EmulatedNode
-from inferlb.simulator.presets import PRESETS, fleet_specs, preset_spec
-from inferlb.simulator.spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec, demo_specs
-from inferlb.simulator.stats import NodeStats
-
-__all__ = [
-    "PRESETS",
-    "BatchCore",
-    "BatchSpec",
-    "EmulatedNode",
-    "FaultSpec",
-    "GpuSpec",
-    "LatencyModel",
-    "NodeSpec",
-    "NodeStats",
-    "SimFleet",
-    "TokenSchedule",
-    "demo_specs",
-    "estimate_tokens",
-    "fleet_specs",
-    "preset_spec",
-    "serve_sim",
-]
+__all__: list[str] = []

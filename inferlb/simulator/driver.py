@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from inferlb.errors import InferlbError
 from inferlb.simulator.batching import BatchCore, Seq, SeqState, StepReport
 from inferlb.simulator.latency import TokenSchedule
 from inferlb.types import Clock
@@ -24,7 +25,7 @@ from inferlb.types import Clock
 __all__ = ["BatchDriver", "BatchSource", "NodeCrashed", "ScheduleSource", "TokenSource"]
 
 
-class NodeCrashed(Exception):
+class NodeCrashed(InferlbError):
     """The sequence was lost: the node crashed (OOM) or could not hold it."""
 
 

@@ -12,23 +12,11 @@ import random
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from inferlb.simulator.latency import LatencyModel, TokenSchedule
 from inferlb.simulator.node import EmulatedNode
-from inferlb.simulator.spec import FaultSpec, NodeSpec, demo_specs
-from inferlb.simulator.stats import NodeStats
+from inferlb.simulator.spec import NodeSpec, demo_specs
 from inferlb.types import Clock
 
-__all__ = [
-    "EmulatedNode",
-    "FaultSpec",
-    "LatencyModel",
-    "NodeSpec",
-    "NodeStats",
-    "SimFleet",
-    "TokenSchedule",
-    "demo_specs",
-    "serve_sim",
-]
+__all__ = ["SimFleet", "serve_sim"]
 
 
 class SimFleet:

@@ -39,9 +39,9 @@ from inferlb.simulator.latency import LatencyModel, TokenSchedule
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
 from inferlb.simulator.respond import HANG_CAP_S, write_stream, write_unary
 from inferlb.simulator.server import NodeServer
-from inferlb.simulator.stats import MAX_TRACKED_IDS, NodeStats
+from inferlb.simulator.stats import MAX_TRACKED_IDS
 
-__all__ = ["SIM_OUTPUT_FIELD", "EmulatedNode", "NodeStats"]
+__all__ = ["SIM_OUTPUT_FIELD", "EmulatedNode"]
 
 _JSON = "application/json"
 # A request field only the emulator reads: the length the "model" would stop at on its own (EOS),

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inferlb.errors import InferlbError
 from inferlb.simulator.latency import estimate_tokens
 
 __all__ = [
@@ -88,8 +89,10 @@ def error_body(message: str, *, type_: str = "invalid_request_error", code: str 
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-class OptionError(ValueError):
-    """A sampling field with an unusable value; ``param`` names it for the error envelope."""
+class OptionError(InferlbError, ValueError):
+    """A sampling field with an unusable value; ``param`` names it for the error envelope. Also a
+    ``ValueError``: the node's embeddings handler catches ``ValueError`` from :func:`embeddings_body` and
+    reads ``param`` when it is this one."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)

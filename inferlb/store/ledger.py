@@ -42,7 +42,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from inferlb.cost import Share, cost_of, node_prices
+from inferlb.cost import Share, cost_of
 from inferlb.store.read import run_query
 from inferlb.store.report_params import (
     GROUP_BY,
@@ -66,7 +66,6 @@ __all__ = [
     "attribute",
     "build_ledger",
     "cost_report",
-    "node_prices",
 ]
 
 LOOKBACK_S = 86_400

@@ -1,10 +1,10 @@
 """Read side of the audit store: the audit list and one request (the SLA report is :mod:`.sla`,
-the parameters :mod:`.report_params`; both re-exported here).
+the parameters :mod:`.report_params`).
 
 Contract:
 
 * Times in and out are epoch seconds (floats, µs precision); the time window is ``since``
-  inclusive, ``until`` exclusive, on ``received_at``. :func:`parse_time` turns user input (epoch
+  inclusive, ``until`` exclusive, on ``received_at``. :func:`~.report_params.parse_time` turns user input (epoch
   seconds, ISO-8601, or a look-back like ``15m`` / ``24h`` / ``7d``) into that.
 * Bad filter values raise :class:`~inferlb.errors.InvalidRequest` naming the parameter, so
   the API answers 400; database failures raise :class:`~inferlb.errors.StoreError`.
@@ -23,44 +23,15 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from inferlb.errors import InvalidRequest
 from inferlb.store.read import run_query
 from inferlb.store.report_params import (
-    GROUP_BY,
-    MAX_BUCKETS,
     _check_filter,
     _check_window,
     _decode_cursor,
     _encode_cursor,
     _window,
-    bucket_of,
-    check_buckets,
-    group_columns,
-    parse_bucket,
-    parse_group_by,
-    parse_time,
-    time_window,
 )
 from inferlb.store.schema import ATTEMPTS, REQUESTS, from_us
-from inferlb.store.sla import CLIENT_STATUSES, SLA_COLUMNS, percentile, sla_report, sla_report_python
 
-__all__ = [
-    "CLIENT_STATUSES",
-    "GROUP_BY",
-    "MAX_BUCKETS",
-    "MAX_LIMIT",
-    "SLA_COLUMNS",
-    "bucket_of",
-    "check_buckets",
-    "get_request",
-    "group_columns",
-    "list_requests",
-    "parse_bucket",
-    "parse_group_by",
-    "parse_time",
-    "percentile",
-    "run_query",
-    "sla_report",
-    "sla_report_python",
-    "time_window",
-]
+__all__ = ["MAX_LIMIT", "get_request", "list_requests"]
 
 MAX_LIMIT = 1000
 

@@ -44,7 +44,7 @@ from inferlb.store.journal import _fsync_dir, _write_all
 from inferlb.store.records import RequestRecord
 from inferlb.store.rows import UNKNOWN_OUTCOME
 
-__all__ = ["UNKNOWN_OUTCOME", "Recovered", "Wal", "recover", "start_entry"]
+__all__ = ["Recovered", "Wal", "recover", "start_entry"]
 
 _PREFIX = "wal-"
 _SUFFIX = ".log"

@@ -48,11 +48,10 @@ import math
 
 from inferlb.errors import AuditUnavailable, StoreError
 from inferlb.store.records import RequestRecord
-from inferlb.store.rows import record_rows, upsert_records
 from inferlb.store.wal import start_entry
 from inferlb.store.writer_state import WriterState, _Item
 
-__all__ = ["AuditWriter", "record_rows", "upsert_records"]
+__all__ = ["AuditWriter"]
 
 log = logging.getLogger(__name__)
 

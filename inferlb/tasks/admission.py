@@ -1,6 +1,6 @@
 """``admission/admit``: backpressure — tenant limits, the model pool's slots, queue or shed.
 
-Thin adapter to :class:`~inferlb.admission.AdmissionController` (``scope.rt.admission``).
+Thin adapter to :class:`~inferlb.admission.controller.AdmissionController` (``scope.rt.admission``).
 The operation never blocks: when the pool is saturated it answers ``queue`` and the process parks
 on the external ``admission/wait`` task (performed by the gateway), then comes back here.
 

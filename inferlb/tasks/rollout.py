@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inferlb.rollout.manager import RolloutScope
+from inferlb.rollout.rounds import RolloutScope
 
 __all__ = ["decide", "observe", "promote", "record", "rollback"]
 

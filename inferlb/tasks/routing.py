@@ -8,7 +8,7 @@ from typing import Any
 
 from inferlb.engine.endpoints import serves
 from inferlb.engine.scope import RequestScope
-from inferlb.routing import NodeView, RouteRequest
+from inferlb.routing.types import NodeView, RouteRequest
 
 __all__ = ["fallback", "select"]
 

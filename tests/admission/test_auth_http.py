@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, running_gateway, settings_for
 
 ADMIN = "admin-" + "x" * 32

@@ -8,8 +8,8 @@ from typing import Any
 
 from inferlb.app import request_end
 from inferlb.config.settings import Settings, fleet_from_mapping
-from inferlb.engine.gateway import Gateway, IncomingRequest
-from inferlb.engine.scope import RequestScope, build_runtime
+from inferlb.engine.gateway import Gateway
+from inferlb.engine.scope import IncomingRequest, RequestScope, build_runtime
 from inferlb.store.records import RequestRecord
 from inferlb.types import ManualClock
 

@@ -13,7 +13,8 @@ import httpx
 
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from inferlb.types import Clock, ManualClock
 from tests.support import running_gateway, settings_for
 

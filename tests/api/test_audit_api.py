@@ -18,7 +18,8 @@ from inferlb.errors import ClientError
 from inferlb.store import StoreHandle
 from inferlb.store.db import make_engine, upgrade
 from inferlb.store.records import AttemptRecord, RequestRecord
-from inferlb.store.writer import AuditWriter, upsert_records
+from inferlb.store.rows import upsert_records
+from inferlb.store.writer import AuditWriter
 from inferlb.types import ManualClock
 
 T0 = 1_767_225_600.0

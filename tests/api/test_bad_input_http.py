@@ -12,7 +12,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

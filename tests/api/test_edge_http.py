@@ -24,7 +24,7 @@ import pytest_asyncio
 from inferlb.app import create_app
 from inferlb.config.settings import load_settings
 from inferlb.server import build_server
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, free_port, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from inferlb.api.labels import MAX_STORED_CHARS, UNKNOWN_MODEL, clean_text
 from inferlb.config.admission import AdmissionSettings
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 ADMIN = "admin-" + "y" * 32

@@ -27,7 +27,7 @@ import pytest
 from inferlb.api.schema import REQUEST_BODIES
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, running_gateway, settings_for
 
 MAX_EXAMPLES = 15

@@ -11,12 +11,12 @@ from typing import Any
 
 from inferlb.api.validation import (
     ValidatedRequest,
-    parse_json_body,
     validate_chat,
     validate_completions,
     validate_embeddings,
     validate_predict,
 )
+from inferlb.api.validation_json import parse_json_body
 from inferlb.errors import ClientError
 from tests.api.validation_support import _TOOL, CANARY, _assert_clean, _chat, _fmt, _fn, _tools
 

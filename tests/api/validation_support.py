@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferlb.api.validation import parse_json_body
+from inferlb.api.validation_json import parse_json_body
 from inferlb.errors import ClientError
 
 __all__ = [

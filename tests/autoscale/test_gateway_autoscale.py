@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from inferlb.autoscale.actuators import DryRunActuator, PoolResult
+from inferlb.autoscale.actuator import PoolResult
+from inferlb.autoscale.actuator_dryrun import DryRunActuator
 from inferlb.autoscale.observe import audit_observer
 from inferlb.autoscale.planner import Plan
 from inferlb.autoscale.policy import Autoscaler
@@ -20,7 +21,7 @@ from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.config.settings import SLOConfig
 from inferlb.tasks import AUTOSCALE_CONTRACT, SERVICES
 from inferlb.types import ManualClock
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 from tests.autoscale.conftest import T0, TOKENS, per_minute, seasonal_records, seed
 from tests.support import ROOT
 

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inferlb.autoscale import AutoscaleConfig, Autoscaler
 from inferlb.autoscale.forecast import make_forecaster
+from inferlb.autoscale.policy import Autoscaler
 from inferlb.bench.autoscale_backtest import BacktestOptions, make_trace, run_backtest
 from inferlb.bench.autoscale_controller import ScalerController
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload
 from inferlb.cli.main import main
-from inferlb.simulator.des import Simulation
+from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 
 # One simulated day of a small fleet: a tenth of the built-in workload's rate (~22 k requests).

@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inferlb.bench.loadgen import PlannedRequest, Workload, plan, run_plan, summarize
-from inferlb.simulator import NodeSpec, SimFleet
-from inferlb.simulator.spec import BatchSpec
+from inferlb.bench.loadgen.results import summarize
+from inferlb.bench.loadgen.runner import run_plan
+from inferlb.bench.loadgen.workload import PlannedRequest, Workload, plan
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import BatchSpec, NodeSpec
 from tests.support import ROOT, fleet_for, running_gateway, settings_for
 
 

@@ -16,7 +16,7 @@ from inferlb.bench.loadgen.results import is_good
 from inferlb.bench.loadgen.runner import Outcome
 from inferlb.bench.loadgen.workload import Workload, plan
 from inferlb.config.admission import AdmissionPolicy
-from inferlb.simulator.des import Simulation
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import BatchSpec, NodeSpec
 from tests.support import ROOT

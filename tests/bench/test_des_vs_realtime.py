@@ -2,7 +2,7 @@
 
 Same nodes (two continuous-batching engines, one 2.5× faster), same seeded plan, same routing
 profile (token-aware, seed 1) and the gateway's default admission policy. Real time: the nodes are
-:class:`~inferlb.simulator.SimFleet` HTTP servers driven by their step loop, the gateway is the real
+:class:`~inferlb.simulator.emulator.SimFleet` HTTP servers driven by their step loop, the gateway is the real
 app (the request process, routing over its fleet snapshots, health scrapes), the client is
 ``run_plan``, the load generator of ``bench run``. Virtual time: :class:`Simulation`.
 
@@ -28,12 +28,14 @@ import pytest
 
 from inferlb.bench.des_admission import GatewayAdmission
 from inferlb.bench.des_report import des_summary
-from inferlb.bench.loadgen import Workload, plan, run_plan, summarize
+from inferlb.bench.loadgen.results import summarize
+from inferlb.bench.loadgen.runner import run_plan
 from inferlb.bench.loadgen.stack import gateway_fleet
+from inferlb.bench.loadgen.workload import Workload, plan
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import NodeSpec, SimFleet
-from inferlb.simulator.des import Simulation
-from inferlb.simulator.spec import BatchSpec
+from inferlb.simulator.des.sim import Simulation
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import BatchSpec, NodeSpec
 from tests.support import running_gateway, settings_for
 
 WORKLOAD = Workload(model="m", duration_s=8.0, arrival={"kind": "poisson", "rate": 6},

@@ -10,21 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from inferlb.bench.loadgen import (
-    Arrival,
-    LengthDist,
-    Outcome,
-    RunData,
-    Workload,
-    load_trace,
-    load_workload,
-    parse_trace,
-    plan,
-    summarize,
-)
 from inferlb.bench.loadgen.report import compare_rows, node_rows, table_markdown
-from inferlb.bench.loadgen.runner import Sample
+from inferlb.bench.loadgen.results import summarize
+from inferlb.bench.loadgen.runner import Outcome, RunData, Sample
 from inferlb.bench.loadgen.stack import gateway_fleet
+from inferlb.bench.loadgen.trace import load_trace, parse_trace
+from inferlb.bench.loadgen.workload import Arrival, LengthDist, Workload, load_workload, plan
 from inferlb.simulator.presets import fleet_specs
 
 

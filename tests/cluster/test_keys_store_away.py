@@ -20,7 +20,7 @@ from tests.support import fast_specs, running_gateway, settings_for
 
 async def test_keys_served_from_a_bounded_cache_while_the_database_is_away(tmp_path: Path) -> None:
     from inferlb.config.admission import AdmissionSettings
-    from inferlb.simulator import SimFleet
+    from inferlb.simulator.emulator import SimFleet
 
     async with SimFleet(fast_specs(2)) as sim:
         urls = {n: node.url for n, node in sim.nodes.items()}
@@ -60,7 +60,7 @@ async def test_keys_served_from_a_bounded_cache_while_the_database_is_away(tmp_p
 
 async def test_a_single_gateway_always_leads(tmp_path: Path) -> None:
     from inferlb.app import leader, leadership
-    from inferlb.simulator import SimFleet
+    from inferlb.simulator.emulator import SimFleet
 
     async with SimFleet(fast_specs(1)) as sim:
         urls = {n: node.url for n, node in sim.nodes.items()}

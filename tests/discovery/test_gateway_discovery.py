@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.discovery.apiserver import FakeApiServer, Running
 from tests.support import fast_specs, running_gateway, settings_for
 

@@ -20,11 +20,12 @@ from inferlb.config.settings import Settings, TimeoutConfig, fleet_from_mapping
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.scope import IncomingRequest, build_runtime
 from inferlb.engine.upstream import Upstream, UpstreamResponse
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from inferlb.store.records import RequestRecord
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
 from inferlb.types import ManualClock
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 
 MAIN = Path(__file__).resolve().parents[2] / "processes" / "inference_request.bpmn"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

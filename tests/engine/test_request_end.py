@@ -27,14 +27,15 @@ from inferlb.engine.request_end import RequestEnd
 from inferlb.engine.scope import IncomingRequest, Runtime, build_runtime
 from inferlb.engine.upstream import Upstream, UpstreamResponse
 from inferlb.observability.hub import Observability
-from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import NodeSpec
 from inferlb.store.db import make_engine, upgrade
 from inferlb.store.ledger import build_ledger, cost_report
 from inferlb.store.records import RequestRecord
 from inferlb.store.rows import upsert_records
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
 from inferlb.types import ManualClock
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 
 MAIN = Path(__file__).resolve().parents[2] / "processes" / "inference_request.bpmn"
 STEPS = ["tenant spend", "admission release", "audit", "metrics", "traces"]

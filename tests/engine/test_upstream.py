@@ -19,8 +19,9 @@ from inferlb.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.node import EmulatedNode
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from inferlb.types import ManualClock
 
 MODEL = "m1"

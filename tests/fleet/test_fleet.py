@@ -280,7 +280,8 @@ def test_at_low_load_every_node_gets_traffic_and_learns_its_speed() -> None:
     # Requests one at a time: a node whose speed is unknown must not lose every tie to the first
     # node that learned one (it would never learn its own); it learns on short requests, and a
     # long one never goes to a node whose speed is unknown while a known one can take it.
-    from inferlb.routing import RouteRequest, build_router
+    from inferlb.routing.profiles import build_router
+    from inferlb.routing.types import RouteRequest
 
     f, _ = make(3)
     true_speed = {"n0": 30.0, "n1": 60.0, "n2": 90.0}

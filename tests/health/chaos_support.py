@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.events import recent_events
 from inferlb.types import ManualClock
 from tests.support import fast_specs, running_gateway, settings_for

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from inferlb.cli.main import main
-from inferlb.simulator import FaultSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec
 from tests.health.chaos_support import chaos_stack, node_events
 from tests.support import free_port
 

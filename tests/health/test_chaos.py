@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferlb.simulator import FaultSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec
 from tests.health.chaos_support import (
     CHAT,
     audit,

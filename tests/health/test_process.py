@@ -17,10 +17,11 @@ from inferlb.fleet.state import Fleet
 from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
 from inferlb.node_types import NodeEvent
-from inferlb.simulator import FaultSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec
 from inferlb.tasks import HEALTH_REQUIRED_TASKS, SERVICES
 from inferlb.types import ManualClock
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 from tests.support import ROOT, fast_specs
 
 FIX = Path(__file__).parent / "fixtures"

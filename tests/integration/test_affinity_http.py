@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from openai import AsyncOpenAI, BadRequestError
 
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 SYSTEM = "You answer questions about the inferlb load balancer, briefly and exactly. " * 20

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.store.test_audit_writer import _table_missing
 from tests.support import ROOT, fast_specs, fleet_for, free_port, running_gateway, settings_for
 

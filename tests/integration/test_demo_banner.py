@@ -40,7 +40,8 @@ async def test_the_demo_ships_two_versions_and_a_rollout_starts_at_once(tmp_path
     import httpx
     from openai import AsyncOpenAI
 
-    from inferlb.simulator import SimFleet, demo_specs
+    from inferlb.simulator.emulator import SimFleet
+    from inferlb.simulator.spec import demo_specs
     from tests.support import running_gateway, settings_for
 
     async with SimFleet(demo_specs()) as sim:

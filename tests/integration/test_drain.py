@@ -24,7 +24,8 @@ import httpx
 import pytest
 import yaml
 
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from tests.support import ROOT, free_port
 
 GUARD_S = 60.0      # hang guard only

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferlb.simulator import FaultSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}

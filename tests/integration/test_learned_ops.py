@@ -21,8 +21,8 @@ from inferlb.cli.routing import routing_command
 from inferlb.config.settings import Settings
 from inferlb.learned.loop import EVENT_NODE as LEARNED_NODE
 from inferlb.learned.policy_gate import EVENT_NODE as POLICY_NODE
-from inferlb.routing import RouteRequest
-from inferlb.simulator import SimFleet
+from inferlb.routing.types import RouteRequest
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 PREDICTOR = {"min_samples": 6, "train_interval_s": 60, "retrain_interval_s": 0,

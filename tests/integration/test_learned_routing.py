@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 
 from inferlb.cli.routing import routing_command
 from inferlb.learned.loop import EVENT_NODE
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.db import make_engine
 from inferlb.store.events import recent_events
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for

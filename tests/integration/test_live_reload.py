@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import Settings
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.db import make_engine
 from inferlb.store.schema import REQUESTS
 from tests.integration.load import steady_load

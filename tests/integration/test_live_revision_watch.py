@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.live.manager import LiveConfig
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.db import make_engine
 from inferlb.store.overrides import NodeOverride, save_override
 from tests.support import fast_specs, running_gateway, settings_for

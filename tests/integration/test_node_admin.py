@@ -15,7 +15,7 @@ from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
 from inferlb.live.fleet_admin import settle
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.integration.load import Load, steady_load
 from tests.support import fast_specs, running_gateway, settings_for
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.schema import NODE_OVERRIDES
 from tests.support import fast_specs, running_gateway, settings_for
 

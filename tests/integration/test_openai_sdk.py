@@ -8,7 +8,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 

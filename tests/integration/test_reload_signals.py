@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from inferlb.cli.main import main
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from tests.support import ROOT, fast_specs, free_port
 
 FIXTURES = ROOT / "tests" / "processes" / "fixtures"

@@ -16,7 +16,8 @@ import yaml
 from sqlalchemy import select
 
 from inferlb.config.settings import Settings
-from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import NodeSpec
 from inferlb.store.db import make_engine
 from inferlb.store.schema import REQUESTS
 from tests.integration.load import steady_load

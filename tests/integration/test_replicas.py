@@ -36,7 +36,8 @@ import pytest
 import yaml
 
 from inferlb.admission.store import create_key
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from inferlb.store.db import make_engine, upgrade
 from tests.admission.conftest import REDIS_URL, redis_client
 from tests.cluster.proxy import TcpProxy

@@ -11,7 +11,8 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError, InternalServerError
 
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import NodeSpec
 from tests.support import running_gateway, settings_for
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.errors import UpstreamStatusError
-from inferlb.simulator import FaultSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -14,7 +14,8 @@ import httpx
 from openai import AsyncOpenAI
 
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import NodeSpec
 from tests.support import running_gateway, settings_for
 
 CRITERIA = {"min_requests": 20, "min_step_s": 0, "window_s": 600, "max_step_s": 3600}

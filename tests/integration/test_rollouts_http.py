@@ -25,7 +25,8 @@ from openai import AsyncOpenAI
 
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from tests.support import ROOT, running_gateway, settings_for
 
 ADMIN = "admin-" + "r" * 32

@@ -18,11 +18,12 @@ from sqlalchemy.engine import Engine
 from inferlb.learned.loop import EVENT_NODE, LearnedLoop
 from inferlb.learned.store import load_saved_predictor, save_predictor
 from inferlb.node_types import NodeEvent
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.features import features
 from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
 from inferlb.routing.predictor import Observed, OnlineLinear
 from inferlb.routing.predictor_state import IncompatibleState, restore, state_of
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 from inferlb.store.db import make_engine, upgrade
 from inferlb.types import ManualClock
 

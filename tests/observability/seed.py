@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from inferlb.config.settings import FleetConfig, fleet_from_mapping
 from inferlb.store.partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
 from inferlb.store.records import AttemptRecord, RequestRecord
-from inferlb.store.writer import upsert_records
+from inferlb.store.rows import upsert_records
 from inferlb.types import ManualClock
 
 START = 1_767_225_600.0          # 2026-01-01T00:00:00Z

@@ -18,9 +18,10 @@ from sqlalchemy.engine import Engine
 
 from inferlb.config.observability import FinOpsConfig
 from inferlb.config.settings import fleet_from_mapping
-from inferlb.simulator import SimFleet
+from inferlb.cost import node_prices
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.db import make_engine
-from inferlb.store.ledger import Occupancy, attribute, build_ledger, cost_report, node_prices
+from inferlb.store.ledger import Occupancy, attribute, build_ledger, cost_report
 from tests.observability import seed
 from tests.support import fast_specs, fleet_for, free_port, running_gateway, settings_for
 

@@ -23,7 +23,7 @@ from inferlb.fleet.state import Fleet
 from inferlb.observability.history import NODE_STATES
 from inferlb.observability.hub import Observability, queue_depth_of
 from inferlb.observability.metrics import GatewayCollector, LabelGuard, RequestMetrics, ScrapeSources
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.types import ManualClock
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for

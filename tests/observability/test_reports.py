@@ -15,7 +15,8 @@ from sqlalchemy.engine import Engine
 
 from inferlb.cli.main import main
 from inferlb.errors import InvalidRequest
-from inferlb.store.queries import parse_bucket, parse_group_by, sla_report
+from inferlb.store.report_params import parse_bucket, parse_group_by
+from inferlb.store.sla import sla_report
 from tests.observability import seed
 from tests.support import running_gateway, settings_for
 
@@ -113,7 +114,7 @@ def test_ttft_percentiles_count_streamed_requests_only_and_group_by_stream(engin
     # (3 s here) and must not enter the TTFT percentiles, nor fail a TTFT SLO.
     from inferlb.config.settings import SLOConfig
     from inferlb.store.ledger import cost_report
-    from inferlb.store.writer import upsert_records
+    from inferlb.store.rows import upsert_records
     from tests.store.conftest import T0, _record
 
     recs = []

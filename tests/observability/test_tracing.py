@@ -11,7 +11,7 @@ from openai import AsyncOpenAI
 from inferlb.config.observability import TracingConfig
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.observability.tracing import build_tracer
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.store.records import AttemptRecord, RequestRecord
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for
 

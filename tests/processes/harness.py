@@ -25,7 +25,8 @@ from inferlb.engine.scope import IncomingRequest, RequestScope, begin_request, b
 from inferlb.store.records import RequestRecord
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
 from inferlb.types import ManualClock
-from inferlb.workflow import TIMER_OPERATION, load_process
+from inferlb.workflow.definition import load_process
+from inferlb.workflow.spiff import TIMER_OPERATION
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "processes" / "inference_request.bpmn"

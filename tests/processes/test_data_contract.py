@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from inferlb.simulator import SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.tasks import REQUEST_START_DATA, SERVICES
 from tests.processes.harness import MAIN, run_scenario
 from tests.support import fast_specs, fleet_for, running_gateway, settings_for

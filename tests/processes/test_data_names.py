@@ -12,8 +12,8 @@ import pytest
 
 from inferlb.errors import ProcessValidationError
 from inferlb.tasks import HEALTH_REQUIRED_TASKS, HEALTH_START_DATA, REQUEST_START_DATA, REQUIRED_TASKS, SERVICES
-from inferlb.workflow import load_process
 from inferlb.workflow.datacheck import data_problems
+from inferlb.workflow.definition import load_process
 from inferlb.workflow.parser import make_parser, sequence_flows
 from tests.processes.harness import FIXTURES, MAIN, run_scenario
 

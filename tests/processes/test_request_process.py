@@ -6,7 +6,7 @@ import pytest
 
 from inferlb.errors import ProcessValidationError
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 from tests.processes.harness import FIXTURES, MAIN, run_scenario
 
 RETRY = {"kind": "retryable", "status": 503, "error_class": "upstream_status", "retry_after_s": None}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from inferlb.tasks import REQUIRED_TASKS, SERVICES
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 from inferlb.workflow.parser import LazyExclusiveGateway
 from inferlb.workflow.spiff import SpiffExecutor
 from tests.processes.harness import FIXTURES, MAIN, make_request, run_scenario

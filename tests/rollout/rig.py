@@ -18,7 +18,7 @@ from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.tasks import ROLLOUT_CONTRACT, SERVICES
 from inferlb.types import ManualClock
 from inferlb.versions.table import VersionTable
-from inferlb.workflow import load_process
+from inferlb.workflow.definition import load_process
 from tests.support import ROOT
 
 MAIN = ROOT / "processes" / "rollout.bpmn"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from inferlb.errors import ClientError, InvalidRequest
-from inferlb.rollout.manager import RolloutBusy, RolloutNotFound
+from inferlb.rollout.errors import RolloutBusy, RolloutNotFound
 from tests.rollout.rig import MAIN, Rig, rig
 
 CRITERIA: dict[str, Any] = {"min_requests": 100, "min_step_s": 10, "max_step_s": 600, "window_s": 300,

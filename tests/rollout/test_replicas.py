@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from inferlb.cluster.election import Election
-from inferlb.rollout.manager import RolloutBusy
+from inferlb.rollout.errors import RolloutBusy
 from inferlb.rollout.store import get_rollout, rollout_events
 from inferlb.store.overrides import read_revision
 from inferlb.types import ManualClock

@@ -8,9 +8,10 @@ from collections import Counter
 import pytest
 
 from inferlb.errors import ConfigError, PluginError
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.plugins import HasCapacity, OutstandingTokens, PowerOfTwo, WeightedRandom
+from inferlb.routing.profiles import build_router
 from inferlb.routing.registry import make_plugin
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 def node(name: str, **kw: object) -> NodeView:

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferlb.errors import ConfigError
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.affinity import Affinity, AffinityParams, affinity_key, load_bound
 from inferlb.routing.prefix import BLOCK_CHARS, block_hashes, hrw_weights, name_hash, text_key
-from inferlb.routing.types import NodeList
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeList, NodeView, RouteRequest
 
 SYSTEM = "You are a careful assistant for the billing team. " * 30   # ~1,500 characters
 

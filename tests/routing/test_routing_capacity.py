@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.plugins import HasCapacity
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 def node(name: str, capacity: int, **kw: object) -> NodeView:

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from inferlb.routing import PROFILES, Elimination, NodeView, Router, RouteRequest, build_router
 from inferlb.routing.learned import PredictedLatency, SoftmaxBandit, SoftmaxBanditParams
-from inferlb.routing.types import NodeList
+from inferlb.routing.profiles import PROFILES, Router, build_router
+from inferlb.routing.types import Elimination, NodeList, NodeView, RouteRequest
 from tests.routing.routing_reference import RefDecision, RefRouter, ref_router
 
 MODELS = ("m0", "m1", "m2")
@@ -166,7 +166,7 @@ def test_an_elimination_reads_as_before() -> None:
 
 def test_the_simulation_gives_the_same_results_with_either_core() -> None:
     from inferlb.bench.loadgen.workload import load_workload, plan
-    from inferlb.simulator.des import Simulation
+    from inferlb.simulator.des.sim import Simulation
     from inferlb.simulator.presets import preset_spec
 
     specs = [preset_spec(f"{p}-{i}", p) for i, p in enumerate(("h100", "a100", "l4") * 10)]

@@ -12,11 +12,11 @@ import pytest
 from inferlb.config.settings import RoutingConfig, fleet_from_mapping
 from inferlb.errors import ConfigError
 from inferlb.learned.policy_gate import EVENT_NODE, requirement_for, routing_changed, verdict_event
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.explain import context_of
 from inferlb.routing.gate import EvaluationRequirement, judge, span_seconds
 from inferlb.routing.ope_replay import LoggedDecision, target_probabilities
-from inferlb.routing.profiles import Router
+from inferlb.routing.profiles import Router, build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 BANDIT = {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2}}
 

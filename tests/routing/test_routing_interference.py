@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
 from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
 from inferlb.routing.predictor import OnlineLinear
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 class FixedPredictor:

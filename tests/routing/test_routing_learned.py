@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 
 from inferlb.errors import ConfigError
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.explain import context_of
 from inferlb.routing.features import FEATURE_NAMES, N_FEATURES, features
 from inferlb.routing.guarded import GuardedRouter
 from inferlb.routing.learned import PredictedLatency, PredictionFault, SoftmaxBandit, SoftmaxBanditParams
 from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle, observed_from
 from inferlb.routing.predictor import Observed, OnlineLinear
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 def _node(name: str, *, inflight: int = 0, tps: float | None = 50.0, ttft: float | None = 0.1,

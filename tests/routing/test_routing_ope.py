@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.explain import context_of
 from inferlb.routing.learned import SoftmaxBandit, SoftmaxBanditParams
 from inferlb.routing.ope import Round, estimate
 from inferlb.routing.ope_replay import LoggedDecision, evaluate, rounds_for, softmax_policy, target_probabilities
 from inferlb.routing.ope_reward import cross_fit
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 def _synthetic(n: int, seed: int) -> tuple[list[Round], float]:

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.explain import context_of
 from inferlb.routing.learned import PredictedLatency
 from inferlb.routing.ope_replay import LoggedDecision, evaluate, target_probabilities
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 ADAPTIVE = {"reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
             "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}

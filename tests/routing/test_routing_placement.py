@@ -14,9 +14,10 @@ from inferlb.errors import ConfigError
 from inferlb.fleet.state import Fleet
 from inferlb.health.isolation import RTT_ALPHA, observe
 from inferlb.node_types import Sample
-from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.profiles import build_router
 from inferlb.routing.rtt import Rtt, RttParams
 from inferlb.routing.selector import NodeSelector, NodeSelectorFilter
+from inferlb.routing.types import NodeView, RouteRequest
 from inferlb.types import ManualClock
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 class TablePredictor:

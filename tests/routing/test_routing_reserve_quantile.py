@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inferlb.routing import NodeView, RouteRequest, build_router
 from inferlb.routing.learned import RESERVE_MIN_SAMPLES, PredictedLatency, PredictedLatencyParams
-from inferlb.routing.profiles import LEARNED_LATENCY
+from inferlb.routing.profiles import LEARNED_LATENCY, build_router
 from inferlb.routing.quantile import WindowQuantile
+from inferlb.routing.types import NodeView, RouteRequest
 
 
 class TablePredictor:

@@ -10,8 +10,8 @@ from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
 from inferlb.health.isolation import observe, outlier_sweep, restore
 from inferlb.node_types import Sample
-from inferlb.routing import NodeView, RouteRequest, build_router
-from inferlb.routing.types import NodeList
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeList, NodeView, RouteRequest
 from inferlb.types import ManualClock
 
 

@@ -3,8 +3,8 @@ sampling, so a canary on 1 node of 200 is always found; the nodes left out are c
 
 from __future__ import annotations
 
-from inferlb.routing import NodeView, RouteRequest, build_router
-from inferlb.routing.types import NodeList
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeList, NodeView, RouteRequest
 
 
 def _nodes(n: int) -> NodeList:

@@ -14,17 +14,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.simulator import (
-    FaultSpec,
-    LatencyModel,
-    NodeSpec,
-    SimFleet,
-    TokenSchedule,
-    demo_specs,
-    estimate_tokens,
-    serve_sim,
-)
+from inferlb.simulator.emulator import SimFleet, serve_sim
+from inferlb.simulator.latency import LatencyModel, TokenSchedule, estimate_tokens
 from inferlb.simulator.node import EmulatedNode
+from inferlb.simulator.spec import FaultSpec, NodeSpec, demo_specs
 from inferlb.types import ManualClock
 
 MODEL = "m1"

@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 
 from inferlb.errors import PluginError
-from inferlb.simulator import FaultSpec, NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.node import SIM_OUTPUT_FIELD, EmulatedNode
 from inferlb.simulator.presets import PRESETS, cli_specs, fleet_specs, is_named_fleet, load_sim_fleet, preset_spec
-from inferlb.simulator.spec import BatchSpec
+from inferlb.simulator.spec import BatchSpec, FaultSpec, NodeSpec
 from inferlb.types import ManualClock
 
 MODEL = "m"

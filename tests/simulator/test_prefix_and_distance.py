@@ -11,10 +11,10 @@ from inferlb.fleet.state import Fleet
 from inferlb.health.isolation import observe
 from inferlb.health.probe import Prober
 from inferlb.routing.prefix import BLOCK_CHARS
-from inferlb.simulator import NodeSpec, SimFleet
 from inferlb.simulator.batching import BatchCore
+from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache
-from inferlb.simulator.spec import BatchSpec
+from inferlb.simulator.spec import BatchSpec, NodeSpec
 from inferlb.types import ManualClock, SystemClock
 
 TEXT = "".join(chr(65 + i % 26) for i in range(BLOCK_CHARS * 10))   # 10 blocks

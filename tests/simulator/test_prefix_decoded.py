@@ -11,11 +11,12 @@ import aiohttp
 import pytest
 
 from inferlb.routing.prefix import BLOCK_CHARS
-from inferlb.simulator import NodeSpec, SimFleet
-from inferlb.simulator.des import PrefixCaches, PromptInfo, Simulation
+from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
+from inferlb.simulator.des.sim import Simulation
+from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.openai_format import answer_text, completion_body, prompt_text_of, prompt_tokens_of
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
-from inferlb.simulator.spec import BatchSpec, FaultSpec
+from inferlb.simulator.spec import BatchSpec, FaultSpec, NodeSpec
 
 SYSTEM = "".join(chr(65 + i % 26) for i in range(BLOCK_CHARS * 10))     # 10 blocks
 ASK1 = "q" * 100

@@ -14,7 +14,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from inferlb.simulator import NodeSpec, SimFleet
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import NodeSpec
 
 MODEL = "m1"
 TOKENS = ["tok0 ", "tok1 ", "tok2 "]

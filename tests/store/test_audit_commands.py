@@ -16,7 +16,7 @@ from inferlb.config.settings import SLOConfig
 from inferlb.errors import InvalidRequest
 from inferlb.store.db import make_engine
 from inferlb.store.records import RequestRecord
-from inferlb.store.writer import upsert_records
+from inferlb.store.rows import upsert_records
 
 T0 = 1_767_225_600.0
 

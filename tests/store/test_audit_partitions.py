@@ -16,10 +16,11 @@ from sqlalchemy.engine import Engine
 from inferlb.config.settings import SLOConfig
 from inferlb.store.db import downgrade, make_engine, migrations_dir, upgrade
 from inferlb.store.partitions import day_bounds, day_of, day_partitions, ensure_days, is_partitioned
-from inferlb.store.queries import get_request, sla_report, sla_report_python
+from inferlb.store.queries import get_request
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.store.rows import UNKNOWN_OUTCOME, record_rows, upsert_records
 from inferlb.store.schema import ATTEMPTS, REQUESTS
+from inferlb.store.sla import sla_report, sla_report_python
 
 # The revision 0007 upgrades from (later migrations may sit between 0004 and 0007).
 BEFORE = ScriptDirectory(str(migrations_dir())).get_revision("0007").down_revision

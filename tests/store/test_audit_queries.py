@@ -12,9 +12,11 @@ from sqlalchemy.engine import Engine
 
 from inferlb.config.settings import SLOConfig
 from inferlb.errors import InvalidRequest
-from inferlb.store.queries import get_request, list_requests, parse_time, percentile, sla_report
+from inferlb.store.queries import get_request, list_requests
 from inferlb.store.records import RequestRecord
-from inferlb.store.writer import upsert_records
+from inferlb.store.report_params import parse_time
+from inferlb.store.rows import upsert_records
+from inferlb.store.sla import percentile, sla_report
 
 MakeRecord = Callable[..., RequestRecord]
 T0 = 1_767_225_600.0

@@ -20,10 +20,10 @@ from inferlb.errors import InvalidRequest
 from inferlb.store.db import upgrade
 from inferlb.store.maintenance import AuditMaintenance
 from inferlb.store.partitions import day_of, day_partitions, ensure_days, is_partitioned
-from inferlb.store.queries import sla_report
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.store.retention import parse_age, prune
 from inferlb.store.rows import upsert_records
+from inferlb.store.sla import sla_report
 from inferlb.types import ManualClock
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, as in conftest.py

@@ -9,7 +9,8 @@ import pytest
 
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.errors import ConfigError
-from inferlb.routing import NodeView, RouteRequest, build_router
+from inferlb.routing.profiles import build_router
+from inferlb.routing.types import NodeView, RouteRequest
 from inferlb.versions.table import VersionTable
 
 

@@ -7,31 +7,4 @@ or closed loop, and the node sampler), ``results`` (goodput, percentiles, errors
 processes), ``cli`` (the commands).
 """
 
-from inferlb.bench.loadgen.results import summarize
-from inferlb.bench.loadgen.runner import Outcome, RunData, run_plan
-from inferlb.bench.loadgen.trace import load_trace, parse_trace
-from inferlb.bench.loadgen.workload import (
-    BUILTIN_WORKLOADS,
-    Arrival,
-    LengthDist,
-    PlannedRequest,
-    Workload,
-    load_workload,
-    plan,
-)
-
-__all__ = [
-    "BUILTIN_WORKLOADS",
-    "Arrival",
-    "LengthDist",
-    "Outcome",
-    "PlannedRequest",
-    "RunData",
-    "Workload",
-    "load_trace",
-    "load_workload",
-    "parse_trace",
-    "plan",
-    "run_plan",
-    "summarize",
-]
+__all__: list[str] = []

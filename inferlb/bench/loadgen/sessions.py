@@ -1,6 +1,6 @@
 """Multi-turn chat sessions for the load generator: the plan (:func:`plan_sessions`), the same
 sessions for a closed-loop run in the discrete-event simulator (:func:`session_plan`: each turn
-leaves a seeded think time after the previous answer ended, :class:`~inferlb.simulator.des.ClosedLoop`)
+leaves a seeded think time after the previous answer ended, :class:`~inferlb.simulator.des.closed.ClosedLoop`)
 and the messages of one turn (:func:`chat_messages`).
 
 Contract: pure and deterministic like :func:`.workload.plan`: the same workload, seed, rate and
@@ -144,7 +144,7 @@ def plan_sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_
 
 def session_plan(w: Workload, *, seed: int, rate: float, duration_s: float,
                  think_s: float | None = None) -> list[Session]:
-    """The sessions of ``w`` for a closed-loop run (:class:`~inferlb.simulator.des.ClosedLoop`):
+    """The sessions of ``w`` for a closed-loop run (:class:`~inferlb.simulator.des.closed.ClosedLoop`):
     the same sessions, starts and turns as :func:`plan_sessions` for the same seed, rate and
     duration, every turn kept (the simulation cuts at its own ``stop_s``), and the think time
     after each answer drawn from the same seeded stream with mean ``think_s`` (default: the

@@ -1,15 +1,20 @@
 """The discrete-event mode of the simulator: virtual time, no sockets (``inferlb sim des``).
 
-Layout: ``engine`` (:class:`FastCore`: the emulator's continuous-batching engine of
+Layout: ``engine`` (:class:`~.engine.FastCore`: the emulator's continuous-batching engine of
 :mod:`inferlb.simulator.batching`, fast-forwarded over runs of equal steps), ``node`` (one node:
 engine, life cycle, the gateway's view of it), ``admission`` (the hook for admission rules),
-``results`` (per-request columns, the node table), ``sim`` (:class:`Simulation`: the event loop;
+``results`` (per-request columns, the node table), ``sim`` (:class:`~.sim.Simulation`: the event loop;
 over ``fleet``: the controller API and node views, ``lifecycle``: one request's life through the
-real routing core, ``api``: the hook and window types), ``prefix`` (:class:`PrefixCaches`: per-node prefix
+real routing core, ``api``: the hook and window types), ``prefix`` (:class:`~.prefix.PrefixCaches`: per-node prefix
 caches behind the ``prefill_cached`` hook, and the prompt text affinity routing hashes), ``closed``
-(:class:`ClosedLoop`: sessions whose next turn leaves a think time after the previous answer).
+(:class:`~.closed.ClosedLoop`: sessions whose next turn leaves a think time after the previous answer).
 
-The entry point for other code::
+The entry point for other code (each name imported from the module that defines it)::
+
+    from inferlb.simulator.des.closed import ClosedLoop
+    from inferlb.simulator.des.feedback import LearnedFeedback
+    from inferlb.simulator.des.prefix import PrefixCaches
+    from inferlb.simulator.des.sim import Simulation
 
     sim = Simulation(specs, profile="token-aware", seed=1, admission=..., timeout_s=...,
                      controller=fn, control_every_s=60.0,
@@ -19,43 +24,4 @@ The entry point for other code::
     results = ClosedLoop(specs, ...).run_sessions(sessions, stop_s=120.0)   # closed-loop sessions
 """
 
-from inferlb.simulator.des.admission import ADMIT, QUEUE, REJECT, Admission, OpenAdmission, Pools, Verdict
-from inferlb.simulator.des.closed import ClosedLoop, Session
-from inferlb.simulator.des.engine import CoreReport, FastCore, FastSeq
-from inferlb.simulator.des.feedback import Feedback, Finished, LearnedFeedback
-from inferlb.simulator.des.node import DesNode, FixedCore
-from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
-from inferlb.simulator.des.results import OUTCOMES, DesOutcome, DesResults, NodeRecord
-from inferlb.simulator.des.sim import Controller, NodeInfo, PrefillHook, RequestLike, Simulation, Window
-
-__all__ = [
-    "ADMIT",
-    "OUTCOMES",
-    "QUEUE",
-    "REJECT",
-    "Admission",
-    "ClosedLoop",
-    "Controller",
-    "CoreReport",
-    "DesNode",
-    "DesOutcome",
-    "DesResults",
-    "FastCore",
-    "FastSeq",
-    "Feedback",
-    "Finished",
-    "FixedCore",
-    "LearnedFeedback",
-    "NodeInfo",
-    "NodeRecord",
-    "OpenAdmission",
-    "Pools",
-    "PrefillHook",
-    "PrefixCaches",
-    "PromptInfo",
-    "RequestLike",
-    "Session",
-    "Simulation",
-    "Verdict",
-    "Window",
-]
+__all__: list[str] = []

@@ -5,8 +5,7 @@ Contract: :class:`RequestLike` is what :class:`~.sim.Simulation` reads of a requ
 (``PlannedRequest`` has these fields); a :data:`PrefillHook` returns how many prompt tokens a
 node already holds for a request; a :data:`Controller` is called with the simulation every
 ``control_every_s``; :class:`NodeInfo` is a node as a controller sees it; :class:`Window` the
-counts between two :meth:`~.sim.Simulation.take_window` calls. All stay importable from
-:mod:`.sim`.
+counts between two :meth:`~.sim.Simulation.take_window` calls.
 """
 
 from __future__ import annotations

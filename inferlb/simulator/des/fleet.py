@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from inferlb.routing import Router
+from inferlb.routing.profiles import Router
 from inferlb.routing.types import Decision, NodeList, NodeView
 from inferlb.simulator.des.admission import Admission
 from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from inferlb.routing import RouteRequest
 from inferlb.routing.prefix import block_hashes, text_key
+from inferlb.routing.types import RouteRequest
 from inferlb.simulator.des.admission import ADMIT, QUEUE
 from inferlb.simulator.des.api import RequestLike
 from inferlb.simulator.des.engine import RUNNING, FastSeq

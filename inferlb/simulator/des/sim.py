@@ -8,7 +8,7 @@ Contract:
   fields) and returns :class:`~.results.DesResults` (row ``i`` = request ``i``). Same inputs and
   seed, same results, on any machine.
 * Per request, as the gateway does it: admission (:mod:`.admission`) → routing with a
-  :class:`~inferlb.routing.Router` built by ``build_router(profile)`` (the gateway's
+  :class:`~inferlb.routing.profiles.Router` built by ``build_router(profile)`` (the gateway's
   profiles by name, or a router passed in) over :class:`~inferlb.routing.types.NodeList`
   views kept up to date incrementally → the node's engine (:mod:`.engine`: the emulator's
   continuous-batching model). The first ranked node is used; a request no node may serve ends
@@ -40,9 +40,9 @@ Contract:
 * ``feedback`` (:class:`~.feedback.Feedback`): told of every routed request when it ends, with
   its decision and the node's own times (not the gateway queue); its ``tick`` runs every
   ``feedback.tick_s`` virtual seconds, off the request path (a learned router trains there).
-Layout: :mod:`.api` (the request fields, hooks, :class:`NodeInfo`, :class:`Window`), :mod:`.fleet`
+Layout: :mod:`.api` (the request fields, hooks, :class:`~.api.NodeInfo`, :class:`~.api.Window`), :mod:`.fleet`
 (the controller API, admission's view, the node views), :mod:`.lifecycle` (one request's life),
-this module (the state and the event loop). Every public name stays importable from here.
+this module (the state and the event loop); each name is imported from the module that defines it.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from inferlb.routing import Router, build_router
+from inferlb.routing.profiles import Router, build_router
 from inferlb.routing.types import Decision, NodeList
 from inferlb.simulator.des.admission import Admission, OpenAdmission
-from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window
+from inferlb.simulator.des.api import Controller, PrefillHook, RequestLike, Window
 from inferlb.simulator.des.engine import FastSeq
 from inferlb.simulator.des.feedback import Feedback
 from inferlb.simulator.des.fleet import _READY, _WAKE
@@ -66,7 +66,7 @@ from inferlb.simulator.des.results import DesResults
 from inferlb.simulator.presets import SIM_MODEL
 from inferlb.simulator.spec import NodeSpec
 
-__all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Simulation", "Window"]
+__all__ = ["Simulation"]
 
 
 class Simulation(SimRequests):

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferlb.simulator.des import ClosedLoop, PrefixCaches, PromptInfo, Session, Simulation
+from inferlb.simulator.des.closed import ClosedLoop, Session
+from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.spec import BatchSpec, NodeSpec
 
 

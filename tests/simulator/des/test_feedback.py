@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from inferlb.routing import build_router
-from inferlb.simulator.des import ADMIT, QUEUE, Finished, LearnedFeedback, Pools, Simulation, Verdict
+from inferlb.routing.profiles import build_router
+from inferlb.simulator.des.admission import ADMIT, QUEUE, Pools, Verdict
+from inferlb.simulator.des.feedback import Finished, LearnedFeedback
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import BatchSpec, NodeSpec
 

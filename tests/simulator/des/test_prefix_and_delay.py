@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferlb.routing import build_router
 from inferlb.routing.prefix import block_hashes
-from inferlb.simulator.des import PrefixCaches, PromptInfo, Simulation
+from inferlb.routing.profiles import build_router
 from inferlb.simulator.des.node import RTT_ALPHA
+from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS
 from inferlb.simulator.spec import BatchSpec, NodeSpec
 

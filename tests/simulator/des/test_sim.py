@@ -8,9 +8,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferlb.routing import build_router
-from inferlb.simulator.des import OUTCOMES, DesNode, OpenAdmission, Simulation
+from inferlb.routing.profiles import build_router
+from inferlb.simulator.des.admission import OpenAdmission
 from inferlb.simulator.des.engine import FastCore
+from inferlb.simulator.des.node import DesNode
+from inferlb.simulator.des.results import OUTCOMES
+from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
 from inferlb.simulator.spec import BatchSpec, NodeSpec
 
