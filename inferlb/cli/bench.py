@@ -17,20 +17,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from inferlb.cli.shared import resolve
+from inferlb.plugins import Table
 
 __all__ = ["BENCHES", "bench_command", "register"]
 
-#: WHAT → the "module:attr" of its entry point, then the arguments it takes before ``ARGS`` (the
-#: load generator's one entry point serves three commands and is told which). Resolved when it runs.
-BENCHES: dict[str, tuple[str, ...]] = {
-    "overhead": ("inferlb.bench.overhead:main",),
-    "run": ("inferlb.bench.loadgen.cli:main", "run"),
-    "compare": ("inferlb.bench.loadgen.cli:main", "compare"),
-    "capacity": ("inferlb.bench.loadgen.cli:main", "capacity"),
-    "overload": ("inferlb.bench.overload:main",),
-    "replicas": ("inferlb.bench.replicas:main",),
-}
+#: WHAT → the "module:attr" of its entry point (a :class:`~inferlb.plugins.Table`, loaded when it runs).
+BENCHES = Table("benchmark", {
+    "overhead": "inferlb.bench.overhead:main",
+    "run": "inferlb.bench.loadgen.cli:main",
+    "compare": "inferlb.bench.loadgen.cli:main",
+    "capacity": "inferlb.bench.loadgen.cli:main",
+    "overload": "inferlb.bench.overload:main",
+    "replicas": "inferlb.bench.replicas:main",
+}, custom=False)
+
+# The arguments an entry point takes before ``ARGS``: the load generator's one entry point serves
+# three commands and is told which.
+_LEAD: dict[str, tuple[str, ...]] = {"run": ("run",), "compare": ("compare",), "capacity": ("capacity",)}
 
 
 def register(sub: Any) -> None:
@@ -43,5 +46,4 @@ def register(sub: Any) -> None:
 
 def bench_command(args: argparse.Namespace) -> int:
     """Run ``inferlb bench WHAT ARGS``: WHAT's entry point with ``ARGS``."""
-    target, *lead = BENCHES[args.what]
-    return int(resolve(target)(*lead, args.rest))
+    return int(BENCHES.load(args.what)(*_LEAD.get(args.what, ()), args.rest))

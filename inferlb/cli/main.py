@@ -23,8 +23,9 @@
     inferlb routing evaluate          off-policy evaluation of a routing profile (inferlb/cli/routing.py)
     inferlb agent [--port 9401]       the GPU node agent: NVML readings over HTTP (GET /gpu)
 
-:data:`COMMANDS` is the one list of commands: name → the "module:attr" of the command's
-``register(subparsers)``, uvicorn-style, resolved when the parser is built. ``register`` adds the
+:data:`COMMANDS` is the one list of commands, a :class:`~inferlb.plugins.Table` like every other
+extension point: name → the "module:attr" of the command's ``register(subparsers)``, uvicorn-style,
+loaded when the parser is built. ``register`` adds the
 command's parser (its subcommands, flags and help) and sets its handler with
 ``set_defaults(handler=...)``: a function of the parsed arguments that returns the exit status. A
 command that serves until stopped also sets ``ctrl_c_status=0``. Importing this module imports
@@ -38,13 +39,14 @@ import argparse
 import logging
 import sys
 
-from inferlb.cli.shared import one_line, resolve
+from inferlb.cli.shared import one_line
 from inferlb.errors import ConfigError, InferlbError
+from inferlb.plugins import Table
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: command → "module:attr" of its ``register(subparsers) -> None``, in the order ``--help`` lists them.
-COMMANDS: dict[str, str] = {
+COMMANDS = Table("command", {
     "demo": "inferlb.cli.demo:register",
     "serve": "inferlb.cli.serve:register",
     "validate": "inferlb.cli.validate:register",
@@ -58,7 +60,7 @@ COMMANDS: dict[str, str] = {
     "routing": "inferlb.cli.routing:register",
     "rollout": "inferlb.cli.rollout:register",
     "bench": "inferlb.cli.bench:register",
-}
+}, custom=False)
 
 # Exit status of a command stopped by Ctrl-C unless it says otherwise (128 + SIGINT, as shells do).
 _CTRL_C_STATUS = 130
@@ -68,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``inferlb`` parser: every command of :data:`COMMANDS` registered on one set of subcommands."""
     p = argparse.ArgumentParser(prog="inferlb", description="Model-aware inference load balancer.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for target in COMMANDS.values():
-        resolve(target)(sub)
+    for name in COMMANDS:
+        COMMANDS.load(name)(sub)
     return p
 
 

@@ -1,6 +1,5 @@
-"""What several ``inferlb`` commands share: the "module:attr" resolver of the command tables, a
-parser that adds its arguments when first used, the gateway's flags, settings from flags, and the
-one-line error.
+"""What several ``inferlb`` commands share: a parser that adds its arguments when first used,
+the gateway's flags, settings from flags, and the one-line error.
 
 Contract: importing this module imports nothing but the standard library (``inferlb --help``
 imports it); :func:`settings_from` imports the settings when it runs.
@@ -9,20 +8,13 @@ imports it); :func:`settings_from` imports the settings when it runs.
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inferlb.config.settings import Settings
 
-__all__ = ["DeferredParser", "add_gateway_options", "one_line", "resolve", "settings_from"]
-
-
-def resolve(target: str) -> Any:
-    """The object a uvicorn-style ``"package.module:attr"`` string names (the module is imported now)."""
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+__all__ = ["DeferredParser", "add_gateway_options", "one_line", "settings_from"]
 
 
 class DeferredParser(argparse.ArgumentParser):

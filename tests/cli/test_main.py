@@ -14,8 +14,9 @@ import pytest
 from inferlb.cli import main as cli_main
 from inferlb.cli.bench import BENCHES
 from inferlb.cli.main import COMMANDS, build_parser, main
-from inferlb.cli.shared import DeferredParser, resolve
+from inferlb.cli.shared import DeferredParser
 from inferlb.errors import ConfigError
+from inferlb.plugins import Table
 from tests.support import ROOT
 
 # What the gateway's request path or a command's handler imports; none is needed to parse.
@@ -38,7 +39,7 @@ def test_the_parser_lists_the_table_in_its_order() -> None:
 def test_each_command_registers_its_parser_and_a_handler(name: str) -> None:
     root = argparse.ArgumentParser(prog="inferlb")
     sub = root.add_subparsers(dest="cmd")
-    resolve(COMMANDS[name])(sub)
+    COMMANDS.load(name)(sub)
     parsers = _subcommands(root)
     assert list(parsers) == [name]
     # A command with subcommands may set the handler on each of them (autoscale backtest) instead.
@@ -56,8 +57,8 @@ def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def test_every_bench_target_resolves() -> None:
-    for what, (target, *_lead) in BENCHES.items():
-        assert callable(resolve(target)), what
+    for what in BENCHES:
+        assert callable(BENCHES.load(what)), what
 
 
 def test_building_the_parser_imports_no_heavy_module() -> None:
@@ -111,7 +112,8 @@ def _fake(args: argparse.Namespace) -> int:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_main, "COMMANDS", {**COMMANDS, "fake": f"{__name__}:_register_fake"})
+    monkeypatch.setattr(cli_main, "COMMANDS", Table("command", {**COMMANDS, "fake": f"{__name__}:_register_fake"},
+                                                   custom=False))
 
 
 @pytest.mark.usefixtures("fake")
