@@ -1,4 +1,6 @@
-"""Admission control: priority classes, the saturation signal, the bounded gateway queue, load
+"""Admission control: priority classes, the bounded gateway queue, load shedding, tenant limits.
+
+What it holds: priority classes, the saturation signal, the bounded gateway queue, load
 shedding, tenant keys and their limits (RPM/TPM token buckets, in-process or on Redis), spend
 budgets, and the retry budget.
 

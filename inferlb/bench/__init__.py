@@ -1,6 +1,8 @@
-"""The load generator and the benchmarks that ship with the ``inferlb`` command: what
-``inferlb bench``, ``inferlb autoscale backtest`` and ``inferlb sim des`` run (inferlb/cli/bench.py,
-cli/backtest.py, cli/sim.py) and what those need. The other studies behind docs/benchmarks.md live
+"""The load generator and the benchmarks that ship with the ``inferlb`` command.
+
+What ``inferlb bench``, ``inferlb autoscale backtest`` and ``inferlb sim des`` run
+(inferlb/cli/bench.py, cli/backtest.py, cli/sim.py) and what those need.
+The other studies behind docs/benchmarks.md live
 outside the wheel, in the repository's benchmarks/ (``python -m benchmarks.NAME``).
 
 Layout: ``loadgen/`` (the one load generator, open and closed loop, its workloads, traces, figures,

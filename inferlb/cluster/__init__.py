@@ -1,4 +1,6 @@
-"""Several gateway replicas behaving as one: global admission (slot shares leased from Redis),
+"""Several gateway replicas behaving as one, on one Redis and one database.
+
+What it holds: global admission (slot shares leased from Redis),
 shared node health, the election of the replica that runs once-only background work, and what
 each replica does while Redis is away.
 

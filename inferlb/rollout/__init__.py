@@ -1,13 +1,13 @@
-"""Canary rollouts: per-version windows, the statistical guard, the manager that runs
-``processes/rollout.bpmn`` on a timer, and the rollout's metrics.
+"""Canary rollouts: per-version windows, the statistical guard, and the manager of rollout.bpmn.
 
-Layout: ``config`` (the fleet file's ``rollouts:`` section, a rollout's criteria and request
-body), ``stats`` and ``guard`` (Wilson / Newcombe bounds; the promote / hold / rollback rule),
+Layout: ``stats`` and ``guard`` (Wilson / Newcombe bounds; the promote / hold / rollback rule),
 ``window`` (per-version counts over a sliding window, fed as requests end), ``state`` (one
 rollout), ``manager`` (starting, running and stopping rollouts; :class:`RolloutScope`, what the
-process's operations act on), ``metrics`` (Prometheus families read at scrape time). This
-package's ``__init__`` imports nothing, so ``settings`` can import ``config`` without pulling in
-the database or the workflow engine.
+process's operations act on), ``rounds`` (the timer that runs ``processes/rollout.bpmn``),
+``persist`` and ``store`` (the ``rollouts`` / ``rollout_events`` queries), ``errors`` (its client
+errors), ``metrics`` (Prometheus families read at scrape time), ``panel`` (the dashboard's view).
+Its config (the fleet file's ``rollouts:`` section, a rollout's criteria and request body) is
+``inferlb/config/rollout.py``.
 """
 
 __all__: list[str] = []

@@ -1,4 +1,7 @@
-"""The audit store: SQLAlchemy models, engines and migrations, the batched writer, report queries.
+"""The database: engines, the one schema, the audit pipeline, node events, overrides, reports.
+
+Engines and migrations (``db``), every table (``schema``), the batched audit writer and its
+journal, node events, node overrides and the fleet revision, report queries (SLA, cost ledger).
 
 :class:`StoreHandle` is what ``create_app`` puts on ``app.state.store`` for the API routers: the
 engine (made once, in the lifespan), the running writer, and the SLOs the SLA report uses.
