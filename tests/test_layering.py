@@ -277,3 +277,11 @@ def test_routers_take_app_objects_from_deps_only(path: Path) -> None:
             owner = node.value
             name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
             assert name != "app", f"{path.name}:{node.lineno} reads app.state"
+
+
+def test_tests_mirror_the_package_folders() -> None:
+    """A reader finds a part's tests by its path: every package ``inferlb/<part>/`` has ``tests/<part>/``."""
+    tests = PKG.parent / "tests"
+    parts = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
+    assert len(parts) > 10  # guards the guard: the walk sees the packages
+    assert [p for p in parts if not (tests / p).is_dir()] == []

@@ -13,7 +13,7 @@ from inferlb.workflow.definition import load_process
 from inferlb.workflow.parser import LazyExclusiveGateway
 from inferlb.workflow.spiff import SpiffExecutor
 from tests.processes.harness import FIXTURES, MAIN, make_request, run_scenario
-from tests.processes.test_differential import FALLBACK_FLEET, SCENARIOS
+from tests.workflow.test_differential import FALLBACK_FLEET, SCENARIOS
 
 OK = {"kind": "ok", "status": 200, "error_class": None, "retry_after_s": None}
 RETRY = {"kind": "retryable", "status": 503, "error_class": "upstream_status", "retry_after_s": None}
