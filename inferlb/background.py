@@ -139,17 +139,13 @@ async def stop_all(runners: list[Background], *, grace_s: float = 0.0) -> None:
     await asyncio.gather(*(r.stop(grace_s=grace_s) for r in runners))
 
 
-def _always_due() -> bool:
-    return True
-
-
 class Periodic(Background, Generic[T]):
     """See the module docstring."""
 
     def __init__(self, name: str, turn: Callable[[], Awaitable[T]], *, interval_s: float | Callable[[], float],
                  first_s: float | Callable[[], float] | None = None, rate: bool = False,
                  leader: Callable[[], bool] | None = None, standby: Callable[[], Awaitable[T]] | None = None,
-                 due: Callable[[], bool] = _always_due, park: Callable[[], Awaitable[object]] | None = None,
+                 due: Callable[[], bool] | None = None, park: Callable[[], Awaitable[object]] | None = None,
                  wait: Callable[[float], Awaitable[object]] | None = None,
                  on_error: Callable[[Exception], None] | None = None, clock: Clock | None = None,
                  logger: logging.Logger | None = None, cancel_tries: int = 20, cancel_wait_s: float = 0.1) -> None:
@@ -226,6 +222,6 @@ class Periodic(Background, Generic[T]):
                 return
             interval = self.interval()
             started = now()
-            if self._due():
+            if self._due is None or self._due():
                 await self.run_turn()
             delay = interval - (now() - started) if self.rate else interval
