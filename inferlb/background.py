@@ -3,7 +3,8 @@
 Contract of :class:`Background` (one named asyncio task running ``body``, a coroutine function):
 
 * :meth:`~Background.start` creates the task (while it runs, a second call does nothing);
-  it must be called on the running event loop.
+  it must be called on the running event loop. :attr:`~Background.started` is true from
+  ``start`` to ``stop``, :attr:`~Background.running` while the task has not ended.
 * :meth:`~Background.stop` signals (:attr:`~Background.stopping` turns true and
   :meth:`~Background.sleep` returns at once), lets the body end by itself for up to ``grace_s``
   (0 by default: no wait), then cancels the task and awaits it. A body may swallow a cancellation
@@ -78,8 +79,13 @@ class Background:
         self._wakeup = Wakeup()
 
     @property
+    def started(self) -> bool:
+        """True from :meth:`start` until :meth:`stop` (also after the body ended by itself)."""
+        return self._task is not None
+
+    @property
     def running(self) -> bool:
-        """True from :meth:`start` until the task ends or :meth:`stop` has ended it."""
+        """True while the task runs: started, and its body has not ended."""
         return self._task is not None and not self._task.done()
 
     async def body(self) -> None:

@@ -70,7 +70,7 @@ async def test_start_runs_the_body_once_and_stop_cancels_and_awaits_it() -> None
     await _until(lambda: started)
     assert bg.running and started == ["x"]
     await bg.stop()
-    assert ended == ["x"] and not bg.running and not bg.failed and bg.last_error is None
+    assert ended == ["x"] and not bg.running and not bg.started and not bg.failed and bg.last_error is None
     await bg.stop()                              # stopped: nothing to do
 
 
@@ -99,6 +99,7 @@ async def test_a_restart_clears_the_failure() -> None:
     bg = Background("test-restart", body, logger=logging.getLogger("test.background.quiet"))
     bg.start()
     await _until(lambda: bg.failed)
+    assert bg.started and not bg.running                  # ended by itself: started until stop()
     fail[0] = False
     bg.start()
     assert not bg.failed and bg.last_error is None and bg.running
