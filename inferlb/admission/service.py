@@ -10,8 +10,9 @@ Contract:
   ``keys_refresh_s``), and the Redis *sync* of the limit buckets (every ``redis_sync_s``).
 * While the database is away the key cache keeps serving; once its last load is older than
   ``admission.keys_max_stale_s`` it is emptied (:meth:`KeyCache.expire`) until a load succeeds.
-* A loop that fails logs and goes on; it never takes the gateway down. :meth:`stop` cancels the
-  loops, writes the spend still pending and closes Redis.
+* The loops run on the background runner (:class:`~inferlb.background.Periodic`). A loop that
+  fails logs and goes on; it never takes the gateway down. :meth:`stop` cancels the loops,
+  writes the spend still pending and closes Redis.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferlb.admission.buckets import RedisSync
 from inferlb.admission.controller import AdmissionController
+from inferlb.background import Periodic, stop_all
 from inferlb.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ class AdmissionService:
         self.engine = engine
         self.redis: Any = None
         self.sync: RedisSync | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Periodic[Any]] = []
         self._queued = asyncio.Event()       # set by the controller when a request is queued
         controller.on_enqueue = self._queued.set
         self.ticks = 0                       # queue ticks run (the tick loop parks while nothing waits)
@@ -69,12 +71,8 @@ class AdmissionService:
             self._loop("keys-refresh", ctl.policy.keys_refresh_s, self.refresh_keys)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await stop_all(list(self._loops))
+        self._loops.clear()
         if self.engine is not None:
             with contextlib.suppress(StoreError):
                 await self._flush_spend()
@@ -86,19 +84,12 @@ class AdmissionService:
 
     def _loop(self, name: str, every_s: float, fn: Callable[[], Awaitable[Any]],
               park: Callable[[], Awaitable[None]] | None = None) -> None:
-        async def run() -> None:
-            while True:
-                if park is not None:
-                    await park()
-                await asyncio.sleep(every_s)
-                try:
-                    await fn()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("admission %s failed; retrying in %.2fs", name, every_s)
-
-        self._tasks.append(asyncio.create_task(run(), name=f"inferlb-admission-{name}"))
+        """``fn`` every ``every_s`` on the background runner (after ``park``, when given)."""
+        loop: Periodic[Any] = Periodic(
+            f"inferlb-admission-{name}", fn, interval_s=every_s, park=park, logger=log,
+            on_error=lambda exc: log.exception("admission %s failed; retrying in %.2fs", name, every_s))
+        self._loops.append(loop)
+        loop.start()
 
     async def _park_until_queued(self) -> None:
         # An idle gateway must not wake every tick_s (50 times a second by default) for nothing.

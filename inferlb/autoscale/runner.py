@@ -15,8 +15,10 @@ Contract (the health monitor's, health/monitor.py, for a slower loop):
   failed write keeps them (bounded, oldest dropped and counted) and the next round writes them
   first. The next round also re-plans from the replicas actually in place, so an actuation that
   failed half-way is retried, not forgotten.
-* :meth:`start` loops in a task (rounds start every interval); a failing round is logged and
-  counted and the loop goes on. :meth:`close` stops it and closes the actuator.
+* :meth:`start` starts the rounds on the one timer-driven BPMN runner
+  (:class:`~inferlb.workflow.timer.ProcessTimer`, :attr:`AutoscaleRunner.timer`: the first at
+  once, then one every interval, gated on ``leader``); a failing round is logged and counted and
+  the timer goes on. :meth:`close` stops it, writes what is pending and closes the actuator.
 * :attr:`points` keeps forecast / actual / capacity (tokens/s) and the replicas in place per GPU
   type, per model per round (bounded), for the dashboard panel and the Prometheus gauges.
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -36,9 +37,9 @@ from inferlb.autoscale.observe import Observation
 from inferlb.autoscale.policy import Autoscaler
 from inferlb.autoscale.record import fallback_kind
 from inferlb.autoscale.scope import AutoscaleScope
-from inferlb.errors import WorkflowRuntimeError
 from inferlb.types import Clock
 from inferlb.workflow.definition import ProcessDefinition
+from inferlb.workflow.timer import Performer, ProcessTimer
 
 __all__ = ["AutoscaleRunner"]
 
@@ -65,18 +66,32 @@ class AutoscaleRunner:
         self.write = write
         self.leader = leader
         self.interval_s = scaler.cfg.interval_s
-        self.rounds = 0
-        self.failed_rounds = 0
-        self.standby_rounds = 0
         self.actuation_failures = 0
-        self.last_error: str | None = None
         self.last_round: dict[str, Any] = {}
         self.pending: list[dict[str, Any]] = []
         self.dropped = 0
         self.points: collections.deque[dict[str, Any]] = collections.deque(maxlen=_MAX_POINTS)
         self.replicas: dict[tuple[str, str], dict[str, int]] = {}
         self.fallbacks: dict[str, str] = {}     # model -> the kind of its current forecaster fallback
-        self._task: asyncio.Task[None] | None = None
+        self.timer: ProcessTimer[dict[str, Any] | None] = ProcessTimer(
+            "inferlb-autoscaler", what="autoscale", process=lambda: self.process, interval_s=lambda: self.interval_s,
+            run_round=self._round, logger=log, first_s=0.0, leader=lambda: self.leader(), standby=self._standby)
+
+    @property
+    def rounds(self) -> int:
+        return self.timer.rounds
+
+    @property
+    def standby_rounds(self) -> int:
+        return self.timer.standby_rounds
+
+    @property
+    def failed_rounds(self) -> int:
+        return self.timer.failed_rounds
+
+    @property
+    def last_error(self) -> str | None:
+        return self.timer.last_error
 
     def _hand_off(self, rows: list[dict[str, Any]]) -> None:
         self.pending.extend(rows)
@@ -97,46 +112,44 @@ class AutoscaleRunner:
         del self.pending[:len(batch)]
 
     async def run_once(self) -> dict[str, Any] | None:
-        if not self.leader():
-            self.standby_rounds += 1
-            self.last_round = {"standby": True, "at": round(self.clock.time(), 6)}
-            return None
-        self.rounds += 1
+        return await self.timer.run_once()
+
+    async def _standby(self) -> None:
+        self.last_round = {"standby": True, "at": round(self.clock.time(), 6)}
+
+    async def _round(self, n: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         scope = AutoscaleScope(scaler=self.scaler, clock=self.clock, actuator_name=self.actuator.name,
-                               record=self._hand_off, round=self.rounds, previous_fallbacks=dict(self.fallbacks))
-        inst = self.process.executor.start({"round": self.rounds, "at": round(self.clock.time(), 6)}, scope)
-        call = inst.advance()
-        while call is not None:
-            if call.operation == "autoscale/observe":
-                history, capacity = await self.observe(self.clock.time())
-                scope.history, scope.capacity = history, capacity
-                self.scaler.observe(history)
-                scope.current = await self.actuator.current()
-                inst.complete({"models": sorted(history.tokens), "step_s": history.step_s, "end": history.end,
-                               "points": max((len(v) for v in history.tokens.values()), default=0),
-                               "replicas": sum(scope.current.values()),
-                               "capacity": [c.to_json() for c in capacity.values()]})
-            elif call.operation == "autoscale/forecast":
-                scope.forecasts = await asyncio.to_thread(self.scaler.forecast)
-                inst.complete({"models": {m: {"method": f.method, "fallback": f.fallback,
-                                              "next": f.values[0] if f.values else None, "peak": f.peak()}
-                                          for m, f in scope.forecasts.items()},
-                               "fallbacks": sum(f.fallback is not None for f in scope.forecasts.values())})
-            elif call.operation == "autoscale/actuate":
-                inst.complete(await self._actuate(scope))
-            else:
-                raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
-            call = inst.advance()
+                               record=self._hand_off, round=n, previous_fallbacks=dict(self.fallbacks))
+        performers: dict[str, Performer] = {"autoscale/observe": lambda call: self._observe(scope),
+                                            "autoscale/forecast": lambda call: self._forecast(scope),
+                                            "autoscale/actuate": lambda call: self._actuate(scope)}
+        inst = await self.timer.run_instance({"round": n, "at": round(self.clock.time(), 6)}, scope, performers)
         await self._flush()
         self._remember(scope)
         self.fallbacks = {m: fallback_kind(f.fallback) for m, f in scope.forecasts.items() if f.fallback}
         data = inst.data
-        self.last_round = {"round": self.rounds, "at": round(self.clock.time(), 6),
+        self.last_round = {"round": n, "at": round(self.clock.time(), 6),
                            "took_ms": round((time.perf_counter() - t0) * 1000.0, 3), "path": list(inst.path),
                            "changes": (data.get("plan") or {}).get("changes"),
                            "recorded": (data.get("recorded") or {}).get("count")}
         return data
+
+    async def _observe(self, scope: AutoscaleScope) -> dict[str, Any]:
+        history, capacity = await self.observe(self.clock.time())
+        scope.history, scope.capacity = history, capacity
+        self.scaler.observe(history)
+        scope.current = await self.actuator.current()
+        return {"models": sorted(history.tokens), "step_s": history.step_s, "end": history.end,
+                "points": max((len(v) for v in history.tokens.values()), default=0),
+                "replicas": sum(scope.current.values()), "capacity": [c.to_json() for c in capacity.values()]}
+
+    async def _forecast(self, scope: AutoscaleScope) -> dict[str, Any]:
+        scope.forecasts = await asyncio.to_thread(self.scaler.forecast)
+        return {"models": {m: {"method": f.method, "fallback": f.fallback,
+                               "next": f.values[0] if f.values else None, "peak": f.peak()}
+                           for m, f in scope.forecasts.items()},
+                "fallbacks": sum(f.fallback is not None for f in scope.forecasts.values())}
 
     async def _actuate(self, scope: AutoscaleScope) -> dict[str, Any]:
         plan = scope.plan
@@ -175,34 +188,11 @@ class AutoscaleRunner:
                                              if d.model == model}})
         self.replicas = {d.key: {"current": after.get(d.key, d.current), "desired": d.desired} for d in plan.pools}
 
-    async def _round_logged(self) -> None:
-        try:
-            await self.run_once()
-            self.last_error = None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the loop must outlive a bad round (a process edit, a database away)
-            self.failed_rounds += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-            log.error("autoscale round %d failed: %s", self.rounds, self.last_error)
-
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="inferlb-autoscaler")
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at = loop.time() + self.interval_s
-            await self._round_logged()
+        self.timer.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.timer.stop()
         await self._flush()
         await self.actuator.close()
 

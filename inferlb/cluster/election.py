@@ -30,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from inferlb.background import Periodic
 from inferlb.errors import StoreError
 from inferlb.store.db import describe_db_error
 from inferlb.types import Clock
@@ -93,7 +94,9 @@ class Election:
         self.failures = 0
         self.terms = 0                  # times this replica took the role
         self.last_error: str | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._timer: Periodic[bool] = Periodic(
+            f"inferlb-election-{role}", lambda: asyncio.to_thread(self.attempt), interval_s=lease_s / 3.0,
+            logger=log, on_error=lambda exc: log.exception("election attempt failed"))
         now = _now_sql(engine)
         self._acquire_sql = text(
             f"INSERT INTO leader_leases (name, holder, token, expires_at, acquired_at) "
@@ -172,26 +175,12 @@ class Election:
     # ------------------------------------------------------------------ the loop
 
     async def start(self) -> None:
+        """One attempt now, then one every ``lease_s / 3`` on the background runner."""
         await asyncio.to_thread(self.attempt)
-        self._task = asyncio.create_task(self._loop(), name=f"inferlb-election-{self.role}")
-
-    async def _loop(self) -> None:
-        every = self.lease_s / 3.0
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await asyncio.to_thread(self.attempt)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("election attempt failed")
+        self._timer.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._timer.stop()
         await asyncio.to_thread(self.release)
 
     def status(self) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from inferlb.background import Background, stop_all
 from inferlb.cluster.admission import SharedAdmission
 from inferlb.cluster.election import Election, Leadership, LocalLeader
 from inferlb.cluster.health import HealthChange, SharedHealth
@@ -102,7 +103,9 @@ class ClusterService:
         self._health_script: Any = None
         self._wake = asyncio.Event()
         self._changes: asyncio.Queue[HealthChange] = asyncio.Queue(maxsize=10_000)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [Background("inferlb-cluster-sync", self._sync_loop, logger=log),
+                       Background("inferlb-cluster-listen", self._listen_loop, logger=log),
+                       Background("inferlb-cluster-health", self._send_loop, logger=log)]
         self._stopping = False
         self._last_sync = 0.0
         self._last_want = 0.0
@@ -156,22 +159,20 @@ class ClusterService:
             election = Election(self._engine, self.id, lease_s=self.settings.leader_lease_s, clock=self.clock)
             self.election = election
             await election.start()
-        self._tasks = [asyncio.create_task(self._sync_loop(), name="inferlb-cluster-sync"),
-                       asyncio.create_task(self._listen_loop(), name="inferlb-cluster-listen"),
-                       asyncio.create_task(self._send_loop(), name="inferlb-cluster-health")]
+        for loop in self._loops:
+            loop.start()
+
+    @property
+    def started(self) -> bool:
+        """True from :meth:`start` (its loops running) to :meth:`stop`."""
+        return all(loop.started for loop in self._loops)
 
     async def stop(self) -> None:
         self._stopping = True
-        # A cancellation that lands while a Redis call's own timeout fires can come back as a
-        # Redis TimeoutError, which the loops survive: cancel again until they are gone.
-        pending = set(self._tasks)
-        for _ in range(20):
-            if not pending:
-                break
-            for t in pending:
-                t.cancel()
-            _, pending = await asyncio.wait(pending, timeout=0.1)
-        self._tasks.clear()
+        # The runner cancels again until they are gone (20 tries, 0.1 s apart): a cancellation that
+        # lands while a Redis call's own timeout fires can come back as a Redis TimeoutError, which
+        # the loops survive.
+        await stop_all(self._loops)
         self.health.detach()
         self.shares.on_short = None
         if isinstance(self.election, Election):

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from inferlb.background import Background, stop_all
 from inferlb.config.discovery import KubernetesDiscoveryConfig
 from inferlb.discovery.kubernetes import EndpointSliceClient, WatchGone, api_error
 from inferlb.discovery.slices import Change, SliceCache, observed, plan
@@ -76,24 +77,21 @@ class KubernetesDiscovery:
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferlb-discovery")
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [Background(f"inferlb-discovery {self.label}", self.run, logger=log),
+                       Background(f"inferlb-discovery-reconcile {self.label}", self._reconciler, logger=log)]
         self._closed = False
 
     # ------------------------------------------------------------------ life
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self.run(), name=f"inferlb-discovery {self.label}"),
-                       asyncio.create_task(self._reconciler(), name=f"inferlb-discovery-reconcile {self.label}")]
+        """The list/watch loop and the reconciler, on the background runner."""
+        for loop in self._loops:
+            loop.start()
 
     async def close(self) -> None:
         self._closed = True
         self.client.stop()           # a watch in the thread ends now (its socket is shut down)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks = []
+        await stop_all(self._loops)
         await asyncio.get_running_loop().run_in_executor(None, self.client.close)
         self._executor.shutdown(wait=False)
 

@@ -8,10 +8,12 @@ Contract:
   node concurrently, aiohttp), waits (``clock/wait``, timers) capped at one interval — and lets the
   engine run the in-engine operations (``tasks/health.py``). It returns the instance's final data.
   Editing the process changes what a round does.
-* :meth:`start` runs the first round before returning (bounded by ``first_round_timeout_s``;
-  Envoy warms a cluster with its first health-check round before it takes traffic), then loops
-  in a task. A failing round is logged and counted (``last_error``); the loop goes on.
-* :meth:`close` stops the loop, closes the prober and hands the state changes still queued (those
+* The rounds run on the one timer-driven BPMN runner (:class:`~inferlb.workflow.timer.ProcessTimer`,
+  :attr:`HealthMonitor.timer`): a round starts every ``interval_s``. :meth:`start` runs the first
+  round before returning (bounded by ``first_round_timeout_s``; Envoy warms a cluster with its
+  first health-check round before it takes traffic), then starts the timer. A failing round is
+  logged and counted (``failed_rounds``, ``last_error``); the timer goes on.
+* :meth:`close` stops the timer, closes the prober and hands the state changes still queued (those
   of the request path since the last round) to the event sink.
 * Nothing here blocks the event loop: samples are parsed in worker threads, events are written
   by the :class:`~inferlb.store.events.EventWriter` off the loop.
@@ -20,21 +22,21 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from inferlb.config.settings import FleetConfig
-from inferlb.errors import ConfigError, WorkflowRuntimeError
+from inferlb.errors import ConfigError
 from inferlb.fleet.state import Fleet
 from inferlb.health.probe import Prober
 from inferlb.health.scope import HealthScope
 from inferlb.node_types import NodeEvent
 from inferlb.types import Clock
+from inferlb.workflow.base import ExternalCall
 from inferlb.workflow.definition import ProcessDefinition
-from inferlb.workflow.spiff import TIMER_OPERATION
+from inferlb.workflow.timer import Performer, ProcessTimer, waits
 
 __all__ = ["HealthMonitor", "check_health_config"]
 
@@ -50,6 +52,9 @@ def check_health_config(cfg: FleetConfig) -> None:
 
 
 class HealthMonitor:
+    """See the module docstring. ``process`` and ``interval_s`` may be swapped between rounds (a
+    reload, live/manager.py): the next round runs the new ones."""
+
     def __init__(self, *, fleet: Fleet, process: ProcessDefinition, clock: Clock, prober: Prober,
                  record: Callable[[list[NodeEvent]], None]) -> None:
         self.fleet = fleet
@@ -58,70 +63,60 @@ class HealthMonitor:
         self.prober = prober
         self.record = record
         self.interval_s = fleet.health.interval_s
-        self.rounds = 0
-        self.failed_rounds = 0
-        self.last_error: str | None = None
         self.last_round: dict[str, Any] = {}
-        self._task: asyncio.Task[None] | None = None
+        self.timer: ProcessTimer[dict[str, Any]] = ProcessTimer(
+            "inferlb-health-monitor", what="node-health", process=lambda: self.process,
+            interval_s=lambda: self.interval_s, run_round=self._round, logger=log)
+        self._performers: dict[str, Performer] = {"health/probe": self._probe, **waits(self._wait)}
+
+    @property
+    def rounds(self) -> int:
+        return self.timer.rounds
+
+    @property
+    def failed_rounds(self) -> int:
+        return self.timer.failed_rounds
+
+    @property
+    def last_error(self) -> str | None:
+        return self.timer.last_error
 
     async def run_once(self) -> dict[str, Any]:
-        self.rounds += 1
+        data = await self.timer.run_once()
+        assert data is not None   # no leader predicate: a round is never on standby
+        return data
+
+    async def _round(self, n: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        scope = HealthScope(fleet=self.fleet, clock=self.clock, record=self.record, round=self.rounds)
-        inst = self.process.executor.start({"round": self.rounds, "nodes": sorted(self.fleet.nodes)}, scope)
-        call = inst.advance()
-        while call is not None:
-            if call.operation == "health/probe":
-                samples = await self.prober.collect()
-                inst.complete({"samples": [s.to_json() for s in samples], "count": len(samples)})
-            elif call.operation in ("clock/wait", TIMER_OPERATION):
-                seconds = max(0.0, min(float(call.params.get("seconds", 0.0)), self.interval_s))
-                await asyncio.sleep(seconds)
-                inst.complete({"seconds": seconds})
-            else:
-                raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
-            call = inst.advance()
+        scope = HealthScope(fleet=self.fleet, clock=self.clock, record=self.record, round=n)
+        inst = await self.timer.run_instance({"round": n, "nodes": sorted(self.fleet.nodes)}, scope, self._performers)
         data = inst.data
-        self.last_round = {"round": self.rounds, "at": round(self.clock.time(), 6),
+        self.last_round = {"round": n, "at": round(self.clock.time(), 6),
                            "took_ms": round((time.perf_counter() - t0) * 1000.0, 3), "path": list(inst.path),
                            "samples": (data.get("probe") or {}).get("count"),
                            "events": (data.get("recorded") or {}).get("count")}
         return data
 
-    async def _round_logged(self) -> None:
-        try:
-            await self.run_once()
-            self.last_error = None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the loop must outlive a bad round (a process edit, a bug)
-            self.failed_rounds += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-            log.error("node-health round %d failed: %s", self.rounds, self.last_error)
+    async def _probe(self, call: ExternalCall) -> dict[str, Any]:
+        samples = await self.prober.collect()
+        return {"samples": [s.to_json() for s in samples], "count": len(samples)}
+
+    async def _wait(self, call: ExternalCall) -> dict[str, Any]:
+        seconds = max(0.0, min(float(call.params.get("seconds", 0.0)), self.interval_s))
+        await asyncio.sleep(seconds)
+        return {"seconds": seconds}
 
     async def start(self, first_round_timeout_s: float | None = None) -> None:
         timeout = self.fleet.health.first_round_timeout_s if first_round_timeout_s is None else first_round_timeout_s
         if timeout > 0:
             try:
-                await asyncio.wait_for(self._round_logged(), timeout)
+                await asyncio.wait_for(self.timer.run_logged(), timeout)
             except TimeoutError:
                 log.warning("the first node-health round took over %.1fs; starting without it", timeout)
-        self._task = asyncio.create_task(self._loop(), name="inferlb-health-monitor")
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time() + (self.interval_s if self.rounds else 0.0)
-        while True:
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at = loop.time() + self.interval_s   # rounds start every interval, not after one
-            await self._round_logged()
+        self.timer.start(first_s=self.interval_s if self.rounds else 0.0)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.timer.stop()
         await self.prober.close()
         leftover = self.fleet.take_events()
         if leftover:

@@ -1,7 +1,8 @@
 """The learned profile's feedback loop, off the request path: train, retrain, say what changed.
 
 :class:`LearnedLoop` (started by the app's lifespan only when the routing profile learns) runs
-one asyncio task:
+one loop on the background runner (:class:`~inferlb.background.Periodic`; a failing turn is
+logged and the next one comes):
 
 * every ``train_interval_s``: :meth:`PredictorLifecycle.train_pending` on the queued answers
   (prequential error, then update; at most ``_TRAIN_BATCH`` per turn so the event loop is not held);
@@ -23,7 +24,6 @@ one asyncio task:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +31,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from inferlb.background import Periodic
 from inferlb.errors import StoreError
 from inferlb.learned.audit import LearnedAttempt, learned_attempts
 from inferlb.learned.store import load_saved_predictor, save_predictor
@@ -92,7 +93,9 @@ class LearnedLoop:
         self.record = record
         self.retrains = 0
         self.last_retrain: dict[str, Any] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._timer: Periodic[None] = Periodic(
+            "inferlb-learned-routing", self._turn, interval_s=lambda: self.lc.p.train_interval_s, logger=log,
+            on_error=lambda exc: log.exception("learned routing: training turn failed"))
         self._next_retrain = clock.monotonic() + lifecycle.p.retrain_interval_s
         self._next_save = clock.monotonic() + lifecycle.p.save_interval_s
         self.saves = 0
@@ -106,17 +109,14 @@ class LearnedLoop:
         return self.engine is not None and self.lc.p.persist
 
     async def start(self) -> None:
-        if self._task is None:
+        if not self._timer.started:
             if self._persist:
                 await self.restore()
-            self._task = asyncio.create_task(self._run(), name="inferlb-learned-routing")
+            self._timer.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._timer.started:
+            await self._timer.stop()
             if self._persist:
                 await self.save()
 
@@ -172,21 +172,17 @@ class LearnedLoop:
         self.last_saved = {"version": state["version"], "seen": state["seen"], "at": round(at, 6)}
         return True
 
-    async def _run(self) -> None:
+    async def _turn(self) -> None:
+        # A failing turn is logged by the timer and the next one comes; routing falls back by itself.
         p = self.lc.p
-        while True:
-            await asyncio.sleep(p.train_interval_s)
-            try:
-                self.turn()
-                due = self.clock.monotonic() >= self._next_retrain
-                if p.retrain_interval_s > 0 and self.engine is not None and due:
-                    self._next_retrain = self.clock.monotonic() + p.retrain_interval_s
-                    await self.retrain()
-                if p.save_interval_s > 0 and self._persist and self.clock.monotonic() >= self._next_save:
-                    self._next_save = self.clock.monotonic() + p.save_interval_s
-                    await self.save()
-            except Exception:   # the loop must outlive one bad turn; routing falls back by itself
-                log.exception("learned routing: training turn failed")
+        self.turn()
+        due = self.clock.monotonic() >= self._next_retrain
+        if p.retrain_interval_s > 0 and self.engine is not None and due:
+            self._next_retrain = self.clock.monotonic() + p.retrain_interval_s
+            await self.retrain()
+        if p.save_interval_s > 0 and self._persist and self.clock.monotonic() >= self._next_save:
+            self._next_save = self.clock.monotonic() + p.save_interval_s
+            await self.save()
 
     def turn(self) -> int:
         """Train on what is queued, then publish the state changes. Returns observations trained."""

@@ -44,7 +44,6 @@ reads the config. Contracts:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +51,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from inferlb.background import Periodic, describe_error
 from inferlb.config.settings import FleetConfig, Settings
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.scope import Snapshot
@@ -115,7 +115,9 @@ class LiveConfig:
         self.last_change: dict[str, Any] | None = None
         self.sync_error: str | None = None
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._poller: Periodic[None] = Periodic(
+            "inferlb-live-config", self._poll_turn, interval_s=lambda: self.poll_s,
+            wait=lambda seconds: self.watch.wait(seconds), on_error=self._poll_failed, logger=log)
 
     def _source(self) -> str:
         cfg = self.settings.config
@@ -128,28 +130,22 @@ class LiveConfig:
         if self.engine is not None:
             await self.watch.start()
         await self.poll_once()
-        self._task = asyncio.create_task(self._loop(), name="inferlb-live-config")
+        self._poller.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._poller.stop()
         await self.watch.close()
 
-    async def _loop(self) -> None:
-        while True:
-            await self.watch.wait(self.poll_s)
-            try:
-                await self.poll_once()
-                if settle(self.gateway.rt.fleet):
-                    self._flush_events()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:   # the poll must outlive one bad turn
-                self.sync_error = f"{type(exc).__name__}: {exc}"[:500]
-                log.error("node overrides: %s", self.sync_error)
+    async def _poll_turn(self) -> None:
+        """One turn of the poll (on the background runner, after the watch's wait)."""
+        await self.poll_once()
+        if settle(self.gateway.rt.fleet):
+            self._flush_events()
+
+    def _poll_failed(self, exc: Exception) -> None:
+        # The poll must outlive one bad turn; the next one retries.
+        self.sync_error = describe_error(exc)
+        log.error("node overrides: %s", self.sync_error)
 
     # ------------------------------------------------------------------ reload (files)
 

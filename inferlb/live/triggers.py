@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from inferlb.background import Background
 from inferlb.errors import ClientError, InferlbError
 
 __all__ = ["reload_logged", "run_triggers", "watched_paths"]
@@ -93,7 +94,9 @@ async def run_triggers(app: Any, *, started: Callable[[], bool], stopping: Calla
             await asyncio.sleep(0.2)
         stop.set()
 
-    stopper = asyncio.ensure_future(poll_stop()) if watch else None
+    stopper = Background("inferlb-reload-watch-stop", poll_stop, logger=log) if watch else None
+    if stopper is not None:
+        stopper.start()
     try:
         if watch:
             from watchfiles import awatch
@@ -106,7 +109,7 @@ async def run_triggers(app: Any, *, started: Callable[[], bool], stopping: Calla
         else:
             await stop.wait()
     finally:
-        if stopper is not None:
-            stopper.cancel()
         if hup:
             loop.remove_signal_handler(signal.SIGHUP)
+        if stopper is not None:
+            await stopper.stop()

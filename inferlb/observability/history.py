@@ -7,9 +7,9 @@ Contract:
   ``healthy``; ``ejected`` (passive ejection after consecutive failures); ``cooldown`` (a 429's
   Retry-After); ``unhealthy`` (any other reason a node is out, e.g. failed probes).
 * :class:`NodeStateHistory` keeps the last ``size`` samples in memory (a ring; nothing is
-  persisted: the timeline covers this process's uptime). ``sample()`` takes one now;
-  ``run(interval_s)`` samples forever on that interval and is what the app's lifespan starts as a
-  task. ``snapshot()`` returns JSON-able data: ``{"states": [...], "nodes": [...], "samples":
+  persisted: the timeline covers this process's uptime). ``sample()`` takes one now; the
+  observability hub (hub.py) calls it on its interval, on the background runner.
+  ``snapshot()`` returns JSON-able data: ``{"states": [...], "nodes": [...], "samples":
   [{"t": epoch_s, "states": {node: state}}], "now": epoch_s}`` with consecutive identical samples
   kept (the client draws runs; the last one lasts until ``now``, the gateway's clock, not the
   browser's).
@@ -17,7 +17,6 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from collections.abc import Callable
 from typing import Any
@@ -61,12 +60,6 @@ class NodeStateHistory:
             return
         states = {v.name: state for v, state in node_states(fleet)}
         self._samples.append((round(self._clock.time(), 3), states))
-
-    async def run(self, interval_s: float) -> None:
-        """Sample now, then every ``interval_s`` until cancelled."""
-        while True:
-            self.sample()
-            await asyncio.sleep(interval_s)
 
     def snapshot(self) -> dict[str, Any]:
         nodes: dict[str, None] = {}

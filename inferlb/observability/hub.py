@@ -18,7 +18,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sized
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformColl
 from prometheus_client.exposition import choose_encoder
 
 from inferlb import __version__
+from inferlb.background import Periodic
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.settings import FleetConfig
 from inferlb.cost import node_prices
@@ -91,7 +91,8 @@ class Observability:
         self._build = Info("inferlb_build", "Version and workflow executor of this gateway", registry=self.registry)
         self._build.info({"version": __version__, "engine": "unknown"})
         self.history = NodeStateHistory(lambda: self._fleet, clock, cfg.node_state_history)
-        self._task: asyncio.Task[None] | None = None
+        self._sampler: Periodic[None] = Periodic("inferlb-node-state-sampler", self._sample,
+                                                 interval_s=cfg.node_state_sample_s, first_s=0.0, logger=log)
 
     # -- wiring ------------------------------------------------------------------------------------
 
@@ -123,17 +124,16 @@ class Observability:
         self.prices.clear()
         self.prices.update(prices)
 
+    async def _sample(self) -> None:
+        self.history.sample()
+
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self.history.run(self.cfg.node_state_sample_s),
-                                             name="inferlb-node-state-sampler")
+        """Sample the node states now, then every ``node_state_sample_s`` (the dashboard's timeline)."""
+        if not self._sampler.started:
+            self._sampler.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._sampler.stop()
         if self.tracer is not None:
             # Flushes the batch processor: network I/O, so off the event loop.
             await asyncio.to_thread(self.tracer.shutdown)

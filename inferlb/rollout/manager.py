@@ -33,7 +33,10 @@ Contract:
   config that drops a model or version a running rollout moves traffic between, before anything
   changed; :meth:`follow_config` is the manager's part of the atomic swap (version table, the
   ``rollouts:`` section, ``rollout.bpmn``, the SLOs); a running rollout's weights survive it.
-* Time comes from the injected clock; nothing here sleeps except the timer loop itself.
+* The rounds run on the one timer-driven BPMN runner (:class:`~inferlb.workflow.timer.ProcessTimer`,
+  :attr:`RolloutManager.timer`): every ``rollouts.interval_s`` (the first one interval after
+  :meth:`start`), gated on ``leader()`` (a follower's round only flushes), and only while a
+  rollout runs or writes wait. Time comes from the injected clock; nothing here sleeps.
 * Layout: this module holds the state, starting and aborting, the round driver, the reloads and
   the timer; :mod:`.persist` the database side (writes, resume, :meth:`sync`), :mod:`.rounds`
   one round on SpiffWorkflow and the process's operations, :mod:`.errors` the client errors; each
@@ -52,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
+from inferlb.background import describe_error
 from inferlb.config.rollout import RolloutConfig, RolloutCriteria, RolloutSpec
 from inferlb.errors import Conflict, InvalidRequest, StoreError
 from inferlb.rollout.errors import RolloutBusy, RolloutNotFound, RolloutUnavailable
@@ -63,6 +67,7 @@ from inferlb.rollout.window import VersionWindow
 from inferlb.types import Clock
 from inferlb.versions.table import VersionTable
 from inferlb.workflow.definition import ProcessDefinition
+from inferlb.workflow.timer import ProcessTimer
 
 if TYPE_CHECKING:   # settings imports rollout.config: a runtime import here would be a cycle
     from inferlb.config.settings import FleetConfig
@@ -95,7 +100,6 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
         self.interval_s = self.cfg.interval_s
         self.rollouts: dict[str, Rollout] = {}
         self.decisions: collections.Counter[tuple[str, str]] = collections.Counter()   # (model, action)
-        self.rounds = 0
         self.failed_rounds = 0
         self.last_error: str | None = None
         self.events_dropped = 0
@@ -104,8 +108,15 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
         self._ignored: set[str] = set()        # rows this replica's config cannot follow (warned once)
         self._reread: set[str] = set()         # stale rollouts whose rows could not be read yet
         self.follows = 0                       # rollout changes applied from the database
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self.timer: ProcessTimer[list[dict[str, Any]]] = ProcessTimer(
+            "inferlb-rollouts", what="rollout", process=lambda: self.process, interval_s=lambda: self.interval_s,
+            run_round=self._decide, logger=log, leader=lambda: self.leader(), standby=self._standby, due=self._due,
+            on_error=self._turn_failed)
+
+    @property
+    def rounds(self) -> int:
+        return self.timer.rounds
 
     # ------------------------------------------------------------------ reading
 
@@ -241,21 +252,34 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
         """One round for every running rollout; returns each instance's final data (with ``path``:
         the element ids it visited). Not the leader: only this replica's pending writes are
         flushed, and nothing is decided (returns [])."""
+        return await self.timer.run_once() or []
+
+    async def _standby(self) -> list[dict[str, Any]]:
         async with self._lock:
-            if not self.leader():
-                await self._flush()
-                return []
-            self.rounds += 1
+            await self._flush()
+            return []
+
+    async def _decide(self, n: int) -> list[dict[str, Any]]:
+        async with self._lock:
             out = []
             for r in [r for r in self.rollouts.values() if r.running]:
                 try:
-                    out.append(self._round(r))
+                    out.append(await self._round(r))
                 except Exception as exc:  # one rollout's broken round must not stop the others
                     self.failed_rounds += 1
                     self.last_error = f"{r.id}: {type(exc).__name__}: {exc}"[:500]
                     log.error("rollout round failed: %s", self.last_error)
             await self._flush(fenced=True)
             return out
+
+    def _due(self) -> bool:
+        """The timer's rounds run only while there is something to decide or to write."""
+        return any(r.running for r in self.rollouts.values()) or bool(self._events) or bool(self._changed)
+
+    def _turn_failed(self, exc: Exception) -> None:
+        # The timer must outlive one bad turn (a database away); one rollout's failure is counted above.
+        self.last_error = describe_error(exc)
+        log.error("rollouts: %s", self.last_error)
 
     # ------------------------------------------------------------------ reloads
 
@@ -296,29 +320,10 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
 
     async def start(self) -> None:
         await self.resume()
-        self._task = asyncio.create_task(self._loop(), name="inferlb-rollouts")
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time() + self.interval_s
-        while True:
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at = loop.time() + self.interval_s
-            if any(r.running for r in self.rollouts.values()) or self._events or self._changed:
-                try:
-                    await self.run_once()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:   # the timer must outlive one bad turn (a database away)
-                    self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                    log.error("rollouts: %s", self.last_error)
+        self.timer.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.timer.stop()
         with contextlib.suppress(Exception):
             await self.flush()
 

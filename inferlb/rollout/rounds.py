@@ -1,10 +1,12 @@
 """One rollout round on SpiffWorkflow, and the operations ``rollout.bpmn`` calls.
 
 Contract: :meth:`RolloutRounds._round` starts a fresh instance of the rollout process for one
-rollout (``observe → decide → promote | hold | rollback → record``; the operations are
-``tasks/rollout.py`` over a :class:`RolloutScope`, no I/O) and returns the instance's final data
-with ``path``; a timer or ``clock/wait`` completes at once (the next round is the wait), any other
-external operation is a :class:`~inferlb.errors.WorkflowRuntimeError`. The operations only
+rollout on the manager's timer-driven BPMN runner (:meth:`ProcessTimer.run_instance
+<inferlb.workflow.timer.ProcessTimer.run_instance>`; ``observe → decide → promote | hold |
+rollback → record``; the operations are ``tasks/rollout.py`` over a :class:`RolloutScope`, no
+I/O) and returns the instance's final data with ``path``; a timer or ``clock/wait`` completes at
+once (the next round is the wait), any other external operation is a
+:class:`~inferlb.errors.WorkflowRuntimeError`. The operations only
 change the in-memory rollout, the version table (through ``_apply``) and the queues the
 persistence part writes after the round (:mod:`.persist`). Mixed into
 :class:`~.manager.RolloutManager`, which holds the state and defines ``_apply`` and ``_finish``.
@@ -19,13 +21,13 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import ValidationError
 
 from inferlb.config.rollout import RolloutCriteria
-from inferlb.errors import WorkflowRuntimeError
 from inferlb.rollout.guard import Counts, guard
 from inferlb.rollout.state import Rollout
 from inferlb.rollout.window import VersionWindow
 from inferlb.types import Clock
+from inferlb.workflow.base import ExternalCall
 from inferlb.workflow.definition import ProcessDefinition
-from inferlb.workflow.spiff import TIMER_OPERATION
+from inferlb.workflow.timer import Performer, ProcessTimer, waits
 
 if TYPE_CHECKING:   # manager.py mixes this class in: a runtime import would be a cycle
     from inferlb.rollout.manager import RolloutManager
@@ -56,6 +58,13 @@ class RolloutScope:
         return self.manager.record(self.rollout, data)
 
 
+async def _no_wait(call: ExternalCall) -> dict[str, Any]:
+    return {"seconds": 0.0}   # a round never waits: the next round is the wait
+
+
+_PERFORMERS: dict[str, Performer] = waits(_no_wait)
+
+
 def _counts(raw: Any) -> Counts:
     d = raw if isinstance(raw, Mapping) else {}
     return Counts(int(d.get("attempts") or 0), int(d.get("failed") or 0), int(d.get("ok") or 0),
@@ -66,6 +75,7 @@ class RolloutRounds:
     """The round and the process's operations of :class:`~.manager.RolloutManager` (a mixin)."""
 
     process: ProcessDefinition | None
+    timer: ProcessTimer[list[dict[str, Any]]]
     window: VersionWindow
     clock: Clock
     decisions: collections.Counter[tuple[str, str]]
@@ -78,20 +88,13 @@ class RolloutRounds:
                    evidence: Mapping[str, Any]) -> dict[str, Any]: ...
         def _queue(self, r: Rollout, event: dict[str, Any]) -> None: ...
 
-    def _round(self, r: Rollout) -> dict[str, Any]:
+    async def _round(self, r: Rollout) -> dict[str, Any]:
         if self.process is None:
             raise RuntimeError("no rollout process loaded")
         r.rounds += 1
         # The only RolloutRounds is a RolloutManager (manager.py); the scope's type stays the manager's.
         scope = RolloutScope(cast("RolloutManager", self), r)
-        inst = self.process.executor.start({"rollout": r.data()}, scope)
-        call = inst.advance()
-        while call is not None:
-            if call.operation in ("clock/wait", TIMER_OPERATION):
-                inst.complete({"seconds": 0.0})   # a round never waits: the next round is the wait
-            else:
-                raise WorkflowRuntimeError(call.task_id, f"no performer for external operation {call.operation!r}")
-            call = inst.advance()
+        inst = await self.timer.run_instance({"rollout": r.data()}, scope, _PERFORMERS)
         return {**inst.data, "path": list(inst.path)}
 
     # ------------------------------------------------------------------ the process's operations

@@ -35,6 +35,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from inferlb.background import Background
 from inferlb.errors import StoreError
 from inferlb.node_types import NodeEvent
 from inferlb.store.db import describe_db_error
@@ -124,7 +125,7 @@ class EventWriter:
         self._retry_at = 0.0
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._flusher = Background("inferlb-node-events", self._run, logger=log)
         self._closing = False
         self.written = 0
         self.dropped = 0
@@ -146,8 +147,8 @@ class EventWriter:
     async def start(self) -> None:
         """Open the spool (adopting what a crashed process left) and start the flush task."""
         await self._open_spool()
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="inferlb-node-events")
+        if not self._flusher.started:
+            self._flusher.start()
 
     async def _open_spool(self) -> None:
         if self._spool is not None and not self._spool_open:
@@ -254,10 +255,7 @@ class EventWriter:
         """Stop the task, write what is left (one forced try within ``timeout_s``), spool the rest."""
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, timeout_s)
-            self._task = None
+        await self._flusher.stop(grace_s=timeout_s)   # signalled: it ends after its flush, else cancelled
         if self._pending or (self._spool is not None and self._spool.spooled):
             with contextlib.suppress(StoreError):
                 await self._open_spool()

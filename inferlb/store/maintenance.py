@@ -9,16 +9,17 @@ Contract:
   (:func:`~inferlb.store.partitions.ensure_days`); with ``retention_days`` set it prunes
   what was received before ``clock.time() - retention_days`` (:func:`~inferlb.store.retention.prune`).
   It returns what it did, or None when this replica is not the leader.
-* :meth:`start` runs a round at once and then every ``interval_s``; database calls run in a worker
-  thread, never on the event loop. A failed round is logged and retried at the next interval: a
-  database that is away never stops the gateway (the default partition takes rows of days not yet
-  created). :meth:`close` cancels the timer and waits for it.
+* :meth:`start` runs a round at once and then every ``interval_s`` (counted from the end of a
+  round) on the background runner; database calls run in a worker thread, never on the event
+  loop. A failed round is logged and retried at the next interval: a database that is away never
+  stops the gateway (the default partition takes rows of days not yet created); any other error
+  is logged by the runner with its traceback, and the timer goes on. :meth:`close` cancels the
+  timer and waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
+from inferlb.background import Periodic
 from inferlb.errors import StoreError
 from inferlb.store.partitions import AHEAD_DAYS, day_of, ensure_days, is_partitioned
 from inferlb.store.retention import PruneResult, prune
@@ -58,7 +60,8 @@ class AuditMaintenance:
             raise ValueError("retention_days must be positive (None keeps everything)")
         self._engine, self._clock, self._leader = engine, clock, leader
         self.retention_days, self.interval_s, self.ahead_days = retention_days, interval_s, ahead_days
-        self._task: asyncio.Task[None] | None = None
+        self._timer: Periodic[None] = Periodic("inferlb-audit-maintenance", self._turn,
+                                               interval_s=lambda: self.interval_s, first_s=0.0, logger=log)
         self.rounds = 0
         self.last_error: str | None = None
 
@@ -89,22 +92,16 @@ class AuditMaintenance:
                      f"; pruned: {done.pruned.describe()}" if done.pruned else "")
         return done
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-                self.last_error = None
-            except StoreError as exc:
-                self.last_error = str(exc)
-                log.warning("%s (retried in %.0f s)", exc, self.interval_s)
-            await asyncio.sleep(self.interval_s)
+    async def _turn(self) -> None:
+        try:
+            await self.run_once()
+            self.last_error = None
+        except StoreError as exc:
+            self.last_error = str(exc)
+            log.warning("%s (retried in %.0f s)", exc, self.interval_s)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="inferlb-audit-maintenance")
+        self._timer.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._timer.stop()

@@ -43,7 +43,6 @@ The kinds (:func:`revision_watch` picks one for an engine):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Hashable
@@ -53,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
+from inferlb.background import Background
 from inferlb.store.db import pg_connect_params, sqlite_file
 from inferlb.store.overrides import REVISION_CHANNEL
 from inferlb.types import Clock
@@ -175,7 +175,7 @@ class PgNotifyWatch(RevisionWatch):
         self.connects = 0
         self.error: str | None = None
         self._wake = Wakeup()
-        self._task: asyncio.Task[None] | None = None
+        self._listener = Background("inferlb-revision-listen", self._run, logger=log)
 
     def state(self) -> Hashable:
         # Not listening: nothing can be trusted, every poll reads.
@@ -189,15 +189,11 @@ class PgNotifyWatch(RevisionWatch):
         return await self._wake.wait(timeout_s)
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="inferlb-revision-listen")
+        if not self._listener.started:
+            self._listener.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._listener.stop()
         self.listening = False
 
     async def _run(self) -> None:

@@ -46,6 +46,7 @@ import itertools
 import logging
 import math
 
+from inferlb.background import Background
 from inferlb.errors import AuditUnavailable, StoreError
 from inferlb.store.records import RequestRecord
 from inferlb.store.wal import start_entry
@@ -95,7 +96,7 @@ class AuditWriter(WriterState):
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._wal_starts.append((record.request_id, start_entry(record)))
         self._wal_waiters.append(fut)
-        if self._wal_task is None:   # not started (tests of the writer alone): commit inline
+        if self._wal_loop is None:   # not started (tests of the writer alone): commit inline
             task = asyncio.ensure_future(self._commit_wal())
             self._inline.add(task)
             task.add_done_callback(self._inline.discard)
@@ -141,8 +142,10 @@ class AuditWriter(WriterState):
             log.info("replaying %d audit records from the journal", self._journal.spooled)
             await self.flush_once(force=True)
         if background:
-            self._wal_task = asyncio.create_task(self._run_wal(), name="inferlb-audit-wal")
-            self._task = asyncio.create_task(self._run(), name="inferlb-audit-writer")
+            self._wal_loop = Background("inferlb-audit-wal", self._run_wal, logger=log)
+            self._flush_loop = Background("inferlb-audit-writer", self._run, logger=log)
+            self._wal_loop.start()
+            self._flush_loop.start()
 
     async def flush_once(self, *, force: bool = False) -> int:
         """Commit the write-ahead log, then write what is spooled and queued; the number committed.
@@ -180,13 +183,10 @@ class AuditWriter(WriterState):
         self._wake.set()
         self._work.set()
         self._wal_wake.set()
-        for task in (self._wal_task, self._task):
-            if task is not None:
-                done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
-                if not done:
-                    task.cancel()
-                    await asyncio.wait({task})
-        self._wal_task = self._task = None
+        for bg in (self._wal_loop, self._flush_loop):
+            if bg is not None:   # signalled above: each may finish its turn until the deadline
+                await bg.stop(grace_s=max(0.0, deadline - loop.time()))
+        self._wal_loop = self._flush_loop = None
         if not self._started and (self._wal_finished or self._pending):
             with contextlib.suppress(StoreError):  # records queued before start(): still store them
                 await self.start(background=False)

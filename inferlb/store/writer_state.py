@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import Engine
 
+from inferlb.background import Background
 from inferlb.store.batches import BatchWriter
 from inferlb.store.journal import Journal
 from inferlb.store.records import RequestRecord
@@ -99,7 +100,7 @@ class WriterState:
         self._wal_waiters: list[asyncio.Future[bool]] = []
         self._wal_wake = asyncio.Event()
         self._wal_lock = asyncio.Lock()
-        self._wal_task: asyncio.Task[None] | None = None
+        self._wal_loop: Background | None = None   # the journal's group commits (started by start())
         self._inline: set[asyncio.Future[None]] = set()   # commits run inline before the background task runs
         self._wal_error: str | None = None
         # Its own thread: journal I/O never waits behind a hung database call (BatchWriter's thread).
@@ -109,7 +110,7 @@ class WriterState:
         self._work = asyncio.Event()       # set by submit(): the flush task parks on it while idle
         self._idle = asyncio.Event()       # set when nothing is pending or spooled
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
+        self._flush_loop: Background | None = None  # the database flushes (started by start())
         self._started = False
         self._closing = False
         self._closed = False

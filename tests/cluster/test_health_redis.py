@@ -29,7 +29,7 @@ async def _started(make_replica: Any, *names: str) -> list[ClusterService]:
     reps = [make_replica(n) for n in names]
     for svc in reps:
         await svc.start()
-    await _until(lambda: all(s.health_received >= 0 and s._tasks for s in reps))
+    await _until(lambda: all(s.health_received >= 0 and s.started for s in reps))
     # Every listener has subscribed (a publish before that would wait for the next sync's version
     # check, which the manual clocks never bring).
     channel, redis = reps[0].channel, reps[0].redis

@@ -109,8 +109,8 @@ async def test_a_failing_round_is_counted_and_the_monitor_goes_on(sim: SimFleet,
     bad.write_text((FIX / "node_health_threshold1.bpmn").read_text().replace(param + "1<", param + "0<"))
     mon, _, _ = monitor_for(sim, bad)
     try:
-        await mon._round_logged()
-        await mon._round_logged()
+        await mon.timer.run_logged()
+        await mon.timer.run_logged()
     finally:
         await mon.close()
     assert mon.failed_rounds == 2 and "unhealthy_threshold must be a number >= 1" in (mon.last_error or "")
