@@ -2,7 +2,7 @@
 # inferlb gateway image: `docker build -t inferlb .` then `docker run -p 8080:8080 -e INFERLB_HOST=0.0.0.0 …`.
 # Multi-stage: wheels are built with the build tools in the first stage; the runtime stage holds only
 # a virtual environment, runs as an unprivileged user and writes nothing outside its volumes
-# (journal, /tmp), so it runs with a read-only root filesystem (deploy/kubernetes/deployment.yaml).
+# (journal, /tmp), so it runs with a read-only root filesystem (deploy/kubernetes/statefulset.yaml).
 # Network at build time: PyPI only (pip); the processes and migrations ship inside the wheel.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
