@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,236 @@ def test_dockerfile_is_multi_stage_non_root_and_serves() -> None:
     # the StatefulSet runs the image's user
     deployment = yaml.safe_load((BASE / "statefulset.yaml").read_text())
     assert str(deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == user[-1].split(":")[0]
+
+
+GUARD_S = 60.0      # hang guard only: start-up of a real gateway
+
+
+def _secret_refs(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The container's secretKeyRef env entries: {key in inferlb-secrets: ref}."""
+    return {e["valueFrom"]["secretKeyRef"]["key"]: e["valueFrom"]["secretKeyRef"]
+            for e in container["env"] if "valueFrom" in e}
+
+
+def test_the_rendered_base_starts_and_is_ready(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """The pod as Kubernetes would make it, on this machine: every mount of the gateway container
+    under ``root`` (the rendered ConfigMaps' keys as files, as a configMap volume without ``items``
+    mounts them; an empty directory for the journal claim and ``/tmp``), the container's env with
+    its absolute paths moved under ``root``, the Secret's keys given test values (the database a
+    temporary SQLite file, not PostgreSQL), the image's ENTRYPOINT + the container's args run in the
+    image's WORKDIR, on 127.0.0.1 and a free port instead of 0.0.0.0:8080. It must answer the
+    probes, serve /metrics at the scrape annotations' path to the Secret's metrics token only (auth is
+    on), and write nothing outside its writable mounts (the root filesystem is read-only)."""
+    sts = _one(rendered, "StatefulSet")
+    pod, c = _pod_spec(sts), _container(sts)
+    root = tmp_path / "root"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_maps = {d["metadata"]["name"]: d for d in rendered if d["kind"] == "ConfigMap"}
+    writable: list[Path] = []
+    for m in c["volumeMounts"]:
+        target = root / m["mountPath"].lstrip("/")
+        target.mkdir(parents=True)
+        vol = volumes.get(m["name"])
+        if vol is not None and "configMap" in vol:
+            assert m.get("readOnly") is True and "items" not in vol["configMap"]
+            for key, text in config_maps[vol["configMap"]["name"]]["data"].items():
+                (target / key).write_text(text)
+        else:   # an emptyDir or the journal's claim: empty and writable
+            writable.append(target)
+    (tmp_path / "db").mkdir()
+    secret = {"database-url": f"sqlite:///{tmp_path / 'db' / 'inferlb.db'}", "admin-key": secrets.token_hex(24),
+              "metrics-token": secrets.token_hex(24)}
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1",
+           "HOME": str(root / "tmp"), "TMPDIR": str(root / "tmp")}
+    for e in c["env"]:
+        if "value" in e:
+            value = str(e["value"])
+            env[e["name"]] = str(root / value.lstrip("/")) if value.startswith("/") else value
+        else:
+            ref = e["valueFrom"]["secretKeyRef"]
+            if ref["key"] in secret:
+                env[e["name"]] = secret[ref["key"]]
+            else:   # a key the Secret may lack (redis-url): then the variable is not set at all
+                assert ref.get("optional") is True, ref
+    assert env["INFERLB_HOST"] == "0.0.0.0" and env["INFERLB_AUTH"] == "true"
+    port = free_port()
+    env |= {"INFERLB_HOST": "127.0.0.1", "INFERLB_PORT": str(port)}
+    dockerfile = (REPO / "Dockerfile").read_text()
+    runtime = dockerfile[dockerfile.rindex("\nFROM "):]
+    workdir = root / re.findall(r"^WORKDIR\s+(\S+)", runtime, re.M)[-1].lstrip("/")
+    workdir.mkdir(parents=True, exist_ok=True)
+    before = {p for p in root.rglob("*")}
+    assert re.search(r'^ENTRYPOINT \["inferlb"\]$', runtime, re.M)   # `inferlb` is inferlb.cli (pyproject.toml)
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "inferlb.cli", *c["args"]], cwd=workdir, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            deadline = time.monotonic() + GUARD_S
+            while True:     # bounded: start-up (the first health round against the fleet's unreachable nodes)
+                try:
+                    if client.get(c["readinessProbe"]["httpGet"]["path"]).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "never ready:\n" + log.read_text()
+                time.sleep(0.1)
+            assert client.get(c["livenessProbe"]["httpGet"]["path"]).status_code == 200
+            annotations = sts["spec"]["template"]["metadata"]["annotations"]
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert int(annotations["prometheus.io/port"]) == ports["http"]
+            path = annotations["prometheus.io/path"]
+            assert client.get(path).status_code == 401
+            tenant_free = client.get(path, headers={"authorization": f"Bearer {secret['metrics-token']}"})
+            assert tenant_free.status_code == 200 and "inferlb_requests_total" in tenant_free.text
+        proc.terminate()        # SIGTERM: drains (nothing in flight) and exits 0
+        assert proc.wait(timeout=GUARD_S) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    written = {p for p in root.rglob("*") if p.is_file()} - before
+    outside = [p for p in written if not any(p.is_relative_to(w) for w in writable)]
+    assert not outside, outside
+    assert (tmp_path / "db" / "inferlb.db").is_file()     # the Secret's database URL was the one used
+
+
+def test_the_gateway_needs_every_process_the_config_map_carries(rendered: list[dict[str, Any]],
+                                                                 tmp_path: Path) -> None:
+    """The other side of the start test: without the rollout process (what the base once shipped:
+    the request and health processes only) the gateway refuses to start, naming the file."""
+    from inferlb.app import check_startup_files
+    from inferlb.errors import ProcessValidationError
+
+    proc_cm = _one(rendered, "ConfigMap", "inferlb-processes")
+    fleet_cm = _one(rendered, "ConfigMap", "inferlb-fleet")
+    (tmp_path / "fleet.yaml").write_text(fleet_cm["data"]["fleet.yaml"])
+    pdir = tmp_path / "processes"
+    pdir.mkdir()
+    for key, text in proc_cm["data"].items():
+        if key != RolloutConfig().process:
+            (pdir / key).write_text(text)
+    settings = Settings(config=tmp_path / "fleet.yaml", processes_dir=pdir)
+    with pytest.raises(ProcessValidationError, match=r"rollout\.bpmn.*cannot read"):
+        check_startup_files(settings)
+    (pdir / RolloutConfig().process).write_text(proc_cm["data"][RolloutConfig().process])
+    check_startup_files(settings)
+
+
+def test_one_image_name_set_in_the_kustomization(rendered: list[dict[str, Any]]) -> None:
+    """The manifests name the placeholder ``inferlb`` only; the kustomization's ``images`` sets the
+    name and tag (the one place to change them), its tag is the package's version, and the docs
+    that build the image build that name."""
+    kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    (image,) = kust["images"]
+    ref = f"{image['newName']}:{image['newTag']}"
+    for res in kust["resources"]:
+        for doc in yaml.safe_load_all((BASE / res).read_text()):
+            for c in _pod_spec(doc).get("containers", []) if doc else []:
+                assert c["image"] == image["name"], (res, c["image"])
+    assert {_container(_one(rendered, k))["image"] for k in ("StatefulSet", "Job")} == {ref}
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert image["newTag"] == pyproject["project"]["version"]
+    built = [m for doc in ("README.md", "docs/replicas.md")
+             for m in re.findall(r"docker build -t (\S+)", (REPO / doc).read_text())]
+    assert built and set(built) == {ref}
+
+
+class _Relabel:
+    """Prometheus' relabelling, limited to what deploy/prometheus/prometheus-kubernetes.yml uses:
+    ``keep`` and ``replace`` (the default action) on ``;``-joined source labels, the regex fully
+    anchored, ``$1``-style replacements (default ``$1``)."""
+
+    @staticmethod
+    def apply(labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str] | None:
+        out = dict(labels)
+        for rule in rules:
+            value = ";".join(out.get(s, "") for s in rule.get("source_labels", []))
+            match = re.fullmatch(rule.get("regex", "(.*)"), value)
+            action = rule.get("action", "replace")
+            if action == "keep":
+                if match is None:
+                    return None
+            elif action == "replace":
+                if match is not None:
+                    # Prometheus' $1 is Python's \1
+                    template = re.sub(r"\$(\d+)", r"\\\1", rule.get("replacement", "$1"))
+                    out[rule["target_label"]] = match.expand(template)
+            else:
+                raise AssertionError(f"action {action!r} is not modelled here")
+        return out
+
+
+def _meta(name: str, prefix: str) -> str:
+    return prefix + re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def test_the_kubernetes_scrape_job_sends_the_metrics_token_to_the_annotated_port(
+        rendered: list[dict[str, Any]]) -> None:
+    """With auth on, /metrics wants a bearer token (inferlb/api/auth.py); the pods carry the Secret's
+    metrics-token as INFERLB_METRICS_TOKEN and the in-cluster scrape job sends a token from a file,
+    at the address and path the pods' prometheus.io annotations give (relabelled as Prometheus would)."""
+    sts = _one(rendered, "StatefulSet")
+    c = _container(sts)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["INFERLB_AUTH"]["value"] == "true"
+    ref = env["INFERLB_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "inferlb-secrets", "key": "metrics-token"}     # required: not optional
+    prom = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "inferlb"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
+    assert "credentials" not in job["authorization"]      # the token never sits in the config
+    template = sts["spec"]["template"]["metadata"]
+    pod_labels = {"__address__": "10.1.2.3", "__meta_kubernetes_pod_ip": "10.1.2.3",
+                  "__meta_kubernetes_namespace": "default", "__meta_kubernetes_pod_name": "inferlb-0",
+                  "__metrics_path__": "/metrics-default"}
+    pod_labels |= {_meta(k, "__meta_kubernetes_pod_label_"): v for k, v in template["labels"].items()}
+    pod_labels |= {_meta(k, "__meta_kubernetes_pod_annotation_"): v for k, v in template["annotations"].items()}
+    target = _Relabel.apply(pod_labels, job["relabel_configs"])
+    assert target is not None, "the scrape job drops the gateway's pods"
+    assert target["__address__"] == f"10.1.2.3:{c['ports'][0]['containerPort']}"
+    assert target["__metrics_path__"] == template["annotations"]["prometheus.io/path"] == "/metrics"
+    # not the migration Job's pod, and not a gateway pod that stops asking to be scraped
+    job_pod = pod_labels | {_meta(k, "__meta_kubernetes_pod_label_"): v
+                            for k, v in _one(rendered, "Job")["spec"]["template"]["metadata"]["labels"].items()}
+    assert _Relabel.apply(job_pod, job["relabel_configs"]) is None
+    off = pod_labels | {"__meta_kubernetes_pod_annotation_prometheus_io_scrape": "false"}
+    assert _Relabel.apply(off, job["relabel_configs"]) is None
+
+
+def test_every_required_secret_key_is_in_the_documented_secret(rendered: list[dict[str, Any]]) -> None:
+    """A pod whose Secret lacks a required key never starts (CreateContainerConfigError): each key the
+    manifests need is in the ``kubectl create secret`` commands of the kustomization and the docs."""
+    needed = {key for kind in ("StatefulSet", "Job")
+              for key, ref in _secret_refs(_container(_one(rendered, kind))).items() if not ref.get("optional")}
+    assert {"database-url", "admin-key", "metrics-token"} <= needed
+    for doc in (BASE / "kustomization.yaml", REPO / "docs" / "replicas.md"):
+        text = doc.read_text()
+        assert "kubectl create secret generic inferlb-secrets" in text, doc
+        assert needed <= set(re.findall(r"--from-literal=([a-z-]+)=", text)), doc
+
+
+def test_the_migration_job_can_be_applied_again(rendered: list[dict[str, Any]]) -> None:
+    """``kubectl apply`` refuses ``generateName``, and a Job's pod template cannot change: a stable
+    name, removed some time after it ends, and the documented command deletes it before re-applying."""
+    job = _one(rendered, "Job")
+    name = job["metadata"]["name"]
+    assert "generateName" not in job["metadata"] and name == "inferlb-db-upgrade"
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0 and job["spec"]["activeDeadlineSeconds"] > 0
+    again = f"kubectl delete job {name} --ignore-not-found && kubectl apply -k deploy/kubernetes"
+    for doc in (BASE / "db-upgrade-job.yaml", REPO / "docs" / "replicas.md"):
+        assert again in doc.read_text(), doc
+    wait = f"kubectl wait --for=condition=complete --timeout=10m job/{name}"
+    assert wait in (REPO / "docs" / "replicas.md").read_text()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) is not installed")
+def test_promtool_accepts_the_kubernetes_scrape_config() -> None:
+    # --syntax-only: the token file and the rule file exist in Prometheus' pod, not here
+    proc = subprocess.run(["promtool", "check", "config", "--syntax-only",
+                           str(REPO / "deploy" / "prometheus" / "prometheus-kubernetes.yml")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
