@@ -119,11 +119,12 @@ def test_drain_fits_in_the_grace_period(rendered: list[dict[str, Any]]) -> None:
     # server/lifecycle.py: drain, then 2 s stop grace; app.py: the audit flush waits ≤ 10 s.
     assert pre_stop + drain + 2 + 10 <= _pod_spec(dep)["terminationGracePeriodSeconds"]
     # Readiness tolerates one slow answer (a timeout counts as a failure: one alone leaves the pod in)
-    # and still notices the drain (503 from SIGTERM on) within a few seconds, long before it ends.
+    # and still notices the drain (503 from SIGTERM on) early in it: a request sent just before it
+    # notices still has most of the drain to finish.
     probe = c["readinessProbe"]
     assert probe["failureThreshold"] >= 2 and probe["timeoutSeconds"] >= 2
     notice = probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"]
-    assert notice <= pre_stop + 2 < drain
+    assert notice < drain / 2
 
 
 def test_runs_as_non_root_with_a_read_only_root(rendered: list[dict[str, Any]]) -> None:
