@@ -80,6 +80,15 @@ async def _serve_nodes(args: argparse.Namespace) -> None:
         specs = cli_specs(args.fleet, on_kv_full=args.on_kv_full, stream_interval=args.stream_interval)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if specs is None:
+        from inferlb.simulator.spec import demo_specs
+
+        specs = demo_specs()
+    if args.ports is not None and len(args.ports) != len(specs):
+        # serve_sim refuses it too, but from inside the running loop: a traceback, not one line.
+        names = ", ".join(s.name for s in specs)
+        raise ConfigError(f"--ports: {len(args.ports)} port(s) for {len(specs)} node(s) ({names}): give one port "
+                          "per node, space-separated, or leave --ports out for free ports")
     await serve_sim(specs, host=args.host or "127.0.0.1", ports=args.ports, on_ready=ready)
 
 

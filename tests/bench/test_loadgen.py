@@ -96,7 +96,7 @@ def test_traces_jsonl_csv_and_audit_export(tmp_path: Path) -> None:
     assert [r.t for r in reqs] == [0.0, 1.0, 2.0] and reqs[2].tenant is None and reqs[0].model == "m"
     assert [r.t for r in load_trace(csv_file, rate=1.5)] == pytest.approx([0.0, 1.0, 2.0])
     # A page of GET /audit/requests, newest first; a rejected request has no token counts.
-    page = {"items": [
+    page = {"data": [
         {"request_id": "b", "received_at": 1767225610.0, "model_requested": "demo-llm", "tenant": "t1",
          "priority": "standard", "prompt_tokens": 30, "completion_tokens": 12, "stream": True},
         {"request_id": "a", "received_at": 1767225600.0, "model_requested": "demo-llm", "tenant": None,

@@ -102,7 +102,8 @@ def test_the_readme_starts_with_its_two_commands() -> None:
     first = re.search(r"```bash\n(.*?)```", text, re.S)
     assert first is not None and text.index("```bash") < text.index("\n## "), "the commands come first"
     commands = [line.split("#", 1)[0].strip() for line in first.group(1).splitlines()]
-    assert commands == ["pip install -e . && inferlb demo", "pip install -e '.[test]' && pytest"]
+    venv = "python3 -m venv .venv && . .venv/bin/activate && "
+    assert commands == [venv + "pip install -e . && inferlb demo", venv + "pip install -e '.[test]' && pytest"]
 
 
 def test_the_readme_fleet_file_is_valid(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Contract: :func:`load_trace` returns requests sorted by time, the first at ``t = 0``. Columns are
 found by name, with the audit trail's names accepted as aliases, so a page saved from
-``GET /audit/requests`` (``{"items": [...]}``) or its rows as JSONL replay as they are:
+``GET /audit/requests`` (``{"data": [...], "next_cursor": ...}``), a JSON list of rows, or rows as
+JSONL replay as they are:
 
 ============== ==========================================================================
 field          accepted names
@@ -16,7 +17,9 @@ model          ``model``, ``model_requested``
 stream         ``stream`` (true/false/1/0; default: the caller's choice)
 ============== ==========================================================================
 
-Rows without token counts (a rejected request in the audit trail) are skipped and counted.
+Rows without token counts (a rejected request in the audit trail) are skipped and counted. What
+cannot be a trace is a ``ValueError`` that says what was found, never an empty plan: a JSON document
+of another shape, a JSONL line that is not an object, or rows of which none is a request.
 ``time_scale`` > 1 replays faster (2: twice the rate); ``rate`` rescales time to that mean rate.
 """
 
@@ -67,20 +70,17 @@ def _bool(v: Any) -> bool | None:
 
 
 def _rows(text: str, suffix: str) -> Iterable[Mapping[str, Any]]:
-    stripped = text.lstrip()
     if suffix == ".csv":
         yield from csv.DictReader(io.StringIO(text))
         return
-    if stripped.startswith("[") or (stripped.startswith("{") and '"items"' in stripped[:200]):
+    stripped = text.lstrip()
+    if stripped.startswith(("[", "{")):
         try:
             doc = json.loads(text)
         except ValueError:
-            doc = None
-        if isinstance(doc, list):
-            yield from (r for r in doc if isinstance(r, dict))
-            return
-        if isinstance(doc, dict) and isinstance(doc.get("items"), list):
-            yield from (r for r in doc["items"] if isinstance(r, dict))
+            doc = None     # not one document: JSON lines, read below
+        if doc is not None:
+            yield from _document_rows(doc)
             return
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -89,8 +89,29 @@ def _rows(text: str, suffix: str) -> Iterable[Mapping[str, Any]]:
             obj = json.loads(line)
         except ValueError as exc:
             raise ValueError(f"line {i}: not JSON ({exc})") from exc
-        if isinstance(obj, dict):
-            yield obj
+        if not isinstance(obj, dict):
+            raise ValueError(f"line {i}: a JSON {type(obj).__name__}, not a row (an object)")
+        yield obj
+
+
+def _document_rows(doc: Any) -> list[Mapping[str, Any]]:
+    """The rows of one JSON document: a list of rows, or a ``GET /audit/requests`` page."""
+    rows = doc.get("data") if isinstance(doc, dict) else doc
+    if isinstance(doc, dict) and not isinstance(rows, list):
+        if "data" not in doc and not doc.keys() & {*_TIME, *_PROMPT, *_OUTPUT}:
+            keys = ", ".join(sorted(map(str, doc))[:8]) or "none"
+            raise ValueError(f"a JSON object without 'data' (keys: {keys}): expected a GET /audit/requests page "
+                             "({\"data\": [...]}), a JSON list of rows, or JSON lines")
+        if "data" in doc:
+            raise ValueError(f"'data' is a JSON {type(rows).__name__}, not a list of rows")
+        return [doc]   # one row, as JSON lines of one line
+    if not isinstance(rows, list):
+        raise ValueError(f"a JSON {type(doc).__name__}: expected a GET /audit/requests page, a list of rows, "
+                         "or JSON lines")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(f"row {bad}: a JSON {type(rows[bad]).__name__}, not a row (an object)")
+    return rows
 
 
 def parse_trace(text: str, *, suffix: str = ".jsonl", stream: bool = True, model: str | None = None,
@@ -127,7 +148,8 @@ def parse_trace(text: str, *, suffix: str = ".jsonl", stream: bool = True, model
     if limit is not None:
         raw = raw[:limit]
     if not raw:
-        return []
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(info.skipped.items())) or "the trace is empty"
+        raise ValueError(f"no request to replay: {info.rows} row(s) read ({why})")
     t0 = raw[0][0]
     span = raw[-1][0] - t0
     scale = 1.0 / time_scale
