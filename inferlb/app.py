@@ -47,6 +47,7 @@ from inferlb.api.auth import require_admin_when_auth
 from inferlb.cluster.admission import SharedAdmission
 from inferlb.cluster.election import Leadership, LocalLeader
 from inferlb.cluster.service import ClusterCollector, ClusterService, config_hash
+from inferlb.config.netpolicy import Listener, NetworkPolicy
 from inferlb.config.settings import Settings
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.request_end import EndStep, RequestEnd
@@ -182,7 +183,12 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         maintenance = state.audit_maintenance = AuditMaintenance(
             engine, clock=clock, retention_days=settings.audit_retention_days,
             interval_s=settings.audit_maintenance_interval_s, leader=leads)
-        upstream = Upstream(clock=clock)
+        def node_policy() -> tuple[NetworkPolicy, tuple[Listener, ...]]:
+            # The policy in force (a reload may change it), asked on each connection's resolution.
+            cfg = state.gateway.rt.fleet.cfg if getattr(state, "gateway", None) is not None else fleet_cfg
+            return cfg.network_policy, cfg.listeners
+
+        upstream = Upstream(clock=clock, guard=node_policy)
         await upstream.start()
         process = checked.request_process
         state.process = process
@@ -228,9 +234,9 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         health_process = checked.health_process
         events = state.events = EventWriter(engine, clock=clock, journal_dir=settings.journal_dir)
         await events.start()
+        prober = Prober(fleet_cfg.nodes, fleet_cfg.health, clock, guard=node_policy)
         monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,
-                                                prober=Prober(fleet_cfg.nodes, fleet_cfg.health, clock),
-                                                record=events.submit)
+                                                prober=prober, record=events.submit)
         await monitor.start()
         # The learned profile's feedback loop (training, scheduled retrain, drift events, metrics).
         learned = state.learned_loop = None

@@ -63,6 +63,8 @@ it, never crossing a module boundary, so no caller can meet it.
 
     _KeyPathError       config/settings.py: a cross-field check's problem with its key path, raised in a
                         pydantic validator (a ValueError); the loader turns it into a ConfigError
+    _RefusedAddress     fleet/netguard.py: a node's host name resolved only to addresses the network policy
+                        refuses (an OSError raised from the resolver); aiohttp reports it as a connect error
     _TooLarge           health/probe.py: a probe body over ``max_body_bytes``; the probe records a
                         failed sample
     _Refused            server/protocol.py: an httptools.HttpParserError raised from a parser callback to

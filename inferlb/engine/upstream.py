@@ -34,6 +34,7 @@ from datetime import UTC
 from types import TracebackType
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
 from inferlb.config.settings import TimeoutConfig
 from inferlb.errors import (
@@ -43,6 +44,7 @@ from inferlb.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
+from inferlb.fleet.netguard import GuardedResolver, PolicySource
 from inferlb.types import Clock, SystemClock
 
 __all__ = [
@@ -316,8 +318,13 @@ class Upstream:
     """
 
     def __init__(self, *, limit: int = 4096, limit_per_host: int = 1024, clock: Clock | None = None,
-                 keepalive_timeout_s: float = 4.0) -> None:
+                 keepalive_timeout_s: float = 4.0, guard: PolicySource | None = None,
+                 resolver: AbstractResolver | None = None) -> None:
         self._limit = limit
+        # The network policy at connect time (fleet/netguard.py; None: unchecked) over ``resolver``
+        # (default: aiohttp's threaded getaddrinfo).
+        self._guard = guard
+        self._resolver = resolver
         self._limit_per_host = limit_per_host
         self._keepalive_timeout_s = keepalive_timeout_s
         self._clock: Clock = clock or SystemClock()
@@ -332,6 +339,7 @@ class Upstream:
             limit_per_host=self._limit_per_host,
             keepalive_timeout=self._keepalive_timeout_s,
             ttl_dns_cache=10,
+            resolver=GuardedResolver(self._guard, self._resolver) if self._guard is not None else self._resolver,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
