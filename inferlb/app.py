@@ -209,7 +209,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                            admission_cls=SharedAdmission if clustered else AdmissionController)
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
-                                config_version=config_version(fleet_cfg))
+                                config_version=config_version(fleet_cfg), hop_id=settings.cluster.replica_id)
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
         await admission.start()
         # Several replicas on one Redis: slot shares, shared health, election (cluster).

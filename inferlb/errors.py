@@ -36,6 +36,7 @@ out, drawn under another parent or in another module.
     │   ├── AutoscaleOff            api/capacity.py: 404 autoscale_off (no autoscale: section)
     │   ├── MetricsDisabled         api/metrics.py: 404 metrics_disabled
     │   ├── AssetNotFound           api/dashboard.py: 404 not_found (no such dashboard asset)
+    │   ├── LoopDetected            engine/hops.py: 508 loop_detected (the request came back to this gateway)
     │   ├── RolloutBusy             rollout/errors.py: 409 rollout_conflict (a second running rollout)
     │   ├── RolloutNotFound         rollout/errors.py: 404 rollout_not_found
     │   └── RolloutUnavailable      rollout/errors.py: 503 store_unavailable (nothing was applied)

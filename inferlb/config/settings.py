@@ -452,6 +452,8 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [o.strip() for o in v.split(",") if o.strip()]
         return v
+    # A request that has passed this many inferlb gateways is refused 508 (engine/hops.py).
+    max_hops: int = Field(4, ge=1, le=64)            # INFERLB_MAX_HOPS
     # The OpenAI routes' input caps and the scrape token (api).
     max_n: int = Field(8, ge=1, le=128)              # INFERLB_MAX_N: most choices ('n') per request
     metrics_token: SecretStr | None = None           # INFERLB_METRICS_TOKEN: a bearer token for /metrics only
