@@ -36,6 +36,7 @@ from types import TracebackType
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
+from inferlb.config.netpolicy import redact_url
 from inferlb.config.settings import TimeoutConfig
 from inferlb.errors import (
     UpstreamConnectError,
@@ -107,7 +108,7 @@ def _map_error(exc: BaseException, node: str) -> UpstreamError:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamTimeout(f"connect timeout: {exc}", phase="connect", node=node)
     if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
-        return UpstreamConnectError(f"unusable node URL: {exc}", node=node)
+        return UpstreamConnectError(f"unusable node URL: {redact_url(str(exc.url))}", node=node)   # no query token
     if isinstance(exc, aiohttp.ClientResponseError):
         # Raised for a response aiohttp cannot parse (bad status line, bad headers).
         return UpstreamProtocolError(f"malformed HTTP response: {exc.message}", node=node)
