@@ -54,6 +54,7 @@ from inferlb.engine.request_end import EndStep, RequestEnd
 from inferlb.engine.scope import Snapshot, build_runtime
 from inferlb.engine.upstream import Upstream
 from inferlb.errors import ClientError, ConfigError, error_body
+from inferlb.fleet.netguard import check_fleet_names
 from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
 from inferlb.learned.loop import LearnedLoop
@@ -159,6 +160,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         # Every file first (fleet, both processes): a bad one fails before anything is opened.
         checked = check_startup_files(settings)
         fleet_cfg = checked.fleet
+        # The fleet file's host names, by what they resolve to now (each connection checks again).
+        await check_fleet_names(fleet_cfg, source=str(settings.config) if settings.fleet is None else None)
         if is_sqlite(settings.database_url):
             await asyncio.to_thread(upgrade, settings.database_url)
         engine = make_engine(settings.database_url, connect_timeout_s=settings.database_connect_timeout_s,

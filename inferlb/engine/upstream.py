@@ -108,7 +108,8 @@ def _map_error(exc: BaseException, node: str) -> UpstreamError:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamTimeout(f"connect timeout: {exc}", phase="connect", node=node)
     if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
-        return UpstreamConnectError(f"unusable node URL: {redact_url(str(exc.url))}", node=node)   # no query token
+        shown = redact_url(str(exc.url) if isinstance(exc, aiohttp.InvalidURL) else str(exc))   # no query token
+        return UpstreamConnectError(f"unusable node URL: {shown}", node=node)
     if isinstance(exc, aiohttp.ClientResponseError):
         # Raised for a response aiohttp cannot parse (bad status line, bad headers).
         return UpstreamProtocolError(f"malformed HTTP response: {exc.message}", node=node)

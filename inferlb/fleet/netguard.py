@@ -10,7 +10,8 @@ aiohttp reports as a connect error (for a request: ``UpstreamConnectError``; for
 sample). Addresses written literally in the URL never reach a resolver; they were judged when the
 node was added, and again whenever the policy changes (every node passes FleetConfig validation).
 
-:func:`resolved_problem` is the same check once, for an add (``POST /admin/nodes``).
+:func:`resolved_problem` is the same check once, for an add (``POST /admin/nodes``);
+:func:`check_fleet_names` applies it to every node of the fleet file at start-up.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from inferlb.config.netpolicy import Listener, NetworkPolicy, address_problem, host_address
+from inferlb.config.netpolicy import Listener, NetworkPolicy, address_problem, host_address, redact_url
+from inferlb.config.settings import FleetConfig
+from inferlb.errors import ConfigError
 
-__all__ = ["GuardedResolver", "PolicySource", "resolved_problem"]
+__all__ = ["GuardedResolver", "PolicySource", "check_fleet_names", "resolved_problem"]
 
 #: What the guard asks on every resolution: the policy and the gateway's listeners in force now.
 PolicySource = Callable[[], tuple[NetworkPolicy, tuple[Listener, ...]]]
@@ -89,3 +92,24 @@ async def resolved_problem(url: str, policy: NetworkPolicy, listeners: tuple[Lis
         if problem is not None:
             return f"{host} resolves to a refused address: {problem}"
     return None
+
+
+async def check_fleet_names(cfg: FleetConfig, *, timeout_s: float = 2.0, source: str | None = None,
+                            resolve: Callable[..., Any] | None = None) -> None:
+    """Every node host name of ``cfg`` resolved once (concurrently, within ``timeout_s`` in all)
+    and judged by :func:`resolved_problem`: ConfigError naming ``nodes[i].url`` and the rule. A name
+    that does not resolve in time is let through: every connection checks it again."""
+    async def one(i: int, url: str) -> tuple[int, str, str | None]:
+        return i, url, await resolved_problem(url, cfg.network_policy, cfg.listeners, resolve)
+
+    jobs = [asyncio.ensure_future(one(i, n.url)) for i, n in enumerate(cfg.nodes)
+            if host_address(urlsplit(n.url).hostname or "") is None]
+    if not jobs:
+        return
+    done, pending = await asyncio.wait(jobs, timeout=timeout_s)
+    for job in pending:
+        job.cancel()
+    for i, url, why in sorted(job.result() for job in done):
+        if why is not None:
+            raise ConfigError(f"{redact_url(url)!r} refused by the network policy: {why}", source=source,
+                              path=f"nodes[{i}].url")

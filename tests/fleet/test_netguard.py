@@ -2,10 +2,11 @@
 data-path client (engine/upstream.py) and the prober (health/probe.py) resolve node host names
 through the guard, so a name that resolves to a refused address (DNS rebinding onto the metadata
 service or onto the gateway itself) is a connect error and nothing reaches the address; a node
-answering 3xx is never followed, by either."""
+answering 3xx is never followed, by either; the fleet file's host names are resolved at start-up."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -16,10 +17,10 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from inferlb.config.health import HealthConfig
 from inferlb.config.netpolicy import Listener, NetworkPolicy
-from inferlb.config.settings import NodeConfig, TimeoutConfig
+from inferlb.config.settings import FleetConfig, NodeConfig, TimeoutConfig, fleet_from_mapping
 from inferlb.engine.upstream import Upstream
-from inferlb.errors import UpstreamConnectError, UpstreamStatusError
-from inferlb.fleet.netguard import GuardedResolver
+from inferlb.errors import ConfigError, UpstreamConnectError, UpstreamStatusError
+from inferlb.fleet.netguard import GuardedResolver, check_fleet_names
 from inferlb.health.probe import Prober
 from inferlb.types import SystemClock
 from tests.support import free_port
@@ -135,3 +136,30 @@ async def test_a_3xx_from_a_node_is_not_followed(node: tuple[Node, int]) -> None
         await prober.close()
     assert [(s.ok, s.status) for s in samples] == [(False, 302)]
     assert srv.hits == {"/moved": 2}      # the redirect target was never fetched
+
+
+async def test_the_fleet_files_host_names_are_resolved_at_start_up() -> None:
+    table = {"gpu.test": "10.0.0.7", "meta.test": "169.254.169.254"}
+
+    async def dns(host: str, port: int, **_: object) -> list[tuple[int, int, int, str, tuple[str, int]]]:
+        return [(2, 1, 6, "", (table[host], port))]
+
+    def fleet(*urls: str) -> FleetConfig:
+        return fleet_from_mapping({"models": [{"name": "m"}],
+                                   "nodes": [{"name": f"n{i}", "url": u, "models": ["m"]} for i, u in enumerate(urls)]})
+
+    ok = fleet("http://gpu.test:8000", "http://10.0.0.8:8000")
+    await check_fleet_names(ok, resolve=dns)
+    bad = fleet("http://gpu.test:8000", "http://meta.test/")
+    with pytest.raises(ConfigError) as ei:
+        await check_fleet_names(bad, resolve=dns, source="fleet.yaml")
+    assert ei.value.path == "nodes[1].url" and "169.254.169.254" in ei.value.message
+
+    never = asyncio.Event()
+
+    async def hung(host: str, port: int, **_: object) -> list[object]:
+        await never.wait()
+        return []
+
+    # a name that does not resolve within the bound is let through (each connection checks it again)
+    await check_fleet_names(bad, resolve=hung, timeout_s=0)
