@@ -47,12 +47,14 @@ from inferlb.api.auth import require_admin_when_auth
 from inferlb.cluster.admission import SharedAdmission
 from inferlb.cluster.election import Leadership, LocalLeader
 from inferlb.cluster.service import ClusterCollector, ClusterService, config_hash
+from inferlb.config.netpolicy import Listener, NetworkPolicy
 from inferlb.config.settings import Settings
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.request_end import EndStep, RequestEnd
 from inferlb.engine.scope import Snapshot, build_runtime
 from inferlb.engine.upstream import Upstream
 from inferlb.errors import ClientError, ConfigError, error_body
+from inferlb.fleet.netguard import check_fleet_names
 from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
 from inferlb.learned.loop import LearnedLoop
@@ -158,6 +160,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         # Every file first (fleet, both processes): a bad one fails before anything is opened.
         checked = check_startup_files(settings)
         fleet_cfg = checked.fleet
+        # The fleet file's host names, by what they resolve to now (each connection checks again).
+        await check_fleet_names(fleet_cfg, source=str(settings.config) if settings.fleet is None else None)
         if is_sqlite(settings.database_url):
             await asyncio.to_thread(upgrade, settings.database_url)
         engine = make_engine(settings.database_url, connect_timeout_s=settings.database_connect_timeout_s,
@@ -182,7 +186,12 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         maintenance = state.audit_maintenance = AuditMaintenance(
             engine, clock=clock, retention_days=settings.audit_retention_days,
             interval_s=settings.audit_maintenance_interval_s, leader=leads)
-        upstream = Upstream(clock=clock)
+        def node_policy() -> tuple[NetworkPolicy, tuple[Listener, ...]]:
+            # The policy in force (a reload may change it), asked on each connection's resolution.
+            cfg = state.gateway.rt.fleet.cfg if getattr(state, "gateway", None) is not None else fleet_cfg
+            return cfg.network_policy, cfg.listeners
+
+        upstream = Upstream(clock=clock, guard=node_policy)
         await upstream.start()
         process = checked.request_process
         state.process = process
@@ -203,7 +212,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                            admission_cls=SharedAdmission if clustered else AdmissionController)
         state.admission = rt.admission
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
-                                config_version=config_version(fleet_cfg))
+                                config_version=config_version(fleet_cfg), hop_id=settings.cluster.replica_id)
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
         await admission.start()
         # Several replicas on one Redis: slot shares, shared health, election (cluster).
@@ -228,9 +237,9 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         health_process = checked.health_process
         events = state.events = EventWriter(engine, clock=clock, journal_dir=settings.journal_dir)
         await events.start()
+        prober = Prober(fleet_cfg.nodes, fleet_cfg.health, clock, guard=node_policy)
         monitor = state.monitor = HealthMonitor(fleet=state.gateway.rt.fleet, process=health_process, clock=clock,
-                                                prober=Prober(fleet_cfg.nodes, fleet_cfg.health, clock),
-                                                record=events.submit)
+                                                prober=prober, record=events.submit)
         await monitor.start()
         # The learned profile's feedback loop (training, scheduled retrain, drift events, metrics).
         learned = state.learned_loop = None

@@ -36,6 +36,7 @@ out, drawn under another parent or in another module.
     │   ├── AutoscaleOff            api/capacity.py: 404 autoscale_off (no autoscale: section)
     │   ├── MetricsDisabled         api/metrics.py: 404 metrics_disabled
     │   ├── AssetNotFound           api/dashboard.py: 404 not_found (no such dashboard asset)
+    │   ├── LoopDetected            engine/hops.py: 508 loop_detected (the request came back to this gateway)
     │   ├── RolloutBusy             rollout/errors.py: 409 rollout_conflict (a second running rollout)
     │   ├── RolloutNotFound         rollout/errors.py: 404 rollout_not_found
     │   └── RolloutUnavailable      rollout/errors.py: 503 store_unavailable (nothing was applied)
@@ -63,6 +64,8 @@ it, never crossing a module boundary, so no caller can meet it.
 
     _KeyPathError       config/settings.py: a cross-field check's problem with its key path, raised in a
                         pydantic validator (a ValueError); the loader turns it into a ConfigError
+    _RefusedAddress     fleet/netguard.py: a node's host name resolved only to addresses the network policy
+                        refuses (an OSError raised from the resolver); aiohttp reports it as a connect error
     _TooLarge           health/probe.py: a probe body over ``max_body_bytes``; the probe records a
                         failed sample
     _Refused            server/protocol.py: an httptools.HttpParserError raised from a parser callback to

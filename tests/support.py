@@ -59,12 +59,13 @@ def settings_for(tmp: Path, fleet: FleetConfig, **over: Any) -> Settings:
 @contextlib.asynccontextmanager
 async def running_gateway(settings: Settings, *, clock: Clock | None = None,
                           node_launcher: Any = None,
-                          leader: Callable[[], bool] | None = None) -> AsyncIterator[tuple[str, Any]]:
+                          leader: Callable[[], bool] | None = None,
+                          port: int | None = None) -> AsyncIterator[tuple[str, Any]]:
     """Yields (base URL, app); ``clock`` is injected into the app (default: the system clock);
     ``node_launcher``: the local autoscale actuator's (create_app's); ``leader``: create_app's
-    (default: the election, a lone replica always leads)."""
+    (default: the election, a lone replica always leads); ``port``: the one to listen on (default: a free one)."""
     app = create_app(settings, clock=clock, node_launcher=node_launcher, leader=leader)
-    port = free_port()
+    port = port or free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                             lifespan="on")
     server = uvicorn.Server(config)

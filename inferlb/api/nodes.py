@@ -29,6 +29,7 @@ from fastapi import APIRouter, Body, Query, Request
 from inferlb.admission.auth import bearer_token, matches
 from inferlb.api.deps import AdmissionDep, GatewayDep, LiveDep
 from inferlb.errors import ConfigError, InvalidRequest, ProcessValidationError, Unavailable
+from inferlb.fleet.netguard import resolved_problem
 from inferlb.live.fleet_admin import Effective, add_node, patch_node, remove_node, set_drained
 from inferlb.live.manager import LiveConfig
 from inferlb.store.overrides import NodeOverride
@@ -82,6 +83,12 @@ async def add(request: Request, gw: GatewayDep, live: LiveDep, ctl: AdmissionDep
     actor = _actor(request, ctl)
     at = lc.clock.time()
     name = str(body.get("name", ""))
+    # The policy judges the URL as written (add_node); its host name is also judged by what it
+    # resolves to now, and again at every connection (fleet/netguard.py).
+    cfg = lc.effective.cfg
+    why = await resolved_problem(str(body.get("url", "")), cfg.network_policy, cfg.listeners)
+    if why is not None:
+        raise InvalidRequest(f"node URL refused by the network policy: {why}", param="url", code="node_url_refused")
 
     def change(eff: Effective, rows: Sequence[NodeOverride]) -> list[NodeOverride]:
         return add_node(eff, rows, body, key_id=actor["key_id"], at=at)[1]

@@ -36,6 +36,7 @@ from inferlb.api.validation import (
 from inferlb.api.validation_json import parse_json_body
 from inferlb.config.versions import VERSION_NAME
 from inferlb.engine.gateway import Gateway
+from inferlb.engine.hops import HOP_HEADER, LoopDetected, check_hops
 from inferlb.engine.scope import IncomingRequest
 from inferlb.errors import ClientError, Forbidden, InvalidRequest, ModelNotFound, PayloadTooLarge
 
@@ -134,10 +135,27 @@ def _rejected(gw: Gateway, endpoint: str, model: str | None, err: ClientError) -
     return JSONResponse(err.envelope(), status_code=err.status, headers={**(err.headers or {}), "x-request-id": rid})
 
 
+def _hops(request: Request, gw: Gateway) -> tuple[str, ...]:
+    """The gateways the request passed (engine/hops.py); LoopDetected (508) when it loops."""
+    return check_hops(request.headers.get(HOP_HEADER), gw.hop_id, gw.rt.settings.max_hops)
+
+
+def _looped(gw: Gateway, endpoint: str, err: LoopDetected) -> JSONResponse:
+    """A loop back to this gateway is not audited again: the request that started it is this
+    gateway's own, and its row records the attempt that came back 508 (engine/hops.py)."""
+    if err.own:
+        return JSONResponse(err.envelope(), status_code=err.status)
+    return _rejected(gw, endpoint, None, err)
+
+
 async def _run(request: Request, gw: Gateway, endpoint: str,
                validate: Callable[[dict[str, Any], bool, int], ValidatedRequest]) -> Response:
     settings = gw.rt.settings
     model_hint: str | None = None
+    try:
+        hops = _hops(request, gw)
+    except LoopDetected as err:
+        return _looped(gw, endpoint, err)
     try:
         who = identity(request, gw.rt.admission, *_headers(request))   # tenant, priority class, deadline, key
         session = _session(request)
@@ -157,7 +175,7 @@ async def _run(request: Request, gw: Gateway, endpoint: str,
                           include_usage=v.include_usage, max_tokens=v.max_tokens, n=v.n,
                           prompt_bytes=v.prompt_bytes + 4 * v.prompt_token_ids, prompt_text=v.prompt_text,
                           tenant=who.tenant, priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id,
-                          session=session, user=_user(v.body) or session, model_version=pinned)
+                          session=session, user=_user(v.body) or session, model_version=pinned, hops=hops)
     return await gw.handle(inc, _disconnect_waiter(request))
 
 
@@ -194,6 +212,10 @@ async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
     ``/v2/models/{model}/infer`` endpoint."""
     settings = gw.rt.settings
     try:
+        hops = _hops(request, gw)
+    except LoopDetected as err:
+        return _looped(gw, "predict", err)
+    try:
         who = identity(request, gw.rt.admission, *_headers(request))
         who.check_model(model)
         session = _session(request)
@@ -206,7 +228,7 @@ async def predict(model: str, request: Request, gw: GatewayDep) -> Response:
         return _rejected(gw, "predict", model, err)
     inc = IncomingRequest(endpoint="predict", model=model, body=body, prompt_bytes=len(raw), tenant=who.tenant,
                           priority=who.priority, deadline_s=who.deadline_s, key_id=who.key_id, session=session,
-                          user=session, model_version=pinned)
+                          user=session, model_version=pinned, hops=hops)
     return await gw.handle(inc, _disconnect_waiter(request))
 
 

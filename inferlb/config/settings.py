@@ -23,6 +23,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -33,6 +34,7 @@ from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.config.cluster import ClusterSettings
 from inferlb.config.discovery import DiscoveryConfig
 from inferlb.config.health import HealthConfig
+from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.rollout import RolloutConfig
 from inferlb.config.versions import VersionConfig, version_nodes, version_problems
@@ -76,19 +78,20 @@ class _KeyPathError(ValueError):
 def check_url(v: str) -> str:
     """``v`` without a trailing slash if it is an http(s) URL with a host and, when given, a port
     1–65535; ValueError saying what is wrong otherwise."""
+    shown = redact_url(v)   # never echo a password or a query token back into a message or a log
     try:
         parts = urlsplit(v)
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"{v!r} is not a valid URL: {exc}") from None
+        raise ValueError(f"{shown!r} is not a valid URL: {exc}") from None
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{v!r}: must start with http:// or https://")
+        raise ValueError(f"{shown!r}: must start with http:// or https://")
     if not parts.hostname:
-        raise ValueError(f"{v!r}: no host")
+        raise ValueError(f"{shown!r}: no host")
     if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"{v!r}: port must be 1–65535")
+        raise ValueError(f"{shown!r}: port must be 1–65535")
     if any(c.isspace() for c in v):
-        raise ValueError(f"{v!r}: contains whitespace")
+        raise ValueError(f"{shown!r}: contains whitespace")
     return v.rstrip("/")
 
 
@@ -246,6 +249,36 @@ class FleetConfig(_Strict):
     autoscale: AutoscaleConfig | None = None   # forecast → plan → actuate (autoscale); absent: off
     discovery: list[DiscoveryConfig] = Field(default_factory=list)   # nodes from Kubernetes (discovery)
     rollouts: RolloutConfig = RolloutConfig()   # canary rollouts: process, interval, default criteria (rollout)
+    network_policy: NetworkPolicy = NetworkPolicy()   # where node URLs may point (config/netpolicy.py)
+    # The gateway's own listeners, from the validation context (fleet_from_mapping's ``listeners``):
+    # a node there would be the gateway itself.
+    _listeners: tuple[Listener, ...] = PrivateAttr(())
+
+    @property
+    def listeners(self) -> tuple[Listener, ...]:
+        """The gateway listeners this fleet was checked against (none: not bound to a server)."""
+        return self._listeners
+
+    def url_problem(self, url: str) -> str | None:
+        """Why this fleet's network policy refuses a node at ``url`` (config/netpolicy.py), or None."""
+        return url_problem(url, self.network_policy, self._listeners)
+
+    @model_validator(mode="after")
+    def _policy(self, info: ValidationInfo) -> FleetConfig:
+        listeners = (info.context or {}).get("listeners", ())
+        self._listeners = tuple(Listener(h, int(p)) for h, p in listeners)
+        for i, n in enumerate(self.nodes):
+            why = self.url_problem(n.url)
+            if why is not None:
+                raise _KeyPathError(f"nodes[{i}].url", f"{redact_url(n.url)!r} refused by the network policy: {why}")
+        for name, h in self.health.nodes.items():   # the prober fetches these too
+            for key in ("metrics_url", "agent_url", "dcgm_url"):
+                url = getattr(h, key)
+                why = self.url_problem(url) if url is not None else None
+                if why is not None:
+                    raise _KeyPathError(f"health.nodes.{name}.{key}",
+                                        f"{redact_url(url)!r} refused by the network policy: {why}")
+        return self
 
     @model_validator(mode="after")
     def _cross(self) -> FleetConfig:
@@ -419,6 +452,8 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [o.strip() for o in v.split(",") if o.strip()]
         return v
+    # A request that has passed this many inferlb gateways is refused 508 (engine/hops.py).
+    max_hops: int = Field(4, ge=1, le=64)            # INFERLB_MAX_HOPS
     # The OpenAI routes' input caps and the scrape token (api).
     max_n: int = Field(8, ge=1, le=128)              # INFERLB_MAX_N: most choices ('n') per request
     metrics_token: SecretStr | None = None           # INFERLB_METRICS_TOKEN: a bearer token for /metrics only
@@ -435,13 +470,20 @@ class Settings(BaseSettings):
     gc_freeze: bool = True                           # INFERLB_GC_FREEZE: start-up objects out of every collection
     gc_gen0_threshold: int = Field(10_000, ge=0)     # INFERLB_GC_GEN0_THRESHOLD: 0 keeps the interpreter's (700)
 
+    def listeners(self) -> tuple[Listener, ...]:
+        """This gateway's own listen address (no node URL may point back at it)."""
+        return (Listener(self.host, self.port),)
+
     def resolved_fleet(self) -> FleetConfig:
-        """The fleet: the inline one, or the file named by ``config``."""
+        """The fleet: the inline one, or the file named by ``config``, checked against this
+        gateway's listeners (:meth:`listeners`)."""
         if self.fleet is not None:
-            return self.fleet
+            if self.fleet.listeners == self.listeners():
+                return self.fleet
+            return fleet_from_mapping(self.fleet.model_dump(), source="fleet", listeners=self.listeners())
         if self.config is None:
             raise ConfigError("no fleet configured: pass --config FILE or set INFERLB_CONFIG")
-        return load_fleet_file(self.config)
+        return load_fleet_file(self.config, listeners=self.listeners())
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
@@ -451,8 +493,9 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def load_fleet_file(path: Path | str) -> FleetConfig:
-    """Parse and validate a fleet YAML file, or raise ConfigError naming file and key path."""
+def load_fleet_file(path: Path | str, *, listeners: tuple[Listener, ...] = ()) -> FleetConfig:
+    """Parse and validate a fleet YAML file, or raise ConfigError naming file and key path
+    (``listeners``: :func:`fleet_from_mapping`)."""
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8"))
@@ -460,14 +503,17 @@ def load_fleet_file(path: Path | str) -> FleetConfig:
         raise ConfigError(f"cannot read: {exc.strerror}", source=str(p)) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from exc
-    return fleet_from_mapping(raw, source=str(p))
+    return fleet_from_mapping(raw, source=str(p), listeners=listeners)
 
 
-def fleet_from_mapping(raw: Any, *, source: str = "<config>") -> FleetConfig:
+def fleet_from_mapping(raw: Any, *, source: str = "<config>", listeners: tuple[Listener, ...] = ()
+                       ) -> FleetConfig:
+    """A validated fleet from a parsed file (ConfigError naming ``source`` and the key path otherwise).
+    ``listeners``: the gateway's own host:port pairs, which no node URL may name."""
     if not isinstance(raw, dict):
         raise ConfigError("the top level must be a mapping with models: and nodes:", source=source)
     try:
-        cfg = FleetConfig.model_validate(raw)
+        cfg = FleetConfig.model_validate(raw, context={"listeners": listeners})
     except ValidationError as exc:
         first = exc.errors()[0]
         msg = first["msg"]

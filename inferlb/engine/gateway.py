@@ -19,9 +19,11 @@ from typing import Any
 
 from starlette.responses import Response
 
+from inferlb.config.cluster import default_replica_id
 from inferlb.config.settings import NodeConfig, TimeoutConfig
 from inferlb.engine.endpoints import node_path
 from inferlb.engine.first_byte import FirstByteBudget
+from inferlb.engine.hops import hop_headers
 from inferlb.engine.request_ids import new_request_id
 from inferlb.engine.scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
 from inferlb.engine.sse import SSERelay, extract_usage
@@ -64,7 +66,8 @@ class Gateway:
     """Runs requests. One instance per app; all state it mutates lives on the event loop."""
 
     def __init__(self, rt: Runtime, process: ProcessDefinition, upstream: Upstream,
-                 performers: Mapping[str, Performer] | None = None, *, config_version: str = "") -> None:
+                 performers: Mapping[str, Performer] | None = None, *, config_version: str = "",
+                 hop_id: str | None = None) -> None:
         # What new requests start on; a reload swaps it whole (live/manager.py). A request keeps the
         # snapshot it started with (its scope's ``rt`` and its process instance) until it ends.
         self.snapshot = Snapshot(rt, process, config_version)
@@ -75,6 +78,8 @@ class Gateway:
         # Per-node first-byte statistics: a hung node costs a few of its usual TTFTs, not first_token_s.
         self.first_byte = FirstByteBudget()
         self._live: set[_Live] = set()     # streams relaying now (stop_streams ends them)
+        # This gateway in the hop marker of every request it sends (engine/hops.py).
+        self.hop_id = hop_id or default_replica_id()
 
     @property
     def rt(self) -> Runtime:
@@ -197,7 +202,7 @@ class Gateway:
         node = rt.fleet.nodes[node_name].cfg
         tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_budget
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
-                   "x-inferlb-attempt": str(scope.attempts)}
+                   "x-inferlb-attempt": str(scope.attempts), **hop_headers(req.hops, self.hop_id)}
         node_key = node.credential()
         if node_key:
             headers["authorization"] = f"Bearer {node_key}"

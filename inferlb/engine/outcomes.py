@@ -132,6 +132,10 @@ def final_result(scope: RequestScope, data: Mapping[str, Any]) -> dict[str, Any]
         return _err(503, "no_healthy_upstream", "no_healthy_upstream",
                     f"No node of the model could be reached ({len(attempts)} tried)",
                     retry_after=scope.retry_after_s or 1.0)
+    if out.get("kind") == "fatal" and out.get("status") == 508:
+        # The node is (or leads back to) a gateway that saw this request already (engine/hops.py).
+        return _err(508, "loop_detected", "loop_detected",
+                    "Loop detected: the model server's URL leads back to an inferlb gateway this request passed")
     if out.get("kind") == "fatal" and out.get("status") and 400 <= int(out["status"]) < 500:
         return _err(int(out["status"]), "upstream_rejected", "upstream_rejected",
                     "The model server rejected the request", "invalid_request_error")

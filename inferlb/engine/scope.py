@@ -64,6 +64,7 @@ class IncomingRequest:
     session: str | None = None           # the x-session-id header (the body's ``user`` is the fallback)
     user: str | None = None              # the body's ``user`` or the x-session-id header: sticky version key
     model_version: str | None = None     # x-inferlb-model-version: a version pinned by the client
+    hops: tuple[str, ...] = ()           # x-inferlb-hop: the gateways it passed before this one (engine/hops.py)
 
 
 def _no_begin(record: RequestRecord) -> Awaitable[bool] | None:

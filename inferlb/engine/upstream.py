@@ -34,7 +34,9 @@ from datetime import UTC
 from types import TracebackType
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
+from inferlb.config.netpolicy import redact_url
 from inferlb.config.settings import TimeoutConfig
 from inferlb.errors import (
     UpstreamConnectError,
@@ -43,6 +45,7 @@ from inferlb.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
+from inferlb.fleet.netguard import GuardedResolver, PolicySource
 from inferlb.types import Clock, SystemClock
 
 __all__ = [
@@ -105,7 +108,8 @@ def _map_error(exc: BaseException, node: str) -> UpstreamError:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamTimeout(f"connect timeout: {exc}", phase="connect", node=node)
     if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
-        return UpstreamConnectError(f"unusable node URL: {exc}", node=node)
+        shown = redact_url(str(exc.url) if isinstance(exc, aiohttp.InvalidURL) else str(exc))   # no query token
+        return UpstreamConnectError(f"unusable node URL: {shown}", node=node)
     if isinstance(exc, aiohttp.ClientResponseError):
         # Raised for a response aiohttp cannot parse (bad status line, bad headers).
         return UpstreamProtocolError(f"malformed HTTP response: {exc.message}", node=node)
@@ -316,8 +320,13 @@ class Upstream:
     """
 
     def __init__(self, *, limit: int = 4096, limit_per_host: int = 1024, clock: Clock | None = None,
-                 keepalive_timeout_s: float = 4.0) -> None:
+                 keepalive_timeout_s: float = 4.0, guard: PolicySource | None = None,
+                 resolver: AbstractResolver | None = None) -> None:
         self._limit = limit
+        # The network policy at connect time (fleet/netguard.py; None: unchecked) over ``resolver``
+        # (default: aiohttp's threaded getaddrinfo).
+        self._guard = guard
+        self._resolver = resolver
         self._limit_per_host = limit_per_host
         self._keepalive_timeout_s = keepalive_timeout_s
         self._clock: Clock = clock or SystemClock()
@@ -332,6 +341,7 @@ class Upstream:
             limit_per_host=self._limit_per_host,
             keepalive_timeout=self._keepalive_timeout_s,
             ttl_dns_cache=10,
+            resolver=GuardedResolver(self._guard, self._resolver) if self._guard is not None else self._resolver,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferlb.config.health import HealthConfig
+from inferlb.config.netpolicy import redact_url
 from inferlb.config.settings import FleetConfig, ModelConfig
 from inferlb.cost import Share, cost_of, node_prices
 from inferlb.fleet.node import NodeState
@@ -424,7 +425,7 @@ class Fleet:
             if st.slow_start_at is not None:
                 factor = round(slow_start_factor(now - st.slow_start_at, self.health.slow_start), 4)
             out.append({
-                "name": name, "url": st.cfg.url, "models": sorted(self._model_sets[name]),
+                "name": name, "url": redact_url(st.cfg.url), "models": sorted(self._model_sets[name]),
                 "state": st.state, "since": st.since_wall, "for_s": round(now - st.since, 3), "why": st.reason,
                 "evidence": st.evidence, "healthy": v.healthy, "reason": v.unhealthy_reason,
                 "ejected_until": round(wall + st.ejected_until - now, 6) if st.state == "ejected" else None,

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
 from inferlb.config.health import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, METRICS_PARSERS, HealthConfig
 from inferlb.config.settings import NodeConfig
+from inferlb.fleet.netguard import GuardedResolver, PolicySource
 from inferlb.node_types import Sample
 from inferlb.types import Clock
 
@@ -76,8 +78,13 @@ class _TooLarge(Exception):
 class Prober:
     """Fetches samples over one keep-alive aiohttp session (created on first use, in the loop)."""
 
-    def __init__(self, nodes: Sequence[NodeConfig], cfg: HealthConfig, clock: Clock) -> None:
+    def __init__(self, nodes: Sequence[NodeConfig], cfg: HealthConfig, clock: Clock,
+                 guard: PolicySource | None = None, resolver: AbstractResolver | None = None) -> None:
         self.cfg = cfg
+        # The network policy at connect time (fleet/netguard.py; None: unchecked) over ``resolver``
+        # (default: aiohttp's threaded getaddrinfo).
+        self.guard = guard
+        self.resolver = resolver
         self.clock = clock
         self.targets = targets_for(nodes, cfg)
         self._session: aiohttp.ClientSession | None = None
@@ -85,7 +92,9 @@ class Prober:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # No proxies from the environment (trust_env is off), no redirects (see _get).
-            conn = aiohttp.TCPConnector(limit=max(10, 4 * len(self.targets)), limit_per_host=0)
+            conn = aiohttp.TCPConnector(limit=max(10, 4 * len(self.targets)), limit_per_host=0,
+                                        resolver=GuardedResolver(self.guard, self.resolver) if self.guard is not None
+                                        else self.resolver)
             self._session = aiohttp.ClientSession(connector=conn, trust_env=False,
                                                   timeout=aiohttp.ClientTimeout(total=self.cfg.probe.timeout_s))
         return self._session

@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from inferlb.config.netpolicy import redact_url
 from inferlb.config.settings import FleetConfig, NodeConfig, fleet_from_mapping
 from inferlb.cost import Share, node_prices
 from inferlb.errors import ConfigError, Conflict, InvalidRequest, NotFound
@@ -118,6 +119,10 @@ def merge_overrides(base: FleetConfig, overrides: Sequence[NodeOverride], *, sou
             nodes.append(dict(o.spec))
             sources[o.name] = "admin"
     for o in discovered:
+        why = base.url_problem(str(o.spec.get("url", "")))
+        if why is not None:   # one endpoint the policy refuses must not block the rest of the fleet
+            log.warning("discovered node %s left out: %s", o.name, why)
+            continue
         if o.name not in sources and o.name not in hidden:
             nodes.append(dict(o.spec))
             sources[o.name] = "discovery"
@@ -125,7 +130,7 @@ def merge_overrides(base: FleetConfig, overrides: Sequence[NodeOverride], *, sou
     raw["nodes"] = nodes
     if hidden:   # per-node health settings of a removed node would name an unknown node
         raw["health"]["nodes"] = {k: v for k, v in raw["health"]["nodes"].items() if k not in hidden}
-    cfg = fleet_from_mapping(raw, source=source)
+    cfg = fleet_from_mapping(raw, source=source, listeners=base.listeners)
     try:
         check_health_config(cfg)
     except ConfigError as exc:
@@ -166,6 +171,10 @@ def add_node(eff: Effective, rows: Sequence[NodeOverride], spec: Mapping[str, An
         msg = "unknown field" if first["type"] == "extra_forbidden" else str(first["msg"])
         raise InvalidRequest(f"invalid node: {param + ': ' if param else ''}{msg}", param=param,
                              code="invalid_node") from None
+    why = eff.cfg.url_problem(node.url)
+    if why is not None:
+        raise InvalidRequest(f"node URL {redact_url(node.url)!r} refused by the network policy: {why}", param="url",
+                             code="node_url_refused")
     if any(n.name == node.name for n in eff.cfg.nodes) or any(o.name == node.name for o in rows):
         raise InvalidRequest(f"A node named {node.name!r} already exists", param="name", code="duplicate_node")
     _key_env_set(node)
@@ -272,13 +281,14 @@ def apply_fleet(fleet: Fleet, eff: Effective, evidence: Mapping[str, Any] | None
         if st is None:
             st = fleet.nodes[n.name] = _new_state(fleet, n, prices[n.name])
             fleet.add_event(NodeEvent(n.name, None, "loading", st.reason, round(fleet.clock.time(), 6),
-                                      {**ev, "url": n.url, "models": list(n.models)}))
+                                      {**ev, "url": redact_url(n.url), "models": list(n.models)}))
             changes.append(f"added {n.name}")
         elif fresh:
             st.cfg, st.retired, st.held, st.slow_start_at = n, False, False, None
             st.probe_successes = st.probe_failures = 0
             st.samples, st.load = {}, None
-            fleet.transition(st, "loading", "a new server at this name: waiting for good probes", {**ev, "url": n.url})
+            fleet.transition(st, "loading", "a new server at this name: waiting for good probes",
+                             {**ev, "url": redact_url(n.url)})
             changes.append(f"replaced {n.name}")
         elif st.cfg != n:
             st.cfg = n

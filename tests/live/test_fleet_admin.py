@@ -260,3 +260,15 @@ def test_a_replica_without_the_variable_applies_the_node_and_says_so(monkeypatch
     assert KEY_VAR in caplog.text and "credential missing" in caplog.text
     apply_fleet(f, merge_overrides(cfg, rows))         # nothing changed: not reported again
     assert not [e for e in f.take_events() if "credential missing" in e.reason]
+
+
+def test_a_node_url_query_token_is_redacted_in_events_and_the_fleet_view() -> None:
+    f, _clock, cfg = make()
+    rows = [NodeOverride("tok", "admin", {"name": "tok", "url": "http://10.0.0.9:8000/v1?token=s3cret",
+                                          "models": ["m"]})]
+    apply_fleet(f, merge_overrides(cfg, rows))
+    added = [e for e in f.take_events() if e.node == "tok"]
+    assert added and added[0].evidence["url"] == "http://10.0.0.9:8000/v1?token=redacted"
+    shown = next(d for d in f.describe() if d["name"] == "tok")
+    assert shown["url"] == "http://10.0.0.9:8000/v1?token=redacted"
+    assert "s3cret" not in repr(f.describe())
