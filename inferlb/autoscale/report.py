@@ -55,9 +55,8 @@ def capacity_report(engine: Engine, fleet: FleetConfig, *, since: float | None =
         priors[(p.model, p.gpu)] = p.tokens_per_s
     end_us = round(end * 1e6)
     seen, deployed = run_query(engine, lambda conn: first_appearances(conn, node_gpu, until_us=end_us))
-    observed = start if deployed is None else max(start, deployed / 1e6)
-    if deployed is None:
-        observed = end   # nothing was ever recorded: nothing observed
+    # nothing ever recorded: nothing observed (an empty window, too little data to advise)
+    observed = end if deployed is None else max(start, deployed / 1e6)
     # a node never seen was there, as far as the trail can tell, from the deployment's first record
     born = {n: min(end, max(observed, seen.get(n, round(observed * 1e6)) / 1e6)) for n in node_gpu}
     minute = node_buckets(engine, since=start, until=end, bucket_s=60.0, node_gpu=node_gpu, slos=fleet.slos)
