@@ -38,6 +38,10 @@ class NodeBucket:
     eligible: int            # requests that count for the SLO (client errors excluded)
     in_slo: int
     start: float = 0.0       # the bucket's start (epoch s)
+    # The measured speed: Σ e2e ms and Σ completion tokens of the bucket's ok requests that have
+    # both (ms per output token = ok_ms / ok_tokens), for comparing GPU types at the same load.
+    ok_ms: float = 0.0
+    ok_tokens: int = 0
 
     @property
     def rate(self) -> float:

@@ -312,6 +312,10 @@ class Gateway:
         live = _Live(resp)
         self._live.add(live)
         outcome: dict[str, Any] | None = None
+        # When the bytes through [DONE] were handed to the server: the client has the whole answer.
+        # A client that reads [DONE] and closes at once can be gone before the node's end of body
+        # arrives; that close must not turn a complete answer into a 499.
+        done_at: float | None = None
         try:
             chunk: bytes | None = resp.first_chunk
             it = resp.chunks()
@@ -327,6 +331,8 @@ class Gateway:
                         if rec.first_byte_at is None:
                             rec.first_byte_at = round(rt.clock.time(), 6)
                         yield out
+                        if relay.done and done_at is None:
+                            done_at = round(rt.clock.time(), 6)
                 try:
                     chunk = await it.__anext__()
                 except StopAsyncIteration:
@@ -364,6 +370,13 @@ class Gateway:
             self._live.discard(live)
             _charge(rec, rt.fleet.release(c.node, c.tokens, c.mark))
             await resp.aclose()
+            if outcome is None and done_at is not None and live.stopped is None:
+                # cancelled after [DONE] went out (waiting for the node's end of body): complete
+                rec.last_byte_at = done_at
+                self._count_tokens(rec, relay)
+                self._learn(scope, req, c.node, attempt)
+                outcome = self._ok_outcome(scope, attempt, c.node)
+                attempt.ended_at = done_at
             if outcome is None:   # cancelled: the client went away
                 rec.last_byte_at = round(rt.clock.time(), 6)
                 self._count_tokens(rec, relay)

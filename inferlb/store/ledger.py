@@ -6,8 +6,14 @@ when an attempt has no end; never before its start). At every instant the node's
 equally among the attempts in flight on it then: over a stretch where ``k`` attempts overlap,
 each is charged ``1/k`` of the elapsed GPU-seconds (the batched requests of a continuous-batching
 server share the GPU, so none is charged the whole GPU). Stretches where no attempt is in flight
-are the node's **idle** capacity, reported as their own lines. So for every node and window,
-charged GPU-seconds + idle GPU-seconds = the window's length, exactly: the books balance.
+are the node's **idle** capacity, reported as their own lines. A node is provisioned only from
+its **first appearance**, the earliest of its first attempt and its first node event (``node_events``:
+a node added by an operator or the autoscaler appears as ``loading``), whatever their age: a node
+added on Tuesday is not charged idle for Monday. A node with neither (configured, never routed
+to, never changed state) appears with the deployment, its earliest audit row or node event, and
+is listed in ``unseen_nodes``: its idle time is an upper bound. So for every node and window,
+charged GPU-seconds + idle GPU-seconds = the part of the window the node existed, exactly: the
+books balance.
 Every attempt is charged for what it occupied, whatever its outcome: streamed, aborted by the
 client, failed and retried elsewhere, or answered by a fallback model; a request's cost is the sum
 of its attempts' charges. Cost = GPU-seconds × price / 3600.
@@ -39,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
 from inferlb.cost import Share, cost_of
@@ -53,7 +59,7 @@ from inferlb.store.report_params import (
     parse_group_by,
     time_window,
 )
-from inferlb.store.schema import ATTEMPTS, REQUESTS
+from inferlb.store.schema import ATTEMPTS, NODE_EVENTS, REQUESTS
 
 __all__ = [
     "COST_COLUMNS",
@@ -66,6 +72,7 @@ __all__ = [
     "attribute",
     "build_ledger",
     "cost_report",
+    "first_appearances",
 ]
 
 LOOKBACK_S = 86_400
@@ -132,8 +139,12 @@ def _boundaries(lo: int, hi: int, bucket_us: int | None) -> list[int]:
 
 
 def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, since_us: int, until_us: int,
-              bucket_us: int | None = None) -> Ledger:
+              bucket_us: int | None = None, first_us: Mapping[str, int] | None = None) -> Ledger:
     """Charge every occupancy its fair share of its node over ``[since_us, until_us)``.
+
+    ``first_us``: when each node appeared (epoch µs); a node is provisioned, and idle, only from
+    then (clipped to the window); a node not in it, or no mapping, for the whole window. An
+    occupancy never starts before its node's appearance (the caller's appearance counts attempts).
 
     A sweep per node keeps ``S(t)``, the integral of ``1/k`` over the busy time up to ``t``; an
     attempt's GPU time is ``S(end) - S(start)``: O(n log n), however many requests overlap.
@@ -152,7 +163,10 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
         for o in occ:
             delta[o.start_us] += 1
             delta[o.end_us] -= 1
-        times = sorted(set(delta).union(bounds, (since_us, until_us)))
+        born = min(until_us, max(since_us, (first_us or {}).get(node, since_us)))
+        if occ:   # an attempt is proof of life, whatever the caller's appearance said
+            born = min(born, min(o.start_us for o in occ))
+        times = sorted(t for t in set(delta).union(bounds, (born, until_us)) if t >= born)
         integral: dict[int, float] = {}
         idle: dict[int | None, float] = defaultdict(float)
         share, prev = Share(times[0]), times[0]
@@ -178,6 +192,10 @@ def attribute(occupancies: Iterable[Occupancy], prices: Mapping[str, float], *, 
             buckets = [(b, max(b, since_us), min(b + bucket_us, until_us))
                        for b in range(bucket_of(since_us, bucket_us), until_us, bucket_us)]
         for b, lo, hi in buckets:
+            lo = max(lo, born)
+            if hi <= lo and bucket_us is not None:
+                continue   # the node did not exist yet in that bucket: no line
+            hi = max(hi, lo)
             idle_s = idle.get(b, 0.0) / 1e6
             ledger.idle.append(IdleLine(node, b, (hi - lo) / 1e6, idle_s, cost_of(idle_s, price)))
     return ledger
@@ -200,12 +218,36 @@ class RequestLine:
 
 @dataclass
 class LedgerData:
-    """A ledger plus what its report groups by: each charged request's keys, the window's requests."""
+    """A ledger plus what its report groups by: each charged request's keys, the window's requests,
+    and when each node appeared (epoch µs; ``unseen``: nodes with no attempt and no event)."""
 
     ledger: Ledger
     keys: dict[str, dict[str, Any]]
     requests: list[RequestLine]
     bucket_us: int | None
+    first_us: dict[str, int] = field(default_factory=dict)
+    unseen: list[str] = field(default_factory=list)
+
+
+def first_appearances(conn: Connection, nodes: Iterable[str], *, until_us: int
+                      ) -> tuple[dict[str, int], int | None]:
+    """(each node's first attempt or node event before ``until_us``, whichever is earlier; the
+    deployment's first audit row or node event). One index lookup each (``ix_request_attempts_node``,
+    ``ix_node_events_node``, ``ix_requests_received``, ``ix_node_events_at``), so months of records
+    cost no scan."""
+    a, e, r = ATTEMPTS.c, NODE_EVENTS.c, REQUESTS.c
+    out: dict[str, int] = {}
+    for node in sorted(set(nodes)):
+        seen = [conn.execute(select(func.min(a.started_at_us)).where(a.node == node, a.started_at_us < until_us))
+                .scalar(),
+                conn.execute(select(func.min(e.at_us)).where(e.node == node, e.at_us < until_us)).scalar()]
+        known = [int(v) for v in seen if v is not None]
+        if known:
+            out[node] = min(known)
+    starts = [conn.execute(select(func.min(r.received_at_us)).where(r.received_at_us < until_us)).scalar(),
+              conn.execute(select(func.min(e.at_us)).where(e.at_us < until_us)).scalar()]
+    known = [int(v) for v in starts if v is not None]
+    return out, min(known) if known else None
 
 
 def build_ledger(engine: Engine, *, prices: Mapping[str, float], since: float | None = None,
@@ -229,6 +271,8 @@ def build_ledger(engine: Engine, *, prices: Mapping[str, float], since: float | 
     occupancies: list[Occupancy] = []
     keys: dict[str, dict[str, Any]] = {}
     requests: list[RequestLine] = []
+    first_us: dict[str, int] = {}
+    deployed: list[int | None] = [None]
 
     def fetch(conn: Connection) -> None:
         for row in conn.execute(att).mappings():
@@ -243,15 +287,22 @@ def build_ledger(engine: Engine, *, prices: Mapping[str, float], since: float | 
             requests.append(RequestLine(row["request_id"], row["received_at_us"], row["status"],
                                         row["prompt_tokens"] or 0, row["completion_tokens"] or 0,
                                         {k: row[k] for k in _ALL_KEYS}))
+        seen, deployed[0] = first_appearances(conn, set(prices) | {o.node for o in occupancies}, until_us=until_us)
+        first_us.update(seen)
 
     run_query(engine, fetch)
+    unseen = sorted(n for n in prices if n not in first_us)
+    born = dict(first_us)
+    for n in unseen:   # what the ledger can know: the node is configured, the deployment began then
+        born[n] = until_us if deployed[0] is None else deployed[0]
     if since_us is None:
         firsts = [o.start_us for o in occupancies] + [q.received_us for q in requests]
         since_us = min(firsts, default=until_us)
     since_us = min(since_us, until_us)
     check_buckets(since_us, until_us, bucket_us)
-    ledger = attribute(occupancies, prices, since_us=since_us, until_us=until_us, bucket_us=bucket_us)
-    return LedgerData(ledger, keys, requests, bucket_us)
+    ledger = attribute(occupancies, prices, since_us=since_us, until_us=until_us, bucket_us=bucket_us,
+                       first_us=born)
+    return LedgerData(ledger, keys, requests, bucket_us, first_us, unseen)
 
 
 def _sig(x: float) -> float:
@@ -272,7 +323,9 @@ def cost_report(engine: Engine, *, prices: Mapping[str, float], since: float | N
     Usage rows: ``requests``/``ok``/tokens of the requests received in the group and bucket,
     ``gpu_seconds``/``cost`` charged to them, ``cost_per_request`` and ``cost_per_1k_tokens``
     (prompt + completion). Idle rows (``kind`` = ``idle``): per node when grouping by node, else one
-    per bucket, with every other key ``(idle)``; ``gpu_seconds`` is the idle time.
+    per bucket, with every other key ``(idle)``; ``gpu_seconds`` is the idle time. The summary's
+    ``first_seen`` is each node's first appearance (epoch s), ``unseen_nodes`` the priced nodes
+    with none (counted from the deployment's first record).
     """
     keys = parse_group_by(group_by, default="tenant")
     data = build_ledger(engine, prices=prices, since=since, until=until, bucket=bucket, now=now)
@@ -339,5 +392,7 @@ def cost_report(engine: Engine, *, prices: Mapping[str, float], since: float | N
             "idle_cost": _sig(idle_cost),
             "utilization": round(1 - idle_s_total / provisioned_s, 6) if provisioned_s else None,
             "unpriced_nodes": [n for n in nodes if not led.prices.get(n)],
+            "first_seen": {n: data.first_us[n] / 1_000_000 for n in sorted(data.first_us)},
+            "unseen_nodes": data.unseen,
         },
     }

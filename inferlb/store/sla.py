@@ -9,12 +9,16 @@ Contract:
   buckets are aligned on the epoch (UTC) and a request falls in the bucket of its ``received_at``;
   a row's ``bucket`` is the bucket's start in epoch seconds. Per group: ``count``; ``ok``;
   ``client_errors`` (statuses caused by the client: ``rejected_invalid``, ``client_closed``);
-  ``errors`` (every other non-ok status, load shedding included);
-  ``error_rate = errors / (count - client_errors)``; p50/p95/p99 of e2e latency in ms over the ok
+  ``rejected`` (the tenant's own rate-limit and quota refusals by admission, the 429s
+  ``rejected_rate_limit`` and ``rejected_quota``: the client was over what it bought, not failed
+  by the service); ``rejected_share = rejected / (count - client_errors)``; ``admitted = count -
+  client_errors - rejected``; ``errors`` (every other non-ok status of those: load shedding,
+  queue timeouts and a node's own 429s included, since they are the service's failures);
+  ``error_rate = errors / admitted``; p50/p95/p99 of e2e latency in ms over the ok
   requests; p50/p95/p99 of TTFT in ms over the ok *streamed* requests only (``ttft_count`` of
   them): a non-streamed answer's first byte comes with its last, so its "TTFT" is its whole
   generation and would mix two quantities in one percentile; ``slo_attainment`` = share of the
-  eligible (non-client-error) requests that succeeded within the ``e2e_max_s`` of the SLO for
+  ``admitted`` requests that succeeded within the ``e2e_max_s`` of the SLO for
   their model (exact name, else ``*``) and, streamed ones, its ``ttft_max_s``, null when no
   request of the group has such an SLO; ``slo_p95_met`` (groups keyed by
   model only) whether the group's p95s meet the SLO's ``*_p95_s`` targets. Percentiles use linear
@@ -49,12 +53,16 @@ from inferlb.store.report_params import (
 from inferlb.store.schema import REQUESTS
 from inferlb.store.sla_sql import QUANTILES, Tally, slo_table, tally_sql
 
-__all__ = ["CLIENT_STATUSES", "SLA_COLUMNS", "percentile", "sla_report", "sla_report_python"]
+__all__ = ["CLIENT_STATUSES", "LIMIT_STATUSES", "SLA_COLUMNS", "percentile", "sla_report", "sla_report_python"]
 
 CLIENT_STATUSES = frozenset({"rejected_invalid", "client_closed"})
+# Admission's refusals of a tenant over its own limits (admission/controller.py): 429 rate limit
+# (RPM, TPM, max_parallel) and 429 insufficient_quota (spend budget). Shedding (rejected_overload,
+# rejected_queue_timeout) is the gateway's failure to serve and stays an error.
+LIMIT_STATUSES = frozenset({"rejected_rate_limit", "rejected_quota"})
 # The keys of every sla_report row after the group key, in order (for tables and CSV headers).
 SLA_COLUMNS = (
-    "count", "ok", "errors", "client_errors", "error_rate",
+    "count", "ok", "errors", "client_errors", "rejected", "rejected_share", "admitted", "error_rate",
     "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "ttft_count",
     "slo_attainment", "slo_p95_met",
 )
@@ -93,7 +101,7 @@ def _ms(v: float | None) -> float | None:
 def _tally_rows(rows: Iterable[RowMapping], slos: Sequence[SLOConfig]) -> Tally:
     """One group's tally from its fetched rows (the Python path; sla_sql.py is the database one)."""
     exact, star = slo_table(slos)
-    count = ok = client = slo_n = slo_good = 0
+    count = ok = client = rejected = slo_n = slo_good = 0
     e2e: list[float] = []
     ttft: list[float] = []
     for r in rows:
@@ -101,6 +109,9 @@ def _tally_rows(rows: Iterable[RowMapping], slos: Sequence[SLOConfig]) -> Tally:
         status = r["status"]
         if status in CLIENT_STATUSES:
             client += 1
+            continue
+        if status in LIMIT_STATUSES:
+            rejected += 1
             continue
         is_ok = status == "ok"
         if is_ok:
@@ -115,21 +126,25 @@ def _tally_rows(rows: Iterable[RowMapping], slos: Sequence[SLOConfig]) -> Tally:
             slo_good += is_ok and _within(slo, r["e2e_ms"], r["ttft_ms"], bool(r["stream"]))
     e2e.sort()
     ttft.sort()
-    return Tally(count=count, ok=ok, client=client, slo_n=slo_n, slo_good=slo_good,
+    return Tally(count=count, ok=ok, client=client, rejected=rejected, slo_n=slo_n, slo_good=slo_good,
                  e2e=tuple(percentile(e2e, q) for q in QUANTILES),
                  ttft=tuple(percentile(ttft, q) for q in QUANTILES), ttft_count=len(ttft))
 
 
 def _group_stats(keys: dict[str, Any], tally: Tally, slos: Sequence[SLOConfig]) -> dict[str, Any]:
-    eligible = tally.count - tally.client
-    errors = eligible - tally.ok
+    valid = tally.count - tally.client
+    admitted = valid - tally.rejected
+    errors = admitted - tally.ok
     out: dict[str, Any] = {
         **keys,
         "count": tally.count,
         "ok": tally.ok,
         "errors": errors,
         "client_errors": tally.client,
-        "error_rate": round(errors / eligible, 6) if eligible else None,
+        "rejected": tally.rejected,
+        "rejected_share": round(tally.rejected / valid, 6) if valid else None,
+        "admitted": admitted,
+        "error_rate": round(errors / admitted, 6) if admitted else None,
     }
     for name, values in (("e2e", tally.e2e), ("ttft", tally.ttft)):
         for q, v in zip((50, 95, 99), values, strict=True):
@@ -176,7 +191,7 @@ def _tallies_sql(conn: Connection, keys: tuple[str, ...], bucket_us: int | None,
             check_buckets(lo, hi, bucket_us)
     cols = group_columns()
     return tally_sql(conn, group=[cols[k] for k in keys], bucket_us=bucket_us, where=where, slos=slos,
-                     client_statuses=CLIENT_STATUSES)
+                     client_statuses=CLIENT_STATUSES, limit_statuses=LIMIT_STATUSES)
 
 
 def sla_report(

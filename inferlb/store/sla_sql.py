@@ -39,6 +39,7 @@ class Tally:
     count: int
     ok: int
     client: int
+    rejected: int      # refused by the tenant's own limits (sla.LIMIT_STATUSES)
     slo_n: int
     slo_good: int
     e2e: tuple[float | None, ...]
@@ -84,14 +85,17 @@ def _pcts(values: Any) -> tuple[float | None, ...]:
 
 def tally_sql(conn: Connection, *, group: Sequence[ColumnElement[Any]], bucket_us: int | None,
               where: Sequence[ColumnElement[bool]], slos: Sequence[SLOConfig],
-              client_statuses: Collection[str]) -> dict[tuple[Any, ...], Tally]:
-    """Per-group tallies of the requests matching ``where`` (PostgreSQL)."""
+              client_statuses: Collection[str], limit_statuses: Collection[str]) -> dict[tuple[Any, ...], Tally]:
+    """Per-group tallies of the requests matching ``where`` (PostgreSQL); the SLO counts neither
+    ``client_statuses`` nor ``limit_statuses``."""
     t = REQUESTS.c
     keys: list[ColumnElement[Any]] = []
     if bucket_us is not None:
         keys.append((t.received_at_us - t.received_at_us % bucket_us).label("g_bucket"))
     keys += [c.label(f"g_{i}") for i, c in enumerate(group)]
     client = t.status.in_(sorted(client_statuses))
+    limited = t.status.in_(sorted(limit_statuses))
+    admitted = and_(not_(client), not_(limited))
     ok = t.status == "ok"
     quantiles = literal(list(QUANTILES), ARRAY(Float()))
     streamed_ok = and_(ok, t.stream)
@@ -101,8 +105,9 @@ def tally_sql(conn: Connection, *, group: Sequence[ColumnElement[Any]], bucket_u
         func.count().label("n"),
         func.count().filter(ok).label("ok"),
         func.count().filter(client).label("client"),
-        func.count().filter(and_(not_(client), counted)).label("slo_n"),
-        func.count().filter(and_(not_(client), counted, good)).label("slo_good"),
+        func.count().filter(limited).label("rejected"),
+        func.count().filter(and_(admitted, counted)).label("slo_n"),
+        func.count().filter(and_(admitted, counted, good)).label("slo_good"),
         func.percentile_cont(quantiles).within_group(t.e2e_ms).filter(ok).label("e2e"),
         func.percentile_cont(quantiles).within_group(t.ttft_ms).filter(streamed_ok).label("ttft"),
         func.count(t.ttft_ms).filter(streamed_ok).label("ttft_n"),
@@ -110,6 +115,6 @@ def tally_sql(conn: Connection, *, group: Sequence[ColumnElement[Any]], bucket_u
     out: dict[tuple[Any, ...], Tally] = {}
     for r in conn.execute(stmt):
         g = tuple(r[: len(keys)])
-        out[g] = Tally(count=r.n, ok=r.ok, client=r.client, slo_n=r.slo_n, slo_good=r.slo_good,
-                       e2e=_pcts(r.e2e), ttft=_pcts(r.ttft), ttft_count=r.ttft_n)
+        out[g] = Tally(count=r.n, ok=r.ok, client=r.client, rejected=r.rejected, slo_n=r.slo_n,
+                       slo_good=r.slo_good, e2e=_pcts(r.e2e), ttft=_pcts(r.ttft), ttft_count=r.ttft_n)
     return out

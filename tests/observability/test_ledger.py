@@ -19,8 +19,10 @@ from sqlalchemy.engine import Engine
 from inferlb.config.observability import FinOpsConfig
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.cost import node_prices
+from inferlb.node_types import NodeEvent
 from inferlb.simulator.emulator import SimFleet
 from inferlb.store.db import make_engine
+from inferlb.store.events import insert_events, recent_events
 from inferlb.store.ledger import Occupancy, attribute, build_ledger, cost_report
 from tests.observability import seed
 from tests.support import fast_specs, fleet_for, free_port, running_gateway, settings_for
@@ -33,9 +35,10 @@ def _occ(rid: str, node: str, start_s: float, end_s: float, attempt: int = 1) ->
     return Occupancy(rid, attempt, node, round(start_s * S), round(end_s * S))
 
 
-def brute_force(occs: Iterable[Occupancy], prices: dict[str, float], since_us: int, until_us: int
-                ) -> tuple[dict[str, float], dict[str, float]]:
-    """The rule, written the slow obvious way: for every elementary interval, who is in flight?"""
+def brute_force(occs: Iterable[Occupancy], prices: dict[str, float], since_us: int, until_us: int,
+                born: dict[str, int] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """The rule, written the slow obvious way: for every elementary interval, who is in flight?
+    A node is idle only from ``born`` (its first appearance), clipped to the window."""
     per_request: dict[str, float] = defaultdict(float)
     idle: dict[str, float] = {}
     by_node: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
@@ -46,7 +49,8 @@ def brute_force(occs: Iterable[Occupancy], prices: dict[str, float], since_us: i
     for node in set(prices) | set(by_node):
         rate = prices.get(node, 0.0) / 3600 / S
         items = by_node.get(node, [])
-        points = sorted({since_us, until_us, *(p for _, lo, hi in items for p in (lo, hi))})
+        start = min(until_us, max(since_us, (born or {}).get(node, since_us)))
+        points = sorted({start, until_us, *(p for _, lo, hi in items for p in (lo, hi))})
         idle[node] = 0.0
         for a, b in itertools.pairwise(points):
             active = [rid for rid, lo, hi in items if lo <= a and hi >= b]
@@ -63,6 +67,22 @@ def test_equal_share_among_overlapping_attempts() -> None:
     assert led.request_costs() == pytest.approx({"A": 7.5, "B": 7.5})
     idle = {line.node: (line.idle_s, line.cost, line.provisioned_s) for line in led.idle}
     assert idle == {"x": pytest.approx((5.0, 5.0, 20.0)), "y": pytest.approx((20.0, 20.0, 20.0))}
+
+
+def test_a_node_is_provisioned_only_from_its_first_appearance() -> None:
+    # x appeared at 8 s (busy 10-12), y after the window, z before it: 20 s window, 10 s buckets
+    occs = [_occ("A", "x", 10, 12)]
+    first = {"x": 8 * S, "y": 30 * S, "z": -100 * S}
+    led = attribute(occs, {"x": H, "y": H, "z": H}, since_us=0, until_us=20 * S, first_us=first)
+    idle = {line.node: (line.provisioned_s, line.idle_s) for line in led.idle}
+    assert idle == {"x": pytest.approx((12.0, 10.0)), "y": (0.0, 0.0), "z": pytest.approx((20.0, 20.0))}
+    assert led.request_costs() == pytest.approx({"A": 2.0})
+    bucketed = attribute(occs, {"x": H, "y": H}, since_us=0, until_us=20 * S, bucket_us=10 * S, first_us=first)
+    lines = [(line.node, line.bucket_us, line.provisioned_s, line.idle_s) for line in bucketed.idle]
+    assert lines == [("x", 0, 2.0, 2.0), ("x", 10 * S, 10.0, 8.0)]   # y: no bucket of the window had it
+    # an attempt is proof of life even when the appearance given is later
+    late = attribute(occs, {"x": H}, since_us=0, until_us=20 * S, first_us={"x": 15 * S})
+    assert [(line.provisioned_s, line.idle_s) for line in late.idle] == [pytest.approx((10.0, 8.0))]
 
 
 def test_window_clips_and_buckets_split() -> None:
@@ -93,6 +113,16 @@ def test_matches_the_brute_force_rule_and_balances() -> None:
         busy = sum(c.gpu_s for c in led.charges if c.node == node)
         idle = sum(line.idle_s for line in led.idle if line.node == node)
         assert busy + idle == pytest.approx((until - since) / S)   # the books balance per node
+    # young nodes: the same sweep from each node's first appearance (b appeared mid-window)
+    born = {n: min(o.start_us for o in occs if o.node == n) for n in "ac"} | {"b": 300 * S}
+    born["b"] = min(born["b"], min(o.start_us for o in occs if o.node == "b"))
+    led = attribute(occs, prices, since_us=since, until_us=until, bucket_us=37 * S, first_us=born)
+    want, want_idle = brute_force(occs, prices, since, until, born)
+    for node in prices:
+        assert sum(line.cost for line in led.idle if line.node == node) == pytest.approx(want_idle[node], abs=1e-9)
+        busy = sum(c.gpu_s for c in led.charges if c.node == node)
+        idle = sum(line.idle_s for line in led.idle if line.node == node)
+        assert busy + idle == pytest.approx((until - max(since, born[node])) / S)
 
 
 def test_prices_from_node_or_gpu_type() -> None:
@@ -112,7 +142,10 @@ def test_cost_report_groups_buckets_and_idle(engine: Engine) -> None:
     prices = node_prices(seed.fleet().nodes)
     rep = cost_report(engine, prices=prices, since=seed.START, until=seed.END, group_by="tenant")
     s = rep["summary"]
-    assert s["provisioned_cost"] == pytest.approx(2 * sum(prices.values()))   # 2 hours of 3 nodes
+    first = {n: min(a.started_at for r in recs for a in r.attempts if a.node == n) for n in prices}
+    assert s["first_seen"] == pytest.approx(first) and s["unseen_nodes"] == []
+    # each of the 3 nodes from its first attempt (within the first minutes) to the end of the 2 hours
+    assert s["provisioned_cost"] == pytest.approx(sum(p * (seed.END - first[n]) / 3600 for n, p in prices.items()))
     assert s["attributed_cost"] + s["idle_cost"] == pytest.approx(s["provisioned_cost"])
     usage = {r["tenant"]: r for r in rep["data"] if r["kind"] == "usage"}
     assert set(usage) == set(seed.TENANTS)
@@ -184,12 +217,16 @@ async def test_ledger_is_reproducible_from_the_audit_records(db_url: str, tmp_pa
                       round(max(a["started_at"], a["ended_at"] or r["last_byte_at"]) * S))
             for r in records for a in r["attempts"]]
     since_us, until_us = round(since * S), round(until * S)
-    want, want_idle = brute_force(occs, prices, since_us, until_us)
     eng = make_engine(db_url)
     try:
+        events = recent_events(eng, limit=10_000)
         got = build_ledger(eng, prices=prices, since=since, until=until).ledger.request_costs()
     finally:
         eng.dispose()
+    # each node from its first attempt or node event, as the ledger can know them
+    born = {n: min([o.start_us for o in occs if o.node == n]
+                   + [round(e["at"] * S) for e in events if e["node"] == n and e["at"] < until]) for n in prices}
+    want, want_idle = brute_force(occs, prices, since_us, until_us, born)
     assert set(got) == set(want) and len(want) == 21
     for rid, cost in want.items():
         assert got[rid] == pytest.approx(cost, rel=1e-9), rid
@@ -204,3 +241,26 @@ async def test_ledger_is_reproducible_from_the_audit_records(db_url: str, tmp_pa
         if row["kind"] == "usage":
             report_by_tenant[row["tenant"]] += row["cost"]
     assert report_by_tenant == pytest.approx(dict(by_tenant), rel=1e-5)
+
+
+def test_a_young_deployment_is_not_charged_for_days_it_did_not_have(engine: Engine) -> None:
+    """A week's report over two hours of history: each node from its first attempt or node event,
+    a configured node never seen from the deployment's first record (and listed)."""
+    recs = seed.seed(engine, n=240)
+    added = seed.START + 3600.0   # an operator adds gpu-d an hour in: its loading event is its birth
+    with engine.begin() as conn:
+        insert_events(conn, [NodeEvent("gpu-d", None, "loading", "added", added, {})])
+    prices = {**node_prices(seed.fleet().nodes), "gpu-d": 3600.0, "gpu-e": 3600.0}
+    week = seed.END - 7 * 86_400
+    rep = cost_report(engine, prices=prices, since=week, until=seed.END, group_by="node")
+    s = rep["summary"]
+    deployed = min(r.received_at for r in recs)
+    first = {n: min(a.started_at for r in recs for a in r.attempts if a.node == n) for n in seed.NODES}
+    assert s["first_seen"] == pytest.approx({**first, "gpu-d": added}) and s["unseen_nodes"] == ["gpu-e"]
+    born = {**first, "gpu-d": added, "gpu-e": deployed}
+    assert s["provisioned_seconds"] == pytest.approx(sum(seed.END - t for t in born.values()))
+    idle = {r["node"]: r["gpu_seconds"] for r in rep["data"] if r["kind"] == "idle"}
+    assert idle["gpu-d"] == pytest.approx(3600.0) and idle["gpu-e"] == pytest.approx(seed.END - deployed)
+    assert s["attributed_cost"] + s["idle_cost"] == pytest.approx(s["provisioned_cost"])
+    # the old rule would have charged the whole week: 7 days of 5 nodes
+    assert s["provisioned_seconds"] < 5 * 2 * 3600 + 1

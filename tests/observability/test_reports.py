@@ -78,7 +78,12 @@ async def test_reports_over_http_json_and_csv(seeded: Engine, db_url: str, tmp_p
         cost = (await http.get("/reports/cost", params={**window, "group_by": "model"})).json()
         assert {r["model"] for r in cost["data"]} == {"llama-3-8b", "qwen-14b", "(idle)"}
         assert cost["summary"]["currency"] == "USD" and cost["summary"]["unpriced_nodes"] == []
-        assert cost["summary"]["provisioned_cost"] == pytest.approx(2 * (4.10 + 2.50 + 0.80))
+        # each node from its first attempt (within the first minutes) to the end of the 2 hours
+        attempts = [a for r in seed.records(n=360) for a in r.attempts]
+        first = {n: min(a.started_at for a in attempts if a.node == n) for n in seed.NODES}
+        assert cost["summary"]["first_seen"] == pytest.approx(first)
+        assert cost["summary"]["provisioned_cost"] == pytest.approx(
+            sum(price * (seed.END - first[n]) / 3600 for n, (_, price, _) in seed.NODES.items()))
         cost_csv = await http.get("/reports/cost", params={**window, "group_by": "tenant", "format": "csv"})
         crow = list(csv.DictReader(io.StringIO(cost_csv.text)))
         assert [r["kind"] for r in crow][-1] == "idle" and crow[-1]["cost_per_request"] == ""

@@ -16,7 +16,7 @@ from inferlb.store.queries import get_request, list_requests
 from inferlb.store.records import RequestRecord
 from inferlb.store.report_params import parse_time
 from inferlb.store.rows import upsert_records
-from inferlb.store.sla import percentile, sla_report
+from inferlb.store.sla import percentile, sla_report, sla_report_python
 
 MakeRecord = Callable[..., RequestRecord]
 T0 = 1_767_225_600.0
@@ -141,6 +141,10 @@ def _seed_sla(engine: Engine, make_record: MakeRecord) -> None:
                     status="upstream_error") for i in range(2)]
     recs.append(_timed(make_record, 12, 1, 1, model_requested="m1", node=None, tenant="t2",
                        status="rejected_invalid"))
+    # t2 over its own limits: refused by admission, neither errors nor SLO misses
+    recs += [_timed(make_record, 13 + i, 1, 1, model_requested="m1", node=None, tenant="t2", status=status,
+                    http_status=429) for i, status in enumerate(("rejected_rate_limit", "rejected_rate_limit",
+                                                                  "rejected_quota"))]
     recs += [_timed(make_record, 20 + i, e2e, ttft, model_requested="m2", node="b", tenant=None)
              for i, (e2e, ttft) in enumerate([(50, 10), (50, 10), (50, 10), (5000, 30)])]
     recs.append(_timed(make_record, 30, 2, 2, model_requested="m2", node=None, tenant=None,
@@ -158,14 +162,17 @@ def test_sla_report_by_model(engine: Engine, make_record: MakeRecord) -> None:
     _seed_sla(engine, make_record)
     m1, m2 = sla_report(engine, group_by="model", slos=SLOS)
     assert m1 == {
-        "model": "m1", "count": 13, "ok": 10, "errors": 2, "client_errors": 1,
+        "model": "m1", "count": 16, "ok": 10, "errors": 2, "client_errors": 1,
+        "rejected": 3, "rejected_share": 0.2, "admitted": 12,   # 3 of the 15 well-formed requests
         "error_rate": round(2 / 12, 6),
         "e2e_p50_ms": 550.0, "e2e_p95_ms": 955.0, "e2e_p99_ms": 991.0,
         "ttft_p50_ms": 55.0, "ttft_p95_ms": 95.5, "ttft_p99_ms": 99.1, "ttft_count": 10,
-        "slo_attainment": 0.5,  # 6 of the 12 eligible requests finished within 600 ms
+        "slo_attainment": 0.5,  # 6 of the 12 admitted requests finished within 600 ms
         "slo_p95_met": True,
     }
+    # a generic "rejected" (admission's fallback 503) is the service's failure: an error, in the SLO
     assert m2["count"] == 5 and m2["errors"] == 1 and m2["error_rate"] == 0.2
+    assert m2["rejected"] == 0 and m2["rejected_share"] == 0.0 and m2["admitted"] == 5
     assert (m2["e2e_p50_ms"], m2["e2e_p95_ms"], m2["e2e_p99_ms"]) == (50.0, 4257.5, 4851.5)
     assert m2["slo_attainment"] == 0.6  # '*' SLO: 3 ok within 20 ms TTFT out of 5
     assert m2["slo_p95_met"] is None    # '*' sets no p95 target
@@ -178,8 +185,11 @@ def test_sla_report_by_node_and_tenant_and_window(engine: Engine, make_record: M
     assert by_node["a"]["count"] == 10 and by_node["a"]["slo_attainment"] == 0.6  # 6 of 10 within m1 SLO
     # node b: 2 m1 errors (m1 SLO) + 4 m2 ok (3 within the '*' TTFT SLO)
     assert by_node["b"]["count"] == 6 and by_node["b"]["slo_attainment"] == 0.5
-    by_tenant = [r["tenant"] for r in sla_report(engine, group_by="tenant")]
-    assert by_tenant == ["t1", "t2", None]
+    by_tenant = {r["tenant"]: r for r in sla_report(engine, group_by="tenant", slos=SLOS)}
+    assert list(by_tenant) == ["t1", "t2", None]
+    t2 = by_tenant["t2"]   # one invalid request and three refused by its limits: nothing admitted
+    assert (t2["count"], t2["rejected"], t2["rejected_share"], t2["admitted"]) == (4, 3, 1.0, 0)
+    assert t2["error_rate"] is None and t2["slo_attainment"] is None
     assert all(r["slo_attainment"] is None for r in sla_report(engine, group_by="tenant"))
     window = sla_report(engine, since=T0 + 20, until=T0 + 22, group_by="model")
     assert [(r["model"], r["count"]) for r in window] == [("m2", 2)]
@@ -187,3 +197,15 @@ def test_sla_report_by_node_and_tenant_and_window(engine: Engine, make_record: M
     with pytest.raises(InvalidRequest) as err:
         sla_report(engine, group_by="region")
     assert err.value.param == "group_by"
+
+
+def test_sla_report_in_the_database_is_its_python_twin(engine: Engine, make_record: MakeRecord) -> None:
+    """The SQL tallies (sla_sql.py, PostgreSQL) and the Python ones give one report, limits included."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("percentile_cont runs on PostgreSQL only; SQLite is aggregated in Python")
+    _seed_sla(engine, make_record)
+    for group_by in ("model", "node", "tenant", "none"):
+        for bucket in (None, "5s"):
+            sql = sla_report(engine, group_by=group_by, bucket=bucket, slos=SLOS, in_database=True)
+            assert sql == sla_report_python(engine, group_by=group_by, bucket=bucket, slos=SLOS)
+            assert sum(r["rejected"] for r in sql) == 3
