@@ -129,8 +129,10 @@ def error_event(message: str, type: str = "server_error", code: str | None = Non
     return b"data: " + error_json(message, type, code) + b"\n\n"
 
 
-# Upstream statuses worth another node by default (the fleet file's ``retry.retry_on_status``).
-DEFAULT_RETRY_ON_STATUS: tuple[int, ...] = (429, 502, 503, 504)
+# Upstream statuses worth another node by default (the fleet file's ``retry.retry_on_status``). 500
+# is one: a model server's internal error (an engine fault, a crashed worker) is the node's, and
+# another node usually answers; the retry budget (admission) still bounds the attempts.
+DEFAULT_RETRY_ON_STATUS: tuple[int, ...] = (429, 500, 502, 503, 504)
 
 
 class InferlbError(Exception):

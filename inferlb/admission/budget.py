@@ -6,6 +6,12 @@ last ``window_s`` seconds stay ≤ ``max(min_retries, ratio × requests)`` in th
 total outage with more than ``min_retries / ratio`` requests per window this bounds backend
 attempts ÷ client requests by ``1 + ratio`` (B3: 1.1 with the default 10 %).
 
+:meth:`RetryBudget.refund` takes back a granted retry that answered the client: the budget
+exists to stop retries from piling load on nodes that fail anyway, and a retry that succeeded
+did useful work. In a total outage no retry succeeds, so the bound above is unchanged; a node
+flapping faster than ejection notices (its failures retried elsewhere and answered) no longer
+spends the budget of the whole pool and fails clients once it is spent.
+
 The window is kept as ``slots`` buckets, so memory is constant and old counts age out one
 bucket at a time. Time is injected (monotonic seconds); nothing here sleeps.
 """
@@ -28,6 +34,7 @@ class WindowCounts:
     requests: int = 0
     retries: int = 0
     denied: int = 0
+    refunded: int = 0
 
     def _roll(self, now: float) -> list[float]:
         width = self.window_s / self.slots
@@ -51,6 +58,17 @@ class WindowCounts:
     def counts(self, now: float) -> tuple[int, int]:
         self._roll(now)
         return self.requests, self.retries
+
+    def take_back_retry(self, now: float) -> bool:
+        """Uncount the newest retry still in the window; False when there is none."""
+        self._roll(now)
+        for b in reversed(self.buckets):
+            if b[2] > 0:
+                b[2] -= 1
+                self.retries -= 1
+                self.refunded += 1
+                return True
+        return False
 
 
 class RetryBudget:
@@ -85,8 +103,13 @@ class RetryBudget:
         w.add(now, retries=1)
         return True
 
+    def refund(self, pool: str, now: float) -> bool:
+        """A retry granted by :meth:`try_retry` answered the client: it no longer counts (the
+        newest retry still in the window is taken back). False when none is left to take back."""
+        return self._w(pool).take_back_retry(now)
+
     def snapshot(self, pool: str, now: float) -> dict[str, float]:
         w = self._w(pool)
         requests, retries = w.counts(now)
-        return {"requests": requests, "retries": retries, "denied": w.denied,
+        return {"requests": requests, "retries": retries, "denied": w.denied, "refunded": w.refunded,
                 "allowance": max(float(self.min_retries), self.ratio * requests)}

@@ -385,7 +385,8 @@ class AdmissionController:
             self.spend_pending[str(hold.key_id)] += float(rec.cost_est)
 
     def release(self, rec: RequestRecord) -> None:
-        """Free the request's slot and hand it on, settle its key's parallel and TPM counts."""
+        """Free the request's slot and hand it on, settle its key's parallel and TPM counts; a
+        retry that answered the client is refunded to the pool's retry budget."""
         hold = self.holds.pop(rec.request_id, None)
         if hold is None:
             return
@@ -394,6 +395,8 @@ class AdmissionController:
         t = hold.ticket
         if t is not None and t.state == "queued" and ps.queue is not None:
             ps.queue.settle(t, "cancelled", now)
+        if rec.status == "ok" and len(rec.attempts) > 1 and rec.attempts[-1].outcome == "ok":
+            self.budget.refund(hold.pool, now)   # the retry answered the client (budget.py)
         if hold.admitted_at is not None:
             ps.admitted = max(0, ps.admitted - 1)
             if rec.status == "ok":

@@ -111,6 +111,18 @@ class SharedRetryBudget(RetryBudget):
         w.add(now, retries=1)
         return True
 
+    def refund(self, pool: str, now: float) -> bool:
+        """:meth:`RetryBudget.refund`, and the retry goes back to this replica's claim (or, made
+        while Redis was away, is not reported): the next sync gives it back to the cluster."""
+        if not super().refund(pool, now):
+            return False
+        rs = self.shares.retry_of(pool)
+        if rs.spent > 0:
+            rs.spent -= 1
+        elif rs.d_extra > 0:
+            rs.d_extra -= 1
+        return True
+
     def snapshot(self, pool: str, now: float) -> dict[str, float]:
         snap = super().snapshot(pool, now)
         rs = self.shares.retry_of(pool)

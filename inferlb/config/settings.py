@@ -103,6 +103,8 @@ class ModelConfig(_Strict):
     max_output_tokens: int = Field(4096, gt=0)
     default_max_tokens: int = Field(256, gt=0)   # output budget assumed when the client sends none
     fallbacks: list[str] = Field(default_factory=list)  # models tried when no node of this one can serve
+    # Models a prompt over this one's context goes to, the first that fits (empty: ``fallbacks``).
+    context_window_fallbacks: list[str] = Field(default_factory=list)
     version: str | None = None
     kind: Literal["llm", "embedding", "generic"] = "llm"
     upstream_name: str | None = None              # the name nodes know it by, if different
@@ -290,10 +292,11 @@ class FleetConfig(_Strict):
                 if served not in known:
                     raise _KeyPathError(f"nodes[{i}].models[{j}]", f"unknown model {served!r}")
         for i, mc in enumerate(self.models):
-            for j, f in enumerate(mc.fallbacks):
-                if f not in known:
-                    raise _KeyPathError(f"models[{i}].fallbacks[{j}]",
-                                        f"model {mc.name!r} falls back to unknown model {f!r}")
+            for key, names in (("fallbacks", mc.fallbacks), ("context_window_fallbacks", mc.context_window_fallbacks)):
+                for j, f in enumerate(names):
+                    if f not in known:
+                        raise _KeyPathError(f"models[{i}].{key}[{j}]",
+                                            f"model {mc.name!r} falls back to unknown model {f!r}")
         for i, pool in enumerate(self.autoscale.pools if self.autoscale is not None else ()):
             if pool.model not in known:
                 raise _KeyPathError(f"autoscale.pools[{i}].model", f"unknown model {pool.model!r}")

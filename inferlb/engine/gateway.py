@@ -210,10 +210,13 @@ class Gateway:
         path = node_path(req.endpoint, upstream_model)
         mark = rt.fleet.acquire(node_name, tokens)
         released = False
+        now = rt.clock.monotonic()
+        timeouts = self._attempt_timeouts(scope, req.stream, node_name)
+        cut = _deadline_phases(scope, timeouts, now)
         try:
             resp = await self.upstream.open(
                 node.url + path, self._upstream_body(scope, req, node, upstream_model), headers=headers,
-                timeouts=self._attempt_timeouts(scope, req.stream, node_name), node=node_name)
+                timeouts=timeouts, node=node_name)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
                 try:
@@ -222,7 +225,7 @@ class Gateway:
                     await resp.aclose()
                     raise
                 released = True   # the stream releases it when it ends
-                return _Committed(resp, attempt, node_name, tokens, mark)
+                return _Committed(resp, attempt, node_name, tokens, mark, cut)
             try:
                 body = await resp.read_rest()
             except BaseException:
@@ -231,7 +234,7 @@ class Gateway:
             self._account_body(scope, req, body, node_name, attempt)
             return self._ok_outcome(scope, attempt, node_name), body
         except UpstreamError as exc:
-            return self._failed_outcome(scope, attempt, node_name, exc), None
+            return self._failed_outcome(scope, attempt, node_name, exc, client_deadline=_cut_by(exc, cut)), None
         finally:
             if not released:
                 _charge(scope.record, rt.fleet.release(node_name, tokens, mark))
@@ -282,7 +285,9 @@ class Gateway:
                 "retry_after_s": None, "tried": list(scope.tried)}
 
     def _failed_outcome(self, scope: RequestScope, attempt: AttemptRecord, node: str,
-                        exc: UpstreamError) -> dict[str, Any]:
+                        exc: UpstreamError, *, client_deadline: bool = False) -> dict[str, Any]:
+        """``client_deadline``: the attempt was cut by the client's own deadline, which is no
+        fault of the node: nothing is reported to the fleet (ejection, breaker, interval counts)."""
         rt = scope.rt
         status = exc.status if isinstance(exc, UpstreamStatusError) else None
         retry_after = exc.retry_after_s if isinstance(exc, UpstreamStatusError) else None
@@ -290,7 +295,7 @@ class Gateway:
             wait = retry_after if retry_after is not None else 1.0
             rt.fleet.cool_down(node, wait)
             scope.retry_after_s = wait if scope.retry_after_s is None else min(scope.retry_after_s, wait)
-        elif status is None or status >= 500:
+        elif (status is None or status >= 500) and not client_deadline:
             rt.fleet.report_failure(node)
         kind = "retryable" if exc.retryable_under(rt.fleet_cfg.retry.retry_on_status) else "fatal"
         attempt.outcome = kind
@@ -355,7 +360,8 @@ class Gateway:
                 error_class = live.stopped
                 message = "The gateway is shutting down; the response is incomplete"
             else:
-                rt.fleet.report_failure(c.node)
+                if not _cut_by(exc, c.deadline_phases):   # the client's deadline is not the node's fault
+                    rt.fleet.report_failure(c.node)
                 error_class = f"midstream_{exc.error_class}"
                 message = "The model server failed mid-stream; the response is incomplete"
             attempt.outcome = "midstream_error"
@@ -459,6 +465,25 @@ class Gateway:
             self.rt.on_request_end(rec)
 
 
+def _deadline_phases(scope: RequestScope, timeouts: TimeoutConfig, now: float) -> frozenset[str]:
+    """The timeout phases of an attempt started at ``now`` (monotonic) that the client's deadline
+    set: the request has a deadline shorter than the configured total (``x-inferlb-deadline-ms`` or
+    its priority class's) and the phase's limit reaches it. An ``idle`` timeout is never one: it
+    runs from each read, and the upstream reports a wait that reaches the deadline as ``total``."""
+    total = scope.rt.fleet_cfg.timeouts.total_s
+    if scope.deadline_at >= scope.received_mono + total:
+        return frozenset()   # the gateway's own total timeout: a node too slow for it is at fault
+    # 1 ms: the limits were computed from a clock reading taken a moment after ``now``.
+    reach = scope.deadline_at - now - 0.001
+    return frozenset(p for p, limit in (("connect", timeouts.connect_s), ("first_token", timeouts.first_token_s),
+                                        ("total", timeouts.total_s)) if limit >= reach)
+
+
+def _cut_by(exc: UpstreamError, phases: frozenset[str]) -> bool:
+    """Whether ``exc`` is a timeout of one of ``phases`` (see :func:`_deadline_phases`)."""
+    return isinstance(exc, UpstreamTimeout) and exc.phase in phases
+
+
 def _charge(rec: RequestRecord, cost: float) -> None:
     """Add one attempt's cost (cost.py's rule, as the cost ledger charges it) to the record:
     every attempt is charged for what it occupied, whatever its outcome."""
@@ -508,6 +533,7 @@ class _Committed:
     node: str
     tokens: int
     mark: float                 # the attempt's cost mark (Fleet.acquire)
+    deadline_phases: frozenset[str] = frozenset()   # timeouts the client's deadline set (_deadline_phases)
 
 
 class _Live:

@@ -8,7 +8,7 @@ error body comes from :func:`~inferlb.errors.error_body`. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from inferlb.config.settings import FleetConfig, ModelConfig
@@ -17,7 +17,17 @@ from inferlb.engine.scope import RequestScope
 from inferlb.errors import error_body
 from inferlb.versions.table import Version, VersionTable
 
-__all__ = ["GENERATE", "check_context", "check_model", "check_version", "final_result", "rejection"]
+__all__ = [
+    "GENERATE",
+    "check_context",
+    "check_model",
+    "check_version",
+    "context_fallback",
+    "final_result",
+    "fits_context",
+    "note_fallback",
+    "rejection",
+]
 
 GENERATE = frozenset({"chat", "completions", "responses"})   # endpoints that generate text
 
@@ -61,6 +71,43 @@ def check_context(model: ModelConfig, endpoint: str, prompt_est: int, output: in
                          f"about {prompt_est} prompt tokens + {output} output tokens exceed the "
                          f"model's context of {model.max_context_tokens}", "messages")
     return None
+
+
+def fits_context(model: ModelConfig, endpoint: str, prompt_est: int, max_tokens: int | None) -> bool:
+    """Whether a request of ``prompt_est`` tokens asking ``max_tokens`` (None: the model's default)
+    can go to ``model``: a text-generation model whose output limit allows ``max_tokens`` and whose
+    context holds the prompt and the output (per choice)."""
+    if endpoint not in GENERATE:
+        return True
+    if model.kind != "llm" or (max_tokens is not None and max_tokens > model.max_output_tokens):
+        return False
+    return prompt_est + int(max_tokens or model.default_max_tokens) <= model.max_context_tokens
+
+
+def context_fallback(models: Mapping[str, ModelConfig], model: ModelConfig, endpoint: str, max_tokens: int | None,
+                     estimate: Callable[[str], int]) -> tuple[ModelConfig, int] | None:
+    """The model a prompt too long for ``model`` goes to, and its prompt estimate there: the first
+    of ``model.context_window_fallbacks`` (else of ``model.fallbacks``) that :func:`fits_context`,
+    the prompt estimated for each (``estimate(name)``: models may tokenize differently); None when
+    none fits (the request is refused with :func:`check_context`'s 400)."""
+    for name in model.context_window_fallbacks or model.fallbacks:
+        other = models.get(name)
+        if other is None:
+            continue
+        prompt_est = estimate(name)
+        if fits_context(other, endpoint, prompt_est, max_tokens):
+            return other, prompt_est
+    return None
+
+
+def note_fallback(scope: RequestScope, to: str, reason: str, **evidence: Any) -> None:
+    """Record in the audit row that the request moved from the model it was on to ``to`` and why
+    (``tags["model_fallback"]``: one entry per move, in order); ``model_served`` says who served."""
+    rec = scope.record
+    moves = list(rec.tags.get("model_fallback") or [])
+    moves.append({"from": scope.model or rec.model_requested, "to": to, "reason": reason, **evidence})
+    rec.tags = {**rec.tags, "model_fallback": moves}
+    rec.model_served = to
 
 
 def check_version(versions: VersionTable, model: ModelConfig, *, pinned: str | None, tenant: str | None,

@@ -51,8 +51,9 @@ SERVICES: ServiceTable = {
         result="waited", external=True, writes=("seconds",), params={"seconds": "how long the async layer waits"},
         doc="External: the gateway waits (never the engine)."),
     "routing/fallback": ServiceSpec(
-        result="fallback", fn=routing.fallback, reads=("evaluation",), writes=("ok", "model", "reason"),
-        doc="Switch to the next model of the model's fallback list."),
+        result="fallback", fn=routing.fallback, reads=("evaluation", "request", "routing", "outcome"),
+        writes=("ok", "model", "reason"),
+        doc="Switch to the next model of the model's fallback list whose context fits the request."),
     "audit/record": ServiceSpec(
         result="result", fn=audit.record, reads=("evaluation", "admission", "routing", "outcome", "tags"),
         writes=("status", "http_status", "retry_after_s", "error"),

@@ -13,7 +13,8 @@ __all__ = ["record"]
 
 
 def record(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Reads everything; writes ``result``. Copies ``tags`` (set by process scripts) into the record."""
+    """Reads everything; writes ``result``. Copies ``tags`` (set by process scripts) into the
+    record, beside the gateway's own."""
     result = final_result(scope, data)
     rec = scope.record
     rec.status = result["status"]
@@ -22,7 +23,7 @@ def record(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         rec.error_class = result["error"]["code"]
     tags = data.get("tags")
     if isinstance(tags, dict):
-        rec.tags = dict(tags)
+        rec.tags = {**rec.tags, **tags}   # the gateway's own (model_fallback) kept beside the process's
     if rec.model_served is None and (data.get("evaluation") or {}).get("ok"):
         rec.model_served = scope.model
     # Dispatch completes only after the last byte, so the record is whole here; the writer's

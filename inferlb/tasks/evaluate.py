@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferlb.config.settings import ModelConfig
-from inferlb.engine.outcomes import check_context, check_model, check_version
+from inferlb.engine.outcomes import check_context, check_model, check_version, context_fallback, note_fallback
 from inferlb.engine.scope import RequestScope
 
 __all__ = ["evaluate"]
@@ -29,17 +29,30 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     model = check_model(rt.fleet_cfg, rt.fleet.models, endpoint, req["model"], max_tokens)
     if not isinstance(model, ModelConfig):
         return model
-    prompt_est = rt.estimator.estimate(model.name, int(req.get("prompt_bytes") or 0), scope.prompt_text)
+    prompt_bytes = int(req.get("prompt_bytes") or 0)
+    prompt_est = rt.estimator.estimate(model.name, prompt_bytes, scope.prompt_text)
     output = 0 if endpoint in ("embeddings", "predict") else int(max_tokens or model.default_max_tokens)
     refused = check_context(model, endpoint, prompt_est, output)
+    models_tried = [model.name]
     if refused is not None:
-        return refused
-    version = check_version(rt.versions, model, pinned=req.get("model_version"), tenant=req.get("tenant"),
+        # Over the context window: the first fallback whose context fits serves it, else the 400.
+        fits = context_fallback(rt.fleet.models, model, endpoint, max_tokens,
+                                lambda name: rt.estimator.estimate(name, prompt_bytes, scope.prompt_text))
+        if fits is None:
+            return refused
+        scope.model = model.name
+        note_fallback(scope, fits[0].name, "context_window", prompt_tokens_est=prompt_est,
+                      context_tokens=model.max_context_tokens)
+        model, prompt_est = fits
+        output = int(max_tokens or model.default_max_tokens)
+        models_tried.append(model.name)
+    pinned = req.get("model_version") if len(models_tried) == 1 else None   # a pin names the model asked for
+    version = check_version(rt.versions, model, pinned=pinned, tenant=req.get("tenant"),
                             user=scope.user, request_id=str(req["id"]))
     if isinstance(version, dict):
         return version
     scope.version = version
-    scope.version_pinned = version is not None and req.get("model_version") is not None
+    scope.version_pinned = version is not None and pinned is not None
     timeout = rt.fleet_cfg.timeouts.total_s
     deadline_s = req.get("deadline_s")
     budget = min(float(deadline_s), timeout) if deadline_s else timeout
@@ -48,7 +61,7 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     # admission, TPM, routing and the node's load all count n × the per-choice output.
     scope.output_budget = output * int(req.get("n") or 1)
     scope.model = model.name
-    scope.models_tried = [model.name]
+    scope.models_tried = models_tried   # the first is the model asked for: routing/fallback reads its list
     rec = scope.record
     rec.prompt_tokens_est = prompt_est
     rec.model_version = version.name if version is not None else model.version

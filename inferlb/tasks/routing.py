@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from inferlb.engine.endpoints import serves
+from inferlb.engine.outcomes import fits_context, note_fallback
 from inferlb.engine.scope import RequestScope
 from inferlb.routing.types import NodeView, RouteRequest
 
@@ -94,22 +95,33 @@ def _not_serving(scope: RequestScope) -> frozenset[str]:
 
 
 def fallback(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """Reads the model config's ``fallbacks``; writes ``fallback``. Never past the attempt limit
-    or the deadline."""
+    """Reads the model config's ``fallbacks``, ``request``, ``routing`` and ``outcome``; writes
+    ``fallback``. Never past the attempt limit or the deadline; a fallback model whose context or
+    output limit does not fit the request is skipped. The move and its reason (no node could
+    serve, or the last attempt's error class) go to the audit row (``note_fallback``)."""
     rt = scope.rt
     if scope.attempts >= scope.max_attempts:
         return {"ok": False, "model": None, "reason": f"{scope.attempts} attempts made (max {scope.max_attempts})"}
     if rt.clock.monotonic() >= scope.deadline_at:
         return {"ok": False, "model": None, "reason": "deadline passed"}
     origin = rt.fleet.models[scope.models_tried[0]]
+    req = data.get("request") or {}
+    endpoint = scope.record.endpoint
+    routing = data.get("routing") or {}
+    outcome = data.get("outcome") or {}
+    why = "no_node" if not routing.get("ok", True) else f"failed: {outcome.get('error_class') or outcome.get('kind')}"
+    came_from = scope.model
     for name in origin.fallbacks:
         if name not in scope.models_tried:
             scope.models_tried.append(name)
+            prompt_est = rt.estimator.estimate(name, int(req.get("prompt_bytes") or 0), scope.prompt_text)
+            if not fits_context(rt.fleet.models[name], endpoint, prompt_est, req.get("max_tokens")):
+                continue
+            note_fallback(scope, name, why)
             scope.model = name
-            scope.record.model_served = name
             # The fallback model's own version, sticky for the same user; a pin named the first model.
             v = rt.versions.assign(name, scope.tenant, scope.user, scope.record.request_id)
             scope.version, scope.version_pinned = v, False
             scope.record.model_version = v.name if v is not None else rt.fleet.models[name].version
-            return {"ok": True, "model": name, "reason": f"falling back from {scope.models_tried[-2]}"}
+            return {"ok": True, "model": name, "reason": f"falling back from {came_from}"}
     return {"ok": False, "model": None, "reason": "no fallback model left"}

@@ -118,6 +118,18 @@ def test_retry_budget_after_a_thousand_failures() -> None:  # docs/reliability.m
     assert (1000 + granted) / 1000 <= 1.1            # B3 over the window
 
 
+def test_a_retry_that_answered_is_refunded_and_failed_ones_still_bound_b3() -> None:
+    b = RetryBudget(ratio=0.1, min_retries=3, window_s=10.0)
+    for i in range(100):
+        b.request("m", i * 0.01)
+    # A node flapping faster than ejection: every request's first attempt fails, its retry answers.
+    assert all(b.try_retry("m", 1.0) and b.refund("m", 1.0) for _ in range(200))
+    assert b.snapshot("m", 1.0)["retries"] == 0 and b.snapshot("m", 1.0)["refunded"] == 200
+    # The retries that fail are never refunded: the 10 % (here 10 of 100) holds as before.
+    assert sum(b.try_retry("m", 1.0) for _ in range(50)) == 10
+    assert not b.refund("m", 20.0)                   # nothing left in the window to take back
+
+
 def test_retry_budget_floor_and_window_ageing() -> None:
     b = RetryBudget(ratio=0.1, min_retries=3, window_s=10.0)
     b.request("m", 0.0)

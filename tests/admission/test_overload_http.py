@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from inferlb.config.admission import AdmissionSettings
 from inferlb.config.settings import fleet_from_mapping
@@ -72,13 +73,14 @@ async def test_burst_queues_critical_and_sheds_batch(tmp_path: Path) -> None:
         assert snap["admitted"] == 0 and snap["queued"] == 0 and snap["limit"] == 4
 
 
-async def test_total_outage_retry_amplification_stays_under_1_1(tmp_path: Path) -> None:  # C-08, B3
+@pytest.mark.parametrize("status", [503, 500])   # both retried by default: the budget bounds them alike
+async def test_total_outage_retry_amplification_stays_under_1_1(tmp_path: Path, status: int) -> None:  # C-08, B3
     specs = [NodeSpec(name=f"n{i}", models=["m"], base_ttft_s=0.001, tpot_s=0.0001, max_concurrency=64,
-                      faults=FaultSpec(status=503)) for i in range(3)]
+                      faults=FaultSpec(status=status)) for i in range(3)]
     # The budget is a 10 s sliding window; on a clock that stands still the whole run is one window,
     # so the ratio asserted below is the budget's own rule, however long a loaded machine takes.
     async with stack(tmp_path, specs, conc=64, clock=ManualClock()) as (sim, client, app):
-        await sim.stop_node("n2")                                # one refuses connections, two answer 503
+        await sim.stop_node("n2")                         # one refuses connections, two answer ``status``
         n = 400
         sem = asyncio.Semaphore(16)
 

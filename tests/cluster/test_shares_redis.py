@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 from inferlb.admission.keys import ApiKey
+from inferlb.cluster.admission import SharedRetryBudget
 from inferlb.cluster.service import ClusterService
 from tests.cluster.admission_support import _admit, _ctl, _end, _scope
 from tests.cluster.conftest import REDIS_URL, small_fleet
@@ -130,6 +131,23 @@ async def test_the_retry_budget_is_one_budget(make_replica: Any) -> None:
     assert total == 10
     snap = _ctl(a).budget.snapshot("m", _ctl(a).clock.monotonic())
     assert snap["cluster_retries_claimed"] == 10
+
+
+async def test_a_refunded_retry_goes_back_to_the_replicas_claim(make_replica: Any) -> None:
+    a = make_replica("a")
+    assert await a.sync_once() and await a.sync_once()
+    scope = _scope("x")
+    ctl = _ctl(a)
+    budget = ctl.budget
+    assert isinstance(budget, SharedRetryBudget)
+    granted = 0
+    while ctl.retry_allowed(scope, "standard")[0]:
+        granted += 1
+    assert granted > 0 and budget.shares.retry_of("m").spent == granted
+    # A retry that answered the client (admission/budget.py, refund): one more, and only one.
+    assert budget.refund("m", ctl.clock.monotonic())
+    assert budget.shares.retry_of("m").spent == granted - 1
+    assert ctl.retry_allowed(scope, "standard")[0] and not ctl.retry_allowed(scope, "standard")[0]
 
 
 async def test_redis_away_each_replica_keeps_its_share_then_rejoins(make_replica: Any,

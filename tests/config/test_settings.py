@@ -117,7 +117,7 @@ def test_url_keeps_a_base_path_and_drops_the_trailing_slash(tmp_path: Path) -> N
 def test_retry_on_status_default_and_override(tmp_path: Path) -> None:
     p = tmp_path / "f.yaml"
     p.write_text("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n")
-    assert load_fleet_file(p).retry.retry_on_status == {429, 502, 503, 504}
+    assert load_fleet_file(p).retry.retry_on_status == {429, 500, 502, 503, 504}
     p.write_text("models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n"
                  "retry: {retry_on_status: [500, 503]}\n")
     assert load_fleet_file(p).retry.retry_on_status == {500, 503}

@@ -207,7 +207,8 @@ async def test_c10_loading_node_gets_nothing_then_ramps_up(tmp_path: Path) -> No
         assert share[0] < share[2] < share[-1] + 0.05
 
 
-async def test_c11_flapping_node_ejection_grows_and_clients_do_not_fail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("status", [503, 500])   # both retried elsewhere by default (retry.retry_on_status)
+async def test_c11_flapping_node_ejection_grows_and_clients_do_not_fail(tmp_path: Path, status: int) -> None:
     # Envoy's 10 s interval and 30 s base ejection scaled by 1/50; a node that comes back from each
     # ejection and fails again before a whole healthy interval has passed (the clock does not move
     # while it is healthy), so nothing sheds a step of the multiplier.
@@ -220,7 +221,7 @@ async def test_c11_flapping_node_ejection_grows_and_clients_do_not_fail(tmp_path
         assert {s for s, _ in warm} == {200}
         statuses: list[int] = []
         for _ in range(4):
-            await sim.nodes["n0"].set_faults(FaultSpec(status=503))
+            await sim.nodes["n0"].set_faults(FaultSpec(status=status))
             statuses += [s for s, _ in await closed_loop(client, workers=3, requests=3)]
             while fleet.nodes["n0"].state != "ejected" and len(statuses) < 400:
                 statuses.append((await client.post("/v1/chat/completions", json=CHAT)).status_code)
@@ -234,7 +235,7 @@ async def test_c11_flapping_node_ejection_grows_and_clients_do_not_fail(tmp_path
         failed = sum(1 for s in statuses if s != 200)
         evs = [e for e in await node_events(app, "n0") if e["to"] == "ejected"]
         got = [(e["evidence"]["ejections_in_a_row"], e["evidence"]["ejection_s"]) for e in evs]
-        print("C-11 (in a row, ejection s)", got, "requests", len(statuses), "client failures", failed,
+        print(f"C-11 ({status}) (in a row, ejection s)", got, "requests", len(statuses), "client failures", failed,
               dict(app.state.admission.counters))
         assert failed / len(statuses) <= 0.01                       # B1's share of failed client requests
         assert got == [(1, 0.6), (2, 1.2), (3, 1.8), (4, 2.4)]      # base × ejections in a row

@@ -81,8 +81,17 @@ async def test_all_nodes_503_makes_exactly_three_attempts(tmp_path: Path) -> Non
         assert all(node.stats.requests_total == 1 for node in sim.nodes.values())  # never the same node twice
 
 
-async def test_500_is_not_retried(tmp_path: Path) -> None:
-    async with stack(tmp_path, faults=FaultSpec(status=500)) as (sim, client, app):
+async def test_500_is_retried_elsewhere_and_501_is_not(tmp_path: Path) -> None:
+    for sub in ("500", "501"):
+        (tmp_path / sub).mkdir()
+    async with stack(tmp_path / "500", faults=FaultSpec(status=500)) as (sim, client, app):
+        await sim.nodes["n2"].set_faults(FaultSpec())
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200   # the 500s came before the first byte; n2 served
+        rec = await audit_of(client, app, r.headers["x-request-id"])
+        assert [a["http_status"] for a in rec["attempts"]][:-1] and rec["node"] == "n2"
+        assert all(a["http_status"] == 500 and a["outcome"] == "retryable" for a in rec["attempts"][:-1])
+    async with stack(tmp_path / "501", faults=FaultSpec(status=501)) as (sim, client, app):
         r = await client.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 502
         assert sum(node.stats.requests_total for node in sim.nodes.values()) == 1

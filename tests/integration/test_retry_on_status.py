@@ -32,8 +32,10 @@ async def _attempts(tmp: Path, status: int, retry: dict[str, Any] | None) -> tup
 
 
 @pytest.mark.parametrize(("status", "retry", "hits"), [
-    (500, None, 1),                                   # default: a 500 is not worth another node
-    (500, {"retry_on_status": [500, 503]}, 3),         # listed: three attempts on three nodes
+    (500, None, 3),                                   # default: a node's internal error is tried elsewhere
+    (501, None, 1),                                   # default: 501 is not worth another node
+    (501, {"retry_on_status": [501, 503]}, 3),         # listed: three attempts on three nodes
+    (500, {"retry_on_status": [429]}, 1),              # not listed any more: one attempt
     (503, None, 3),                                   # default: 503 is retried
     (503, {"retry_on_status": [429]}, 1),              # not listed any more: one attempt
 ])
@@ -45,6 +47,7 @@ async def test_retry_on_status_decides(tmp_path: Path, status: int, retry: dict[
 
 
 def test_status_error_retryable_under_the_setting() -> None:
-    err = UpstreamStatusError(500)
-    assert not err.retryable and err.retryable_under({500})
+    err = UpstreamStatusError(501)
+    assert not err.retryable and err.retryable_under({501})
+    assert UpstreamStatusError(500).retryable
     assert UpstreamStatusError(503).retryable and not UpstreamStatusError(503).retryable_under({429})
