@@ -21,7 +21,8 @@ With an ``admin`` address the server also listens there once the public listener
 lifespan start-up, so no request finds the app half-built); its connections run the application
 marked as the admin listener's (:func:`~inferlb.server.listeners.as_admin`). One server, so one
 lifespan, one drain and one set of signal handlers serve both. An admin port that cannot be bound
-is a start-up failure like the public one (the listener closed, the lifespan shut down, exit 1).
+is a start-up failure (the public listener closed, the lifespan shut down, ``started`` false:
+``serve_gateway`` exits 1).
 
 A SIGTERM ends the process with status 0: uvicorn re-raises the signal it handled after a graceful
 shutdown, which would end the process with status 143 instead. A second Ctrl-C skips the drain.
@@ -35,13 +36,11 @@ import inspect
 import logging
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Generator
 from types import FrameType
 from typing import Any
 
 import uvicorn
-from uvicorn.server import STARTUP_FAILURE  # type: ignore[attr-defined]
 
 from inferlb.server.listeners import as_admin
 from inferlb.wakeup import Wakeup
@@ -86,11 +85,14 @@ class GatewayServer(uvicorn.Server):
                                                                     backlog=config.backlog)
         except OSError as exc:
             log.error("admin listener %s:%d: %s", host, port, exc)
+            # Never started: serve() returns without a shutdown of its own (``started`` is false),
+            # and ``serve_gateway`` exits 1 as for a public port taken.
             self.started = False
+            self.should_exit = True
             for s in self.servers:
                 s.close()
             await self.lifespan.shutdown()
-            sys.exit(STARTUP_FAILURE)
+            return
         self.servers.append(server)
         log.info("admin listener on http://%s:%d", host, server.sockets[0].getsockname()[1] if server.sockets else port)
 
