@@ -32,6 +32,10 @@ from typing import Any
 import httpx
 import yaml
 
+# The admin plane wants a key on the public listener (docs/security.md, "The admin plane"); this one
+# lives as long as the benchmark's own gateway.
+ADMIN_KEY = "bench-admin-" + "k" * 32
+
 __all__ = ["main", "run"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +84,7 @@ async def _phase(http: httpx.AsyncClient, workers: int, seconds: float, reloads:
         await asyncio.sleep(max(0.0, t0 + (i + 0.5) * seconds / reloads - time.perf_counter()))
         swap(i)
         s = time.perf_counter()
-        r = await http.post("/admin/reload")
+        r = await http.post("/admin/reload", headers={"authorization": f"Bearer {ADMIN_KEY}"})
         reload_ms.append((time.perf_counter() - s) * 1000.0)
         if r.status_code == 200:
             server_ms.append(float(r.json()["took_ms"]))
@@ -106,6 +110,7 @@ async def _phase(http: httpx.AsyncClient, workers: int, seconds: float, reloads:
 async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> dict[str, Any]:
     from inferlb.app import create_app
     from inferlb.bench.loadgen.procs import free_port
+    from inferlb.config.admission import AdmissionSettings
     from inferlb.config.settings import Settings
     from inferlb.server import build_server
     from inferlb.simulator.emulator import SimFleet
@@ -128,7 +133,8 @@ async def run(*, reloads: int = 20, workers: int = 8, phase_s: float = 10.0) -> 
             (tmp / "fleet.yaml").write_text(yaml.safe_dump(fleet))
             port = free_port()
             settings = Settings(config=tmp / "fleet.yaml", processes_dir=pdir, port=port, log_level="warning",
-                                database_url=f"sqlite:///{tmp / 'audit.db'}", journal_dir=tmp / "journal")
+                                database_url=f"sqlite:///{tmp / 'audit.db'}", journal_dir=tmp / "journal",
+                                admission=AdmissionSettings(admin_key=ADMIN_KEY, redis_url=None))
             server = build_server(create_app(settings), settings)
             task = asyncio.create_task(server.serve())
             try:

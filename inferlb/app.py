@@ -43,7 +43,7 @@ from inferlb.api import keys as keys_api
 from inferlb.api import metrics as metrics_api
 from inferlb.api import rollouts as rollouts_api
 from inferlb.api import schema as openapi_schema
-from inferlb.api.auth import require_admin_when_auth
+from inferlb.api.auth import require_admin
 from inferlb.cluster.admission import SharedAdmission
 from inferlb.cluster.election import Leadership, LocalLeader
 from inferlb.cluster.service import ClusterCollector, ClusterService, config_hash
@@ -312,16 +312,19 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             await events.close()
             engine.dispose()
 
-    app = FastAPI(title="inferlb", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # /docs and /openapi.json are openapi_schema.router's (guarded: api/auth.py require_docs_reader)
+    app = FastAPI(title="inferlb", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     # tenant keys when auth is on; then JSON bodies only, and no new requests while draining
     app.include_router(openai.router, dependencies=[Depends(edge.openai_guard)])
     app.include_router(health.router)
-    for r in (audit.router, admin.router, nodes.router, rollouts_api.router):
-        app.include_router(r, dependencies=[Depends(require_admin_when_auth)])   # the admin key when auth is on
+    # the admin plane: the admin key when one is set, else the admin listener only (api/auth.py)
+    for r in (audit.router, admin.router, nodes.router, rollouts_api.router, capacity_api.router):
+        app.include_router(r, dependencies=[Depends(require_admin)])
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)
     app.include_router(dashboard_api.router)
-    app.include_router(capacity_api.router, dependencies=[Depends(require_admin_when_auth)])
+    app.include_router(openapi_schema.router)
     edge.install(app, settings.cors_allow_origins)    # HEAD, clients gone mid-body, CORS
     openapi_schema.install(app, settings.max_n)   # bodies of the OpenAI routes; errors as the 400 envelope, never 422
 

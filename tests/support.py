@@ -1,7 +1,9 @@
 """Shared test support: fast simulated fleets and a real gateway on a loopback port.
 
 ``running_gateway(settings)`` serves ``create_app(settings)`` with uvicorn on a free 127.0.0.1
-port inside the test's event loop (real sockets, real HTTP) and shuts it down cleanly.
+port inside the test's event loop (real sockets, real HTTP) and shuts it down cleanly. Its one
+listener is the admin listener (``inferlb.server.listeners.as_admin``: every route, the admin ones
+without a key while no admin key is set); ``public=True`` serves it as the public listener instead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import uvicorn
 
 from inferlb.app import create_app
 from inferlb.config.settings import FleetConfig, Settings, fleet_from_mapping
+from inferlb.server.listeners import as_admin
 from inferlb.simulator.spec import NodeSpec
 from inferlb.types import Clock
 
@@ -60,14 +63,15 @@ def settings_for(tmp: Path, fleet: FleetConfig, **over: Any) -> Settings:
 async def running_gateway(settings: Settings, *, clock: Clock | None = None,
                           node_launcher: Any = None,
                           leader: Callable[[], bool] | None = None,
-                          port: int | None = None) -> AsyncIterator[tuple[str, Any]]:
+                          port: int | None = None, public: bool = False) -> AsyncIterator[tuple[str, Any]]:
     """Yields (base URL, app); ``clock`` is injected into the app (default: the system clock);
     ``node_launcher``: the local autoscale actuator's (create_app's); ``leader``: create_app's
-    (default: the election, a lone replica always leads); ``port``: the one to listen on (default: a free one)."""
+    (default: the election, a lone replica always leads); ``port``: the one to listen on (default: a
+    free one); ``public``: serve as the public listener (default: the admin listener, module docstring)."""
     app = create_app(settings, clock=clock, node_launcher=node_launcher, leader=leader)
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                            lifespan="on")
+    config = uvicorn.Config(app if public else as_admin(app), host="127.0.0.1", port=port, log_level="warning",
+                            access_log=False, lifespan="on")
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

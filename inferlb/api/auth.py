@@ -13,11 +13,15 @@ Contract:
   Nothing of a 401 is audited: an unauthenticated caller must not be able to fill the audit trail.
   While the key cache is expired (the database away past ``admission.keys_max_stale_s``) the
   answer is 503 ``keys_unavailable`` instead.
-* :func:`require_admin` guards the admin API: the admin key (``INFERLB_ADMIN_KEY``, compared in
-  constant time) passes; a valid tenant key gets 403; anything else 401; with no admin key
-  configured every call gets 403. :func:`require_admin_when_auth` applies it only while tenant
-  auth is on (the other admin and audit routes stay open in the auth-off demo); the dashboard's
-  data route (``/dashboard/node-states``) is guarded by it too.
+* :func:`require_admin` guards the admin plane (every ``/admin``, ``/audit``, ``/reports`` route and
+  the dashboard's data routes), whatever ``INFERLB_AUTH`` says. With an admin key configured
+  (``INFERLB_ADMIN_KEY``) it is required on both listeners: the key (compared in constant time)
+  passes, a valid tenant key gets 403, anything else 401 (limited per address like every failure).
+  With none configured the admin listener (:mod:`inferlb.server.listeners`, loopback only) serves
+  the routes to anyone who reaches it, and the public listener answers them 404 exactly as it
+  answers an unknown path, so the admin plane cannot be told from nothing there.
+* :func:`require_docs_reader` guards ``/docs`` and ``/openapi.json``: open while tenant auth is
+  off or ``INFERLB_PUBLIC_DOCS`` is set; otherwise :func:`require_admin`'s rule.
 * :func:`require_metrics_reader` guards ``/metrics`` (its labels name tenants): open while auth
   is off and no metrics token is set; otherwise the admin key or the metrics token
   (``INFERLB_METRICS_TOKEN``, for a Prometheus scrape job that should not hold the admin key)
@@ -35,9 +39,10 @@ from inferlb.admission.auth import Identity, bearer_token, identify, matches, re
 from inferlb.admission.controller import AdmissionController
 from inferlb.admission.keys import ApiKey
 from inferlb.api.deps import AdmissionDep, SettingsDep
-from inferlb.errors import Forbidden, Unauthorized, Unavailable
+from inferlb.errors import Forbidden, NotFound, Unauthorized, Unavailable
+from inferlb.server.listeners import ADMIN, listener_of
 
-__all__ = ["authenticate", "identity", "require_admin", "require_admin_when_auth", "require_metrics_reader"]
+__all__ = ["authenticate", "identity", "require_admin", "require_docs_reader", "require_metrics_reader"]
 
 
 def _refuse(request: Request, ctl: AdmissionController, message: str | None = None) -> Unauthorized:
@@ -63,11 +68,14 @@ async def authenticate(request: Request, ctl: AdmissionDep) -> None:
 
 
 async def require_admin(request: Request, ctl: AdmissionDep) -> None:
-    """Dependency of the admin API; see the module docstring."""
+    """Dependency of the admin plane; see the module docstring."""
     admin = ctl.env.admin_key
-    token = bearer_token(request.headers.get("authorization"))
     if admin is None:
-        raise Forbidden("The admin API is disabled: set INFERLB_ADMIN_KEY", code="admin_disabled")
+        if listener_of(request.scope) == ADMIN:
+            return
+        # The same 404 as an unknown path (app.py's handler of starlette's HTTPException).
+        raise NotFound("Not Found")
+    token = bearer_token(request.headers.get("authorization"))
     if token is not None and matches(token, admin):
         return
     if token is not None and ctl.keys.lookup(token, ctl.clock.time()) is not None:
@@ -75,9 +83,9 @@ async def require_admin(request: Request, ctl: AdmissionDep) -> None:
     raise _refuse(request, ctl, "An admin key is required: 'Authorization: Bearer <INFERLB_ADMIN_KEY>'")
 
 
-async def require_admin_when_auth(request: Request, ctl: AdmissionDep) -> None:
-    """:func:`require_admin`, but only while tenant authentication is on."""
-    if ctl.auth_on:
+async def require_docs_reader(request: Request, ctl: AdmissionDep, settings: SettingsDep) -> None:
+    """Dependency of ``/docs`` and ``/openapi.json``; see the module docstring."""
+    if ctl.auth_on and not settings.public_docs:
         await require_admin(request, ctl)
 
 

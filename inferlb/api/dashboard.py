@@ -18,8 +18,8 @@ then the last ``limit`` ended ones, default 10, at most 100, each with its last 
 the panel shows what this gateway knows).
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
-needs the admin key while auth is on (``/reports/*``, ``/dashboard/node-states``,
-``/dashboard/autoscale``, ``/dashboard/versions``). On a 401/403
+follows the admin rule (``api/auth.py``, :func:`~inferlb.api.auth.require_admin`: ``/reports/*``,
+``/dashboard/node-states``, ``/dashboard/autoscale``, ``/dashboard/versions``). On a 401/403
 the page asks for the key once, keeps it in the tab's ``sessionStorage`` (never a cookie, so other
 sites cannot make the browser send it) and sends it as ``Authorization: Bearer`` on its fetches.
 """
@@ -34,7 +34,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
-from inferlb.api.auth import require_admin_when_auth
+from inferlb.api.auth import require_admin
 from inferlb.api.deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
 from inferlb.autoscale.panel import AUTOSCALE_OFF, autoscale_panel
 from inferlb.autoscale.store import recent_scaling_events
@@ -89,7 +89,7 @@ async def asset(name: str) -> Response:
                     headers={"x-content-type-options": "nosniff", "cache-control": "public, max-age=300"})
 
 
-@router.get("/dashboard/node-states", dependencies=[Depends(require_admin_when_auth)])
+@router.get("/dashboard/node-states", dependencies=[Depends(require_admin)])
 async def node_states(obs: ObservabilityDep) -> dict[str, Any]:
     """Node states sampled by this gateway since it started (oldest first)."""
     if obs is None:
@@ -110,7 +110,7 @@ def _bounded(name: str, value: str | None, *, default: int, maximum: int) -> int
     return n
 
 
-@router.get("/dashboard/autoscale", dependencies=[Depends(require_admin_when_auth)])
+@router.get("/dashboard/autoscale", dependencies=[Depends(require_admin)])
 async def autoscale(runner: AutoscalerDep, store: OptionalStoreDep, events: str | None = None) -> dict[str, Any]:
     """The autoscaling panel's series and last scaling events (or that autoscaling is off)."""
     limit = _bounded("events", events, default=20, maximum=MAX_EVENTS)
@@ -125,7 +125,7 @@ def _stored_rollouts(engine: Any, limit: int) -> tuple[list[dict[str, Any]], dic
     return rows, last_rollout_events(engine, [str(r["id"]) for r in rows])
 
 
-@router.get("/dashboard/versions", dependencies=[Depends(require_admin_when_auth)])
+@router.get("/dashboard/versions", dependencies=[Depends(require_admin)])
 async def versions(manager: RolloutsDep, store: OptionalStoreDep, limit: str | None = None) -> dict[str, Any]:
     """Each versioned model's weights in force, and the running then recently ended rollouts."""
     n = _bounded("limit", limit, default=10, maximum=MAX_ROLLOUTS)

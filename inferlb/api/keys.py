@@ -1,9 +1,9 @@
 """Admin API for tenant keys and the admission state: ``POST/GET /admin/keys``,
 ``GET /admin/keys/{id}``, ``DELETE /admin/keys/{id}`` (revoke), ``GET /admin/admission``.
 
-Contract: every route requires the admin key (``Authorization: Bearer <INFERLB_ADMIN_KEY>``,
-see :func:`~inferlb.api.auth.require_admin`): a tenant key gets 403, no or a wrong
-key 401, and with no admin key configured the routes answer 403. A created key is returned once,
+Contract: every route follows the admin rule (:func:`~inferlb.api.auth.require_admin`): with an
+admin key configured it takes ``Authorization: Bearer <INFERLB_ADMIN_KEY>`` (a tenant key gets 403,
+no or a wrong key 401); with none, only the loopback admin listener serves it. A created key is returned once,
 in ``key``; afterwards only its ``hint`` is ever shown. Changes reach this gateway's key cache at
 once and other replicas within ``admission.keys_refresh_s``. Database calls run in a worker
 thread; database errors are 503 in the OpenAI envelope.

@@ -1,5 +1,5 @@
-"""Admin routes that change the running gateway (guarded like every ``/admin`` route: the admin key
-while tenant auth is on). Thin: the work is :class:`~inferlb.live.manager.LiveConfig`'s.
+"""Admin routes that change the running gateway (guarded like every ``/admin`` route:
+:func:`~inferlb.api.auth.require_admin`). Thin: the work is :class:`~inferlb.live.manager.LiveConfig`'s.
 
 * ``POST /admin/reload``: re-read the fleet file and the processes; 200 with the new versions, or
   400 (``invalid_config`` / ``invalid_process``: the message names the file, the key path or
@@ -14,8 +14,8 @@ while tenant auth is on). Thin: the work is :class:`~inferlb.live.manager.LiveCo
   node as ``/admin/fleet`` shows it.
 
 Every change is a node event (``node_events``) whose evidence carries ``key_id``: the admin key's
-id (``admin:`` + the first 12 hex digits of its SHA-256; null while auth is off and no admin key
-was sent).
+id (``admin:`` + the first 12 hex digits of its SHA-256; null when no admin key is configured and
+the change came through the admin listener).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 * ``POST /admin/rollouts/{id}/abort``: stop a running rollout (the weights from before it come
   back); 404 unknown id, 409 not running.
 
-Guarded like the other admin routes (``app.py``: the admin key while auth is on). Errors use the
+Guarded like the other admin routes (``app.py``: :func:`~inferlb.api.auth.require_admin`). Errors use the
 OpenAI envelope. Database reads run in a worker thread; when the database is away the live state
 still answers.
 """

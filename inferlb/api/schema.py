@@ -14,6 +14,11 @@ document, once, with one where
   ``{"error": {"message", "type", "param", "code"}}`` (:class:`ErrorResponse`): 400 for any
   invalid input (FastAPI's 422 never reaches a client: ``create_app`` maps it to 400), and on the
   OpenAI routes also the statuses the gateway answers there (401, 404, 413, 429, 502-504).
+
+:data:`router` serves the document (``GET /openapi.json``) and Swagger UI (``GET /docs``, no OAuth2
+redirect page), both guarded by :func:`~inferlb.api.auth.require_docs_reader`: open while auth is
+off or ``INFERLB_PUBLIC_DOCS`` is set, else the admin rule. FastAPI's own two routes cannot take a
+dependency, so ``create_app`` turns them off.
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
+from starlette.responses import HTMLResponse, JSONResponse
 
+from inferlb.api.auth import require_docs_reader
 from inferlb.api.validation import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N
 from inferlb.api.validation_fields import INT32_MAX, MODEL_MAX_CHARS, STOP_MAX_ITEMS, TOOLS_MAX
 
-__all__ = ["REQUEST_BODIES", "ErrorBody", "ErrorResponse", "build", "install"]
+__all__ = ["REQUEST_BODIES", "ErrorBody", "ErrorResponse", "build", "install", "router"]
 
 
 class ErrorBody(BaseModel):
@@ -223,3 +231,20 @@ def install(app: FastAPI, max_n: int = DEFAULT_MAX_N) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+router = APIRouter(dependencies=[Depends(require_docs_reader)])
+
+
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi_json(request: Request) -> JSONResponse:
+    """The document :func:`install` made."""
+    app: FastAPI = request.app
+    return JSONResponse(app.openapi())
+
+
+@router.get("/docs", include_in_schema=False)
+async def swagger_ui(request: Request) -> HTMLResponse:
+    """Swagger UI over ``/openapi.json``."""
+    app: FastAPI = request.app
+    return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI")

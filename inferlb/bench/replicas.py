@@ -162,8 +162,10 @@ async def _redis_lease(url: str, n: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- part 2
 
-def _admin(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + "/admin/fleet", timeout=5) as r:
+def _admin(url: str, key: str) -> dict[str, Any]:
+    """``GET /admin/fleet`` on a replica's public listener, with the admin key it was started with."""
+    req = urllib.request.Request(url + "/admin/fleet", headers={"authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
         body: dict[str, Any] = json.loads(r.read())
     return body
 
@@ -172,6 +174,8 @@ class _Run:
     def __init__(self, cfg: ReplicaBenchConfig, wd: Path) -> None:
         self.cfg, self.dir = cfg, wd
         self.children: list[Child] = []
+        # the replicas' admin key (no admin listener: INFERLB_ADMIN_PORT=0, so consecutive free ports never collide)
+        self.admin_key = secrets.token_urlsafe(32)
         self.node_urls: list[str] = []
         self.model = "fake-chat"
         self.nodes = ""
@@ -214,7 +218,8 @@ class _Run:
             (d / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
             port = free_port()
             env = _child_env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port), INFERLB_LOG_LEVEL="WARNING",
-                             INFERLB_DATABASE_URL=f"sqlite:///{d / 'audit.db'}", INFERLB_JOURNAL_DIR=str(d / "journal"))
+                             INFERLB_DATABASE_URL=f"sqlite:///{d / 'audit.db'}", INFERLB_JOURNAL_DIR=str(d / "journal"),
+                             INFERLB_ADMIN_PORT="0", INFERLB_ADMIN_KEY=self.admin_key)
             if redis_prefix is not None:
                 env.update(INFERLB_REDIS_URL=self.cfg.redis_url, INFERLB_REDIS_PREFIX=redis_prefix,
                            INFERLB_CLUSTER_REPLICA_ID=f"{label}-{i}")
@@ -255,9 +260,8 @@ class _Run:
                 "redis_syncs_per_req": round(syncs / done, 4) if clustered else None,
                 "system_busy": round(res["system_busy_frac"] or 0, 3)}
 
-    @staticmethod
-    def _syncs(urls: list[str]) -> int:
-        return sum(int((_admin(u).get("cluster") or {}).get("syncs") or 0) for u in urls)
+    def _syncs(self, urls: list[str]) -> int:
+        return sum(int((_admin(u, self.admin_key).get("cluster") or {}).get("syncs") or 0) for u in urls)
 
 
 async def _drop_prefix(url: str, prefix: str) -> None:

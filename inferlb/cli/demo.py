@@ -6,7 +6,9 @@
 
 The simulated nodes (inferlb/simulator) run in the same process; the audit database is a SQLite
 file in the working directory unless INFERLB_DATABASE_URL or ``--database-url`` says otherwise.
-Once the gateway listens, the banner (:func:`demo_banner`) says how to use it. ``--autoscale``
+Once the gateway listens, the banner (:func:`demo_banner`) says how to use it: the admin routes
+(audit, reports, dashboard data, rollouts) are on the admin listener, the gateway's port + 1 on
+127.0.0.1, without a key unless INFERLB_ADMIN_KEY is set. ``--autoscale``
 adds the local autoscaler, which starts emulated nodes that join the fleet
 (inferlb/cli/autoscale.py). Ctrl-C is a normal stop (exit 0).
 """
@@ -69,6 +71,7 @@ def demo_fleet(urls: dict[str, str]) -> FleetConfig:
 
 _BANNER = """
 inferlb demo is ready: gateway http://{host}:{port}  (simulated nodes: {nodes})
+{admin_line}
 audit database: {db}   engine: INFERLB_ENGINE={engine}
 
   curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' \\
@@ -82,24 +85,39 @@ audit database: {db}   engine: INFERLB_ENGINE={engine}
       print(chunk.choices[0].delta.content or "", end="", flush=True)
   PY
 
-  curl -s 'http://{host}:{port}/reports/sla?group_by=node'     # SLA report from the audit trail
-  curl -s 'http://{host}:{port}/audit/requests?limit=5'         # the audit trail
-  open http://{host}:{port}/dashboard                             # latency, SLO, cost and node-state charts
+  curl -s{h} '{admin}/reports/sla?group_by=node'     # SLA report from the audit trail
+  curl -s{h} '{admin}/audit/requests?limit=5'         # the audit trail
+  open {admin}/dashboard                             # latency, SLO, cost and node-state charts
   curl -s http://{host}:{port}/metrics                              # Prometheus metrics
-  inferlb rollout start --url http://{host}:{port} --model demo-llm --from v1 --to v2   # a canary of v2
+  inferlb rollout start --url {admin} --model demo-llm --from v1 --to v2   # a canary of v2
 
 {auth} Ctrl-C stops it.
 """
 _AUTH_ON = ("Authentication is ON: the OpenAI routes want a tenant key (inferlb keys create), the others\n"
             "the admin key (INFERLB_ADMIN_KEY), sent as 'Authorization: Bearer <key>'.")
-_AUTH_OFF = "Authentication is OFF: every route above answers anyone (INFERLB_AUTH=on turns it on)."
+_AUTH_OFF = "Authentication is OFF: the OpenAI routes above answer anyone (INFERLB_AUTH=on turns it on)."
+_KEY = " -H \"authorization: Bearer $INFERLB_ADMIN_KEY\""
 
 
 def demo_banner(settings: Settings, nodes: list[str]) -> str:
-    """The demo's start-up text; its last line says whether tenant auth is on (env or fleet file)."""
+    """The demo's start-up text: the gateway, where the admin routes are (the admin listener, keyless
+    on loopback while no INFERLB_ADMIN_KEY is set: server/listeners.py) and whether tenant auth is on
+    (env or fleet file), on its last line."""
+    from inferlb.server.listeners import admin_address
+
     auth = settings.admission.auth or (settings.fleet is not None and settings.fleet.admission.auth)
+    address = admin_address(settings)
+    keyed = settings.admission.admin_key is not None
+    admin = f"http://{address[0]}:{address[1]}" if address else f"http://{settings.host}:{settings.port}"
+    if address is None and not keyed:
+        admin_line = "admin routes: off (INFERLB_ADMIN_PORT=0 and no INFERLB_ADMIN_KEY)"
+    elif keyed:
+        admin_line = f"admin routes: {admin} (with INFERLB_ADMIN_KEY; also on the gateway's port)"
+    else:
+        admin_line = f"admin routes: {admin} (loopback only, no key; the gateway's port answers them 404)"
     return _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(nodes), db=settings.database_url,
-                          engine=settings.engine, auth=_AUTH_ON if auth else _AUTH_OFF)
+                          engine=settings.engine, auth=_AUTH_ON if auth else _AUTH_OFF, admin=admin,
+                          admin_line=admin_line, h=_KEY if keyed else "")
 
 
 async def _demo(args: argparse.Namespace) -> None:

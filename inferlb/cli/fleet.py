@@ -12,9 +12,10 @@
     inferlb fleet remove NAME [--force]               DELETE /admin/nodes/NAME
     inferlb fleet reload                              POST /admin/reload (fleet file + processes)
 
-Every form takes ``--url`` (the gateway, default http://127.0.0.1:8080) and ``--api-key`` (the admin
-key, also read from ``INFERLB_ADMIN_KEY``). A change prints one line and exits 0; a refusal prints
-the gateway's error message (which names what is wrong) and exits 1; an unreachable gateway exits 2.
+Every form takes ``--url`` (the gateway's admin listener, default http://127.0.0.1:8081) and
+``--api-key`` (the admin key, also read from ``INFERLB_ADMIN_KEY``). A change prints one line and
+exits 0; a refusal prints the gateway's error message (which names what is wrong) and exits 1; an
+unreachable gateway exits 2.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def register(sub: Any) -> None:
     fl = sub.add_parser("fleet", help="see (GET /admin/fleet) and change the fleet of a running gateway")
     fl.add_argument("action", nargs="?", default="show", choices=_ACTIONS, help="default: show")
     fl.add_argument("name", nargs="?", help="the node (add, drain, undrain, set, remove)")
-    fl.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
+    fl.add_argument("--url", default="http://127.0.0.1:8081", help="the admin listener (or the public URL + admin key)")
     fl.add_argument("--api-key", dest="api_key", help="the admin key (default: $INFERLB_ADMIN_KEY)")
     fl.add_argument("--json", action="store_true", help="print the JSON instead of a table / a line")
     fl.add_argument("--node-url", dest="node_url", help="add: the node's base URL")

@@ -8,8 +8,8 @@
     inferlb rollout status [ID] [--model M] [--json]
     inferlb rollout abort ID
 
-Every subcommand takes ``--url`` (default http://127.0.0.1:8080) and ``--api-key`` (the admin key,
-when authentication is on; else ``INFERLB_ADMIN_KEY``). A refusal prints the gateway's error
+Every subcommand takes ``--url`` (default http://127.0.0.1:8081, the admin listener) and
+``--api-key`` (the admin key when one is set; default ``INFERLB_ADMIN_KEY``). A refusal prints the gateway's error
 message on one line and exits 1; an unreachable gateway exits 2.
 """
 
@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
     actions = ro.add_subparsers(dest="action", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
+        sp.add_argument("--url", default="http://127.0.0.1:8081",
+                        help="the admin listener (or the public URL + admin key)")
         sp.add_argument("--api-key", dest="api_key", help="the admin key (default: INFERLB_ADMIN_KEY)")
 
     st = actions.add_parser("start", help="start moving a model's traffic from one version to another")

@@ -7,13 +7,16 @@
 Contract: every start-up file is checked before a port is bound (a bad file is one line on stderr,
 exit 2, not a traceback from inside the lifespan); SIGTERM drains; SIGHUP, and with ``--watch``
 edits to the fleet file or the processes, reload (inferlb/live/manager.py). Ctrl-C is a normal
-stop (exit 0).
+stop (exit 0). The admin listener (``INFERLB_ADMIN_HOST``/``INFERLB_ADMIN_PORT``,
+inferlb/server/listeners.py) listens beside the public one, and one log line at start-up says where
+the admin routes are served and with which key.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from inferlb.config.settings import Settings
 
 __all__ = ["preflight", "register", "run_loop", "serve_gateway"]
+
+log = logging.getLogger("inferlb")
 
 
 def register(sub: Any) -> None:
@@ -72,12 +77,15 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
     from inferlb.live.triggers import run_triggers
     from inferlb.server import build_server
     from inferlb.server.gc_tuning import tune_gc
+    from inferlb.server.listeners import admin_address, describe_admin
 
     # Fail before binding a port: a bad file names the file and key path or element, no traceback.
     settings = preflight(settings)
+    admin = admin_address(settings)
     app = create_app(settings, node_launcher=node_launcher)
-    # httptools with header/body timeouts and header limits; SIGTERM drains (server).
-    server = build_server(app, settings)
+    # httptools with header/body timeouts and header limits; SIGTERM drains; the admin listener (server).
+    server = build_server(app, settings, admin=admin)
+    log.info("%s", describe_admin(settings, admin))
 
     async def _started() -> None:
         while not server.started and not server.should_exit:

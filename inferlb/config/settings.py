@@ -446,6 +446,10 @@ class Settings(BaseSettings):
     http_max_header_bytes: int = Field(16 * 1024, ge=1024)   # request line + headers, else 431
     http_max_headers: int = Field(100, ge=1)            # header count, else 431
     drain_timeout_s: float = Field(25.0, ge=0)          # SIGTERM: in-flight requests finish within this
+    # The admin listener (server/listeners.py): unset port = the public port + 1; 0 = no admin listener.
+    admin_host: str = "127.0.0.1"                       # INFERLB_ADMIN_HOST
+    admin_port: int | None = Field(None, ge=0, le=65535)   # INFERLB_ADMIN_PORT
+    public_docs: bool = False   # INFERLB_PUBLIC_DOCS: /docs and /openapi.json open while auth is on (api/auth.py)
     # Browser origins allowed by CORS (comma-separated in INFERLB_CORS_ALLOW_ORIGINS); none by default.
     cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 

@@ -2,7 +2,7 @@
 
 :func:`build_server` is the one place the server is configured; ``inferlb serve``/``demo`` and the
 tests that need the real edge use it. ``protocol.py`` bounds slow and oversized request heads and
-bodies; ``lifecycle.py`` drains on SIGTERM.
+bodies; ``lifecycle.py`` drains on SIGTERM; ``listeners.py`` tells the admin listener from the public one.
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ async def _stop_streams(app: FastAPI) -> None:
         await result
 
 
-def build_server(app: FastAPI, settings: Settings, **overrides: Any) -> GatewayServer:
-    """A :class:`GatewayServer` for ``app`` on ``settings.host:port``; ``overrides`` go to uvicorn.Config."""
+def build_server(app: FastAPI, settings: Settings, *, admin: tuple[str, int] | None = None,
+                 **overrides: Any) -> GatewayServer:
+    """A :class:`GatewayServer` for ``app`` on ``settings.host:port``, and on ``admin`` as its admin
+    listener (none by default; ``serve`` passes :func:`~inferlb.server.listeners.admin_address`);
+    ``overrides`` go to uvicorn.Config."""
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "log_level": settings.log_level.lower(),
                               "access_log": False, "loop": "none", "lifespan": "on",
                               # after the drain (GatewayServer), only connections that ignore the stop remain
@@ -49,4 +52,4 @@ def build_server(app: FastAPI, settings: Settings, **overrides: Any) -> GatewayS
     kwargs.update(overrides)
     config = GatewayConfig(app, edge=edge_limits(settings), **kwargs)
     return GatewayServer(config, drain_timeout_s=settings.drain_timeout_s, on_drain=lambda: _begin_drain(app),
-                         on_deadline=lambda: _stop_streams(app))
+                         on_deadline=lambda: _stop_streams(app), admin=admin)

@@ -17,6 +17,13 @@ when ``should_exit`` is set (by the signal handler or a caller), where uvicorn's
 to look at it: ten wake-ups a second were about 1 ms of CPU per second of an idle gateway
 (docs/benchmarks.md, "Idle CPU: the revision poll made event-driven").
 
+With an ``admin`` address the server also listens there once the public listener is up (after the
+lifespan start-up, so no request finds the app half-built); its connections run the application
+marked as the admin listener's (:func:`~inferlb.server.listeners.as_admin`). One server, so one
+lifespan, one drain and one set of signal handlers serve both. An admin port that cannot be bound
+is a start-up failure (the public listener closed, the lifespan shut down, ``started`` false:
+``serve_gateway`` exits 1).
+
 A SIGTERM ends the process with status 0: uvicorn re-raises the signal it handled after a graceful
 shutdown, which would end the process with status 143 instead. A second Ctrl-C skips the drain.
 """
@@ -28,11 +35,14 @@ import contextlib
 import inspect
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Generator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
+from inferlb.server.listeners import as_admin
 from inferlb.wakeup import Wakeup
 
 __all__ = ["GatewayServer"]
@@ -44,8 +54,10 @@ class GatewayServer(uvicorn.Server):
     """``uvicorn.Server`` that drains before it shuts down (module docstring)."""
 
     def __init__(self, config: uvicorn.Config, *, drain_timeout_s: float, on_drain: Callable[[], None],
-                 on_deadline: Callable[[], Awaitable[None] | None], stop_grace_s: float = 2.0) -> None:
+                 on_deadline: Callable[[], Awaitable[None] | None], stop_grace_s: float = 2.0,
+                 admin: tuple[str, int] | None = None) -> None:
         super().__init__(config)
+        self.admin = admin
         self.drain_timeout_s = drain_timeout_s
         self.stop_grace_s = stop_grace_s
         self._on_drain = on_drain
@@ -53,6 +65,36 @@ class GatewayServer(uvicorn.Server):
         self._drain_started = False
         self.tick_s = 1.0     # the main loop's longest sleep (the Date header's refresh)
         self._exit_wakeup = Wakeup()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started or self.admin is None:
+            return
+        config = self.config
+        app = as_admin(config.loaded_app)
+
+        def admin_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            proto: Any = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop)
+            proto.app = app    # uvicorn's protocols run ``self.app``, set from the config at creation
+            return proto  # type: ignore[no-any-return]
+
+        host, port = self.admin
+        try:
+            server = await asyncio.get_running_loop().create_server(admin_protocol, host=host, port=port,
+                                                                    backlog=config.backlog)
+        except OSError as exc:
+            log.error("admin listener %s:%d: %s", host, port, exc)
+            # Never started: serve() returns without a shutdown of its own (``started`` is false),
+            # and ``serve_gateway`` exits 1 as for a public port taken.
+            self.started = False
+            self.should_exit = True
+            for s in self.servers:
+                s.close()
+            await self.lifespan.shutdown()
+            return
+        self.servers.append(server)
+        log.info("admin listener on http://%s:%d", host, server.sockets[0].getsockname()[1] if server.sockets else port)
 
     @property
     def should_exit(self) -> bool:

@@ -35,12 +35,14 @@ def _fleet(urls: dict[str, str], admission: dict[str, Any] | None = None, price:
 
 @contextlib.asynccontextmanager
 async def gateway(tmp: Path, *, auth: bool = True, admin: str | None = ADMIN, admission: dict[str, Any] | None = None,
-                  price: float = 1.0, **over: Any) -> AsyncIterator[tuple[str, Any, httpx.AsyncClient]]:
+                  price: float = 1.0, public: bool = False,
+                  **over: Any) -> AsyncIterator[tuple[str, Any, httpx.AsyncClient]]:
     async with SimFleet(fast_specs(2)) as sim:
         urls = {n: node.url for n, node in sim.nodes.items()}
         settings = settings_for(tmp, _fleet(urls, admission, price),
                                 admission=AdmissionSettings(auth=auth, admin_key=admin, redis_url=None), **over)
-        async with running_gateway(settings) as (base, app), httpx.AsyncClient(base_url=base, timeout=10) as http:
+        async with running_gateway(settings, public=public) as (base, app), \
+                httpx.AsyncClient(base_url=base, timeout=10) as http:
             yield base, app, http
 
 
@@ -60,12 +62,14 @@ async def audit(app: Any, http: httpx.AsyncClient, rid: str) -> dict[str, Any]:
     return out
 
 
-async def test_auth_is_off_by_default(tmp_path: Path) -> None:
-    async with gateway(tmp_path, auth=False, admin=None) as (base, app, http):
+async def test_auth_is_off_by_default_and_the_admin_plane_is_shut_on_the_public_listener(tmp_path: Path) -> None:
+    """No key configured: the public listener serves the OpenAI routes to anyone and answers the
+    admin routes 404, as for an unknown path (tests/api/test_admin_plane.py has the whole table)."""
+    async with gateway(tmp_path, auth=False, admin=None, public=True) as (base, app, http):
         chat = await sdk(base, "unused").chat.completions.create(model="m", messages=MSG, max_tokens=2)
         assert chat.choices[0].message.content
         r = await http.post("/admin/keys", json={"tenant": "t"})
-        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
+        assert r.status_code == 404 and r.json() == (await http.get("/no-such-path")).json(), r.text
 
 
 async def test_keys_from_the_admin_api_guard_the_openai_routes(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import pytest_asyncio
 from inferlb.app import create_app
 from inferlb.config.settings import load_settings
 from inferlb.server import build_server
+from inferlb.server.listeners import as_admin
 from inferlb.simulator.emulator import SimFleet
 from tests.support import fast_specs, fleet_for, free_port, settings_for
 
@@ -230,7 +231,9 @@ async def test_415_is_audited(edge: tuple[str, int, Any]) -> None:
                               headers={"content-type": "text/plain"})
         assert r.status_code == 415
         await app.state.store.writer.flush_once(force=True)
-        rows = (await client.get("/audit/requests", params={"status": "rejected_invalid", "limit": 500})).json()
+    # the audit is read as the admin listener serves it (no admin key: not on this public listener)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_admin(app)), base_url="http://admin") as adm:
+        rows = (await adm.get("/audit/requests", params={"status": "rejected_invalid", "limit": 500})).json()
     assert any(row["http_status"] == 415 and row["endpoint"] == "embeddings" for row in rows["data"]), rows
 
 

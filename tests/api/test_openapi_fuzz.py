@@ -82,7 +82,7 @@ async def test_the_documented_n_cap_is_the_setting(tmp_path: Path) -> None:
 
 async def test_a_framework_validation_error_is_the_documented_400(tmp_path: Path) -> None:
     async with gateway(tmp_path) as (base, _app), httpx.AsyncClient(base_url=base) as http:
-        r = await http.get("/admin/fleet/events", params={"limit": "0"})
+        r = await http.get("/admin/fleet/events", params={"limit": "0"}, headers={"authorization": f"Bearer {ADMIN}"})
         assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
         r = await http.post("/admin/keys", json={"tenant": ""}, headers={"authorization": f"Bearer {ADMIN}"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tenant", r.text

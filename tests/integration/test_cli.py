@@ -26,8 +26,9 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def test_demo_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
-    port = free_port()
-    proc = subprocess.Popen([*CLI, "demo", "--port", str(port)], cwd=tmp_path, env=_env(tmp_path),
+    port, admin = free_port(), free_port()
+    proc = subprocess.Popen([*CLI, "demo", "--port", str(port)], cwd=tmp_path,
+                            env={**_env(tmp_path), "INFERLB_ADMIN_PORT": str(admin)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines: list[str] = []
@@ -38,15 +39,18 @@ def test_demo_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
             if not line:
                 break
             lines.append(line)
-            if "inferlb demo is ready" in line:
+            if "Ctrl-C stops it" in line:   # the banner's last line
                 break
         assert any("inferlb demo is ready" in ln for ln in lines), "".join(lines)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         out = client.chat.completions.create(model="demo-llm", messages=[{"role": "user", "content": "hi"}],
                                              max_tokens=4)
         assert out.usage is not None and out.usage.completion_tokens == 4
-        sla = httpx.get(f"http://127.0.0.1:{port}/reports/sla", params={"group_by": "node"}, timeout=5)
+        # the banner's admin commands: the admin listener, keyless on loopback; the public port hides them
+        assert any(f"curl -s 'http://127.0.0.1:{admin}/reports/sla?group_by=node'" in ln for ln in lines), lines
+        sla = httpx.get(f"http://127.0.0.1:{admin}/reports/sla", params={"group_by": "node"}, timeout=5)
         assert sla.status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/reports/sla", timeout=5).status_code == 404
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)

@@ -58,3 +58,17 @@ async def test_the_demo_ships_two_versions_and_a_rollout_starts_at_once(tmp_path
             r = await http.post("/admin/rollouts", json={"model": "demo-llm", "from_version": "v1", "to_version": "v2"})
             assert r.status_code == 201, r.text
             assert r.json()["percent"] == 10.0 and r.json()["next_percent"] == 50.0
+
+
+def test_banner_sends_the_admin_commands_to_the_loopback_admin_listener(tmp_path: Path) -> None:
+    """No admin key: the admin routes are on 127.0.0.1, the gateway's port + 1, without a key (the
+    gateway's port answers them 404); with one, the commands send it and the key is not printed."""
+    text = demo_banner(_settings(tmp_path, host="0.0.0.0", port=9000), URLS)
+    assert "admin routes: http://127.0.0.1:9001 (loopback only, no key" in text
+    assert "curl -s 'http://127.0.0.1:9001/reports/sla?group_by=node'" in text
+    assert "inferlb rollout start --url http://127.0.0.1:9001 " in text
+    assert "http://0.0.0.0:9000/v1/chat/completions" in text
+    secret = "admin-" + "b" * 32
+    keyed = demo_banner(_settings(tmp_path, admission=AdmissionSettings(admin_key=secret, redis_url=None)), URLS)
+    assert "curl -s -H \"authorization: Bearer $INFERLB_ADMIN_KEY\" 'http://127.0.0.1:8081/audit/requests" in keyed
+    assert secret not in keyed

@@ -44,16 +44,17 @@ async def test_sighup_watch_and_the_fleet_command(tmp_path: Path) -> None:
         fleet = {"models": [{"name": "m", "default_max_tokens": 4}],
                  "nodes": [{"name": n, "url": u, "models": ["m"]} for n, u in urls.items()]}
         (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(fleet))
-        port = free_port()
+        port, admin_port = free_port(), free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "INFERLB_JOURNAL_DIR": str(tmp_path / "journal"), "INFERLB_PROCESSES_DIR": str(pdir),
-               "INFERLB_DATABASE_URL": f"sqlite:///{tmp_path / 'audit.db'}"}
+               "INFERLB_DATABASE_URL": f"sqlite:///{tmp_path / 'audit.db'}", "INFERLB_ADMIN_PORT": str(admin_port)}
         log = tmp_path / "gateway.log"
         with log.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "inferlb.cli.main", "serve", "--watch", "--config", str(tmp_path / "fleet.yaml"),
                 "--port", str(port), cwd=tmp_path, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
+        # no admin key: /admin/fleet is served on the admin listener only (server/listeners.py)
+        base = f"http://127.0.0.1:{admin_port}"
         try:
             async with httpx.AsyncClient(base_url=base, timeout=10) as http:
                 async def ready() -> bool:
@@ -66,6 +67,10 @@ async def test_sighup_watch_and_the_fleet_command(tmp_path: Path) -> None:
                     return doc
 
                 await _until(ready, "readiness", log)
+                assert f"served without a key on the admin listener http://127.0.0.1:{admin_port} only" \
+                    in log.read_text()
+                hidden = httpx.get(f"http://127.0.0.1:{port}/admin/fleet", timeout=5)
+                assert hidden.status_code == 404, hidden.text
                 await _until(lambda: _logged(log, "watching"), "the watcher", log)
                 first = (await live())["process_version"]
 

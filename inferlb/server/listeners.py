@@ -1,0 +1,92 @@
+"""Which listener a request came in on: the public one, or the admin one (Envoy's admin interface).
+
+The gateway serves one application on two listeners of one uvicorn server
+(:class:`~inferlb.server.lifecycle.GatewayServer`): the public listener (``INFERLB_HOST:PORT``) and
+the admin listener (``INFERLB_ADMIN_HOST:ADMIN_PORT``, loopback by default). The admin listener's
+connections run the application through :func:`as_admin`, which marks each request's ASGI scope
+(``scope["extensions"]["inferlb.listener"]``); :func:`listener_of` reads the mark.
+
+Contract:
+
+* A scope without the mark is the public listener's: a server, test client or embedding that does
+  not mark its requests gets the stricter rules (fail closed).
+* :func:`admin_address` is the admin listener's address from the settings, or None when it is off:
+  ``INFERLB_ADMIN_PORT`` unset means the public port + 1 (no listener while the public port is 0);
+  ``0`` turns it off. A non-loopback admin host with no ``INFERLB_ADMIN_KEY`` is a
+  :class:`~inferlb.errors.ConfigError` (an admin plane open to the network without a key), and so
+  is an admin address equal to the public one.
+* :func:`describe_admin` is the one start-up line that says where the admin routes are served and
+  with which key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Literal
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferlb.config.settings import Settings
+from inferlb.errors import ConfigError
+
+__all__ = ["ADMIN", "EXTENSION", "PUBLIC", "Listener", "admin_address", "as_admin", "describe_admin", "listener_of"]
+
+Listener = Literal["public", "admin"]
+PUBLIC: Listener = "public"
+ADMIN: Listener = "admin"
+EXTENSION = "inferlb.listener"   # the key under the scope's "extensions"
+
+
+def as_admin(app: ASGIApp) -> ASGIApp:
+    """``app`` with every HTTP request marked as the admin listener's (module docstring)."""
+    async def marked(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            extensions: dict[str, Any] = dict(scope.get("extensions") or {})
+            extensions[EXTENSION] = {"name": ADMIN}
+            scope = {**scope, "extensions": extensions}
+        await app(scope, receive, send)
+    return marked
+
+
+def listener_of(scope: Scope) -> Listener:
+    """The listener a request came in on: ``"admin"`` when :func:`as_admin` marked it, else ``"public"``."""
+    mark = (scope.get("extensions") or {}).get(EXTENSION)
+    return ADMIN if isinstance(mark, dict) and mark.get("name") == ADMIN else PUBLIC
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def admin_address(settings: Settings) -> tuple[str, int] | None:
+    """The admin listener's (host, port), or None when it is off (module docstring)."""
+    port = settings.admin_port if settings.admin_port is not None else (settings.port + 1 if settings.port else 0)
+    if port == 0:
+        return None
+    host = settings.admin_host
+    if (host, port) == (settings.host, settings.port):
+        raise ConfigError(f"INFERLB_ADMIN_PORT={port} is the public listener's port: choose another (0 turns "
+                          "the admin listener off)")
+    if settings.admission.admin_key is None and not _loopback(host):
+        raise ConfigError(f"INFERLB_ADMIN_HOST={host} is not a loopback address and INFERLB_ADMIN_KEY is unset: "
+                          "the admin routes would be open to the network; set INFERLB_ADMIN_KEY or keep the "
+                          "admin listener on 127.0.0.1")
+    return host, port
+
+
+def describe_admin(settings: Settings, address: tuple[str, int] | None) -> str:
+    """The start-up line: where the admin routes are served, and with which key."""
+    where = f"the admin listener http://{address[0]}:{address[1]}" if address else None
+    if settings.admission.admin_key is not None:
+        also = f" and on {where}" if where else ""
+        return f"admin routes: INFERLB_ADMIN_KEY required, on the public listener{also}"
+    if where is None:
+        return ("admin routes: off (no INFERLB_ADMIN_KEY and INFERLB_ADMIN_PORT=0); the public listener "
+                "answers them 404")
+    return (f"admin routes: no INFERLB_ADMIN_KEY, so served without a key on {where} only; the public "
+            "listener answers them 404")
