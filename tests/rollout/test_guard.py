@@ -95,7 +95,8 @@ def test_criteria_and_steps_are_checked() -> None:
     with pytest.raises(ValueError):
         RolloutCriteria.model_validate({"confidnce": 0.9})
     assert check_steps([1, 5, 25, 50, 100]) == [1, 5, 25, 50, 100]
-    for bad in ([], [5, 1, 100], [1, 50], [0, 100], [50, 100, 100], [float("nan"), 100], [100]):
+    bads: list[list[float]] = [[], [5, 1, 100], [1, 50], [0, 100], [50, 100, 100], [float("nan"), 100], [100]]
+    for bad in bads:
         with pytest.raises(ValueError):
             check_steps(bad)
 
