@@ -60,9 +60,10 @@ def _specs(v2_faults: FaultSpec | None = None, *, ttft_s: float = 0.002, tpot_s:
     token and every token after it ``v2_slower`` times as long."""
     out = []
     for i in range(4):
-        slow = v2_slower if i >= 2 else 1.0
+        v2 = i >= 2
+        slow = v2_slower if v2 else 1.0
         out.append(NodeSpec(name=f"n{i}", models=["m", "m-v2", "emb"], base_ttft_s=ttft_s * slow, tpot_s=tpot_s * slow,
-                            **({"faults": v2_faults} if v2_faults is not None and i >= 2 else {})))
+                            faults=v2_faults if v2 and v2_faults is not None else FaultSpec()))
     return out
 
 
