@@ -19,8 +19,9 @@ DEFAULT_STEPS: tuple[float, ...] = (1.0, 5.0, 25.0, 50.0, 100.0)
 class RolloutCriteria(BaseModel):
     """When a canary step is promoted, held or rolled back (rollout/guard.py).
 
-    * ``min_requests``: attempts (error test) and successful requests (SLO test) each version
-      needs in the step's window before the guard decides anything but "hold".
+    * ``min_requests``: attempts (error test), successful requests (SLO test) and node times (each
+      latency test) each version needs in the step's window before the guard decides anything but
+      "hold".
     * ``confidence``: the one-sided level of the bounds on the difference canary − baseline.
     * ``max_error_rate_increase`` / ``max_slo_miss_increase``: the margins (absolute proportions)
       the canary may be worse by. Promote when the upper bound of the difference is within the
