@@ -11,7 +11,9 @@ eight. The first ``--warmup-s`` seconds go to v1 only; they also set the model's
 the p95 of v1's requests in that warm-up (so a healthy version meets it about 95 % of the time),
 TTFT at most its p95 there. Then a rollout from v1 to v2 starts with the default steps
 (1 → 5 → 25 → 50 → 100 %) and criteria, and a round of ``rollout.bpmn`` runs every
-``--interval-s`` until it completes or rolls back.
+``--interval-s`` until it completes or rolls back. Each served attempt carries its node's first-
+token and end times (no gateway queue here: from the arrival), which the guard's latency tests
+(``ttft``, ``tpot``) compare between the versions.
 
 * ``healthy``: v2 is the same engine;
 * ``errors``: 5 % of v2's attempts answer 503 (retryable: the gateway's rule tries another v2
@@ -172,7 +174,11 @@ async def simulate(scenario: str, *, rate: float, max_s: float, seed: int, warmu
         rec.first_byte_at = rec.received_at + first
         rec.last_byte_at = rec.received_at + total
         rec.status = "ok"
-        rec.attempts[-1].outcome, rec.attempts[-1].http_status = "ok", 200
+        rec.completion_tokens = seq.generated
+        att = rec.attempts[-1]
+        att.outcome, att.http_status = "ok", 200
+        # The node's times for the guard's latency tests: no gateway queue here, so from arrival.
+        att.first_byte_at, att.ended_at = rec.first_byte_at, rec.last_byte_at
         name = names[f.node]
         fleet.report_success(name, stream=f.stream, completion_tokens=seq.generated, ttfb_s=first, e2e_s=total)
         fleet.release(name, f.tokens)

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "rollout_command"]
 
-_CRITERIA = ("min_requests", "confidence", "max_error_rate_increase", "max_slo_miss_increase", "min_step_s",
-             "max_step_s", "window_s", "ttft_max_s", "e2e_max_s")
+_CRITERIA = ("min_requests", "confidence", "max_error_rate_increase", "max_slo_miss_increase", "max_latency_ratio",
+             "min_step_s", "max_step_s", "window_s", "ttft_max_s", "e2e_max_s")
 
 
 def register(sub: Any) -> None:

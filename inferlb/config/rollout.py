@@ -19,12 +19,21 @@ DEFAULT_STEPS: tuple[float, ...] = (1.0, 5.0, 25.0, 50.0, 100.0)
 class RolloutCriteria(BaseModel):
     """When a canary step is promoted, held or rolled back (rollout/guard.py).
 
-    * ``min_requests``: attempts (error test) and successful requests (SLO test) each version
-      needs in the step's window before the guard decides anything but "hold".
+    * ``min_requests``: attempts (error test), successful requests (SLO test) and node times (each
+      latency test) each version needs in the step's window before the guard decides anything but
+      "hold".
     * ``confidence``: the one-sided level of the bounds on the difference canary − baseline.
     * ``max_error_rate_increase`` / ``max_slo_miss_increase``: the margins (absolute proportions)
       the canary may be worse by. Promote when the upper bound of the difference is within the
       margin for every test; roll back when the lower bound is above it for any test.
+    * ``max_latency_ratio``: how much slower the canary's node times may be, as a ratio of
+      geometric means canary / baseline (1.5: up to 50 % slower), tested per metric (``ttft`` and
+      ``tpot`` of streams, ``e2e`` of the rest; rollout/guard.py) with a one-sided Welch bound on
+      the logs at ``confidence``; each metric needs ``min_requests`` times on both sides, like the
+      other tests. At 1.5, with times whose logs spread by a standard deviation of 0.5, a 2.9× slower
+      canary is shown worse from about 20 times a side and a same-speed one within from about 20
+      canary times against many more of the baseline (so ``min_requests`` decides); None turns
+      the latency tests off.
     * ``ttft_max_s`` / ``e2e_max_s``: the SLO a request must meet; default: the model's SLO
       (``slos:``); with neither, only the error test runs.
     * ``window_s``: the sliding window the counts come from (never older than the step's start).
@@ -43,6 +52,7 @@ class RolloutCriteria(BaseModel):
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     max_error_rate_increase: float = Field(0.02, ge=0.0, lt=1.0)
     max_slo_miss_increase: float = Field(0.05, ge=0.0, lt=1.0)
+    max_latency_ratio: float | None = Field(1.5, gt=1.0, le=100.0)
     ttft_max_s: float | None = Field(None, gt=0)
     e2e_max_s: float | None = Field(None, gt=0)
     window_s: float = Field(1800.0, gt=0, le=86_400)

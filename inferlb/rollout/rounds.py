@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from inferlb.config.rollout import RolloutCriteria
 from inferlb.rollout.guard import Counts, guard
 from inferlb.rollout.state import Rollout
+from inferlb.rollout.stats import LogMoments
 from inferlb.rollout.window import VersionWindow
 from inferlb.types import Clock
 from inferlb.workflow.base import ExternalCall
@@ -67,8 +68,12 @@ _PERFORMERS: dict[str, Performer] = waits(_no_wait)
 
 def _counts(raw: Any) -> Counts:
     d = raw if isinstance(raw, Mapping) else {}
+    raw_lat = d.get("latency")
+    lat: Mapping[Any, Any] = raw_lat if isinstance(raw_lat, Mapping) else {}
+    latency = {str(k): LogMoments(int(v.get("n") or 0), float(v.get("log_sum") or 0.0), float(v.get("log_sq") or 0.0))
+               for k, v in lat.items() if isinstance(v, Mapping)}
     return Counts(int(d.get("attempts") or 0), int(d.get("failed") or 0), int(d.get("ok") or 0),
-                  int(d.get("slo_missed") or 0))
+                  int(d.get("slo_missed") or 0), latency)
 
 
 class RolloutRounds:

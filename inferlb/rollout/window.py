@@ -12,6 +12,11 @@ Contract:
   (``record.model_version``). What counts as a failed attempt and as an SLO miss:
   :mod:`.guard`'s docstring. SLO thresholds per model come from :meth:`set_slo` (a rollout's
   criteria) or the fleet's ``slos:``.
+* A successful request also adds the node's times of its served attempt (its last) to the served
+  version's latency sums, per metric (:mod:`.guard`'s docstring: ``ttft`` and ``tpot`` of
+  streams, ``e2e`` of the rest), from the attempt's own timestamps: the node's time after the
+  gateway's queue, not the client's. A time that is not positive (a clock step, a record without
+  them) is left out: a log needs it positive.
 * Times are the injected clock's monotonic seconds.
 """
 
@@ -22,11 +27,12 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from inferlb.rollout.guard import Counts
+from inferlb.rollout.guard import LATENCY_METRICS, Counts
+from inferlb.rollout.stats import LogMoments
 from inferlb.store.records import RequestRecord
 from inferlb.types import Clock
 
-__all__ = ["Slo", "VersionWindow", "attempt_failed"]
+__all__ = ["Slo", "VersionWindow", "attempt_failed", "node_times"]
 
 Slo = tuple[float | None, float | None]     # (ttft_max_s, e2e_max_s)
 
@@ -47,12 +53,33 @@ def attempt_failed(outcome: str, http_status: int | None) -> bool | None:
     return None
 
 
+def node_times(rec: RequestRecord) -> dict[str, float]:
+    """The served attempt's node times of a successful request, by latency metric (seconds; only
+    the positive ones): ``ttft`` and ``tpot`` for a stream, ``e2e`` otherwise."""
+    if rec.status != "ok" or not rec.attempts:
+        return {}
+    a = rec.attempts[-1]
+    out: dict[str, float] = {}
+    if a.outcome != "ok" or a.ended_at is None:
+        return out
+    if rec.stream:
+        if a.first_byte_at is not None:
+            out["ttft"] = a.first_byte_at - a.started_at
+            tokens = rec.completion_tokens or 0
+            if tokens >= 2:
+                out["tpot"] = (a.ended_at - a.first_byte_at) / (tokens - 1)
+    else:
+        out["e2e"] = a.ended_at - a.started_at
+    return {k: v for k, v in out.items() if v > 0 and math.isfinite(v)}
+
+
 class _Bucket:
-    __slots__ = ("attempts", "failed", "ok", "sec", "slo_missed")
+    __slots__ = ("attempts", "failed", "latency", "ok", "sec", "slo_missed")
 
     def __init__(self, sec: int) -> None:
         self.sec = sec
         self.attempts = self.failed = self.ok = self.slo_missed = 0
+        self.latency: dict[str, list[float]] = {}    # metric → [n, Σ log t, Σ (log t)²]
 
 
 class VersionWindow:
@@ -144,6 +171,12 @@ class VersionWindow:
             if missed:
                 b.slo_missed += 1
                 t[3] += 1
+            for metric, secs in node_times(rec).items():
+                x = math.log(secs)
+                acc = b.latency.setdefault(metric, [0.0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += x
+                acc[2] += x * x
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -154,6 +187,7 @@ class VersionWindow:
         now = self.clock.monotonic()
         lo = max(math.floor(since) + 1, math.floor(now - window_s) + 1)
         a = f = o = m = 0
+        lat = {k: [0.0, 0.0, 0.0] for k in LATENCY_METRICS}
         for b in reversed(self._buckets.get((model, version), ())):
             if b.sec < lo:
                 break
@@ -161,7 +195,12 @@ class VersionWindow:
             f += b.failed
             o += b.ok
             m += b.slo_missed
-        return Counts(a, f, o, m)
+            for k, acc in b.latency.items():
+                tot = lat.setdefault(k, [0.0, 0.0, 0.0])
+                tot[0] += acc[0]
+                tot[1] += acc[1]
+                tot[2] += acc[2]
+        return Counts(a, f, o, m, {k: LogMoments(int(v[0]), v[1], v[2]) for k, v in lat.items() if v[0]})
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """Totals since start per ``model/version`` (metrics and the admin API)."""

@@ -101,16 +101,18 @@ SERVICES: ServiceTable = {
     "rollout/observe": ServiceSpec(
         result="observation", fn=rollout.observe, reads=("rollout",),
         writes=("canary", "baseline", "percent", "step_age_s", "window_s", "slo"),
-        doc="Both versions' counts (attempts, failures, successes, SLO misses) over the step's sliding window."),
+        doc="Both versions' counts (attempts, failures, successes, SLO misses) and node times over the step's "
+            "sliding window."),
     "rollout/decide": ServiceSpec(
         result="decision", fn=rollout.decide, reads=("observation",),
         writes=("action", "reason", "checks", "percent", "next_percent"),
         params={"min_requests": "per version before any decision but hold", "confidence": "one-sided level",
                 "max_error_rate_increase": "error-rate margin", "max_slo_miss_increase": "SLO-miss margin",
+                "max_latency_ratio": "how many times slower the canary's node times may be",
                 "min_step_s": "least time at a step before a promotion",
                 "max_step_s": "a step not shown safe by then is rolled back"},
         doc="The statistical guard: promote, hold or roll back (Newcombe bounds on the difference in error "
-            "and SLO-miss rates, minimum sample size)."),
+            "and SLO-miss rates, Welch bounds on the ratio of node times, minimum sample size)."),
     "rollout/promote": ServiceSpec(
         result="promoted", fn=rollout.promote, writes=("percent", "state", "completed"),
         doc="Move to the next step's weights, or complete after the last."),

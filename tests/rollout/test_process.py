@@ -1,5 +1,6 @@
 """rollout.bpmn on real SpiffWorkflow with an injected clock (no sleeping): a healthy canary is
-promoted step by step to 100 %, a failing or slow one is rolled back, an edited copy of the
+promoted step by step to 100 %, a failing or slow one is rolled back (slow: over the SLO, or
+2.9× slower at its nodes inside it), one as fast at its nodes is promoted, an edited copy of the
 process behaves as edited, and bad requests change nothing."""
 
 from __future__ import annotations
@@ -76,6 +77,34 @@ async def test_a_canary_twice_as_slow_is_rolled_back_on_the_slo() -> None:
     # Baseline e2e 0.6 s (SLO 1.0 s); twice as slow is 1.2 s: every canary request misses it.
     await drive(r, e2e={"v1": 0.6, "v2": 1.2})
     assert ro.state == "rolled_back" and "SLO" in (ro.reason or "")
+
+
+async def test_a_canary_2_9x_slower_at_its_nodes_is_rolled_back_on_latency_inside_the_slo() -> None:
+    r = rig()
+    ro = await r.manager.start_rollout(r.spec(criteria=CRITERIA))
+    # Both versions meet the SLO (e2e 0.2 s of 1.0 s); v2's nodes are 2.9× slower to the first byte and per token.
+    rounds = await drive(r, node_ttft={"v1": 0.05, "v2": 0.145})
+    assert ro.state == "rolled_back" and ro.step == 0
+    assert (ro.reason or "").startswith("ttft (time to first byte at the node) slower than the baseline: ")
+    checks = {c["test"]: c for c in rounds[-1]["decision"]["checks"]}
+    assert checks["errors"]["canary"][0] == 0 and checks["slo"]["canary"][0] == 0    # no error, no SLO miss
+    for metric in ("latency_ttft", "latency_tpot"):
+        assert checks[metric]["status"] == "worse" and 2.6 < checks[metric]["estimate"] < 3.2
+    # The observation carried the sums through the process's data: the decision is recomputable from it.
+    obs = rounds[-1]["observation"]
+    assert obs["canary"]["latency"]["ttft"]["n"] == checks["latency_ttft"]["canary"][0] >= 100
+
+
+async def test_a_canary_as_fast_at_its_nodes_is_promoted_with_the_latency_tests_within() -> None:
+    r = rig()
+    ro = await r.manager.start_rollout(r.spec(criteria=CRITERIA))
+    rounds = await drive(r, node_ttft={"v1": 0.05, "v2": 0.05})
+    assert ro.state == "completed"
+    promoted = [x for x in rounds if "promote" in x["path"]]
+    assert len(promoted) == 4
+    for x in promoted:
+        tests = {c["test"]: c["status"] for c in x["decision"]["checks"]}
+        assert tests == {"errors": "within", "slo": "within", "latency_ttft": "within", "latency_tpot": "within"}
 
 
 async def test_a_canary_never_shown_safe_is_rolled_back_at_max_step_s() -> None:

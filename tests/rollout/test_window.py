@@ -1,11 +1,14 @@
 """Per-version window (rollout/window.py): what counts as a failure of a version, which
-version an attempt counts for, the sliding window and the step start."""
+version an attempt counts for, the sliding window and the step start, and the node's times the
+latency tests use."""
 
 from __future__ import annotations
 
+import pytest
+
 from inferlb.config.settings import SLOConfig
 from inferlb.rollout.guard import Counts
-from inferlb.rollout.window import VersionWindow, attempt_failed
+from inferlb.rollout.window import VersionWindow, attempt_failed, node_times
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.types import ManualClock
 
@@ -71,3 +74,46 @@ def test_a_rollout_sets_its_own_slo() -> None:
     assert w.slo_of("m") == (0.5, 2.0)
     w.set_slo("m", None)
     assert w.slo_of("m") == (None, 5.0)
+
+
+def _timed(clock: ManualClock, *, stream: bool, queued: float, node_ttft: float, node_total: float,
+           tokens: int = 11, version: str = "v2") -> RequestRecord:
+    """A request that waited ``queued`` s in the gateway, then took ``node_total`` s at the node."""
+    now = clock.time()
+    start = now + queued
+    rec = RequestRecord(request_id="t", received_at=now, endpoint="chat", model_requested="m", stream=stream,
+                        status="ok", model_version=version, completion_tokens=tokens,
+                        first_byte_at=start + node_ttft, last_byte_at=start + node_total)
+    rec.decisions.append({"attempt": 1, "model": "m", "version": version})
+    rec.attempts.append(AttemptRecord(1, "n", "m", start, start + node_total, "ok", 200,
+                                      first_byte_at=start + node_ttft))
+    return rec
+
+
+def test_node_times_leave_out_the_gateway_queue_and_keep_streams_apart() -> None:
+    clock = ManualClock()
+    streamed = _timed(clock, stream=True, queued=3.0, node_ttft=0.1, node_total=1.1)
+    assert node_times(streamed) == pytest.approx({"ttft": 0.1, "tpot": 0.1})   # tpot: (1.1 − 0.1) / 10
+    assert node_times(_timed(clock, stream=False, queued=3.0, node_ttft=0.1, node_total=0.5)) == pytest.approx(
+        {"e2e": 0.5})
+    assert "tpot" not in node_times(_timed(clock, stream=True, queued=0, node_ttft=0.1, node_total=0.2, tokens=1))
+    failed = _timed(clock, stream=False, queued=0, node_ttft=0.1, node_total=0.5)
+    failed.status = "upstream_error"
+    assert node_times(failed) == {}
+    # A record without node timestamps (ended when it started) adds no time.
+    assert node_times(_timed(clock, stream=False, queued=0, node_ttft=0, node_total=0)) == {}
+
+
+def test_the_window_sums_log_times_per_version_and_metric() -> None:
+    clock = ManualClock()
+    w = VersionWindow(clock, lambda m: True)
+    since = clock.monotonic()
+    clock.advance(1.0)
+    for total in (0.2, 0.8):
+        w.observe(_timed(clock, stream=False, queued=1.0, node_ttft=0.05, node_total=total))
+    w.observe(_timed(clock, stream=True, queued=0.0, node_ttft=0.3, node_total=0.4, version="v1"))
+    v2 = w.counts("m", "v2", since=since, window_s=60).latency
+    assert set(v2) == {"e2e"} and v2["e2e"].n == 2
+    assert v2["e2e"].geomean == pytest.approx(0.4)                 # sqrt(0.2 × 0.8)
+    assert set(w.counts("m", "v1", since=since, window_s=60).latency) == {"ttft", "tpot"}
+    assert w.counts("m", "v2", since=clock.monotonic(), window_s=60).latency == {}   # a new step starts empty
