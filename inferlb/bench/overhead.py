@@ -262,7 +262,8 @@ class _Bench:
             fleet_file.write_text(yaml.safe_dump(fleet, sort_keys=False))
             env = _child_env(INFERLB_ENGINE=mode, INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
                              INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}",
-                             INFERLB_JOURNAL_DIR=str(gdir / "journal"), INFERLB_LOG_LEVEL="WARNING")
+                             INFERLB_JOURNAL_DIR=str(gdir / "journal"), INFERLB_LOG_LEVEL="WARNING",
+                             INFERLB_ADMIN_PORT=str(free_port()))
             child = self.spawn(f"inferlb-{mode}", [PY, "-m", "inferlb.cli.main", "serve", "--config",
                                                    str(fleet_file)], env=env)
             wait_http(url + "/readyz", child, 90)

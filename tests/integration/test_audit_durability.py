@@ -58,7 +58,8 @@ async def test_a_full_journal_answers_503_audit_unavailable_and_recovers(tmp_pat
 
 def _serve(tmp: Path, fleet_file: Path, port: int) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERLB_DATABASE_URL": f"sqlite:///{tmp / 'audit.db'}",
-           "INFERLB_JOURNAL_DIR": str(tmp / "journal"), "INFERLB_LOG_LEVEL": "WARNING"}
+           "INFERLB_JOURNAL_DIR": str(tmp / "journal"), "INFERLB_LOG_LEVEL": "WARNING",
+           "INFERLB_ADMIN_PORT": str(free_port())}   # port + 1 (the default) may be taken on a busy machine
     return subprocess.Popen([sys.executable, "-m", "inferlb.cli.main", "serve", "--config", str(fleet_file),
                              "--port", str(port)], cwd=tmp, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -43,7 +43,8 @@ async def serve(tmp: Path, urls: dict[str, str], **env: str) -> AsyncIterator[tu
     port = free_port()
     full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                 "INFERLB_JOURNAL_DIR": str(tmp / "journal"), "INFERLB_DATABASE_URL": f"sqlite:///{tmp / 'audit.db'}",
-                **env}
+                # a free admin port: port + 1 (the default) may be taken on a busy machine
+                "INFERLB_ADMIN_PORT": str(free_port()), **env}
     with (tmp / "gateway.log").open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "inferlb.cli.main", "serve", "--config", str(tmp / "fleet.yaml"), "--port", str(port),

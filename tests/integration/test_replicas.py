@@ -105,7 +105,8 @@ async def replicas(tmp: Path, fleet: Path, env: dict[str, str], n: int = 3) -> A
             d = tmp / f"r{i}"
             d.mkdir()
             full = {**os.environ, **env, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    "INFERLB_JOURNAL_DIR": str(d / "journal"), "INFERLB_CLUSTER_REPLICA_ID": f"r{i}"}
+                    "INFERLB_JOURNAL_DIR": str(d / "journal"), "INFERLB_CLUSTER_REPLICA_ID": f"r{i}",
+                    "INFERLB_ADMIN_PORT": str(free_port())}   # port + 1 (the default) may be taken
             log = d / "gateway.log"
             with log.open("wb") as out:
                 proc = await asyncio.create_subprocess_exec(

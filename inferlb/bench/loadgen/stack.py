@@ -132,7 +132,7 @@ class Stack:
         gdir.mkdir(parents=True, exist_ok=True)
         fleet_file = gdir / "fleet.yaml"
         fleet_file.write_text(yaml.safe_dump(fleet, sort_keys=False))
-        genv = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port),
+        genv = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port), INFERLB_ADMIN_PORT=str(free_port()),
                     INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
                     INFERLB_LOG_LEVEL="WARNING", **(env or {}))
         genv.pop("INFERLB_REDIS_URL", None)    # the benchmark's gateway keeps its state in-process
