@@ -69,6 +69,9 @@ def demo_fleet(urls: dict[str, str]) -> FleetConfig:
     }, source="demo")
 
 
+# The Python snippet is a heredoc whose lines start at column 0, so it pastes and runs as printed:
+# Python refuses an indented first line, and the shell ends a <<'PY' heredoc only at a line that
+# is exactly PY (tests/integration/test_demo_banner.py runs it).
 _BANNER = """
 inferlb demo is ready: gateway http://{host}:{port}  (simulated nodes: {nodes})
 {admin_line}
@@ -77,13 +80,15 @@ audit database: {db}   engine: INFERLB_ENGINE={engine}
   curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' \\
        -d '{{"model": "demo-llm", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
 
-  python - <<'PY'
-  from openai import OpenAI
-  client = OpenAI(base_url="http://{host}:{port}/v1", api_key="unused")
-  for chunk in client.chat.completions.create(model="demo-llm", stream=True,
-          messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=16):
-      print(chunk.choices[0].delta.content or "", end="", flush=True)
-  PY
+  pip install openai    # the OpenAI Python SDK, for the snippet below
+python - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="http://{host}:{port}/v1", api_key="unused")
+for chunk in client.chat.completions.create(model="demo-llm", stream=True,
+        messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=16):
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+print()
+PY
 
   curl -s{h} '{admin}/reports/sla?group_by=node'     # SLA report from the audit trail
   curl -s{h} '{admin}/audit/requests?limit=5'         # the audit trail

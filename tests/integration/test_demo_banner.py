@@ -72,3 +72,41 @@ def test_banner_sends_the_admin_commands_to_the_loopback_admin_listener(tmp_path
     keyed = demo_banner(_settings(tmp_path, admission=AdmissionSettings(admin_key=secret, redis_url=None)), URLS)
     assert "curl -s -H \"authorization: Bearer $INFERLB_ADMIN_KEY\" 'http://127.0.0.1:8081/audit/requests" in keyed
     assert secret not in keyed
+
+
+def _snippet(banner: str) -> str:
+    """The banner's ``python - <<'PY' … PY`` lines, as a user pastes them into a shell."""
+    lines = banner.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("python - <<'PY'"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == "PY")
+    return "\n".join(lines[start:end + 1]) + "\n"
+
+
+async def test_the_printed_sdk_snippet_pastes_and_runs_as_printed(tmp_path: Path) -> None:
+    """The snippet the banner prints, run by bash against a running demo fleet: it streams an answer
+    (it used to be indented inside its heredoc, so Python refused it and the heredoc never ended)."""
+    import asyncio
+    import os
+    import sys
+
+    from inferlb.simulator.emulator import SimFleet
+    from inferlb.simulator.spec import demo_specs
+    from tests.support import running_gateway, settings_for
+
+    async with SimFleet(demo_specs()) as sim:
+        fleet = demo_fleet({n: node.url for n, node in sim.nodes.items()})
+        async with running_gateway(settings_for(tmp_path, fleet), public=True) as (base, _app):
+            host, port = base.removeprefix("http://").split(":")
+            banner = demo_banner(_settings(tmp_path, host=host, port=int(port)), URLS)
+            assert "pip install openai" in banner
+            bindir = tmp_path / "bin"
+            bindir.mkdir()
+            # the snippet says `python`: this interpreter (a wrapper, so a venv keeps its packages)
+            (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+            (bindir / "python").chmod(0o755)
+            proc = await asyncio.create_subprocess_exec(
+                "bash", "-e", "-c", _snippet(banner), env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)   # a hang guard, not a timing
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip(), "the snippet printed no answer"
