@@ -13,6 +13,7 @@
   ``server_shutting_down`` (readiness already says so; requests in flight finish).
 - :class:`HeadAsGet`: ASGI middleware answering ``HEAD`` on every ``GET`` route (headers of the
   GET answer, no body).
+- :class:`RequestIds`: ASGI middleware giving every answer an ``x-request-id``.
 - :class:`ClientGone`: ASGI middleware ending quietly a request whose client left (or whose body
   read timed out, ``server/protocol.py``) while its body was being read: there is nobody to
   answer, and it is not a server error.
@@ -37,12 +38,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferlb.api.auth import authenticate
 from inferlb.api.deps import GatewayDep, LifecycleDep, get_admission, get_gateway, get_lifecycle
+from inferlb.engine.request_ids import new_request_id
 from inferlb.errors import ClientError
 
 log = logging.getLogger("inferlb")
 
-__all__ = ["ClientGone", "HeadAsGet", "ShuttingDown", "UnsupportedMediaType", "add_cors", "allow_header", "install",
-           "openai_edge", "openai_guard"]
+__all__ = [
+    "ClientGone",
+    "HeadAsGet",
+    "RequestIds",
+    "ShuttingDown",
+    "UnsupportedMediaType",
+    "add_cors",
+    "allow_header",
+    "install",
+    "openai_edge",
+    "openai_guard",
+]
 
 
 class UnsupportedMediaType(ClientError):
@@ -137,6 +149,29 @@ def _route_methods(app: FastAPI) -> Iterator[tuple[str, set[str]]]:
             yield ctx.path, set(ctx.methods)
 
 
+class RequestIds:
+    """Give every answer an ``x-request-id`` (401, 404 and the other refusals included): a client
+    or an operator can quote one id for any answer. The gateway's own id, the key of the request's
+    audit record, is kept where the request path set one; the others get a fresh id."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.get("headers") or []
+                if not any(k.lower() == b"x-request-id" for k, _ in headers):
+                    message = {**message, "headers": [*headers, (b"x-request-id", new_request_id().encode())]}
+            await send(message)
+
+        await self.app(scope, receive, with_id)
+
+
 class ClientGone:
     """Swallow starlette's ``ClientDisconnect`` (raised while reading the body of a request whose
     connection is gone) instead of logging it as an exception in the application."""
@@ -165,6 +200,7 @@ def allow_header(request: Request) -> str:
 
 def install(app: FastAPI, cors_origins: Sequence[str]) -> None:
     """Add the edge middleware to ``app`` (CORS outermost: a preflight is answered before routing)."""
+    app.add_middleware(RequestIds)
     app.add_middleware(HeadAsGet)
     app.add_middleware(ClientGone)
     add_cors(app, cors_origins)
