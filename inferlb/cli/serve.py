@@ -4,12 +4,13 @@
 
     inferlb serve --config fleet.yaml [--watch] [--host H] [--port P] [--database-url URL] [--engine E]
 
-Contract: every start-up file is checked before a port is bound (a bad file is one line on stderr,
-exit 2, not a traceback from inside the lifespan); SIGTERM drains; SIGHUP, and with ``--watch``
-edits to the fleet file or the processes, reload (inferlb/live/manager.py). Ctrl-C is a normal
-stop (exit 0). The admin listener (``INFERLB_ADMIN_HOST``/``INFERLB_ADMIN_PORT``,
-inferlb/server/listeners.py) listens beside the public one, and one log line at start-up says where
-the admin routes are served and with which key.
+Contract: the public listener's port is bound first, before any other start-up work (a port in use
+is one line on stderr and exit 2 at once); then every start-up file is checked before the app starts
+(a bad file is one line on stderr, exit 2, not a traceback from inside the lifespan); SIGTERM
+drains; SIGHUP, and with ``--watch`` edits to the fleet file or the processes, reload
+(inferlb/live/manager.py). Ctrl-C is a normal stop (exit 0). The admin listener
+(``INFERLB_ADMIN_HOST``/``INFERLB_ADMIN_PORT``, inferlb/server/listeners.py) listens beside the
+public one, and one log line at start-up says where the admin routes are served and with which key.
 """
 
 from __future__ import annotations
@@ -77,10 +78,17 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
     from inferlb.live.triggers import run_triggers
     from inferlb.server import build_server
     from inferlb.server.gc_tuning import tune_gc
-    from inferlb.server.listeners import admin_address, describe_admin
+    from inferlb.server.listeners import admin_address, bind_public, describe_admin
 
-    # Fail before binding a port: a bad file names the file and key path or element, no traceback.
-    settings = preflight(settings)
+    # The port first: a port in use is one line at once, before the database, the processes and the
+    # fleet are set up (server/listeners.py); the server listens on this socket once started.
+    sock = bind_public(settings)
+    try:
+        # A bad file names the file and key path or element, no traceback.
+        settings = preflight(settings)
+    except BaseException:
+        sock.close()
+        raise
     admin = admin_address(settings)
     app = create_app(settings, node_launcher=node_launcher)
     # httptools with header/body timeouts and header limits; SIGTERM drains; the admin listener (server).
@@ -100,7 +108,7 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
     triggers = asyncio.ensure_future(run_triggers(
         app, started=lambda: bool(server.started), stopping=lambda: bool(server.should_exit), watch=watch,
         config=settings.config, processes_dir=settings.processes_dir or default_processes_dir()))
-    await server.serve()
+    await server.serve(sockets=[sock])
     triggers.cancel()
     task.cancel()
     if not server.started:

@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -29,7 +30,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferlb.config.settings import Settings
 from inferlb.errors import ConfigError
 
-__all__ = ["ADMIN", "EXTENSION", "PUBLIC", "Listener", "admin_address", "as_admin", "describe_admin", "listener_of"]
+__all__ = ["ADMIN", "EXTENSION", "PUBLIC", "Listener", "admin_address", "as_admin", "bind_public", "describe_admin",
+           "listener_of"]
 
 Listener = Literal["public", "admin"]
 PUBLIC: Listener = "public"
@@ -90,3 +92,22 @@ def describe_admin(settings: Settings, address: tuple[str, int] | None) -> str:
                 "answers them 404")
     return (f"admin routes: no INFERLB_ADMIN_KEY, so served without a key on {where} only; the public "
             "listener answers them 404")
+
+
+def bind_public(settings: Settings) -> socket.socket:
+    """The public listener's socket, bound to ``settings.host:port`` (not yet listening: the server
+    listens on it once the app has started). ``serve`` binds it before any other start-up work, so
+    a port in use is one :class:`~inferlb.errors.ConfigError` at once, not an error after the
+    database, the processes and the fleet were set up."""
+    host, port = settings.host, settings.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # as uvicorn binds its own: a restart may reuse the port of connections still in TIME_WAIT
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", source="environment",
+                          path="INFERLB_HOST/INFERLB_PORT") from exc
+    return sock

@@ -317,7 +317,8 @@ def test_the_rendered_base_starts_and_is_ready(rendered: list[dict[str, Any]], t
                 assert ref.get("optional") is True, ref
     assert env["INFERLB_HOST"] == "0.0.0.0" and env["INFERLB_AUTH"] == "true"
     port = free_port()
-    env |= {"INFERLB_HOST": "127.0.0.1", "INFERLB_PORT": str(port)}
+    # the pod's admin listener sits on port + 1 (the default), which may be taken on a busy machine
+    env |= {"INFERLB_HOST": "127.0.0.1", "INFERLB_PORT": str(port), "INFERLB_ADMIN_PORT": str(free_port())}
     dockerfile = (REPO / "Dockerfile").read_text()
     runtime = dockerfile[dockerfile.rindex("\nFROM "):]
     workdir = root / re.findall(r"^WORKDIR\s+(\S+)", runtime, re.M)[-1].lstrip("/")

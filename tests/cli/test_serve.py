@@ -1,0 +1,51 @@
+"""``inferlb serve`` binds its port before any other start-up work: a port in use is one line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferlb.cli.main import main
+from tests.support import ROOT
+
+
+def _taken() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_a_port_in_use_is_one_line_before_any_start_up_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    host = "127.0.0.1"
+    db, journal = tmp_path / "audit.db", tmp_path / "journal"
+    monkeypatch.setenv("INFERLB_DATABASE_URL", f"sqlite:///{db}")
+    monkeypatch.setenv("INFERLB_JOURNAL_DIR", str(journal))
+    monkeypatch.setenv("INFERLB_ADMIN_PORT", "0")
+    with _taken() as busy:
+        port = busy.getsockname()[1]
+        status = main(["serve", "--config", str(ROOT / "deploy" / "kubernetes" / "fleet.yaml"), "--host", host,
+                       "--port", str(port)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("inferlb: error: ") and f"{host}:{port}" in err[0], err
+    # nothing else was set up: no database file, no journal directory
+    assert not db.exists() and not journal.exists()
+
+
+def test_the_command_line_exits_non_zero_with_the_one_line(tmp_path: Path) -> None:
+    with _taken() as busy:
+        port = busy.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERLB_DATABASE_URL": f"sqlite:///{tmp_path / 'a.db'}",
+               "INFERLB_JOURNAL_DIR": str(tmp_path / "journal"), "INFERLB_ADMIN_PORT": "0"}
+        proc = subprocess.run([sys.executable, "-m", "inferlb.cli", "serve", "--port", str(port), "--config",
+                               str(ROOT / "deploy" / "kubernetes" / "fleet.yaml")],
+                              capture_output=True, text=True, env=env, timeout=60, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and lines == [lines[0]] and lines[0].startswith("inferlb: error: "), proc.stderr
