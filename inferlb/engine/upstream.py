@@ -141,6 +141,20 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:
     return b"".join(parts)
 
 
+def _buffered(content: aiohttp.StreamReader) -> bytes:
+    """What ``content`` had received when its connection was lost. aiohttp's reader raises the
+    lost connection before it hands over bytes it had already buffered (``readany`` checks its
+    exception first), so a stream cut right after its last chunk would lose that chunk; this reads
+    them through the reader's own buffered-read (no public call returns them once it has failed)."""
+    read_nowait = getattr(content, "_read_nowait", None)
+    if not getattr(content, "_buffer", None) or read_nowait is None:
+        return b""
+    try:
+        return bytes(read_nowait(-1))
+    except Exception:   # a reader of another shape: nothing to add
+        return b""
+
+
 class UpstreamResponse:
     """A 2xx response whose headers and first chunk have arrived (the commit point).
 
@@ -150,8 +164,8 @@ class UpstreamResponse:
     """
 
     __slots__ = (
-        "_closed", "_eof", "_loop", "_read_at", "_resp", "_timed_out", "_timeouts", "_timer", "_total_deadline",
-        "first_chunk", "first_chunk_at", "headers", "headers_at", "node", "started_at", "status",
+        "_closed", "_cut", "_eof", "_loop", "_read_at", "_resp", "_timed_out", "_timeouts", "_timer",
+        "_total_deadline", "first_chunk", "first_chunk_at", "headers", "headers_at", "node", "started_at", "status",
     )
 
     def __init__(
@@ -167,6 +181,7 @@ class UpstreamResponse:
         self._read_at: float | None = None           # loop time the pending read started
         self._timer: asyncio.TimerHandle | None = None
         self._timed_out: str | None = None           # "idle" | "total" once the watchdog fired
+        self._cut: BaseException | None = None       # a cut held back while its last bytes are relayed
         self.status: int = resp.status
         self.headers: Mapping[str, str] = resp.headers
         self.first_chunk = first_chunk
@@ -215,6 +230,10 @@ class UpstreamResponse:
         """
         if self._eof:
             return b""
+        if self._cut is not None:   # the bytes before the cut went out at the last read: now the cut
+            exc, self._cut = self._cut, None
+            await self.aclose()
+            raise _map_error(exc, self.node) from exc
         if self._closed:
             if self._timed_out is not None:
                 raise UpstreamTimeout(f"{self._timed_out} timeout", phase=self._timed_out, node=self.node)
@@ -231,6 +250,10 @@ class UpstreamResponse:
             data = await self._resp.content.readany()
         except _FOREIGN as exc:
             self._read_at = None
+            left = _buffered(self._resp.content) if self._timed_out is None else b""
+            if left:
+                self._cut = exc   # relay what the node sent before it cut; raise at the next read
+                return left
             if self._timed_out is not None:
                 raise UpstreamTimeout(f"{self._timed_out} timeout", phase=self._timed_out, node=self.node) from exc
             await self.aclose()

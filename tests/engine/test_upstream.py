@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -316,3 +317,49 @@ async def test_idle_watchdog_only_times_out_a_waiting_read(upstream: Upstream, n
         resp._read_at = None
         body = await resp.read_rest()
     assert body.endswith(b"data: [DONE]\n\n")
+
+
+class _CutResponse:
+    """An aiohttp response whose real StreamReader received a chunk, then lost its connection
+    before anything read it (the order a node's last chunk and its close can arrive in)."""
+
+    def __init__(self, reader: Any) -> None:
+        self.status = 200
+        self.headers: dict[str, str] = {}
+        self.content = reader
+        self.closed = False
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_the_bytes_a_node_sent_before_it_cut_are_relayed_then_the_cut() -> None:
+    from aiohttp.streams import StreamReader
+
+    from inferlb.engine.upstream import UpstreamResponse
+
+    class _Proto:
+        _reading_paused = False
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    loop = asyncio.get_running_loop()
+    reader = StreamReader(_Proto(), 2**16, loop=loop)  # type: ignore[arg-type]
+    reader.feed_data(b"data: tok3\n\n")
+    reader.set_exception(aiohttp.ClientPayloadError("Response payload is not completed"))
+    resp = _CutResponse(reader)
+    up = UpstreamResponse(resp, b"data: tok1\n\ndata: tok2\n\n", node="n0",  # type: ignore[arg-type]
+                          timeouts=TimeoutConfig(), total_deadline=loop.time() + 60, started_at=0.0,
+                          headers_at=0.0, first_chunk_at=0.0)
+    got = []
+    with pytest.raises(UpstreamConnectError):
+        async for chunk in up.chunks():
+            got.append(chunk)
+    assert got == [b"data: tok3\n\n"] and resp.closed
