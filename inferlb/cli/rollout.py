@@ -36,10 +36,17 @@ def register(sub: Any) -> None:
     ro = sub.add_parser("rollout", help="canary rollouts of model versions on a running gateway")
     actions = ro.add_subparsers(dest="action", required=True)
 
+    # --url and --api-key are taken before the action (`inferlb rollout --url U status`, as
+    # `inferlb fleet --url U show`) or after it: the parent holds the defaults, and the action's
+    # copies default to SUPPRESS so an action given without them keeps what the parent parsed.
+    ro.add_argument("--url", default="http://127.0.0.1:8081", help="the admin listener (or the public URL + admin key)")
+    ro.add_argument("--api-key", dest="api_key", help="the admin key (default: INFERLB_ADMIN_KEY)")
+
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--url", default="http://127.0.0.1:8081",
+        sp.add_argument("--url", default=argparse.SUPPRESS,
                         help="the admin listener (or the public URL + admin key)")
-        sp.add_argument("--api-key", dest="api_key", help="the admin key (default: INFERLB_ADMIN_KEY)")
+        sp.add_argument("--api-key", dest="api_key", default=argparse.SUPPRESS,
+                        help="the admin key (default: INFERLB_ADMIN_KEY)")
 
     st = actions.add_parser("start", help="start moving a model's traffic from one version to another")
     common(st)
