@@ -477,9 +477,17 @@ class Settings(BaseSettings):
     gc_freeze: bool = True                           # INFERLB_GC_FREEZE: start-up objects out of every collection
     gc_gen0_threshold: int = Field(10_000, ge=0)     # INFERLB_GC_GEN0_THRESHOLD: 0 keeps the interpreter's (700)
 
+    def admin_listen_port(self) -> int:
+        """The admin listener's port: ``INFERLB_ADMIN_PORT``, else the public port + 1; 0 = off."""
+        if self.admin_port is not None:
+            return self.admin_port
+        return self.port + 1 if self.port else 0
+
     def listeners(self) -> tuple[Listener, ...]:
-        """This gateway's own listen address (no node URL may point back at it)."""
-        return (Listener(self.host, self.port),)
+        """This gateway's own listen addresses, public and admin (no node URL may point back at them)."""
+        admin = self.admin_listen_port()
+        own = (Listener(self.host, self.port),)
+        return (*own, Listener(self.admin_host, admin)) if admin else own
 
     def resolved_fleet(self) -> FleetConfig:
         """The fleet: the inline one, or the file named by ``config``, checked against this

@@ -67,7 +67,7 @@ def _loopback(host: str) -> bool:
 
 def admin_address(settings: Settings) -> tuple[str, int] | None:
     """The admin listener's (host, port), or None when it is off (module docstring)."""
-    port = settings.admin_port if settings.admin_port is not None else (settings.port + 1 if settings.port else 0)
+    port = settings.admin_listen_port()
     if port == 0:
         return None
     host = settings.admin_host

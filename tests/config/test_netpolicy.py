@@ -139,8 +139,20 @@ def test_settings_check_the_inline_fleet_against_the_gateway_listener() -> None:
     assert inline.listeners == ()
     with pytest.raises(ConfigError, match="own listener"):
         Settings(fleet=inline, port=8080).resolved_fleet()
-    bound = Settings(fleet=inline, port=9999).resolved_fleet()
+    bound = Settings(fleet=inline, port=9999, admin_port=0).resolved_fleet()
     assert bound.listeners == (Listener("127.0.0.1", 9999),)
+
+
+def test_the_admin_listener_is_the_gateways_own_too() -> None:
+    """A node URL on the admin listener (the public port + 1 by default) points back at the gateway."""
+    inline = fleet_from_mapping(fleet("http://127.0.0.1:9001"))
+    with pytest.raises(ConfigError, match="own listener"):
+        Settings(fleet=inline, port=9000).resolved_fleet()
+    with pytest.raises(ConfigError, match="own listener"):
+        Settings(fleet=inline, port=8080, admin_port=9001).resolved_fleet()
+    assert Settings(fleet=inline, port=9000, admin_port=0).resolved_fleet().listeners == (Listener("127.0.0.1", 9000),)
+    assert Settings(fleet=inline, port=9000, admin_port=9100).resolved_fleet().listeners == (
+        Listener("127.0.0.1", 9000), Listener("127.0.0.1", 9100))
 
 
 def test_merging_keeps_the_listeners_and_leaves_out_a_refused_discovered_node() -> None:
