@@ -1,5 +1,11 @@
 """Shared test support: fast simulated fleets and a real gateway on a loopback port.
 
+``certs(tmp)`` writes a CA, a server certificate for 127.0.0.1 / localhost and a client
+certificate signed by it (trustme), made in the test, into ``tmp``.
+
+``tls_node(certs)`` serves a tiny OpenAI-compatible node over HTTPS on 127.0.0.1 (``mtls``: it
+requires a client certificate signed by the test CA).
+
 ``running_gateway(settings)`` serves ``create_app(settings)`` with uvicorn on a free 127.0.0.1
 port inside the test's event loop (real sockets, real HTTP) and shuts it down cleanly. Its one
 listener is the admin listener (``inferlb.server.listeners.as_admin``: every route, the admin ones
@@ -12,6 +18,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,79 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@dataclass(frozen=True)
+class Certs:
+    """PEM files of one test CA (module docstring); ``other_key``: a key that matches no certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    other_key: Path
+
+
+def certs(tmp: Path) -> Certs:
+    """A CA, a server certificate (127.0.0.1, localhost) and a client certificate, written under ``tmp``."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("gateway@inferlb.test")
+    other = ca.issue_cert("other.inferlb.test")
+    out = Certs(*(tmp / f"{n}.pem" for n in ("ca", "server", "server-key", "client", "client-key", "other-key")))
+    ca.cert_pem.write_to_path(str(out.ca))
+    server.cert_chain_pems[0].write_to_path(str(out.server_cert))
+    server.private_key_pem.write_to_path(str(out.server_key))
+    client.cert_chain_pems[0].write_to_path(str(out.client_cert))
+    client.private_key_pem.write_to_path(str(out.client_key))
+    other.private_key_pem.write_to_path(str(out.other_key))
+    return out
+
+
+CHAT_ANSWER = {"id": "chatcmpl-tls", "object": "chat.completion", "created": 0, "model": "m",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "over tls"},
+                            "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+@contextlib.asynccontextmanager
+async def tls_node(pem: Certs, *, mtls: bool = False) -> AsyncIterator[tuple[str, list[str]]]:
+    """(base URL ``https://127.0.0.1:PORT``, the paths it was asked, in order) of a node serving
+    ``/v1/models`` and ``/v1/chat/completions`` (:data:`CHAT_ANSWER`) with the test server certificate."""
+    import ssl
+
+    from aiohttp import web
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pem.server_cert, pem.server_key)
+    if mtls:
+        ctx.load_verify_locations(cafile=pem.ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    seen: list[str] = []
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        await request.read()
+        return web.json_response(CHAT_ANSWER)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ctx).start()
+    try:
+        yield f"https://127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
 
 
 def fast_specs(n: int = 3, **over: Any) -> list[NodeSpec]:

@@ -78,22 +78,26 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
     from inferlb.live.triggers import run_triggers
     from inferlb.server import build_server
     from inferlb.server.gc_tuning import tune_gc
-    from inferlb.server.listeners import admin_address, bind_public, describe_admin
+    from inferlb.server.listeners import admin_address, bind_public, describe_admin, listener_contexts
 
     # The port first: a port in use is one line at once, before the database, the processes and the
     # fleet are set up (server/listeners.py); the server listens on this socket once started.
     sock = bind_public(settings)
     try:
-        # A bad file names the file and key path or element, no traceback.
+        # A bad file names the file and key path or element, no traceback; so does a certificate or
+        # key that does not load (INFERLB_TLS_*, server/listeners.py), before anything is set up.
+        admin = admin_address(settings)
+        tls = listener_contexts(settings, admin)
         settings = preflight(settings)
     except BaseException:
         sock.close()
         raise
-    admin = admin_address(settings)
     app = create_app(settings, node_launcher=node_launcher)
     # httptools with header/body timeouts and header limits; SIGTERM drains; the admin listener (server).
-    server = build_server(app, settings, admin=admin)
-    log.info("%s", describe_admin(settings, admin))
+    server = build_server(app, settings, admin=admin, tls=tls)
+    if tls.public is not None:
+        log.info("public listener: HTTPS (client certificates: %s)", settings.tls.effective_client_auth())
+    log.info("%s", describe_admin(settings, admin, tls=tls.admin is not None))
 
     async def _started() -> None:
         while not server.started and not server.should_exit:

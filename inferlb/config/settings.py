@@ -37,6 +37,7 @@ from inferlb.config.health import HealthConfig
 from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.rollout import RolloutConfig
+from inferlb.config.tls import ListenerTLS, NodeTLS
 from inferlb.config.versions import VersionConfig, version_nodes, version_problems
 from inferlb.errors import DEFAULT_RETRY_ON_STATUS, ConfigError, PluginError
 from inferlb.routing.gate import EvaluationRequirement
@@ -141,12 +142,17 @@ class NodeConfig(_Strict):
     # live/fleet_admin.py apply_fleet). Neither key value is ever stored or shown.
     api_key: SecretStr | None = None
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)
+    # How an https node is reached: its CA, the gateway's client certificate (mTLS), the name to
+    # check (config/tls.py); unset: the fleet's node_tls, else the system CAs.
+    tls: NodeTLS | None = None
     _env_key: str | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _resolve_key(self) -> NodeConfig:
         if self.api_key is not None and self.api_key_env is not None:
             raise ValueError("set api_key or api_key_env, not both")
+        if self.tls is not None and not self.url.startswith("https://"):
+            raise ValueError(f"tls is set but the url {redact_url(self.url)!r} is not https://")
         if self.api_key_env is not None:
             self._env_key = os.environ.get(self.api_key_env) or None
         return self
@@ -252,9 +258,29 @@ class FleetConfig(_Strict):
     discovery: list[DiscoveryConfig] = Field(default_factory=list)   # nodes from Kubernetes (discovery)
     rollouts: RolloutConfig = RolloutConfig()   # canary rollouts: process, interval, default criteria (rollout)
     network_policy: NetworkPolicy = NetworkPolicy()   # where node URLs may point (config/netpolicy.py)
+    # The tls block of every https node that has none of its own (config/tls.py).
+    node_tls: NodeTLS | None = None
     # The gateway's own listeners, from the validation context (fleet_from_mapping's ``listeners``):
     # a node there would be the gateway itself.
     _listeners: tuple[Listener, ...] = PrivateAttr(())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tls(cls, raw: Any) -> Any:
+        """``node_tls`` given to each https node without a ``tls`` block of its own (a node
+        opts out with ``tls: {}``: the system CAs)."""
+        if not isinstance(raw, dict) or raw.get("node_tls") is None or not isinstance(raw.get("nodes"), list):
+            return raw
+        default = raw["node_tls"]
+        nodes: list[Any] = []
+        for n in raw["nodes"]:
+            if isinstance(n, NodeConfig):
+                if n.tls is None and n.url.startswith("https://"):
+                    n = n.model_copy(update={"tls": NodeTLS.model_validate(default)})
+            elif isinstance(n, dict) and n.get("tls") is None and str(n.get("url", "")).startswith("https://"):
+                n = {**n, "tls": default}
+            nodes.append(n)
+        return {**raw, "nodes": nodes}
 
     @property
     def listeners(self) -> tuple[Listener, ...]:
@@ -449,6 +475,10 @@ class Settings(BaseSettings):
     # The admin listener (server/listeners.py): unset port = the public port + 1; 0 = no admin listener.
     admin_host: str = "127.0.0.1"                       # INFERLB_ADMIN_HOST
     admin_port: int | None = Field(None, ge=0, le=65535)   # INFERLB_ADMIN_PORT
+    # INFERLB_TLS_* (config/tls.py): the public listener serves HTTPS with a certificate. The admin
+    # listener (INFERLB_ADMIN_TLS): auto = HTTPS too when its host is not loopback; on; off.
+    tls: ListenerTLS = Field(default_factory=ListenerTLS)
+    admin_tls: Literal["auto", "on", "off"] = "auto"       # INFERLB_ADMIN_TLS
     public_docs: bool = False   # INFERLB_PUBLIC_DOCS: /docs and /openapi.json open while auth is on (api/auth.py)
     # Browser origins allowed by CORS (comma-separated in INFERLB_CORS_ALLOW_ORIGINS); none by default.
     cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -216,7 +216,7 @@ class Gateway:
         try:
             resp = await self.upstream.open(
                 node.url + path, self._upstream_body(scope, req, node, upstream_model), headers=headers,
-                timeouts=timeouts, node=node_name)
+                timeouts=timeouts, node=node_name, tls=node.tls)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:
                 try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC
 from types import TracebackType
@@ -38,6 +39,7 @@ from aiohttp.abc import AbstractResolver
 
 from inferlb.config.netpolicy import redact_url
 from inferlb.config.settings import TimeoutConfig
+from inferlb.config.tls import NodeTLS
 from inferlb.errors import (
     UpstreamConnectError,
     UpstreamError,
@@ -103,6 +105,16 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
     return max(0.0, seconds)
 
 
+def _tls_reason(exc: BaseException) -> str:
+    cert_error = getattr(exc, "certificate_error", None)   # aiohttp's ClientConnectorCertificateError
+    inner = cert_error if isinstance(cert_error, ssl.SSLError) else getattr(exc, "os_error", exc)
+    if isinstance(inner, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {inner.verify_message}"
+    if isinstance(inner, ssl.SSLError):
+        return str(inner.reason or inner)
+    return str(exc)
+
+
 def _map_error(exc: BaseException, node: str) -> UpstreamError:
     """The one mapping from aiohttp / OS errors to inferlb's (timeouts are handled by the callers)."""
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -110,6 +122,10 @@ def _map_error(exc: BaseException, node: str) -> UpstreamError:
     if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         shown = redact_url(str(exc.url) if isinstance(exc, aiohttp.InvalidURL) else str(exc))   # no query token
         return UpstreamConnectError(f"unusable node URL: {shown}", node=node)
+    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+        # Certificate not trusted, name mismatch, client certificate refused: the node's TLS and its
+        # tls block disagree. OpenSSL's reason names which; no certificate or key is in it.
+        return UpstreamConnectError(f"TLS with the node failed: {_tls_reason(exc)}", node=node)
     if isinstance(exc, aiohttp.ClientResponseError):
         # Raised for a response aiohttp cannot parse (bad status line, bad headers).
         return UpstreamProtocolError(f"malformed HTTP response: {exc.message}", node=node)
@@ -392,8 +408,12 @@ class Upstream:
         await self.close()
 
     async def open(self, url: str, body: bytes, *, headers: Mapping[str, str], timeouts: TimeoutConfig,
-                   node: str, method: str = "POST") -> UpstreamResponse:
+                   node: str, method: str = "POST", tls: NodeTLS | None = None) -> UpstreamResponse:
         """Send one request and wait for the commit point (2xx status and first body chunk).
+
+        ``tls``: the node's block (config/tls.py): its cached context and ``server_name`` for an
+        https URL (None: the system CAs). The pool keys connections by context, so nodes with
+        different certificates never share one.
 
         Raises :class:`UpstreamConnectError`, :class:`UpstreamTimeout` (``connect``,
         ``first_token`` or ``total``), :class:`UpstreamStatusError` or
@@ -416,6 +436,8 @@ class Upstream:
                     resp = await session.request(
                         method, url, data=body or None, headers=strip_hop_by_hop(headers), allow_redirects=False,
                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
+                        ssl=tls.context if tls is not None else True,
+                        server_hostname=tls.server_name if tls is not None else None,
                     )
                     headers_at = self._clock.monotonic()
                     if not 200 <= resp.status < 300:
@@ -433,7 +455,15 @@ class Upstream:
                 raise UpstreamTimeout(f"no first chunk within the {phase} timeout", phase=phase,
                                       node=node) from exc
             except _FOREIGN as exc:
-                raise _map_error(exc, node) from exc
+                error = _map_error(exc, node)
+                dropped = isinstance(exc, aiohttp.ClientOSError | aiohttp.ServerDisconnectedError)
+                if dropped and url.startswith("https:") and (tls is None or tls.cert_file is None):
+                    # TLS 1.3: a node refusing a client without a certificate does so after the
+                    # handshake, and the client only sees the connection dropped.
+                    error = UpstreamConnectError(f"{error} (an https node that drops the connection after the "
+                                                 "handshake may require a client certificate: tls.cert_file)",
+                                                 node=node)
+                raise error from exc
             response = UpstreamResponse(
                 resp, first, node=node, timeouts=timeouts, total_deadline=total_deadline,
                 started_at=started_at, headers_at=headers_at, first_chunk_at=first_at,

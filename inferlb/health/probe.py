@@ -27,12 +27,14 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
 from inferlb.config.health import DEFAULT_METRICS, DEFAULT_PROBE_PATHS, METRICS_PARSERS, HealthConfig
 from inferlb.config.settings import NodeConfig
+from inferlb.config.tls import NodeTLS
 from inferlb.fleet.netguard import GuardedResolver, PolicySource
 from inferlb.node_types import Sample
 from inferlb.types import Clock
@@ -49,6 +51,8 @@ class Target:
     api_key: str | None = field(default=None, repr=False)   # the node's key: never in a log line
     # the page's parser (METRICS_PARSERS[fmt]), for metrics and dcgm sources
     parse: Callable[[str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # the node's tls block (config/tls.py), for the sources on the node itself (probe, metrics)
+    tls: NodeTLS | None = field(default=None, repr=False, compare=False)
 
 
 def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
@@ -59,11 +63,13 @@ def targets_for(nodes: Sequence[NodeConfig], cfg: HealthConfig) -> list[Target]:
         h = cfg.node(n.name)
         if h.probe:
             path = h.probe_path or DEFAULT_PROBE_PATHS.get(n.kind, "/v1/models")
-            out.append(Target(n.name, "probe", n.url + path, api_key=n.credential()))
+            out.append(Target(n.name, "probe", n.url + path, api_key=n.credential(), tls=n.tls))
         fmt = h.metrics or DEFAULT_METRICS.get(n.kind, "none")
         if fmt != "none":
+            # A metrics_url on another host is another server (an exporter): the node's tls block is not its.
+            same_host = h.metrics_url is None or urlsplit(h.metrics_url).hostname == urlsplit(n.url).hostname
             out.append(Target(n.name, "metrics", h.metrics_url or n.url + "/metrics", fmt, api_key=n.credential(),
-                              parse=METRICS_PARSERS.load(fmt)))
+                              parse=METRICS_PARSERS.load(fmt), tls=n.tls if same_host else None))
         if h.agent_url:
             out.append(Target(n.name, "agent", h.agent_url))
         if h.dcgm_url:
@@ -143,7 +149,10 @@ class Prober:
     async def _get(self, t: Target) -> tuple[int, bytes]:
         headers = {"authorization": f"Bearer {t.api_key}"} if t.api_key else None
         limit = self.cfg.probe.max_body_bytes
-        async with self._client().get(t.url, headers=headers, allow_redirects=False) as resp:
+        tls = t.tls
+        async with self._client().get(t.url, headers=headers, allow_redirects=False,
+                                      ssl=tls.context if tls is not None else True,
+                                      server_hostname=tls.server_name if tls is not None else None) as resp:
             body = bytearray()
             seen = 0
             async for chunk in resp.content.iter_any():

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from inferlb.config.settings import Settings
 from inferlb.server.lifecycle import GatewayServer
+from inferlb.server.listeners import ListenerContexts, listener_contexts
 from inferlb.server.protocol import EdgeLimits, GatewayConfig
 
 __all__ = ["build_server", "edge_limits"]
@@ -41,15 +42,22 @@ async def _stop_streams(app: FastAPI) -> None:
 
 
 def build_server(app: FastAPI, settings: Settings, *, admin: tuple[str, int] | None = None,
-                 **overrides: Any) -> GatewayServer:
+                 tls: ListenerContexts | None = None, **overrides: Any) -> GatewayServer:
     """A :class:`GatewayServer` for ``app`` on ``settings.host:port``, and on ``admin`` as its admin
     listener (none by default; ``serve`` passes :func:`~inferlb.server.listeners.admin_address`);
+    ``tls``: the listeners' TLS contexts (default: built from the settings,
+    :func:`~inferlb.server.listeners.listener_contexts`, ConfigError when they do not load);
     ``overrides`` go to uvicorn.Config."""
+    contexts = tls if tls is not None else listener_contexts(settings, admin)
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "log_level": settings.log_level.lower(),
                               "access_log": False, "loop": "none", "lifespan": "on",
                               # after the drain (GatewayServer), only connections that ignore the stop remain
                               "timeout_graceful_shutdown": 1}
+    public = contexts.public
+    if public is not None:
+        # uvicorn's own hook, handed the context built and checked from INFERLB_TLS_* (config/tls.py)
+        kwargs["ssl_context_factory"] = lambda _config, _default: public
     kwargs.update(overrides)
     config = GatewayConfig(app, edge=edge_limits(settings), **kwargs)
     return GatewayServer(config, drain_timeout_s=settings.drain_timeout_s, on_drain=lambda: _begin_drain(app),
-                         on_deadline=lambda: _stop_streams(app), admin=admin)
+                         on_deadline=lambda: _stop_streams(app), admin=admin, admin_ssl=contexts.admin)

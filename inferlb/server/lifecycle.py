@@ -36,6 +36,7 @@ import inspect
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Generator
 from types import FrameType
 from typing import Any
@@ -55,9 +56,10 @@ class GatewayServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, *, drain_timeout_s: float, on_drain: Callable[[], None],
                  on_deadline: Callable[[], Awaitable[None] | None], stop_grace_s: float = 2.0,
-                 admin: tuple[str, int] | None = None) -> None:
+                 admin: tuple[str, int] | None = None, admin_ssl: ssl.SSLContext | None = None) -> None:
         super().__init__(config)
         self.admin = admin
+        self.admin_ssl = admin_ssl    # the admin listener's TLS (server/listeners.py listener_contexts)
         self.drain_timeout_s = drain_timeout_s
         self.stop_grace_s = stop_grace_s
         self._on_drain = on_drain
@@ -82,7 +84,7 @@ class GatewayServer(uvicorn.Server):
         host, port = self.admin
         try:
             server = await asyncio.get_running_loop().create_server(admin_protocol, host=host, port=port,
-                                                                    backlog=config.backlog)
+                                                                    backlog=config.backlog, ssl=self.admin_ssl)
         except OSError as exc:
             log.error("admin listener %s:%d: %s", host, port, exc)
             # Never started: serve() returns without a shutdown of its own (``started`` is false),
@@ -94,7 +96,8 @@ class GatewayServer(uvicorn.Server):
             await self.lifespan.shutdown()
             return
         self.servers.append(server)
-        log.info("admin listener on http://%s:%d", host, server.sockets[0].getsockname()[1] if server.sockets else port)
+        log.info("admin listener on %s://%s:%d", "https" if self.admin_ssl is not None else "http", host,
+                 server.sockets[0].getsockname()[1] if server.sockets else port)
 
     @property
     def should_exit(self) -> bool:

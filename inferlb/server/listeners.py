@@ -17,21 +17,31 @@ Contract:
   is an admin address equal to the public one.
 * :func:`describe_admin` is the one start-up line that says where the admin routes are served and
   with which key.
+* :func:`listener_contexts` is each listener's TLS context (config/tls.py): the public listener
+  serves HTTPS when ``INFERLB_TLS_CERT_FILE`` is set; the admin listener follows
+  ``INFERLB_ADMIN_TLS``: ``auto`` (the default) serves it with the same certificate and client
+  certificate policy when its host is not loopback (the admin key must not cross a network in the
+  clear) and plain HTTP on loopback (local tools and port-forwards reach it as before; traffic that
+  never leaves the host gains nothing from TLS); ``on`` always (a :class:`ConfigError` without a
+  certificate); ``off`` never (TLS terminated in front of it, say).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferlb.config.settings import Settings
+from inferlb.config.tls import server_context
 from inferlb.errors import ConfigError
 
-__all__ = ["ADMIN", "EXTENSION", "PUBLIC", "Listener", "admin_address", "as_admin", "bind_public", "describe_admin",
-           "listener_of"]
+__all__ = ["ADMIN", "EXTENSION", "PUBLIC", "Listener", "ListenerContexts", "admin_address", "as_admin", "bind_public",
+           "describe_admin", "listener_contexts", "listener_of"]
 
 Listener = Literal["public", "admin"]
 PUBLIC: Listener = "public"
@@ -81,9 +91,32 @@ def admin_address(settings: Settings) -> tuple[str, int] | None:
     return host, port
 
 
-def describe_admin(settings: Settings, address: tuple[str, int] | None) -> str:
-    """The start-up line: where the admin routes are served, and with which key."""
-    where = f"the admin listener http://{address[0]}:{address[1]}" if address else None
+@dataclass(frozen=True, slots=True)
+class ListenerContexts:
+    """Each listener's TLS context; None: plain HTTP."""
+
+    public: ssl.SSLContext | None = None
+    admin: ssl.SSLContext | None = None
+
+
+def listener_contexts(settings: Settings, admin: tuple[str, int] | None) -> ListenerContexts:
+    """The public and admin listeners' contexts (module docstring); ConfigError naming the variable
+    for a certificate, key or CA that does not load, or ``INFERLB_ADMIN_TLS=on`` without a certificate."""
+    public = server_context(settings.tls)
+    if settings.admin_tls == "on" and public is None:
+        raise ConfigError("on, but INFERLB_TLS_CERT_FILE is unset: the admin listener has no certificate to serve",
+                          source="environment", path="INFERLB_ADMIN_TLS")
+    if admin is None or settings.admin_tls == "off":
+        return ListenerContexts(public, None)
+    if settings.admin_tls == "auto" and _loopback(admin[0]):
+        return ListenerContexts(public, None)
+    return ListenerContexts(public, public)
+
+
+def describe_admin(settings: Settings, address: tuple[str, int] | None, *, tls: bool = False) -> str:
+    """The start-up line: where the admin routes are served (``tls``: over HTTPS), and with which key."""
+    scheme = "https" if tls else "http"
+    where = f"the admin listener {scheme}://{address[0]}:{address[1]}" if address else None
     if settings.admission.admin_key is not None:
         also = f" and on {where}" if where else ""
         return f"admin routes: INFERLB_ADMIN_KEY required, on the public listener{also}"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inferlb.cli.main import main
-from tests.support import ROOT
+from tests.support import ROOT, certs
 
 
 def _taken() -> socket.socket:
@@ -49,3 +49,28 @@ def test_the_command_line_exits_non_zero_with_the_one_line(tmp_path: Path) -> No
                               capture_output=True, text=True, env=env, timeout=60, check=False)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and lines == [lines[0]] and lines[0].startswith("inferlb: error: "), proc.stderr
+
+
+@pytest.mark.parametrize(("var", "bad"), [("INFERLB_TLS_KEY_FILE", "missing"), ("INFERLB_TLS_KEY_FILE", "other"),
+                                          ("INFERLB_TLS_CERT_FILE", "missing")])
+def test_a_listener_certificate_that_does_not_load_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str], var: str,
+                                                               bad: str) -> None:
+    pem = certs(tmp_path)
+    db, journal = tmp_path / "audit.db", tmp_path / "journal"
+    monkeypatch.setenv("INFERLB_DATABASE_URL", f"sqlite:///{db}")
+    monkeypatch.setenv("INFERLB_JOURNAL_DIR", str(journal))
+    monkeypatch.setenv("INFERLB_ADMIN_PORT", "0")
+    monkeypatch.setenv("INFERLB_TLS_CERT_FILE", str(pem.server_cert))
+    monkeypatch.setenv("INFERLB_TLS_KEY_FILE", str(pem.server_key))
+    monkeypatch.setenv(var, str(tmp_path / "nope.pem") if bad == "missing" else str(pem.other_key))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    status = main(["serve", "--config", str(ROOT / "deploy" / "kubernetes" / "fleet.yaml"), "--host", "127.0.0.1",
+                   "--port", str(port)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith(f"inferlb: error: environment: {var}: "), err
+    assert "PRIVATE KEY" not in err[0]
+    assert not db.exists() and not journal.exists()

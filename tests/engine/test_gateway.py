@@ -17,6 +17,7 @@ from starlette.responses import Response, StreamingResponse
 
 from inferlb.app import request_end
 from inferlb.config.settings import Settings, TimeoutConfig, fleet_from_mapping
+from inferlb.config.tls import NodeTLS
 from inferlb.engine.gateway import Gateway
 from inferlb.engine.scope import IncomingRequest, build_runtime
 from inferlb.engine.upstream import Upstream, UpstreamResponse
@@ -43,10 +44,11 @@ class Recording(Upstream):
         self.fleet: Any = None
 
     async def open(self, url: str, body: bytes, *, headers: Mapping[str, str], timeouts: TimeoutConfig,
-                   node: str, method: str = "POST") -> UpstreamResponse:
+                   node: str, method: str = "POST", tls: NodeTLS | None = None) -> UpstreamResponse:
         self.opened.append((node, timeouts, self.fleet.nodes[node].inflight_tokens))
         try:
-            return await super().open(url, body, headers=headers, timeouts=timeouts, node=node, method=method)
+            return await super().open(url, body, headers=headers, timeouts=timeouts, node=node, method=method,
+                                      tls=tls)
         finally:
             self.gw_clock.advance(self.ttfb_s)
 
