@@ -11,6 +11,9 @@ drains; SIGHUP, and with ``--watch`` edits to the fleet file or the processes, r
 (inferlb/live/manager.py). Ctrl-C is a normal stop (exit 0). The admin listener
 (``INFERLB_ADMIN_HOST``/``INFERLB_ADMIN_PORT``, inferlb/server/listeners.py) listens beside the
 public one, and one log line at start-up says where the admin routes are served and with which key.
+With ``INFERLB_TLS_CERT_FILE`` the public listener serves HTTPS (the admin listener per
+``INFERLB_ADMIN_TLS``); a certificate, key or CA that does not load is one line and exit 2 before
+any other start-up work, like a port in use (server/listeners.py ``listener_contexts``).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ only when no request is in flight, and every refusal a ClientError with nothing 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from inferlb.live.fleet_admin import (
 )
 from inferlb.store.overrides import NodeOverride
 from inferlb.types import ManualClock
+from tests.support import certs
 
 
 def base(n: int = 3, **extra: Any) -> FleetConfig:
@@ -272,3 +274,20 @@ def test_a_node_url_query_token_is_redacted_in_events_and_the_fleet_view() -> No
     shown = next(d for d in f.describe() if d["name"] == "tok")
     assert shown["url"] == "http://10.0.0.9:8000/v1?token=redacted"
     assert "s3cret" not in repr(f.describe())
+
+
+def test_a_node_added_live_takes_a_tls_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pem = certs(tmp_path)
+    monkeypatch.setenv("NODE_KEY_PW", "pw-never-stored")
+    eff = merge_overrides(base(), [])
+    block = {"ca_file": str(pem.ca), "cert_file": str(pem.client_cert), "key_file": str(pem.client_key),
+             "key_password_env": "NODE_KEY_PW"}
+    spec = {"name": "x", "url": "https://127.0.0.1:9443", "models": ["m"], "tls": block}
+    _, rows = add_node(eff, [], spec, key_id=None, at=1.0)
+    node = {n.name: n for n in merge_overrides(base(), rows).cfg.nodes}["x"]
+    assert node.tls is not None and node.tls.cert_file == str(pem.client_cert)
+    shown = repr([o.to_json() for o in rows]) + node.model_dump_json()
+    assert "pw-never-stored" not in shown and "PRIVATE KEY" not in shown
+    with pytest.raises(InvalidRequest) as err:
+        add_node(eff, [], {**spec, "tls": {**block, "cert_file": str(tmp_path / "gone.pem")}}, key_id=None, at=1.0)
+    assert err.value.param == "tls.cert_file" and "cannot read" in err.value.message
