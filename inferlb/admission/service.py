@@ -114,8 +114,7 @@ class AdmissionService:
         """``fn`` every ``every_s`` on the background runner (after ``park``, when given; ``wait``
         instead of a plain sleep between turns, when given: a notification ends it early)."""
         loop: Periodic[Any] = Periodic(
-            f"inferlb-admission-{name}", fn, interval_s=every_s, park=park, wait=wait, logger=log,
-            on_error=lambda exc: log.exception("admission %s failed; retrying in %.2fs", name, every_s))
+            f"inferlb-admission-{name}", fn, interval_s=every_s, park=park, wait=wait, logger=log)
         self._loops.append(loop)
         loop.start()
 

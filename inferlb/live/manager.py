@@ -144,8 +144,8 @@ class LiveConfig:
 
     def _poll_failed(self, exc: Exception) -> None:
         # The poll must outlive one bad turn; the next one retries.
+        # The poller logs it (one line, at most one a minute while failing: background.py).
         self.sync_error = describe_error(exc)
-        log.error("node overrides: %s", self.sync_error)
 
     # ------------------------------------------------------------------ reload (files)
 
