@@ -20,9 +20,9 @@ Contract:
   admission/store.py and admission/service.py).
 * :class:`MissGuard` bounds the database look-ups of keys the cache does not know (the controller's
   ``find_key``): a digest the database just said is unknown is not asked again for ``ttl_s``,
-  and at most ``per_s`` look-ups a second (a bucket of ``per_s`` tokens, at least one) are let
-  through for the whole gateway; past that an unknown key is a 401 at once. Times come from the
-  caller (an injected clock).
+  and at most ``per_s`` look-ups a second (a bucket of ``per_s`` tokens, at least one; 0: none,
+  the cache alone answers) are let through for the whole gateway; past that an unknown key is a
+  401 at once. Times come from the caller (an injected clock).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class MissGuard:
     def allow(self, digest: str, now: float) -> bool:
         """True when ``digest`` may be looked up now (takes one token)."""
         until = self._unknown.get(digest)
-        if until is not None and now < until:
+        if self.per_s <= 0 or (until is not None and now < until):
             self.refused += 1
             return False
         cap = max(1.0, self.per_s)

@@ -94,3 +94,8 @@ def test_the_unknown_list_is_bounded() -> None:
         guard.unknown(f"d{i}", 0.0)
     assert len(guard._unknown) <= 100
     assert not guard.allow("d999", 1.0)   # the newest are kept
+
+
+def test_zero_look_ups_a_second_means_the_cache_alone_answers() -> None:
+    guard = MissGuard(per_s=0.0, ttl_s=60.0)
+    assert not guard.allow("d", 0.0) and not guard.allow("d", 3600.0) and guard.checks == 0
