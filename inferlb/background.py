@@ -35,9 +35,17 @@ Contract of :class:`Periodic` (a :class:`Background` whose body is a loop of tur
   propagating (what an owner's ``run_once`` is); :attr:`~Periodic.turns` counts the turns run
   past the gate, counted as they start. :meth:`~Periodic.run_turn` is :meth:`~Periodic.once`
   with the report the loop makes: an exception (never a cancellation) counts in
-  :attr:`~Periodic.turn_errors`, is kept in :attr:`~Background.last_error` (a good turn clears
-  it) and is reported once, to ``on_error(exc)`` when given (called inside the ``except`` block,
-  so ``log.exception`` has the traceback), else logged with its traceback; the loop goes on.
+  :attr:`~Periodic.turn_errors` and :attr:`~Periodic.failing` (failures in a row), is kept in
+  :attr:`~Background.last_error` (a good turn clears it), is handed to ``on_error(exc)`` when
+  given (the owner's bookkeeping: it should not log), and the loop goes on.
+* **A failing loop is quiet and backs off.** A failure is logged as one WARNING line on the
+  runner's logger, without a traceback (``"<name> failed: Type: message; retrying in Ns"``):
+  the first failure at once, then at most one line every ``log_every_s`` (60 s) while it keeps
+  failing (the line counts the failures since the last one); the first good turn after failures
+  logs one INFO line (``"<name> recovered after N failed turns"``). While failing, the wait
+  before the next turn doubles from one interval (1, 2, 4 … intervals) up to ``backoff_max_s``
+  (60 s by default; never below one interval; 0 turns the back-off off); a good turn brings back
+  the interval. The time these count in is ``clock``'s (else the event loop's).
 """
 
 from __future__ import annotations
@@ -154,7 +162,8 @@ class Periodic(Background, Generic[T]):
                  due: Callable[[], bool] | None = None, park: Callable[[], Awaitable[object]] | None = None,
                  wait: Callable[[float], Awaitable[object]] | None = None,
                  on_error: Callable[[Exception], None] | None = None, clock: Clock | None = None,
-                 logger: logging.Logger | None = None, cancel_tries: int = 20, cancel_wait_s: float = 0.1) -> None:
+                 logger: logging.Logger | None = None, cancel_tries: int = 20, cancel_wait_s: float = 0.1,
+                 backoff_max_s: float = 60.0, log_every_s: float = 60.0) -> None:
         super().__init__(name, logger=logger, cancel_tries=cancel_tries, cancel_wait_s=cancel_wait_s)
         self._turn = turn
         self._interval = interval_s
@@ -171,6 +180,11 @@ class Periodic(Background, Generic[T]):
         self.turns = 0
         self.standby_turns = 0
         self.turn_errors = 0
+        self.backoff_max_s = backoff_max_s
+        self.log_every_s = log_every_s
+        self.failing = 0                        # failed turns in a row (0 while it goes well)
+        self._logged_at: float | None = None    # when the last failure line was written
+        self._unlogged = 0                      # failures since that line
 
     def interval(self) -> float:
         return float(self._interval() if callable(self._interval) else self._interval)
@@ -194,6 +208,9 @@ class Periodic(Background, Generic[T]):
         self.turns += 1
         return await self._turn()
 
+    def _now(self) -> float:
+        return self._clock.monotonic() if self._clock is not None else asyncio.get_running_loop().time()
+
     async def run_turn(self) -> bool:
         """:meth:`once` with the loop's report of a failure; True when the turn went well."""
         try:
@@ -202,18 +219,45 @@ class Periodic(Background, Generic[T]):
             raise
         except Exception as exc:   # the loop must outlive one bad turn
             self.turn_errors += 1
+            self.failing += 1
             self.last_error = describe_error(exc)
             self.report(exc)
             return False
+        if self.failing:
+            self.log.info("%s recovered after %d failed turn%s", self.name, self.failing,
+                          "" if self.failing == 1 else "s")
+        self.failing = 0
+        self._logged_at = None
+        self._unlogged = 0
         self.last_error = None
         return True
 
+    def label(self) -> str:
+        """How the failure line names the loop (its name; a process timer says which round)."""
+        return self.name
+
+    def retry_in(self) -> float:
+        """The wait before the next turn while :attr:`failing` (module docstring: the back-off)."""
+        interval = self.interval()
+        if self.failing <= 1 or self.backoff_max_s <= 0:
+            return interval
+        cap = max(interval, self.backoff_max_s)
+        return min(cap, interval * 2.0 ** min(self.failing - 1, 60))
+
     def report(self, exc: Exception) -> None:
-        """Report a failed turn once (called inside the ``except`` block)."""
+        """Report a failed turn: the owner's ``on_error``, then the rate-limited WARNING line."""
         if self._on_error is not None:
             self._on_error(exc)
-        else:
-            self.log.exception("%s: a turn failed", self.name)
+        now = self._now()
+        self._unlogged += 1
+        if self._logged_at is not None and now - self._logged_at < self.log_every_s:
+            return
+        # One line, no traceback: a loop failing for an hour must not fill the log with stacks.
+        what = " ".join(describe_error(exc).split())
+        since = f" ({self._unlogged} failures since the last report)" if self._logged_at is not None else ""
+        self.log.warning("%s failed: %s; retrying in %.3gs%s", self.label(), what, self.retry_in(), since)
+        self._logged_at = now
+        self._unlogged = 0
 
     async def body(self) -> None:
         now = self._clock.monotonic if self._clock is not None else asyncio.get_running_loop().time
@@ -231,3 +275,5 @@ class Periodic(Background, Generic[T]):
             if self._due is None or self._due():
                 await self.run_turn()
             delay = interval - (now() - started) if self.rate else interval
+            if self.failing:
+                delay = max(delay, self.retry_in())

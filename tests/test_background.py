@@ -319,21 +319,58 @@ async def test_a_failed_turn_is_counted_kept_reported_once_and_the_loop_goes_on(
     assert reported == ["ValueError('bad turn')", "KeyError('k')"] and p.turn_errors == 2 and p.turns == 3
     assert p.last_error == "KeyError: 'k'" and not p.failed
 
-    # Without on_error the runner logs it itself, with the traceback.
+    # The runner logs it itself, on_error or not: one WARNING line, no traceback.
     async def broken() -> None:
         raise RuntimeError("no handler")
 
     q = Periodic("test-default-report", broken, interval_s=HOUR, logger=logging.getLogger("test.background"))
-    with caplog.at_level(logging.ERROR, "test.background"):
+    with caplog.at_level(logging.WARNING, "test.background"):
         assert await q.run_turn() is False
     recs = [r for r in caplog.records if r.name == "test.background"]
-    assert len(recs) == 1 and recs[0].exc_info and q.last_error == "RuntimeError: no handler"
+    assert len(recs) == 1 and not recs[0].exc_info and q.last_error == "RuntimeError: no handler"
+    assert recs[0].levelno == logging.WARNING and "RuntimeError: no handler" in recs[0].getMessage()
 
     async def fine() -> None:
         return None
 
     q._turn = fine
     assert await q.run_turn() is True and q.last_error is None     # a good turn clears it
+
+
+async def test_a_failing_loop_backs_off_logs_one_line_a_minute_and_one_when_it_recovers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """docs/reliability.md: a refresh failing for ten minutes is a handful of WARNING lines
+    without traceback, with the waits doubling to the cap, and one INFO line when it is back."""
+    clock = ManualClock()
+    fake = FakeTime(clock, limit=14)
+    failing = [True]
+
+    async def turn() -> None:
+        if fake.waits and len(fake.waits) >= 13:
+            failing[0] = False
+        if failing[0]:
+            raise ConnectionError("database\n  away")
+
+    log = logging.getLogger("test.background.backoff")
+    p: Periodic[None] = Periodic("test-backoff", turn, interval_s=2.0, first_s=0.0, wait=fake.wait, clock=clock,
+                                 logger=log, backoff_max_s=30.0)
+    with caplog.at_level(logging.INFO, log.name):
+        p.start()
+        await _until(lambda: fake.parked)
+        await p.stop()
+    # One interval after the first failure, then doubling up to the cap; the interval once it recovered.
+    assert fake.waits[:8] == [0.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0], fake.waits
+    assert fake.waits[-1] == 2.0 and p.failing == 0 and p.last_error is None
+    recs = [r for r in caplog.records if r.name == log.name]
+    assert all(not r.exc_info for r in recs)
+    warnings = [r for r in recs if r.levelno == logging.WARNING]
+    # Twelve failures at 0, 2, 6, 14, 30, 60 … 240 s: lines at 0, 60, 120, 180, 240 s only.
+    assert len(warnings) == 5, [r.getMessage() for r in warnings]
+    first = warnings[0].getMessage()
+    assert first == "test-backoff failed: ConnectionError: database away; retrying in 2s", first
+    assert "failures since the last report" in warnings[-1].getMessage()
+    recovered = [r.getMessage() for r in recs if r.levelno == logging.INFO]
+    assert recovered == ["test-backoff recovered after 12 failed turns"]
 
 
 async def test_a_cancellation_is_never_reported_as_a_failed_turn() -> None:

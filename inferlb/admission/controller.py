@@ -32,15 +32,16 @@ import itertools
 import logging
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from inferlb.admission.buckets import Limiter
 from inferlb.admission.budget import RetryBudget
-from inferlb.admission.keys import ApiKey, KeyCache
+from inferlb.admission.keys import ApiKey, KeyCache, MissGuard, hash_key
 from inferlb.admission.queue import Ticket
 from inferlb.admission.state import Hold, PoolState, _reject
 from inferlb.config.admission import AdmissionPolicy, AdmissionSettings
+from inferlb.errors import StoreError
 from inferlb.store.records import RequestRecord
 from inferlb.types import Clock
 
@@ -81,6 +82,37 @@ class AdmissionController:
         self.counters: Counter[str] = Counter()
         self._seq = itertools.count()
         self.on_enqueue: Callable[[], None] | None = None   # the service's tick loop parks until this
+        # The database look-up of one key by digest (set by the service when there is a database);
+        # None (its answer) when the database has no such key; StoreError when it is away.
+        self.key_source: Callable[[str], Awaitable[ApiKey | None]] | None = None
+        self.misses = MissGuard(per_s=policy.keys_miss_checks_per_s, ttl_s=policy.keys_miss_ttl_s)
+
+    # ------------------------------------------------------------------ keys
+
+    async def find_key(self, presented: str) -> ApiKey | None:
+        """The active key ``presented`` is, from the cache or, for a digest the cache does not
+        know at all, from the database (a key created a moment ago on another replica), as
+        :attr:`misses` allows (admission/keys.py). A key the cache holds revoked or expired is not
+        looked up again (a revocation is final; the reload brings any change); nor while the cache
+        is expired (the database is away). A database error answers None (the caller's 401)."""
+        now = self.clock.time()
+        key = self.keys.lookup(presented, now)
+        if key is not None or self.key_source is None or self.keys.expired is not None:
+            return key
+        digest = hash_key(presented)
+        if digest in self.keys.by_hash or not self.misses.allow(digest, self.clock.monotonic()):
+            return None
+        try:
+            found = await self.key_source(digest)
+        except StoreError as exc:
+            # Debug only: the key refresh loop already reports the database away (once a minute).
+            log.debug("API key look-up failed (%s); answering 401", " ".join(str(exc).split())[:200])
+            return None
+        if found is None:
+            self.misses.unknown(digest, self.clock.monotonic())
+            return None
+        self.keys.put(found)
+        return self.keys.lookup(presented, self.clock.time())
 
     # ------------------------------------------------------------------ pools and saturation
 

@@ -15,7 +15,14 @@ Contract:
   ``admission.keys_refresh_s``; in this process, the admin API refreshes at once. While the
   database is away the cache keeps serving for ``admission.keys_max_stale_s`` after its last
   load, then :meth:`KeyCache.expire` empties it (authenticated requests get 503
-  ``keys_unavailable`` instead of a 401 until the database answers again).
+  ``keys_unavailable`` instead of a 401 until the database answers again). On PostgreSQL a key
+  created or revoked anywhere reloads the cache at once (the store's ``NOTIFY``,
+  admission/store.py and admission/service.py).
+* :class:`MissGuard` bounds the database look-ups of keys the cache does not know (the controller's
+  ``find_key``): a digest the database just said is unknown is not asked again for ``ttl_s``,
+  and at most ``per_s`` look-ups a second (a bucket of ``per_s`` tokens, at least one; 0: none,
+  the cache alone answers) are let through for the whole gateway; past that an unknown key is a
+  401 at once. Times come from the caller (an injected clock).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import hmac
 import secrets
 from dataclasses import dataclass, field, replace
 
-__all__ = ["KEY_PREFIX", "ApiKey", "KeyCache", "generate_key", "hash_key", "key_hint", "new_key_id"]
+__all__ = ["KEY_PREFIX", "ApiKey", "KeyCache", "MissGuard", "generate_key", "hash_key", "key_hint",
+           "new_key_id"]
 
 KEY_PREFIX = "sk-gw-"
 _DUMMY_HASH = "0" * 64
@@ -129,3 +137,42 @@ class KeyCache:
 
     def __len__(self) -> int:
         return len(self.by_id)
+
+
+class MissGuard:
+    """Which unknown digests may be looked up in the database now (see the module docstring)."""
+
+    def __init__(self, *, per_s: float, ttl_s: float, max_entries: int = 10_000) -> None:
+        self.per_s = per_s
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._tokens = max(1.0, per_s)
+        self._at: float | None = None
+        self._unknown: dict[str, float] = {}     # digest → until when the database is not asked again
+        self.checks = 0                          # look-ups let through
+        self.refused = 0                         # look-ups not let through (recently unknown, or no token)
+
+    def allow(self, digest: str, now: float) -> bool:
+        """True when ``digest`` may be looked up now (takes one token)."""
+        until = self._unknown.get(digest)
+        if self.per_s <= 0 or (until is not None and now < until):
+            self.refused += 1
+            return False
+        cap = max(1.0, self.per_s)
+        if self._at is not None:
+            self._tokens = min(cap, self._tokens + max(0.0, now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens < 1.0:
+            self.refused += 1
+            return False
+        self._tokens -= 1.0
+        self.checks += 1
+        return True
+
+    def unknown(self, digest: str, now: float) -> None:
+        """The database said it has no key ``digest``: do not ask again for ``ttl_s``."""
+        if len(self._unknown) >= self.max_entries:
+            self._unknown = {d: u for d, u in self._unknown.items() if u > now}
+            while len(self._unknown) >= self.max_entries:   # still full: the oldest entries go
+                del self._unknown[next(iter(self._unknown))]
+        self._unknown[digest] = now + self.ttl_s

@@ -8,6 +8,14 @@ Contract:
   loops: the queue *tick* (expiry and re-check every ``queue.tick_s``, only while something
   waits), the key *refresh* (adds pending spend to the database, then reloads every key, every
   ``keys_refresh_s``), and the Redis *sync* of the limit buckets (every ``redis_sync_s``).
+* On PostgreSQL the key refresh also wakes at once when a key is created or revoked anywhere:
+  a connection of its own ``LISTEN``-s on the store's ``NOTIFY``
+  (:data:`~inferlb.admission.store.KEYS_CHANNEL`, :class:`~inferlb.store.revision_watch.PgNotifyWatch`;
+  reconnecting 1 s doubling to 30 s while it is down, the periodic reload still running), so a
+  revocation on one replica holds on every replica within a round trip. A key the cache does
+  not know is looked up in the database before the 401 (:meth:`AdmissionController.find_key`,
+  through :attr:`AdmissionController.key_source`, set here), so a key created on another
+  replica (or by ``inferlb keys create`` on any database) works at once.
 * While the database is away the key cache keeps serving; once its last load is older than
   ``admission.keys_max_stale_s`` it is emptied (:meth:`KeyCache.expire`) until a load succeeds.
 * The loops run on the background runner (:class:`~inferlb.background.Periodic`). A loop that
@@ -27,9 +35,12 @@ from inferlb.admission.buckets import RedisSync
 from inferlb.admission.controller import AdmissionController
 from inferlb.background import Periodic, stop_all
 from inferlb.errors import ConfigError, StoreError
+from inferlb.store.revision_watch import PgNotifyWatch, pg_listener_connect
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+    from inferlb.admission.keys import ApiKey
 
 __all__ = ["AdmissionService"]
 
@@ -49,6 +60,8 @@ class AdmissionService:
         controller.on_enqueue = self._queued.set
         self.ticks = 0                       # queue ticks run (the tick loop parks while nothing waits)
         self.keys_loaded_at: float | None = None   # monotonic time of the last successful key load
+        self.key_loads = 0                   # successful reloads of the whole key cache
+        self.keys_watch: PgNotifyWatch | None = None   # the key-change listener (PostgreSQL only)
 
     async def start(self) -> None:
         ctl = self.ctl
@@ -68,11 +81,24 @@ class AdmissionService:
             raise ConfigError("INFERLB_LIMITS=redis needs INFERLB_REDIS_URL")
         self._loop("queue-tick", ctl.policy.queue.tick_s, self._tick_once, park=self._park_until_queued)
         if self.engine is not None:
-            self._loop("keys-refresh", ctl.policy.keys_refresh_s, self.refresh_keys)
+            ctl.key_source = self._find_key
+            wait = None
+            if self.engine.url.get_backend_name() == "postgresql":
+                from inferlb.admission.store import KEYS_CHANNEL
+
+                self.keys_watch = PgNotifyWatch(pg_listener_connect(self.engine), clock=ctl.clock,
+                                                channel=KEYS_CHANNEL, what="api keys")
+                await self.keys_watch.start()
+                wait = self.keys_watch.wait
+            self._loop("keys-refresh", ctl.policy.keys_refresh_s, self.refresh_keys, wait=wait)
 
     async def stop(self) -> None:
         await stop_all(list(self._loops))
         self._loops.clear()
+        self.ctl.key_source = None
+        if self.keys_watch is not None:
+            await self.keys_watch.close()
+            self.keys_watch = None
         if self.engine is not None:
             with contextlib.suppress(StoreError):
                 await self._flush_spend()
@@ -83,11 +109,12 @@ class AdmissionService:
                 await self.redis.aclose()
 
     def _loop(self, name: str, every_s: float, fn: Callable[[], Awaitable[Any]],
-              park: Callable[[], Awaitable[None]] | None = None) -> None:
-        """``fn`` every ``every_s`` on the background runner (after ``park``, when given)."""
+              park: Callable[[], Awaitable[None]] | None = None,
+              wait: Callable[[float], Awaitable[object]] | None = None) -> None:
+        """``fn`` every ``every_s`` on the background runner (after ``park``, when given; ``wait``
+        instead of a plain sleep between turns, when given: a notification ends it early)."""
         loop: Periodic[Any] = Periodic(
-            f"inferlb-admission-{name}", fn, interval_s=every_s, park=park, logger=log,
-            on_error=lambda exc: log.exception("admission %s failed; retrying in %.2fs", name, every_s))
+            f"inferlb-admission-{name}", fn, interval_s=every_s, park=park, wait=wait, logger=log)
         self._loops.append(loop)
         loop.start()
 
@@ -125,6 +152,13 @@ class AdmissionService:
             if key is not None:
                 self.ctl.keys.with_spent(k, key.spent + v)
 
+    async def _find_key(self, digest: str) -> ApiKey | None:
+        """The controller's :attr:`~AdmissionController.key_source`: one key by digest, in a thread."""
+        from inferlb.admission.store import find_key
+
+        assert self.engine is not None
+        return await asyncio.to_thread(find_key, self.engine, digest)
+
     async def refresh_keys(self) -> None:
         """Write pending spend, then reload the key cache (revocations and new keys included)."""
         from inferlb.admission.store import load_keys
@@ -138,6 +172,7 @@ class AdmissionService:
             self._maybe_expire(exc)
             raise
         self.ctl.keys.replace(keys)
+        self.key_loads += 1
         self.keys_loaded_at = self.ctl.clock.monotonic()
         self.ctl.sweep()
 

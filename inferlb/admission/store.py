@@ -10,6 +10,14 @@ Contract:
 * :func:`revoke_key` is idempotent: revoking twice keeps the first revocation time.
 * :func:`add_spend` adds per-key deltas (``spent = spent + :delta``), so several gateway
   replicas can each add their own share without losing each other's.
+* :func:`create_key` and :func:`revoke_key` announce the change to every replica: on PostgreSQL
+  the same transaction sends ``NOTIFY`` on :data:`KEYS_CHANNEL` (payload: the schema), which the
+  server delivers when, and only if, it commits; each gateway ``LISTEN``-s and reloads its key
+  cache at once (admission/service.py). Whoever writes (a replica's admin API, ``inferlb keys``)
+  announces, with nothing else to reach. SQLite has no such signal: one process, or the
+  re-check of an unknown key (:func:`find_key`) and the periodic reload.
+* :func:`find_key` reads one key by its SHA-256 digest (a gateway re-checking a key its cache
+  does not know: one created a moment ago on another replica).
 * SQLAlchemy errors become :class:`~inferlb.errors.StoreError` here.
 """
 
@@ -18,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -27,7 +35,11 @@ from inferlb.errors import StoreError
 from inferlb.store.db import describe_db_error
 from inferlb.store.schema import ApiKeyRow, from_us, to_us
 
-__all__ = ["add_spend", "create_key", "get_key", "list_keys", "load_keys", "revoke_key"]
+__all__ = ["KEYS_CHANNEL", "add_spend", "create_key", "find_key", "get_key", "list_keys", "load_keys",
+           "revoke_key"]
+
+# The PostgreSQL NOTIFY channel of every key change (create, revoke); admission/service.py listens.
+KEYS_CHANNEL = "inferlb_api_keys"
 
 _T = TypeVar("_T")
 _KEYS: Table = cast(Table, ApiKeyRow.__table__)
@@ -39,6 +51,12 @@ def _run(engine: Engine, fn: Callable[[Connection], _T]) -> _T:
             return fn(conn)
     except SQLAlchemyError as exc:
         raise StoreError(f"api keys: {describe_db_error(exc)}") from exc
+
+
+def _announce(conn: Connection) -> None:
+    """Queue the change notice in the caller's transaction (sent on commit; PostgreSQL only)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_notify(KEYS_CHANNEL, func.current_schema())))
 
 
 def _key(row: Any) -> ApiKey:
@@ -68,6 +86,7 @@ def create_key(engine: Engine, *, tenant: str, now: float, name: str | None = No
 
     def insert(conn: Connection) -> ApiKey:
         conn.execute(_KEYS.insert().values(**row))
+        _announce(conn)
         return _key(conn.execute(select(_KEYS).where(_KEYS.c.id == row["id"])).one())
 
     return _run(engine, insert), secret
@@ -91,6 +110,15 @@ def load_keys(engine: Engine) -> list[ApiKey]:
     return list_keys(engine)
 
 
+def find_key(engine: Engine, key_hash: str) -> ApiKey | None:
+    """The key whose digest is ``key_hash`` (revoked or not); None when there is none."""
+    def fetch(conn: Connection) -> ApiKey | None:
+        row = conn.execute(select(_KEYS).where(_KEYS.c.key_hash == key_hash)).one_or_none()
+        return _key(row) if row is not None else None
+
+    return _run(engine, fetch)
+
+
 def get_key(engine: Engine, key_id: str) -> ApiKey | None:
     def fetch(conn: Connection) -> ApiKey | None:
         row = conn.execute(select(_KEYS).where(_KEYS.c.id == key_id)).one_or_none()
@@ -104,6 +132,7 @@ def revoke_key(engine: Engine, key_id: str, *, now: float) -> ApiKey | None:
     def revoke(conn: Connection) -> ApiKey | None:
         conn.execute(update(_KEYS).where(_KEYS.c.id == key_id, _KEYS.c.revoked_at_us.is_(None))
                      .values(revoked_at_us=to_us(now)))
+        _announce(conn)
         row = conn.execute(select(_KEYS).where(_KEYS.c.id == key_id)).one_or_none()
         return _key(row) if row is not None else None
 

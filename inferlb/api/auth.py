@@ -7,9 +7,11 @@ app-wide objects through :mod:`.deps`.
 Contract:
 
 * :func:`authenticate` (on the OpenAI routes) does nothing while auth is off. With auth on it reads
-  ``Authorization: Bearer <key>``, looks the key up in constant time (:meth:`KeyCache.lookup`) and
-  stores the :class:`ApiKey` on ``request.state.api_key``; a missing or invalid key is a 401 in the
-  OpenAI envelope, the same one whatever was wrong with it (limited per client address, then 429).
+  ``Authorization: Bearer <key>``, looks the key up in constant time (:meth:`KeyCache.lookup`;
+  a key the cache does not know is looked up in the database first, bounded:
+  :meth:`AdmissionController.find_key`) and stores the :class:`ApiKey` on ``request.state.api_key``;
+  a missing or invalid key is a 401 in the OpenAI envelope, the same one whatever was wrong with
+  it (limited per client address, then 429).
   Nothing of a 401 is audited: an unauthenticated caller must not be able to fill the audit trail.
   While the key cache is expired (the database away past ``admission.keys_max_stale_s``) the
   answer is 503 ``keys_unavailable`` instead.
@@ -58,7 +60,7 @@ async def authenticate(request: Request, ctl: AdmissionDep) -> None:
     token = bearer_token(request.headers.get("authorization"))
     if token is None:
         raise _refuse(request, ctl, "You didn't provide an API key: send it as 'Authorization: Bearer sk-gw-…'")
-    key = ctl.keys.lookup(token, ctl.clock.time())
+    key = await ctl.find_key(token)
     if key is None:
         if ctl.keys.expired is not None:   # not the caller's fault: the keys cannot be checked now
             raise Unavailable(f"API keys cannot be checked right now ({ctl.keys.expired}); retry later",

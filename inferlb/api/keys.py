@@ -5,8 +5,9 @@ Contract: every route follows the admin rule (:func:`~inferlb.api.auth.require_a
 admin key configured it takes ``Authorization: Bearer <INFERLB_ADMIN_KEY>`` (a tenant key gets 403,
 no or a wrong key 401); with none, only the loopback admin listener serves it. A created key is returned once,
 in ``key``; afterwards only its ``hint`` is ever shown. Changes reach this gateway's key cache at
-once and other replicas within ``admission.keys_refresh_s``. Database calls run in a worker
-thread; database errors are 503 in the OpenAI envelope.
+once; other replicas find a new key on its first use and, on PostgreSQL, drop a revoked one at
+once (the store's ``NOTIFY``, admission/store.py), else within ``admission.keys_refresh_s``.
+Database calls run in a worker thread; database errors are 503 in the OpenAI envelope.
 """
 
 from __future__ import annotations

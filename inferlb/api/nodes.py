@@ -9,9 +9,14 @@
   probed, then in slow start. ``POST /admin/nodes/{name}/drain`` / ``undrain``,
   ``PATCH /admin/nodes/{name}`` (``weight``, ``labels``, ``capacity_tokens``, ``max_concurrency``,
   ``price_per_hour``), ``DELETE /admin/nodes/{name}[?force=true]`` (409 unless drained or forced;
-  409 for the last node of a model). Unknown node 404, duplicate name or bad field 400, database
-  away 503; all in the OpenAI envelope, nothing applied on error. Each answers the change and the
-  node as ``/admin/fleet`` shows it.
+  409 for the last node of a model, and, forced or not, 409 ``node_in_version`` for a node a model
+  version lists by name: the message names the key, ``models[M].versions[V].nodes``). Unknown
+  node 404, duplicate name or bad field 400, database away 503; all in the OpenAI envelope,
+  nothing applied on error. Each answers the change and the node as ``/admin/fleet`` shows it.
+
+``POST /admin/nodes`` answers ``warnings`` (a list, empty when all is well; each also logged as a
+WARNING): one line per versioned model the new node serves whose versions all leave it out, as
+it then gets none of that model's traffic (live/fleet_admin.py, :func:`unversioned_warnings`).
 
 Every change is a node event (``node_events``) whose evidence carries ``key_id``: the admin key's
 id (``admin:`` + the first 12 hex digits of its SHA-256; null when no admin key is configured and
@@ -21,6 +26,7 @@ the change came through the admin listener).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -30,13 +36,15 @@ from inferlb.admission.auth import bearer_token, matches
 from inferlb.api.deps import AdmissionDep, GatewayDep, LiveDep
 from inferlb.errors import ConfigError, InvalidRequest, ProcessValidationError, Unavailable
 from inferlb.fleet.netguard import resolved_problem
-from inferlb.live.fleet_admin import Effective, add_node, patch_node, remove_node, set_drained
+from inferlb.live.fleet_admin import Effective, add_node, patch_node, remove_node, set_drained, unversioned_warnings
 from inferlb.live.manager import LiveConfig
 from inferlb.store.overrides import NodeOverride
 
 __all__ = ["router"]
 
 router = APIRouter()
+
+log = logging.getLogger("inferlb.live")
 
 
 def _live(live: LiveConfig | None) -> LiveConfig:
@@ -94,7 +102,10 @@ async def add(request: Request, gw: GatewayDep, live: LiveDep, ctl: AdmissionDep
         return add_node(eff, rows, body, key_id=actor["key_id"], at=at)[1]
 
     out = await lc.change_nodes(name, change, what="add", actor=actor)
-    return {**out, "node_state": _node(gw, lc, name)}
+    warnings = unversioned_warnings(lc.effective.cfg, name)
+    for line in warnings:
+        log.warning("POST /admin/nodes: %s", line)
+    return {**out, "node_state": _node(gw, lc, name), "warnings": warnings}
 
 
 async def _drain(request: Request, gw: GatewayDep, live: LiveDep, ctl: AdmissionDep, name: str,

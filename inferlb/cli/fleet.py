@@ -14,7 +14,9 @@
 
 Every form takes ``--url`` (the gateway's admin listener, default http://127.0.0.1:8081) and
 ``--api-key`` (the admin key, also read from ``INFERLB_ADMIN_KEY``). A change prints one line and
-exits 0; a refusal prints the gateway's error message (which names what is wrong) and exits 1; an
+exits 0 (and the answer's ``warnings``, one ``inferlb: warning:`` line each on stderr: ``add`` of
+a node no version of its model takes in); a refusal prints the gateway's error message (which
+names what is wrong: ``remove`` of a node a model version lists names the key) and exits 1; an
 unreachable gateway exits 2.
 """
 
@@ -134,5 +136,8 @@ def fleet_main(args: argparse.Namespace) -> int:
         msg = err.get("message") if isinstance(err, dict) else r.text[:300]
         print(f"inferlb: error: HTTP {r.status_code}: {' '.join(str(msg).split())}", file=sys.stderr)
         return 1
+    if not args.json:
+        for line in doc.get("warnings") or []:    # POST /admin/nodes: a node no model version takes in
+            print(f"inferlb: warning: {' '.join(str(line).split())}", file=sys.stderr)
     print(json.dumps(doc, indent=2) if args.json else _summary(args.action, doc))
     return 0

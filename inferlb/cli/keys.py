@@ -3,8 +3,10 @@
 Contract: works on ``INFERLB_DATABASE_URL`` (or ``--database-url``) without a running gateway;
 SQLite databases are upgraded first (as the gateway does), PostgreSQL ones need
 ``inferlb db upgrade``. ``create`` prints the key once (it is stored only as a SHA-256 digest),
-with ``--json`` as one JSON object. Running gateways see new and revoked keys within
-``admission.keys_refresh_s`` (5 s by default). A database error exits 2 with one line.
+with ``--json`` as one JSON object. Running gateways accept a new key at once (they look an
+unknown key up before a 401); a revoked key is dropped at once on PostgreSQL (the store's
+``NOTIFY``) and within ``admission.keys_refresh_s`` (5 s by default) on SQLite. A database error
+exits 2 with one line.
 """
 
 from __future__ import annotations

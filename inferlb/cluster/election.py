@@ -96,7 +96,9 @@ class Election:
         self.last_error: str | None = None
         self._timer: Periodic[bool] = Periodic(
             f"inferlb-election-{role}", lambda: asyncio.to_thread(self.attempt), interval_s=lease_s / 3.0,
-            logger=log, on_error=lambda exc: log.exception("election attempt failed"))
+            # No back-off: a replica must retry its lease at its own pace (failover bound); the
+            # runner still logs a failing attempt once a minute, without a traceback.
+            logger=log, backoff_max_s=0.0)
         now = _now_sql(engine)
         self._acquire_sql = text(
             f"INSERT INTO leader_leases (name, holder, token, expires_at, acquired_at) "

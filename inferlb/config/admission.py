@@ -119,6 +119,13 @@ class AdmissionPolicy(_Strict):
     # The database away: keys are served from the cache this long after its last load, then
     # authenticated requests get 503 keys_unavailable (a revoked key must not live for ever).
     keys_max_stale_s: float = Field(300.0, gt=0)
+    # A key the cache does not know is looked up in the database before the 401 (one created a
+    # moment ago on another replica), at most this many lookups a second for the whole gateway
+    # (random keys cannot hammer the database); an unknown digest is not looked up again for
+    # keys_miss_ttl_s (a secret cannot exist before it is created, so waiting hides nothing);
+    # 0 look-ups a second: the cache alone answers (new keys arrive with the reload).
+    keys_miss_checks_per_s: float = Field(10.0, ge=0)
+    keys_miss_ttl_s: float = Field(60.0, gt=0)
     redis_sync_s: float = Field(0.05, gt=0)         # limit-bucket exchange with Redis
 
     @model_validator(mode="after")

@@ -94,8 +94,7 @@ class LearnedLoop:
         self.retrains = 0
         self.last_retrain: dict[str, Any] | None = None
         self._timer: Periodic[None] = Periodic(
-            "inferlb-learned-routing", self._turn, interval_s=lambda: self.lc.p.train_interval_s, logger=log,
-            on_error=lambda exc: log.exception("learned routing: training turn failed"))
+            "inferlb-learned-routing", self._turn, interval_s=lambda: self.lc.p.train_interval_s, logger=log)
         self._next_retrain = clock.monotonic() + lifecycle.p.retrain_interval_s
         self._next_save = clock.monotonic() + lifecycle.p.save_interval_s
         self.saves = 0

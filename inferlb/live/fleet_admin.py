@@ -25,6 +25,14 @@ Discovered nodes (discovery, source ``discovery``) join the merge as rows of the
 the same states as an operator's node; the file's or an operator's node of the same name wins (the
 discovered one is left out); operators may drain them, but patching or removing one is refused
 (409 ``discovered_node``): the orchestrator owns them.
+
+Model versions (config/versions.py) that list their nodes by name live in the fleet file, which a
+live change cannot edit. So :func:`remove_node` refuses (409 ``node_in_version``, ``?force=true``
+or not: the result would name a node that no longer exists) a node that such a list names, and
+says which key names it (``models[llama-8b].versions[v2].nodes``); and
+:func:`unversioned_warnings` tells an operator who adds a node serving a versioned model that no
+version takes it in: routing only picks nodes of the request's version (tasks/routing.py), so the
+node gets none of that model's traffic until a version lists it or its selector matches.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from pydantic import ValidationError
 
 from inferlb.config.netpolicy import redact_url
 from inferlb.config.settings import FleetConfig, NodeConfig, fleet_from_mapping
+from inferlb.config.versions import version_nodes
 from inferlb.cost import Share, node_prices
 from inferlb.errors import ConfigError, Conflict, InvalidRequest, NotFound
 from inferlb.fleet.node import NodeState
@@ -48,8 +57,8 @@ from inferlb.health.monitor import check_health_config
 from inferlb.node_types import NodeEvent
 from inferlb.store.overrides import NodeOverride
 
-__all__ = ["PATCHABLE", "Effective", "add_node", "apply_fleet", "config_version", "merge_overrides", "patch_node",
-           "remove_node", "set_drained", "settle"]
+__all__ = ["PATCHABLE", "Effective", "add_node", "apply_fleet", "config_version", "merge_overrides", "naming_versions",
+           "patch_node", "remove_node", "set_drained", "settle", "unversioned_warnings"]
 
 # What PATCH /admin/nodes/{name} may change (the rest of a node is its identity: name, URL, kind, models).
 PATCHABLE = ("weight", "labels", "capacity_tokens", "max_concurrency", "price_per_hour", "api_key_env")
@@ -234,12 +243,48 @@ def patch_node(eff: Effective, rows: Sequence[NodeOverride], name: str, patch: M
     return _replace(rows, NodeOverride(name, o.source, spec, drained=o.drained, key_id=key_id, updated_at=at), name)
 
 
+def naming_versions(cfg: FleetConfig, name: str) -> list[str]:
+    """The keys of the versions whose ``nodes`` list names ``name``: ``models[M].versions[V].nodes``."""
+    return [f"models[{m.name}].versions[{v.name}].nodes" for m in cfg.models for v in m.versions
+            if v.nodes is not None and name in v.nodes]
+
+
+def unversioned_warnings(cfg: FleetConfig, name: str) -> list[str]:
+    """For node ``name`` of ``cfg``: one line per versioned model it serves whose versions all
+    leave it out (each lists other nodes, or has a selector its labels do not match); empty when
+    every such model takes it in (or none has versions)."""
+    node = next((n for n in cfg.nodes if n.name == name), None)
+    if node is None:
+        return []
+    out: list[str] = []
+    for m in cfg.models:
+        if m.name not in node.models or not m.versions:
+            continue
+        if any(name in version_nodes(v, m.name, cfg.nodes) for v in m.versions):
+            continue
+        how = "; ".join(f"models[{m.name}].versions[{v.name}]" + (f".nodes lists {', '.join(v.nodes)}"
+                        if v.nodes is not None else f".selector is {v.selector.describe()}"
+                        if v.selector is not None else "")
+                        for v in m.versions)
+        out.append(f"node {name!r} serves model {m.name!r}, whose versions all leave it out ({how}): it gets "
+                   f"no traffic for {m.name!r} until a version lists it (or its selector matches its labels) "
+                   f"in the fleet file and the file is reloaded")
+    return out
+
+
 def remove_node(eff: Effective, rows: Sequence[NodeOverride], name: str, *, drained_here: bool, force: bool,
                 key_id: str | None, at: float) -> list[NodeOverride]:
     """Remove ``name``: 404 unknown; 409 when it is not drained (on this replica) unless ``force``,
-    and always when it is the last node serving one of its models."""
+    and always when it is the last node serving one of its models or a version lists it by name
+    (``node_in_version``, naming the keys: module docstring)."""
     node = _find(eff, name)
     _not_discovered(eff, name, "removed")
+    keys = naming_versions(eff.cfg, name)
+    if keys:
+        raise Conflict(f"Node {name!r} is named by {', '.join(keys)} in the fleet file: take it out of that list "
+                       f"and reload first (POST /admin/reload), then remove it; or drain it "
+                       f"(POST /admin/nodes/{name}/drain), which keeps it named but gives it no traffic",
+                       param=keys[0], code="node_in_version")
     for model in node.models:
         if not any(model in n.models for n in eff.cfg.nodes if n.name != name):
             raise Conflict(f"{name!r} is the last node serving model {model!r}; add another node first",

@@ -114,6 +114,9 @@ class LiveConfig:
         self.changes = 0
         self.last_change: dict[str, Any] | None = None
         self.sync_error: str | None = None
+        # The last refusal the reload triggers logged (problem + files digest, live/triggers.py):
+        # the same one again is not logged again; None after a reload that went through.
+        self.last_refusal: str | None = None
         self._lock = asyncio.Lock()
         self._poller: Periodic[None] = Periodic(
             "inferlb-live-config", self._poll_turn, interval_s=lambda: self.poll_s,
@@ -144,8 +147,8 @@ class LiveConfig:
 
     def _poll_failed(self, exc: Exception) -> None:
         # The poll must outlive one bad turn; the next one retries.
+        # The poller logs it (one line, at most one a minute while failing: background.py).
         self.sync_error = describe_error(exc)
-        log.error("node overrides: %s", self.sync_error)
 
     # ------------------------------------------------------------------ reload (files)
 

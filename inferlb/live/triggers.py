@@ -2,7 +2,10 @@
 
 Both call :meth:`~inferlb.live.manager.LiveConfig.reload` on the running app and log the outcome
 in one line (a refused reload names the file, the key path or element id, and the problem; the
-old config keeps serving). ``inferlb serve`` starts :func:`run_triggers` next to the server.
+old config keeps serving). A refusal is logged once per problem and file content: the same
+refusal of the same files again (another save of the broken file, another ``.yaml`` written next
+to it, a SIGHUP) is logged at DEBUG only, until the files change or a reload succeeds.
+``inferlb serve`` starts :func:`run_triggers` next to the server.
 
 * SIGHUP: installed on the running loop (``loop.add_signal_handler``) once the app is ready, and
   removed when the server stops. A SIGHUP during a reload queues one more (the lock serialises).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import signal
 from collections.abc import Callable, Iterable
@@ -29,8 +33,38 @@ __all__ = ["reload_logged", "run_triggers", "watched_paths"]
 log = logging.getLogger("inferlb.live")
 
 
+def _files_digest(live: Any) -> str:
+    """SHA-256 over the files a reload reads that an operator edits: the fleet file and the
+    processes directory's ``.bpmn`` files (when one is configured), names and bytes."""
+    h = hashlib.sha256()
+    settings = live.settings
+    paths: list[Path] = [settings.config] if settings.config is not None else []
+    if settings.processes_dir is not None:
+        with contextlib.suppress(OSError):
+            paths += sorted(Path(settings.processes_dir).glob("*.bpmn"))
+    for path in paths:
+        h.update(str(path).encode("utf-8", "surrogateescape") + b"\0")
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError as exc:      # a missing file is a content too (the refusal says so)
+            h.update(type(exc).__name__.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _refused(live: Any, trigger: str, problem: str) -> None:
+    """Log the refusal once per (problem, file content) (module docstring)."""
+    seen = f"{problem}\0{_files_digest(live)}"
+    if seen == getattr(live, "last_refusal", None):
+        log.debug("reload (%s) refused again, files unchanged: %s", trigger, problem)
+        return
+    live.last_refusal = seen
+    log.error("reload (%s) refused, nothing changed: %s", trigger, problem)
+
+
 async def reload_logged(app: Any, trigger: str) -> bool:
-    """Reload ``app``'s config; log the result in one line; True when it was swapped in."""
+    """Reload ``app``'s config; log the result in one line (a refusal once per problem and file
+    content); True when it was swapped in."""
     live = getattr(app.state, "live", None)
     if live is None:
         log.warning("reload (%s) ignored: the gateway is not ready", trigger)
@@ -38,11 +72,12 @@ async def reload_logged(app: Any, trigger: str) -> bool:
     try:
         out = await live.reload(trigger=trigger, actor={"by": trigger, "key_id": None})
     except ClientError as exc:
-        log.error("reload (%s) refused, nothing changed: %s", trigger, " ".join(exc.message.split()))
+        _refused(live, trigger, " ".join(exc.message.split()))
         return False
     except InferlbError as exc:
-        log.error("reload (%s) refused, nothing changed: %s", trigger, " ".join(str(exc).split()))
+        _refused(live, trigger, " ".join(str(exc).split()))
         return False
+    live.last_refusal = None
     log.info("reload (%s) done in %.1f ms: process %s, config %s", trigger, out["took_ms"],
              out["process"]["version"], out["config_version"])
     return True

@@ -278,8 +278,8 @@ class RolloutManager(RolloutRounds, RolloutPersistence):
 
     def _turn_failed(self, exc: Exception) -> None:
         # The timer must outlive one bad turn (a database away); one rollout's failure is counted above.
+        # The timer logs it (one line, at most one a minute while failing: background.py).
         self.last_error = describe_error(exc)
-        log.error("rollouts: %s", self.last_error)
 
     # ------------------------------------------------------------------ reloads
 

@@ -30,8 +30,9 @@ The kinds (:func:`revision_watch` picks one for an engine):
   ``journal_mode=WAL``, store/db.py; the main file otherwise, and at checkpoints), so an
   unchanged pair means no commit since the last read. This replica's own writes (the audit writer)
   move them too: a gateway under traffic reads at every poll, as it did before.
-* :class:`PgNotifyWatch` (PostgreSQL): a dedicated connection ``LISTEN``-s on
-  :data:`~inferlb.store.overrides.REVISION_CHANNEL`, on which every revision bump notifies
+* :class:`PgNotifyWatch` (PostgreSQL): a dedicated connection ``LISTEN``-s on its channel,
+  :data:`~inferlb.store.overrides.REVISION_CHANNEL` by default (the tenant keys' cache listens
+  on its own, admission/service.py), on which every revision bump notifies
   from its own transaction (:func:`~inferlb.store.overrides.bump_revision`; the payload is
   the schema, so deployments sharing one database in different schemas ignore each other). The
   connection reconnects after ``retry_s``, doubling up to ``retry_max_s``; while it is down every
@@ -61,7 +62,8 @@ from inferlb.wakeup import Wakeup
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-__all__ = ["Mark", "PgNotifyWatch", "PollWatch", "RevisionWatch", "SqliteFileWatch", "revision_watch"]
+__all__ = ["Mark", "PgNotifyWatch", "PollWatch", "RevisionWatch", "SqliteFileWatch", "pg_listener_connect",
+           "revision_watch"]
 
 log = logging.getLogger("inferlb.live")
 
@@ -163,9 +165,12 @@ class PgNotifyWatch(RevisionWatch):
 
     def __init__(self, connect: Callable[[], Awaitable[AsyncConnection[Any]]], *, clock: Clock,
                  reread_s: float = 30.0, retry_s: float = 1.0, retry_max_s: float = 30.0,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 channel: str = REVISION_CHANNEL, what: str = "revision") -> None:
         super().__init__(clock=clock, reread_s=reread_s)
         self._connect = connect
+        self.channel = channel              # the NOTIFY channel listened on (payload: the schema)
+        self.what = what                    # how its log lines name it ("revision", "api keys")
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self._sleep = sleep
@@ -175,7 +180,7 @@ class PgNotifyWatch(RevisionWatch):
         self.connects = 0
         self.error: str | None = None
         self._wake = Wakeup()
-        self._listener = Background("inferlb-revision-listen", self._run, logger=log)
+        self._listener = Background(f"inferlb-{what.replace(' ', '-')}-listen", self._run, logger=log)
 
     def state(self) -> Hashable:
         # Not listening: nothing can be trusted, every poll reads.
@@ -207,7 +212,7 @@ class PgNotifyWatch(RevisionWatch):
             except Exception as exc:   # psycopg / OS errors: the server away, the connection killed
                 error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
                 if error != self.error:    # once per distinct problem, not every retry
-                    log.warning("revision listener down, polling every poll until it is back: %s", error)
+                    log.warning("%s listener down, polling every poll until it is back: %s", self.what, error)
                 self.error = error
             finally:
                 self.listening = False
@@ -220,14 +225,15 @@ class PgNotifyWatch(RevisionWatch):
     async def _listen(self) -> None:
         conn = await self._connect()
         async with conn:
-            await conn.execute(f"LISTEN {REVISION_CHANNEL}")
+            # A channel is one of this code's constants (an identifier), never input.
+            await conn.execute(f"LISTEN {self.channel}")
             row = await (await conn.execute("SELECT current_schema()")).fetchone()
             schema = str(row[0]) if row is not None and row[0] is not None else ""
             self.backend_pid = conn.info.backend_pid
             self.listening = True
             self.connects += 1
             if self.error is not None:
-                log.info("revision listener back (LISTEN %s)", REVISION_CHANNEL)
+                log.info("%s listener back (LISTEN %s)", self.what, self.channel)
             self.error = None
             self._moved()                  # what was committed while nobody listened
             async for note in conn.notifies():
@@ -238,6 +244,21 @@ class PgNotifyWatch(RevisionWatch):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "listening": self.listening, "connects": self.connects,
                 "error": self.error}
+
+
+def pg_listener_connect(engine: Engine) -> Callable[[], Awaitable[AsyncConnection[Any]]]:
+    """What opens a :class:`PgNotifyWatch`'s connection for a PostgreSQL ``engine``: an
+    autocommit ``psycopg.AsyncConnection`` with the engine's parameters (host, database, user,
+    schema search path)."""
+    params = pg_connect_params(engine)
+
+    async def connect() -> AsyncConnection[Any]:
+        # The postgres extra: present whenever a PostgreSQL engine could be made.
+        import psycopg
+
+        return await psycopg.AsyncConnection.connect(autocommit=True, **params)
+
+    return connect
 
 
 def revision_watch(engine: Engine | None, *, clock: Clock, reread_s: float = 30.0) -> RevisionWatch:
@@ -251,13 +272,5 @@ def revision_watch(engine: Engine | None, *, clock: Clock, reread_s: float = 30.
         if path is not None:
             return SqliteFileWatch(path, clock=clock, reread_s=reread_s)
     elif backend == "postgresql":
-        params = pg_connect_params(engine)
-
-        async def connect() -> AsyncConnection[Any]:
-            # The postgres extra: present whenever a PostgreSQL engine could be made.
-            import psycopg
-
-            return await psycopg.AsyncConnection.connect(autocommit=True, **params)
-
-        return PgNotifyWatch(connect, clock=clock, reread_s=reread_s)
+        return PgNotifyWatch(pg_listener_connect(engine), clock=clock, reread_s=reread_s)
     return PollWatch(clock=clock, reread_s=reread_s)

@@ -13,9 +13,11 @@ Contract:
   they start (a failing round counts too).
 * :meth:`run_once` is one round through the gate, its exception propagating. :meth:`run_logged`
   is a round as the timer runs it: a failure counts in :attr:`failed_rounds`, is kept in
-  :attr:`last_error` (``"Type: message"``, cleared by the next good round) and reported once,
-  to ``on_error`` when given, else as ``"<what> round <n> failed: <error>"`` on ``logger``; the
-  timer goes on. Cancellation is never a failure.
+  :attr:`last_error` (``"Type: message"``, cleared by the next good round), handed to
+  ``on_error`` when given, and logged as Periodic logs a failing turn (one WARNING line
+  ``"<what> round <n> failed: <error>; retrying in …"``, at most one a minute while it keeps
+  failing, the rounds backing off meanwhile: background.py); the timer goes on. Cancellation is
+  never a failure.
 * :meth:`run_instance` is what a round does on the engine: a **fresh** instance of the current
   process (``process()``, read at every call: a reload swaps it between rounds; a long-lived
   looping instance would grow by a few task objects per turn) started with ``data`` and
@@ -93,11 +95,8 @@ class ProcessTimer(Periodic[T]):
         """One round as the timer runs it (module docstring); True when it went well."""
         return await self.run_turn()
 
-    def report(self, exc: Exception) -> None:
-        if self._on_error is not None:
-            self._on_error(exc)
-        else:
-            self.log.error("%s round %d failed: %s", self.what, self.rounds, self.last_error)
+    def label(self) -> str:
+        return f"{self.what} round {self.rounds}"
 
     async def run_instance(self, data: dict[str, Any], scope: Any, performers: Mapping[str, Performer]) -> Instance:
         """A fresh instance of the current process, performed to its end (module docstring)."""
