@@ -68,7 +68,8 @@ _ERROR_TEXT = {
     429: "Rate limited, over quota or shed (`Retry-After` says when to retry)",
     502: "Every node answered with an error",
     503: "No node can serve the model now, or the gateway is overloaded (`Retry-After`)",
-    504: "The deadline passed before a node answered",
+    504: "The client's deadline passed before a node answered (`deadline_exceeded`), or a node's own "
+         "timeout did (`upstream_timeout`)",
 }
 _OPENAI_ERRORS = (400, 401, 403, 404, 413, 429, 502, 503, 504)
 
@@ -208,7 +209,8 @@ _HEADERS = [
      "description": "A configured priority class, capped at the key's ceiling"},
     {"name": "x-inferlb-deadline-ms", "in": "header", "required": False,
      "schema": {"type": "integer", "minimum": 1, "maximum": 86_400_000},
-     "description": "The client's deadline in milliseconds"},
+     "description": "The client's deadline in milliseconds; when it passes first, the answer is "
+                    "504 deadline_exceeded"},
     {"name": "x-inferlb-tenant", "in": "header", "required": False,
      "schema": {"type": "string", "minLength": 1, "maxLength": 128},
      "description": "A tenant label while auth is off (with auth on the key's tenant is used)"},
