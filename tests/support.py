@@ -143,15 +143,18 @@ def settings_for(tmp: Path, fleet: FleetConfig, **over: Any) -> Settings:
 async def running_gateway(settings: Settings, *, clock: Clock | None = None,
                           node_launcher: Any = None,
                           leader: Callable[[], bool] | None = None,
-                          port: int | None = None, public: bool = False) -> AsyncIterator[tuple[str, Any]]:
+                          port: int | None = None, public: bool = False,
+                          log_level: str = "warning", access_log: bool = False) -> AsyncIterator[tuple[str, Any]]:
     """Yields (base URL, app); ``clock`` is injected into the app (default: the system clock);
     ``node_launcher``: the local autoscale actuator's (create_app's); ``leader``: create_app's
     (default: the election, a lone replica always leads); ``port``: the one to listen on (default: a
-    free one); ``public``: serve as the public listener (default: the admin listener, module docstring)."""
+    free one); ``public``: serve as the public listener (default: the admin listener, module docstring);
+    ``log_level`` / ``access_log``: uvicorn's (its ``uvicorn.*`` loggers do not propagate: a test that
+    reads them attaches its handler once this has yielded, after uvicorn configured them)."""
     app = create_app(settings, clock=clock, node_launcher=node_launcher, leader=leader)
     port = port or free_port()
-    config = uvicorn.Config(app if public else as_admin(app), host="127.0.0.1", port=port, log_level="warning",
-                            access_log=False, lifespan="on")
+    config = uvicorn.Config(app if public else as_admin(app), host="127.0.0.1", port=port, log_level=log_level,
+                            access_log=access_log, lifespan="on")
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

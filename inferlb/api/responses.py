@@ -10,9 +10,10 @@ from inferlb.api import validation_fields as f
 from inferlb.api.validation import ValidatedRequest
 from inferlb.errors import InvalidRequest
 
-__all__ = ["validate_responses"]
+__all__ = ["MAX_OUTPUT_TOKENS", "validate_responses"]
 
-_MAX_OUTPUT_TOKENS = 1 << 31
+#: The largest ``max_output_tokens`` the validator lets through (a model's own limit applies after it).
+MAX_OUTPUT_TOKENS = 1 << 31
 
 
 def _text_bytes(value: Any, parts: list[str]) -> None:
@@ -39,7 +40,7 @@ def validate_responses(body: dict[str, Any], *, want_text: bool = False) -> Vali
         raise InvalidRequest("'input' is required: a non-empty string or a list of input items", param="input",
                              code="missing_required_parameter" if inp is None else "invalid_value")
     stream = bool(f.opt_bool(body, "stream"))
-    max_tokens = f.opt_int(body, "max_output_tokens", 1, _MAX_OUTPUT_TOKENS)
+    max_tokens = f.opt_int(body, "max_output_tokens", 1, MAX_OUTPUT_TOKENS)
     f.find_forbidden(body)
     parts: list[str] = []
     _text_bytes(inp, parts)

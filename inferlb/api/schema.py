@@ -7,7 +7,7 @@ JSON Schemas below describe the fields the validator checks (every other field i
 to the node, hence ``additionalProperties: true``). :func:`install` replaces FastAPI's generated
 document, once, with one where
 
-* ``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` have their request
+* ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses`` have their request
   body, the ``x-inferlb-*`` request headers and a JSON (or, when streamed, ``text/event-stream``)
   answer;
 * every operation documents its errors as the OpenAI envelope
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import HTMLResponse, JSONResponse
 
 from inferlb.api.auth import require_docs_reader
+from inferlb.api.responses import MAX_OUTPUT_TOKENS
 from inferlb.api.validation import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N
 from inferlb.api.validation_fields import INT32_MAX, MODEL_MAX_CHARS, STOP_MAX_ITEMS, TOOLS_MAX
 
@@ -67,7 +68,8 @@ _ERROR_TEXT = {
     429: "Rate limited, over quota or shed (`Retry-After` says when to retry)",
     502: "Every node answered with an error",
     503: "No node can serve the model now, or the gateway is overloaded (`Retry-After`)",
-    504: "The deadline passed before a node answered",
+    504: "The client's deadline passed before a node answered (`deadline_exceeded`), or a node's own "
+         "timeout did (`upstream_timeout`)",
 }
 _OPENAI_ERRORS = (400, 401, 403, 404, 413, 429, 502, 503, 504)
 
@@ -154,13 +156,52 @@ EMBEDDINGS: dict[str, Any] = {
                    "dimensions": {"type": ["integer", "null"], "minimum": 1, "maximum": 65536},
                    "user": _STRING_OR_NULL},
 }
+_INPUT_ITEM = {
+    "type": "object", "additionalProperties": True,
+    "description": "An input item: a message (role and content) or another item type the node accepts",
+    "properties": {
+        "type": {"type": "string", "examples": ["message"]},
+        "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}],
+                    "description": "Text, or content parts (input_text, input_image…)"},
+    },
+}
+_PASSED = "Passed to the node, which validates it"
+# The Responses API (api/responses.py): the gateway checks model, input, stream and
+# max_output_tokens; the other fields listed are the common ones, forwarded untouched.
+RESPONSES: dict[str, Any] = {
+    "type": "object", "required": ["model", "input"], "additionalProperties": True,
+    "description": "The gateway checks model, input, stream and max_output_tokens, and that no field names a "
+                   "backend or a credential (api_base, base_url, api_key…); every other field goes to the node",
+    "properties": {
+        "model": _COMMON["model"],
+        "input": {"anyOf": [{"type": "string", "minLength": 1},
+                            {"type": "array", "items": _INPUT_ITEM, "minItems": 1}],
+                  "description": "A non-empty string, or a non-empty list of input items"},
+        "max_output_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_OUTPUT_TOKENS,
+                              "description": "Output tokens (at most the model's max_output_tokens)"},
+        "stream": {"type": ["boolean", "null"], "description": "Typed server-sent events, ending with "
+                                                               "response.completed"},
+        "instructions": {"type": ["string", "null"], "description": f"A system message. {_PASSED}"},
+        "temperature": {**_COMMON["temperature"], "description": _PASSED},
+        "top_p": {**_COMMON["top_p"], "description": _PASSED},
+        "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"},
+                     "description": _PASSED},
+        "user": {**_STRING_OR_NULL, "description": "The sticky key of a model-version split (else x-session-id). "
+                                                   + _PASSED},
+        "previous_response_id": {"type": ["string", "null"], "description": _PASSED},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["type"],
+                                             "properties": {"type": {"type": "string"}}},
+                  "description": _PASSED},
+    },
+}
 PREDICT: dict[str, Any] = {"type": "object", "additionalProperties": True,
                            "description": "A KServe-v2 / Triton inference request, forwarded as is"}
 REQUEST_BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS,
-    "/v1/predict/{model}": PREDICT,
+    "/v1/responses": RESPONSES, "/v1/predict/{model}": PREDICT,
 }
-_STREAMED = ("/v1/chat/completions", "/v1/completions")
+_STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 _GUARDED = ("/admin/", "/audit/", "/reports/", "/dashboard/", "/metrics")
 _HEADERS = [
     {"name": "x-inferlb-priority", "in": "header", "required": False,
@@ -168,7 +209,8 @@ _HEADERS = [
      "description": "A configured priority class, capped at the key's ceiling"},
     {"name": "x-inferlb-deadline-ms", "in": "header", "required": False,
      "schema": {"type": "integer", "minimum": 1, "maximum": 86_400_000},
-     "description": "The client's deadline in milliseconds"},
+     "description": "The client's deadline in milliseconds; when it passes first, the answer is "
+                    "504 deadline_exceeded"},
     {"name": "x-inferlb-tenant", "in": "header", "required": False,
      "schema": {"type": "string", "minLength": 1, "maxLength": 128},
      "description": "A tenant label while auth is off (with auth on the key's tenant is used)"},

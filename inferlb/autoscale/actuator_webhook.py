@@ -6,7 +6,9 @@ answer means the receiver took the whole plan; it may answer ``{"replicas": {"MO
 to report what is in place, which becomes :meth:`current` (otherwise what it last accepted is).
 Anything else (non-2xx, timeout, connection refused) fails every changed pool of the round, with
 the status and the first 300 bytes of the answer; the next round posts the plan again.
-Draining on scale-down is the receiver's job (it owns the replicas).
+Draining on scale-down is the receiver's job (it owns the replicas). The URL may carry the
+receiver's credentials (``https://user:pw@…``, ``?token=…``): results (the scaling events, the
+autoscale report) show it redacted (``redact_url``), error text included.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import aiohttp
 from inferlb.autoscale.actuator import PoolResult, guard_min
 from inferlb.autoscale.planner import Plan
 from inferlb.config.autoscale import AutoscaleConfig
+from inferlb.config.netpolicy import redact_url
 
 __all__ = ["WebhookActuator"]
 
@@ -27,6 +30,7 @@ class WebhookActuator:
 
     def __init__(self, cfg: AutoscaleConfig, url: str | None = None) -> None:
         self.url = url or cfg.actuator.url or ""
+        self.shown = redact_url(self.url)   # what results say: no password, no query token
         self.pools = {(p.model, p.gpu): p for p in cfg.pools}
         self.replicas: dict[tuple[str, str], int] = {k: p.min for k, p in self.pools.items()}
         self.timeout = aiohttp.ClientTimeout(total=cfg.actuator.timeout_s)
@@ -61,9 +65,10 @@ class WebhookActuator:
                 else:
                     error = f"webhook answered {resp.status}: {text[:300]}"
         except (aiohttp.ClientError, TimeoutError) as exc:
-            error = f"webhook unreachable: {type(exc).__name__}: {exc}"[:500]
+            # aiohttp's message may quote the URL whole (InvalidURL, a redirect's error)
+            error = f"webhook unreachable: {type(exc).__name__}: {str(exc).replace(self.url, self.shown)}"[:500]
         if error is not None:
-            return [PoolResult(d.model, d.gpu, d.current, wanted[d.key], None, False, error, self.url)
+            return [PoolResult(d.model, d.gpu, d.current, wanted[d.key], None, False, error, self.shown)
                     for d in changes]
         reported = answer.get("replicas") if isinstance(answer, dict) else None
         for key, n in wanted.items():
@@ -72,7 +77,7 @@ class WebhookActuator:
         return [PoolResult(d.model, d.gpu, d.current, wanted[d.key], self.replicas[d.key],
                            self.replicas[d.key] == wanted[d.key],
                            None if self.replicas[d.key] == wanted[d.key] else
-                           f"the receiver reports {self.replicas[d.key]} in place", self.url)
+                           f"the receiver reports {self.replicas[d.key]} in place", self.shown)
                 for d in changes]
 
     async def close(self) -> None:

@@ -46,10 +46,12 @@ def _db(args: argparse.Namespace) -> int:
 def db_command(args: argparse.Namespace, settings: Settings, *, now: float | None = None) -> int:
     """Run ``inferlb db <action>``; errors are raised as StoreError / InvalidRequest / ConfigError."""
     from inferlb.cli.audit import db_upgrade
+    from inferlb.config.netpolicy import redact_url  # here: building the parser imports no pydantic
 
     if args.action == "upgrade":
         db_upgrade(settings.database_url)
-        print(f"database at head: {settings.database_url}")
+        # The URL may carry the database password (postgresql://user:pw@…): never print it.
+        print(f"database at head: {redact_url(settings.database_url)}")
         return 0
     return _prune(args, settings, time.time() if now is None else now)
 

@@ -108,6 +108,7 @@ def demo_banner(settings: Settings, nodes: list[str]) -> str:
     """The demo's start-up text: the gateway, where the admin routes are (the admin listener, keyless
     on loopback while no INFERLB_ADMIN_KEY is set: server/listeners.py) and whether tenant auth is on
     (env or fleet file), on its last line."""
+    from inferlb.config.netpolicy import redact_url  # here: building the parser imports no pydantic
     from inferlb.server.listeners import admin_address
 
     auth = settings.admission.auth or (settings.fleet is not None and settings.fleet.admission.auth)
@@ -120,7 +121,9 @@ def demo_banner(settings: Settings, nodes: list[str]) -> str:
         admin_line = f"admin routes: {admin} (with INFERLB_ADMIN_KEY; also on the gateway's port)"
     else:
         admin_line = f"admin routes: {admin} (loopback only, no key; the gateway's port answers them 404)"
-    return _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(nodes), db=settings.database_url,
+    # The database URL may carry a password (INFERLB_DATABASE_URL=postgresql://user:pw@…): redacted.
+    return _BANNER.format(host=settings.host, port=settings.port, nodes=", ".join(nodes),
+                          db=redact_url(settings.database_url),
                           engine=settings.engine, auth=_AUTH_ON if auth else _AUTH_OFF, admin=admin,
                           admin_line=admin_line, h=_KEY if keyed else "")
 

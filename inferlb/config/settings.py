@@ -547,8 +547,21 @@ def load_fleet_file(path: Path | str, *, listeners: tuple[Listener, ...] = ()) -
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", source=str(p)) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=str(p)) from exc
+        raise ConfigError(f"not valid YAML: {_yaml_problem(exc)}", source=str(p)) from exc
     return fleet_from_mapping(raw, source=str(p), listeners=listeners)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``exc`` in words, with its line and column, but without the copy of the offending line that
+    PyYAML's own message quotes: that line may hold a node's ``api_key``, and this message goes
+    into the reload answer, the logs and the start-up error."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc)   # a ReaderError: a character code and a position, nothing of the text
+    parts = []
+    for what, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if what:
+            parts.append(f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else what)
+    return "; ".join(parts) or type(exc).__name__
 
 
 def fleet_from_mapping(raw: Any, *, source: str = "<config>", listeners: tuple[Listener, ...] = ()

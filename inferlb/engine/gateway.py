@@ -298,6 +298,7 @@ class Gateway:
         elif (status is None or status >= 500) and not client_deadline:
             rt.fleet.report_failure(node)
         kind = "retryable" if exc.retryable_under(rt.fleet_cfg.retry.retry_on_status) else "fatal"
+        scope.deadline_cut = client_deadline
         attempt.outcome = kind
         attempt.http_status = status
         attempt.error_class = exc.error_class if not isinstance(exc, UpstreamTimeout) else f"timeout_{exc.phase}"

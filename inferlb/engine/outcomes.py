@@ -189,6 +189,12 @@ def final_result(scope: RequestScope, data: Mapping[str, Any]) -> dict[str, Any]
     if scope.retry_after_s is not None and out.get("status") == 429:
         return _err(429, "rate_limited", "rate_limited", "Every node that serves the model is rate limited",
                     "rate_limit_error", retry_after=scope.retry_after_s)
+    if out.get("error_class") == "timeout" and scope.deadline_cut:
+        # The client's deadline (x-inferlb-deadline-ms, or its class's) ended the wait, not the
+        # node: say so, so that neither the client nor a dashboard blames the model server.
+        return _err(504, "deadline_exceeded", "deadline_exceeded",
+                    "The request's deadline passed before a node answered (x-inferlb-deadline-ms or the "
+                    "priority class's deadline)")
     if out.get("error_class") == "timeout":
         return _err(504, "upstream_timeout", "upstream_timeout", "The model server did not answer in time")
     return _err(502, "upstream_error", "upstream_error",

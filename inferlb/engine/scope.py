@@ -126,6 +126,9 @@ class RequestScope:
     output_budget: int = 0                       # output tokens, computed once by request/evaluate
     last_outcome: dict[str, Any] | None = None
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
+    # The last attempt was cut by the client's own deadline, not by a slow node: the answer then
+    # says the deadline passed (504 deadline_exceeded), not that the node failed (engine/outcomes.py).
+    deadline_cut: bool = False
     journaled: Awaitable[bool] | None = None     # the start entry's commit: awaited before the first byte
     # Affinity inputs, only when the router reads them (Router.prefix_blocks > 0): the prompt's
     # chained block hashes and the session's 64-bit key (routing/prefix.py).

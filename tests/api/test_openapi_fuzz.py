@@ -3,10 +3,12 @@ and schemathesis, run over real HTTP against a gateway with emulated nodes, find
 
 The fuzz run is bounded (a fixed seed, at most ``MAX_EXAMPLES`` generated cases per operation in
 the fuzzing phase plus schemathesis' explicit-example and boundary-value ("coverage") cases,
-positive and negative, one worker) and checks only ``not_a_server_error``: client input never
-produces a 5xx. The emulated model's output cap is small so that generated ``max_tokens`` values
-cost little. The admin key is sent so that the admin routes are fuzzed too; the hooks in
-``schemathesis_hooks.py`` let half the cases name a served model.
+positive and negative, one worker) and checks only ``not_a_server_error`` (less the 504
+``deadline_exceeded`` a request with ``x-inferlb-deadline-ms`` gets when its own deadline passes:
+``schemathesis_hooks.py``): client input never produces a 5xx. The emulated model's output cap
+is small so that generated ``max_tokens`` values cost little. The admin key is sent so that the
+admin routes are fuzzed too; the hooks in ``schemathesis_hooks.py`` let half the cases name a
+served model.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ async def test_openapi_documents_bodies_and_the_400_envelope(tmp_path: Path) -> 
     assert paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "properties"]["tools"]["minItems"] == 1
     assert "text/event-stream" in paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    resp = paths["/v1/responses"]["post"]      # the Responses API: its body, its stream, the deadline's 504
+    body = resp["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["model", "input"] and {"max_output_tokens", "stream"} <= set(body["properties"])
+    assert "text/event-stream" in resp["responses"]["200"]["content"] and "504" in resp["responses"]
+    assert any(p["name"] == "x-inferlb-deadline-ms" for p in resp["parameters"])
     envelope = {"$ref": "#/components/schemas/ErrorResponse"}
     for path, ops in paths.items():
         for method, op in ops.items():
@@ -99,7 +106,8 @@ async def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
     st = _st()
     async with gateway(tmp_path) as (base, _app):
         proc = await asyncio.create_subprocess_exec(
-            *st, "run", f"{base}/openapi.json", "--checks", "not_a_server_error", "--mode", "all",
+            *st, "run", f"{base}/openapi.json", "--checks", "not_a_server_error_but_the_clients_deadline",
+            "--mode", "all",
             "--phases", "examples,coverage,fuzzing", "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
             "--workers", "1", "--request-timeout", "20", "--no-color", "--suppress-health-check", "all",
             "--report", "junit", "--report-dir", str(tmp_path / "report"),

@@ -190,6 +190,41 @@ async def test_webhook_posts_the_plan_and_a_refusal_fails_every_change() -> None
     assert not r.ok and r.error is not None and r.error.startswith("webhook unreachable")
 
 
+async def test_webhook_results_never_show_the_credentials_in_its_url() -> None:
+    """A webhook URL with a password and a query token: the receiver gets both (basic auth, the
+    query), while every result (ok, refused, unreachable), which goes to the scaling events and
+    the autoscale report, shows the URL redacted."""
+    password, token = "CANARYPW-hook-3c9a", "CANARY-token-77e0"
+    got: list[tuple[str | None, str]] = []
+    answers = [web.json_response({"replicas": {"llm/l4": 3}}), web.Response(status=503, text="busy")]
+
+    async def receive(request: web.Request) -> web.Response:
+        got.append((request.headers.get("authorization"), request.query_string))
+        return answers.pop(0)
+
+    app = web.Application()
+    app.router.add_post("/scale", receive)
+    results = []
+    async for url in serve(app):
+        secret_url = url.replace("http://", f"http://hook:{password}@") + f"/scale?token={token}"
+        cfg = AutoscaleConfig.model_validate({"pools": [{"model": "llm", "gpu": "l4", "min": 1, "max": 5}],
+                                              "actuator": {"kind": "webhook", "url": secret_url}})
+        act = WebhookActuator(cfg)
+        try:
+            results += await act.apply(plan_of(("llm", "l4", 1, 3)))
+            results += await act.apply(plan_of(("llm", "l4", 3, 5)))
+        finally:
+            await act.close()
+    gone = WebhookActuator(cfg)   # the receiver has stopped: connection refused
+    results += await gone.apply(plan_of(("llm", "l4", 3, 4)))
+    await gone.close()
+    assert [r.ok for r in results] == [True, False, False]
+    assert len(got) == 2 and got[0][0] is not None and got[0][0].startswith("Basic ") and got[0][1] == f"token={token}"
+    shown = json.dumps([r.to_json() for r in results])
+    assert password not in shown and token not in shown, shown
+    assert "/scale?token=redacted" in shown
+
+
 # -- local ------------------------------------------------------------------------------------------
 
 

@@ -70,6 +70,18 @@ def test_bad_files(tmp_path: Path, text: str, where: str, what: str) -> None:
     assert where in msg and what in msg
 
 
+def test_a_yaml_error_names_the_line_but_never_quotes_it(tmp_path: Path) -> None:
+    """PyYAML's message quotes the offending line, which may hold a node's key: the error names
+    line and column only (it reaches the reload answer and the logs)."""
+    p = tmp_path / "fleet.yaml"
+    p.write_text("models: [{name: m}]\nnodes:\n  - name: a\n    api_key: sk-node-CANARY-yaml: oops\n")
+    with pytest.raises(ConfigError) as ei:
+        load_fleet_file(p)
+    msg = str(ei.value)
+    assert "sk-node-CANARY-yaml" not in msg, msg
+    assert "not valid YAML: mapping values are not allowed here (line 4, column 33)" in msg, msg
+
+
 _ONE = "models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n"
 
 

@@ -36,6 +36,8 @@ async def test_deadline_cut_and_abandoned_attempts_leave_every_node_healthy(tmp_
                     r = await http.post("/v1/chat/completions", json={**LONG, "stream": stream},
                                         headers={**key, "x-inferlb-deadline-ms": str(ms)})
                     statuses.append((ms, stream, r.status_code))
+                    if r.status_code == 504:   # the client's deadline, not a slow node (engine/outcomes.py)
+                        assert r.json()["error"]["code"] == "deadline_exceeded", r.text
                     if stream and r.status_code == 200:   # committed, then cut: an error event, no [DONE]
                         assert "[DONE]" not in r.text and '"error"' in r.text
             assert len(statuses) == 12
