@@ -128,7 +128,8 @@ class NodeConfig(_Strict):
     name: str
     url: str
     models: list[str]
-    kind: Literal["vllm", "tgi", "sglang", "triton", "ollama", "llamacpp", "llamacpp-python", "openai", "sim"] = "openai"
+    kind: Literal["vllm", "tgi", "sglang", "triton", "ollama", "llamacpp", "llamacpp-python", "openai",
+                  "sim"] = "openai"
     capacity_tokens: int = Field(32768, gt=0)      # KV-cache / in-flight token budget
     max_concurrency: int = Field(64, gt=0)
     weight: float = Field(1.0, gt=0)

