@@ -170,3 +170,20 @@ async def running_gateway(settings: Settings, *, clock: Clock | None = None,
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 15)
+
+
+def need_real_engine() -> None:
+    """Skip a real-engine test where llama-cpp-python or its model is absent, or fail it where
+    INFERLB_REQUIRE_ENGINE=1 (CI: .ci/run), so that a run without the engine cannot pass silently."""
+    import os
+
+    import pytest
+
+    from inferlb.modelserver.llamacpp import unavailable
+
+    why = unavailable()
+    if why is None:
+        return
+    if os.environ.get("INFERLB_REQUIRE_ENGINE") == "1":
+        pytest.fail(f"INFERLB_REQUIRE_ENGINE=1 but {why}")
+    pytest.skip(why)

@@ -31,8 +31,9 @@ FLOORS: dict[str, int] = {
     # 2 the routing core: pure, I/O-free (filters, scorers, pickers, profiles, the learned model, OPE)
     "inferlb.routing": 2,
     # 3 configuration: INFERLB_* settings and the fleet-file schema, one module per feature's config;
-    #   the simulator (emulated nodes, DES) stands beside it: it knows only routing and the vocabulary
-    "inferlb.config": 3, "inferlb.simulator": 3,
+    #   the simulator (emulated nodes, DES) stands beside it: it knows only routing and the vocabulary;
+    #   so does modelserver (real model servers started on this machine: llama.cpp)
+    "inferlb.config": 3, "inferlb.simulator": 3, "inferlb.modelserver": 3,
     # 4 plumbing: the BPMN engine, the database (engines, the one schema, audit pipeline, reports),
     #   the HTTP server, the cost formula
     "inferlb.workflow": 4, "inferlb.store": 4, "inferlb.server": 4, "inferlb.cost": 4,

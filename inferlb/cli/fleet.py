@@ -43,7 +43,8 @@ def register(sub: Any) -> None:
     fl.add_argument("--json", action="store_true", help="print the JSON instead of a table / a line")
     fl.add_argument("--node-url", dest="node_url", help="add: the node's base URL")
     fl.add_argument("--models", help="add: the models it serves, comma-separated")
-    fl.add_argument("--kind", help="add: vllm, tgi, sglang, triton, ollama, llamacpp, openai (default) or sim")
+    fl.add_argument("--kind", help="add: vllm, tgi, sglang, triton, ollama, llamacpp, llamacpp-python, "
+                                   "openai (default) or sim")
     fl.add_argument("--weight", type=float)
     fl.add_argument("--capacity-tokens", dest="capacity_tokens", type=int)
     fl.add_argument("--max-concurrency", dest="max_concurrency", type=int)

@@ -51,6 +51,7 @@ METRICS_PARSERS = Table("metrics format", {
     "vllm": f"{_H}:parse_vllm",
     "tgi": f"{_H}:parse_tgi",
     "sglang": f"{_H}:parse_sglang",
+    "llamacpp": f"{_H}:parse_llamacpp",
     "dcgm": f"{_H}:parse_dcgm",
 })
 
@@ -70,8 +71,16 @@ def _metrics_format(name: str) -> str:
 DEFAULT_PROBE_PATHS: dict[str, str] = {
     "vllm": "/health", "tgi": "/health", "sglang": "/health", "llamacpp": "/health", "sim": "/health",
     "triton": "/v2/health/ready", "ollama": "/api/version", "openai": "/v1/models",
+    # llama-cpp-python's server (python -m llama_cpp.server) has no /health, and its /v1/models waits
+    # on the model's lock behind the request being decoded (a probe would time out under load, and
+    # arriving, cut a running stream): /docs is the one page it serves without the lock, and it
+    # listens only once the model is loaded (tests/integration/test_real_engine.py pins both).
+    "llamacpp-python": "/docs",
 }
 # Prometheus scrape format by node kind (the simulator speaks vLLM's names).
+# llama.cpp's C++ llama-server serves /metrics only when started with --metrics, so a ``llamacpp``
+# node scrapes nothing unless its config says ``metrics: llamacpp``; llama-cpp-python's server has no
+# /metrics page at all.
 DEFAULT_METRICS: dict[str, str] = {"vllm": "vllm", "tgi": "tgi", "sglang": "sglang", "sim": "vllm"}
 
 

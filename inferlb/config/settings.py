@@ -129,7 +129,8 @@ class NodeConfig(_Strict):
     name: str
     url: str
     models: list[str]
-    kind: Literal["vllm", "tgi", "sglang", "triton", "ollama", "llamacpp", "openai", "sim"] = "openai"
+    kind: Literal["vllm", "tgi", "sglang", "triton", "ollama", "llamacpp", "llamacpp-python", "openai",
+                  "sim"] = "openai"
     capacity_tokens: int = Field(32768, gt=0)      # KV-cache / in-flight token budget
     max_concurrency: int = Field(64, gt=0)
     weight: float = Field(1.0, gt=0)
@@ -146,6 +147,17 @@ class NodeConfig(_Strict):
     # check (config/tls.py); unset: the fleet's node_tls, else the system CAs.
     tls: NodeTLS | None = None
     _env_key: str | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_defaults(cls, data: Any) -> Any:
+        # llama-cpp-python's server decodes one request at a time behind a lock, and by default a
+        # request that arrives while another streams cuts that stream short (its
+        # interrupt_requests setting): one at a time is its real concurrency, and the gateway,
+        # which routes each queued request to the first node that frees, is the better queue.
+        if isinstance(data, dict) and data.get("kind") == "llamacpp-python" and "max_concurrency" not in data:
+            return {**data, "max_concurrency": 1}
+        return data
 
     @model_validator(mode="after")
     def _resolve_key(self) -> NodeConfig:

@@ -24,6 +24,7 @@ from inferlb.config.settings import NodeConfig, TimeoutConfig
 from inferlb.engine.endpoints import node_path
 from inferlb.engine.first_byte import FirstByteBudget
 from inferlb.engine.hops import hop_headers
+from inferlb.engine.outcomes import node_error
 from inferlb.engine.request_ids import new_request_id
 from inferlb.engine.scope import IncomingRequest, RequestScope, Runtime, Snapshot, begin_request
 from inferlb.engine.sse import SSERelay, extract_usage
@@ -257,7 +258,7 @@ class Gateway:
         rec = scope.record
         rt = scope.rt
         if rec.prompt_tokens and req.prompt_bytes and not rt.estimator.wants_text(scope.model):
-            rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens)
+            rt.estimator.observe(scope.model, req.prompt_bytes, rec.prompt_tokens, req.endpoint)
         ttfb = (attempt.first_byte_at - attempt.started_at) if attempt.first_byte_at is not None else None
         e2e = (rec.last_byte_at - attempt.started_at) if rec.last_byte_at is not None else None
         rt.fleet.report_success(node, stream=req.stream, completion_tokens=rec.completion_tokens or 0,
@@ -304,8 +305,11 @@ class Gateway:
         attempt.error_class = exc.error_class if not isinstance(exc, UpstreamTimeout) else f"timeout_{exc.phase}"
         attempt.ended_at = round(rt.clock.time(), 6)
         scope.record.error_class = attempt.error_class
-        return {"kind": kind, "status": status, "error_class": exc.error_class, "node": node,
-                "retry_after_s": retry_after, "tried": list(scope.tried)}
+        out: dict[str, Any] = {"kind": kind, "status": status, "error_class": exc.error_class, "node": node,
+                               "retry_after_s": retry_after, "tried": list(scope.tried)}
+        if kind == "fatal" and isinstance(exc, UpstreamStatusError) and status is not None and status < 500:
+            out["node_error"] = node_error(exc.body)   # the engine's own words reach the client
+        return out
 
     # ------------------------------------------------------------------ streaming after the commit point
 

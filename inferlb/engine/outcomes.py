@@ -8,6 +8,7 @@ error body comes from :func:`~inferlb.errors.error_body`. Pure: no I/O.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,11 +26,38 @@ __all__ = [
     "context_fallback",
     "final_result",
     "fits_context",
+    "node_error",
     "note_fallback",
     "rejection",
 ]
 
 GENERATE = frozenset({"chat", "completions", "responses"})   # endpoints that generate text
+
+
+_NODE_MESSAGE_MAX = 500
+
+
+def node_error(body: bytes) -> dict[str, Any] | None:
+    """The OpenAI error a node answered with (``{"error": {"message", "type", "param", "code"}}``),
+    its fields checked and the message cut to 500 characters, or None when the body is not one. A
+    real engine's own words (llama.cpp: "This model's maximum context length is 2048 tokens…",
+    ``context_length_exceeded``) tell the client what to change; they reach it as the node sent them."""
+    if not body or b'"error"' not in body:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict) or not isinstance(err.get("message"), str) or not err["message"].strip():
+        return None
+
+    def text(key: str) -> str | None:
+        v = err.get(key)
+        return v[:100] if isinstance(v, str) and v else None
+
+    return {"message": err["message"][:_NODE_MESSAGE_MAX], "type": text("type"), "param": text("param"),
+            "code": text("code")}
 
 
 def rejection(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
@@ -184,8 +212,10 @@ def final_result(scope: RequestScope, data: Mapping[str, Any]) -> dict[str, Any]
         return _err(508, "loop_detected", "loop_detected",
                     "Loop detected: the model server's URL leads back to an inferlb gateway this request passed")
     if out.get("kind") == "fatal" and out.get("status") and 400 <= int(out["status"]) < 500:
-        return _err(int(out["status"]), "upstream_rejected", "upstream_rejected",
-                    "The model server rejected the request", "invalid_request_error")
+        said = out.get("node_error") or {}
+        return _err(int(out["status"]), "upstream_rejected", said.get("code") or "upstream_rejected",
+                    said.get("message") or "The model server rejected the request",
+                    said.get("type") or "invalid_request_error", said.get("param"))
     if scope.retry_after_s is not None and out.get("status") == 429:
         return _err(429, "rate_limited", "rate_limited", "Every node that serves the model is rate limited",
                     "rate_limit_error", retry_after=scope.retry_after_s)

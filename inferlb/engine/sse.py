@@ -41,6 +41,7 @@ __all__ = [
 DONE = b"[DONE]"
 _FIELDS = frozenset({b"event", b"id", b"retry"})
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_FINISH_NULL = re.compile(rb'"finish_reason"\s*:\s*null')
 _DECODER = json.JSONDecoder()
 MAX_EVENT_BYTES = 1024 * 1024
 
@@ -127,6 +128,30 @@ def extract_error(payload: bytes) -> dict[str, Any] | None:
         err = resp.get("error") if isinstance(resp, dict) else None
         return err if isinstance(err, dict) else {"message": "response.failed"}
     return None
+
+
+def _carries_no_token(payload: bytes) -> bool:
+    """True for a closing chunk that only names its ``finish_reason`` (``"delta": {}`` or
+    ``"text": ""``): llama.cpp ends every stream with one, while vLLM's last token chunk carries
+    both the token and the reason. Only a chunk with a non-null ``finish_reason`` is parsed (one
+    per choice per stream)."""
+    if b'"finish_reason"' not in payload or _FINISH_NULL.search(payload) is not None:
+        return False
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return False
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return False
+    for c in choices:
+        if not isinstance(c, dict):
+            return False
+        delta = c.get("delta")
+        part = delta if isinstance(delta, dict) else c
+        if part.get("text") or part.get("content") or part.get("tool_calls") or part.get("reasoning_content"):
+            return False
+    return True
 
 
 def _no_choices(payload: bytes) -> bool:
@@ -291,7 +316,9 @@ class SSERelay:
                 self.usage = usage
                 if _no_choices(payload):
                     return not self.hide_usage
-        if b'"role"' not in payload:   # a chat stream's opening chunk carries the role, no token
+        # A chat stream's opening chunk carries the role, no token; llama.cpp's closing chunk only
+        # its finish_reason.
+        if b'"role"' not in payload and not _carries_no_token(payload):
             self.content_events += 1
         return True
 

@@ -95,6 +95,14 @@ def parse_sglang(text: str) -> dict[str, Any]:
             "waiting": a.count("sglang:num_queue_reqs"), "kv_usage": a.fraction("sglang:token_usage")}
 
 
+def parse_llamacpp(text: str) -> dict[str, Any]:
+    """llama.cpp's llama-server (``--metrics``): requests decoding, requests deferred (waiting for a
+    slot), and the KV-cache fill ratio where the build still reports it."""
+    a = _Acc(text)
+    return {"format": "llamacpp", "running": a.count("llamacpp:requests_processing"),
+            "waiting": a.count("llamacpp:requests_deferred"), "kv_usage": a.fraction("llamacpp:kv_cache_usage_ratio")}
+
+
 # DCGM field → (report key, converter). FB values are MiB, power W, temperature °C.
 _DCGM_FIELDS: dict[str, str] = {
     "DCGM_FI_DEV_FB_USED": "memory_used_mib",

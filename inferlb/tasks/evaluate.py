@@ -30,14 +30,14 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     if not isinstance(model, ModelConfig):
         return model
     prompt_bytes = int(req.get("prompt_bytes") or 0)
-    prompt_est = rt.estimator.estimate(model.name, prompt_bytes, scope.prompt_text)
+    prompt_est = rt.estimator.estimate(model.name, prompt_bytes, scope.prompt_text, endpoint)
     output = 0 if endpoint in ("embeddings", "predict") else int(max_tokens or model.default_max_tokens)
     refused = check_context(model, endpoint, prompt_est, output)
     models_tried = [model.name]
     if refused is not None:
         # Over the context window: the first fallback whose context fits serves it, else the 400.
         fits = context_fallback(rt.fleet.models, model, endpoint, max_tokens,
-                                lambda name: rt.estimator.estimate(name, prompt_bytes, scope.prompt_text))
+                                lambda name: rt.estimator.estimate(name, prompt_bytes, scope.prompt_text, endpoint))
         if fits is None:
             return refused
         scope.model = model.name

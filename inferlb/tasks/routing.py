@@ -114,7 +114,7 @@ def fallback(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     for name in origin.fallbacks:
         if name not in scope.models_tried:
             scope.models_tried.append(name)
-            prompt_est = rt.estimator.estimate(name, int(req.get("prompt_bytes") or 0), scope.prompt_text)
+            prompt_est = rt.estimator.estimate(name, int(req.get("prompt_bytes") or 0), scope.prompt_text, endpoint)
             if not fits_context(rt.fleet.models[name], endpoint, prompt_est, req.get("max_tokens")):
                 continue
             note_fallback(scope, name, why)

@@ -93,7 +93,7 @@ _ONE = "models: [{name: m}]\nnodes: [{name: a, url: 'http://x', models: [m]}]\n"
     ("autoscale: {actuator: {kind: 'my_scalers:Nope'}}", "autoscale.actuator.kind", "actuator",
      "cannot load actuator 'my_scalers:Nope': ModuleNotFoundError"),
     ("health: {nodes: {a: {metrics: prometheus}}}", "health.nodes.a.metrics", "metrics format",
-     "unknown metrics format 'prometheus' (known: dcgm, sglang, tgi, vllm; or module:attr"),
+     "unknown metrics format 'prometheus' (known: dcgm, llamacpp, sglang, tgi, vllm; or module:attr"),
 ])
 def test_a_name_no_extension_point_knows_is_a_plugin_error_of_the_file(
         tmp_path: Path, section: str, where: str, point: str, what: str) -> None:

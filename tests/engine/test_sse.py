@@ -148,7 +148,7 @@ def test_relay_counts_content_and_finds_usage() -> None:
     r = SSERelay()
     out = relay_all(r, [raw[i:i + 13] for i in range(0, len(raw), 13)])
     assert out == raw and r.done
-    assert r.content_events == 5 + 1   # tokens, finish (not the role chunk nor the usage chunk)
+    assert r.content_events == 5   # the tokens: not the role chunk, the finish-only chunk nor the usage chunk
     assert r.usage == Usage(3, 5)
 
 
@@ -183,3 +183,22 @@ def test_responses_error_events_are_in_band_errors() -> None:
                b'event: response.failed\ndata: {"type":"response.failed","response":{"error":{"code":"x"}}}\n\n'):
         with pytest.raises(UpstreamProtocolError, match="in-band"):
             SSERelay(responses=True).feed(ev)
+
+
+# The closing chunks of llama-cpp-python 0.3.36's streams, as it sent them (chat: an empty delta;
+# completions: an empty text), and vLLM's last-token chunk, which carries a token and the reason.
+LLAMACPP_CHAT_END = (b'{"id": "chatcmpl-1", "model": "x", "created": 1, "object": "chat.completion.chunk", '
+                     b'"choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}]}')
+LLAMACPP_TEXT_END = (b'{"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "x", "choices": '
+                     b'[{"text": "", "index": 0, "logprobs": null, "finish_reason": "length"}]}')
+VLLM_LAST_TOKEN = (b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" end"},'
+                   b'"finish_reason":"stop"}]}')
+
+
+@pytest.mark.parametrize(("end", "tokens"), [(LLAMACPP_CHAT_END, 3), (LLAMACPP_TEXT_END, 3), (VLLM_LAST_TOKEN, 4)])
+def test_a_closing_chunk_with_no_content_is_not_a_token(end: bytes, tokens: int) -> None:
+    token = b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}'
+    raw = b"".join(b"data: " + e + b"\n\n" for e in (token, token, token, end)) + b"data: [DONE]\n\n"
+    r = SSERelay()
+    relay_all(r, [raw])
+    assert r.done and r.content_events == tokens

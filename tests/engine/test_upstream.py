@@ -72,7 +72,7 @@ async def test_stream_happy_path(upstream: Upstream, node: EmulatedNode) -> None
         relayed.append(relay.finish())
         assert resp.eof
     assert relay.done and not relay.incomplete and relay.usage == Usage(2, 5)
-    assert relay.content_events == 5 + 1   # tokens, finish (not the role, usage and [DONE] chunks)
+    assert relay.content_events == 5   # the tokens (not the role, finish-only, usage and [DONE] chunks)
     events = b"".join(relayed).split(b"\n\n")
     assert all(json.loads(e[6:]) for e in events[:-2] if e) and events[-2] == b"data: [DONE]"
     assert node.stats.completed == 1 and node.stats.attempts == {"rid-1": 1}

@@ -17,7 +17,7 @@ from inferlb.fleet.rules import (
     slow_start_factor,
     success_rate_outliers,
 )
-from inferlb.health.prometheus import parse_dcgm, parse_sglang, parse_tgi, parse_vllm
+from inferlb.health.prometheus import parse_dcgm, parse_llamacpp, parse_sglang, parse_tgi, parse_vllm
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -37,6 +37,12 @@ def test_vllm_v0_reads_the_older_gpu_cache_name() -> None:
 def test_tgi_and_sglang() -> None:
     assert parse_tgi(page("tgi.prom")) == {"format": "tgi", "running": 9, "waiting": 6, "kv_usage": None}
     assert parse_sglang(page("sglang.prom")) == {"format": "sglang", "running": 21, "waiting": 0, "kv_usage": 0.28}
+
+
+def test_llamacpp_server_metrics() -> None:
+    # The names llama.cpp's llama-server exports with --metrics (its server README's list).
+    assert parse_llamacpp(page("llamacpp.prom")) == {"format": "llamacpp", "running": 3, "waiting": 2,
+                                                     "kv_usage": 0.42}
 
 
 def test_a_page_of_another_server_gives_unknowns_not_zeros() -> None:

@@ -195,4 +195,4 @@ def test_a_metrics_format_that_does_not_resolve_fails_the_fleet_file() -> None:
         with pytest.raises(PluginError) as info:
             _prober("http://127.0.0.1:1", metrics=fmt)
         assert info.value.path == "health.nodes.a.metrics" and info.value.name == fmt
-        assert why in str(info.value) and "(known: dcgm, sglang, tgi, vllm;" in str(info.value)
+        assert why in str(info.value) and "(known: dcgm, llamacpp, sglang, tgi, vllm;" in str(info.value)
