@@ -436,6 +436,7 @@ class Fleet:
                 "capacity_tokens": st.cfg.capacity_tokens, "effective_capacity_tokens": v.capacity_tokens,
                 "waiting": v.waiting, "kv_usage": v.kv_usage, "requests_total": st.requests_total,
                 "failures_total": st.failures_total, "tokens_per_s": st.tokens_per_s,
+                "ttft_s": round(st.ttft_ewma, 6) if st.ttft_ewma is not None else None,
                 "ttft_baseline_s": st.ttft_baseline, "rtt_ms": st.rtt_ms, "labels": dict(st.cfg.labels),
                 "tpot_baseline_s": st.tpot_baseline, "hardware": st.hw_findings,
                 "samples": {src: {**s.to_json(), "age_s": round(s.age(now), 3)} for src, s in st.samples.items()},

@@ -222,6 +222,12 @@ def test_learned_decode_speed_and_first_token_times_come_from_the_real_streams(s
         learned = nodes[name]["tokens_per_s"]
         assert learned is not None and learned > 0, name
         assert min(speeds) / 3 < learned < max(speeds) * 3, (name, learned, speeds)
+        # The node's time to first token (an average of its streams'): within what the audit trail
+        # holds of that node's streams, each measured from the gateway's receipt (so no less).
+        ttft = nodes[name]["ttft_s"]
+        rows = httpx.get(stack.admin + "/audit/requests", params={"limit": 500}, timeout=10).json()["data"]
+        seen_ms = [r["ttft_ms"] for r in rows if r["node"] == name and r["stream"] and r["ttft_ms"] is not None]
+        assert ttft is not None and 0 < ttft * 1000 <= max(seen_ms), (name, ttft, seen_ms)
 
 
 def test_the_engines_own_errors_reach_the_client_as_it_said_them_and_are_not_retried(stack: Stack) -> None:
