@@ -242,6 +242,9 @@ class TimeoutConfig(_Strict):
     # A non-streamed answer arrives only when generation ends, so its wait for the first byte is
     # first_token_s + max_tokens × per_output_token_s (0.1 s = a slow 10 tokens/s), capped by total_s.
     per_output_token_s: float = Field(0.1, ge=0)
+    # The least first-byte wait a node's own history can tighten the wait to (engine/first_byte.py):
+    # raise it where a pause of the gateway's own host must not read as a hung node.
+    first_byte_floor_s: float = Field(1.0, gt=0)
 
 
 class SLOConfig(_Strict):

@@ -89,8 +89,9 @@ class FirstByteBudget:
             st.per_token.add(ttfb_s / completion_tokens, prompt_tokens, self.refresh_every)
 
     def wait_s(self, node: str, *, stream: bool, output_tokens: int, configured_s: float,
-               prompt_tokens: int = 0) -> float:
-        """The first-byte wait for an attempt on ``node``: never more than ``configured_s``."""
+               prompt_tokens: int = 0, floor_s: float | None = None) -> float:
+        """The first-byte wait for an attempt on ``node``: never more than ``configured_s``, never
+        less than ``floor_s`` (default: the budget's own)."""
         st = self.nodes.get(node)
         if st is None:
             return configured_s
@@ -99,4 +100,4 @@ class FirstByteBudget:
             return configured_s
         expected = win.p99 if stream else win.p99 * max(1, output_tokens)
         expected *= max(1.0, prompt_tokens / win.prompt_p50)
-        return min(configured_s, max(self.floor_s, self.k * expected))
+        return min(configured_s, max(self.floor_s if floor_s is None else floor_s, self.k * expected))

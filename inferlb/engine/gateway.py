@@ -170,7 +170,8 @@ class Gateway:
         output_tokens = scope.output_budget
         first = t.first_token_s if stream else t.first_token_s + output_tokens * t.per_output_token_s
         first = self.first_byte.wait_s(node, stream=stream, output_tokens=output_tokens, configured_s=first,
-                                       prompt_tokens=int(scope.record.prompt_tokens_est or 0))
+                                       prompt_tokens=int(scope.record.prompt_tokens_est or 0),
+                                       floor_s=t.first_byte_floor_s)
         if left >= t.total_s and first == t.first_token_s:
             return t
         return TimeoutConfig.model_construct(

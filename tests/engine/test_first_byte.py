@@ -60,3 +60,13 @@ def test_a_longer_prompt_than_usual_scales_the_wait() -> None:
     assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, prompt_tokens=500) == pytest.approx(2.0)
     assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, prompt_tokens=8000) == pytest.approx(16.0)
     assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, prompt_tokens=100_000) == 60.0
+
+
+def test_the_floor_of_a_call_overrides_the_budgets_own() -> None:
+    # timeouts.first_byte_floor_s: a fleet whose host may pause raises the floor per call.
+    b = FirstByteBudget(k=4.0, floor_s=1.0, min_samples=20, refresh_every=1)
+    for _ in range(20):
+        b.observe("n", stream=True, ttfb_s=0.01, completion_tokens=1)
+    assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0) == pytest.approx(1.0)
+    assert b.wait_s("n", stream=True, output_tokens=0, configured_s=60.0, floor_s=20.0) == pytest.approx(20.0)
+    assert b.wait_s("n", stream=True, output_tokens=0, configured_s=10.0, floor_s=20.0) == pytest.approx(10.0)

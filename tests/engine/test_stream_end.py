@@ -110,6 +110,10 @@ async def test_a_client_that_closes_right_after_done_is_never_audited_499(tmp_pa
         proxy = EndHoldingProxy(int(node.url.rsplit(":", 1)[1]))
         async with proxy as proxied:
             fleet = fleet_for({"n0": proxied if held_end else node.url})
+            # 1,000 streams and their clients share this process and its 2 cores: a pause of the
+            # host must not read as a hung node (the first-byte wait's floor, 1 s by default).
+            fleet = fleet.model_copy(update={"timeouts": fleet.timeouts.model_copy(
+                update={"first_token_s": 30.0, "first_byte_floor_s": 30.0, "total_s": 60.0})})
             async with running_gateway(settings_for(tmp_path, fleet)) as (base, app):
                 done = await asyncio.to_thread(asyncio.run, _clients(base))
                 assert done == [True] * STREAMS
