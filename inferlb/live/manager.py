@@ -224,7 +224,8 @@ class LiveConfig:
         """The off-policy evaluation a routing-policy change must pass first (learned/policy_gate.py):
         None when none is required or the policy is unchanged, the verdict when it passed; 409
         ``evaluation_failed`` when refused, 503 ``evaluation_unavailable`` without an audit trail
-        (a change to a fixed heuristic profile always passes: routing/gate.py). Either outcome is a ``routing:policy`` node event."""
+        (a change to a fixed heuristic profile always passes: routing/gate.py). Either outcome is a
+        ``routing:policy`` node event."""
         old, new = self.effective.cfg.routing, cfg.routing
         req = requirement_for(old, new)
         if req is None or not routing_changed(old, new):

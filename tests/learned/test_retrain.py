@@ -156,6 +156,10 @@ async def test_a_better_candidate_is_installed(engine: Engine, monkeypatch: pyte
     t0 = s.clock.time()
     s.audit.extend(_answers(300, world="true", start=t0 - 400, seed=4))   # another replica's answers
     s.live(_answers(60, world="true", start=t0 + 5, seed=5))
+    # the window's copy is the predictor as it was when the window opened, apart from the live one
+    frozen = s.loop.window.model
+    assert isinstance(frozen, OnlineLinear) and frozen is not lc.model
+    assert frozen.seen == 1500 and lc.learned == 1560
     out = await s.loop.retrain()
     assert out["outcome"] == "installed" and out["mape_candidate"] < out["mape_current"], out
     assert lc.version == 2
