@@ -13,7 +13,9 @@ A failed attempt costs ``--failure-cost-s``. Exit status 1 when there is nothing
 With ``--against`` it is the check a gated reload runs (``routing.require_evaluation``,
 routing/gate.py): ``--policy`` against a current profile (``logged``: the policy that logged the
 decisions, by what it measured) with ``--max-regression`` and ``--min-ess``; it prints the
-verdict and exits 1 when the change would be refused (a CI step before a reload).
+verdict and exits 1 when the change would be refused (a CI step before a reload; never for a
+fixed heuristic ``--policy``, the safe direction: its JSON's ``evaluation_passed`` says what the
+evaluation alone decided).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def _evaluate_options(e: argparse.ArgumentParser) -> None:
                    help="judge --policy against this current profile ('logged': the policy that logged the "
                         "decisions) as a gated reload would; exit status 1 when it would be refused")
     e.add_argument("--max-regression", dest="max_regression", type=float, default=0.05,
-                   help="with --against: how much worse (a fraction) the policy may be estimated (0.05)")
+                   help="with --against: how much worse (a fraction) the upper end of the policy's 95 %% "
+                        "interval may be (0.05)")
     e.add_argument("--estimator", choices=["snips", "dr", "ips", "switch_dr"], default="snips",
                    help="with --against: the estimator compared (snips)")
     e.add_argument("--json", action="store_true")

@@ -6,10 +6,23 @@ logged and the next one comes):
 
 * every ``train_interval_s``: :meth:`PredictorLifecycle.train_pending` on the queued answers
   (prequential error, then update; at most ``_TRAIN_BATCH`` per turn so the event loop is not held);
-* every ``retrain_interval_s`` (0: never): reads the newest ``retrain_rows`` answered learned
-  decisions from the audit trail (learned/audit.py, in a thread), fits a fresh predictor
-  on the older 80 % (in a thread) and installs it as the next version when its error on the newest
-  20 % is lower than the current model's, or when the current one cannot be used;
+* every ``retrain_interval_s`` (0: never): a fair comparison on a **held-out window**. When a
+  window opens (at construction, after a restore, after each compared retrain) the loop keeps a
+  copy of the current predictor as it is then, and the time. At the retrain it reads the newest
+  ``retrain_rows`` answered learned decisions from the audit trail (learned/audit.py, in a
+  thread); the answers received since the window opened are held out: the live predictor has
+  learned them since, but its copy has not, and the candidate, a fresh predictor fitted on the
+  answers received *before* the window (in a thread), has not either. Both are scored on the
+  held-out answers (mean absolute percentage error of TTFT and TPOT); the candidate is installed
+  as the next version when its error is lower (or when the current predictor cannot be used:
+  warming, drifted or faulted), after it has learned the held-out answers too, in time order.
+  No comparison (fewer than ``retrain_min_rows`` answers before the window: the window moves to
+  now, so the next retrain has them; fewer than ``max(10, retrain_min_rows // 4)`` held out: the
+  window stays open and grows) is a refusal too, saying why;
+* every retrain's outcome is recorded, whatever it is: a ``node_events`` row (node
+  ``routing:learned``: ``installed``, or ``retrain_refused`` with the reason), both errors and
+  the answer counts as evidence, one log line, and the counter
+  ``inferlb_routing_predictor_retrains_total{outcome}`` (learned/metrics.py);
 * after each turn: the lifecycle's state changes become ``node_events`` rows (node
   ``routing:learned``, from / to the predictor states, the reason and the error as evidence) and
   log lines; the Prometheus figures are read at scrape time (learned/metrics.py);
@@ -24,9 +37,12 @@ logged and the next one comes):
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -75,6 +91,7 @@ def training_set(rows: Iterable[LearnedAttempt]) -> tuple[list[list[float]], lis
 
 
 def _mape(model: Any, xs: Sequence[Sequence[float]], ys: Sequence[Observed]) -> float:
+    """Mean absolute percentage error of ``model`` on the rows (each capped at 10; inf: none to score)."""
     errs: list[float] = []
     for x, y in zip(xs, ys, strict=True):
         p = model.predict(x)
@@ -82,6 +99,21 @@ def _mape(model: Any, xs: Sequence[Sequence[float]], ys: Sequence[Observed]) -> 
             if yt:
                 errs.append(min(10.0, abs(yhat - yt) / yt) if math.isfinite(yhat) else 10.0)
     return sum(errs) / len(errs) if errs else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """The open held-out window: answers received from ``since`` (epoch s) on are held out, and
+    ``model`` is the predictor of ``version`` as it was then (None: there was none, or it could not
+    be copied; it then cannot be scored, and a candidate with a finite error wins)."""
+
+    since: float
+    version: int
+    model: Any
+
+
+def _rounded(x: float) -> float | None:
+    return None if not math.isfinite(x) else round(x, 4)
 
 
 class LearnedLoop:
@@ -102,6 +134,7 @@ class LearnedLoop:
         self.restored: dict[str, Any] | None = None
         self._stored: tuple[Any, Any] | None = None   # (version, seen) the database holds from here
         self._replace_untrained = False   # True once the saved row proved unusable: any save helps then
+        self.window = self._open_window()
 
     @property
     def _persist(self) -> bool:
@@ -144,6 +177,7 @@ class LearnedLoop:
             self.lc.restore(model, "restored from the database", {**evidence, "seen": model.seen})
             out = {"restored": True, **evidence}
             self._stored = (saved.version, model.seen)
+            self.window = self._open_window()   # the restored model has not seen what comes next
         self.restored = out
         self.publish()
         return out
@@ -192,7 +226,10 @@ class LearnedLoop:
     def publish(self) -> None:
         events = []
         for ev in self.lc.take_events():
-            text = f"learned routing: predictor v{ev['version']} {ev['from']} → {ev['to']}: {ev['reason']}"
+            if ev["kind"] == "state":
+                text = f"learned routing: predictor v{ev['version']} {ev['from']} → {ev['to']}: {ev['reason']}"
+            else:   # installed, restored, retrain_refused...: the reason says it all
+                text = f"learned routing: {ev['kind']} (predictor v{ev['version']}): {ev['reason']}"
             (log.warning if ev["to"] in ("drifted", "faulted") else log.info)(text)
             events.append(NodeEvent(EVENT_NODE, ev["from"], ev["to"] if ev["kind"] == "state" else ev["kind"],
                                      ev["reason"], round(float(ev["at"] or self.clock.time()), 6),
@@ -200,39 +237,105 @@ class LearnedLoop:
         if events and self.record is not None:
             self.record(events)
 
+    def _open_window(self) -> HeldOut:
+        """A new held-out window from now, with a copy of the current predictor (module docstring)."""
+        return HeldOut(self.clock.time(), self.lc.version, self._copy(self.lc.model))
+
+    def _copy(self, model: Any) -> Any:
+        """A copy of ``model`` that predicts as it does now. The built-in predictor goes through its
+        saved state (routing/predictor_state.py: about 2 ms, on the event loop, as training is):
+        a deep copy would also copy its per-node cache (0.8 s for a full one). A predictor of your
+        own is deep-copied (keep it small); None when it cannot be."""
+        if model is None:
+            return None
+        state = state_of(model)
+        if state is not None:
+            with contextlib.suppress(IncompatibleState):
+                return restore(state, self.lc.p)
+        try:
+            return copy.deepcopy(model)
+        except Exception:   # a user's predictor that cannot be copied: it cannot be scored out of sample
+            return None
+
     async def retrain(self) -> dict[str, Any]:
-        """One scheduled retrain from the audit trail (see the module docstring)."""
+        """One scheduled retrain from the audit trail (see the module docstring). Returns what
+        happened (``outcome`` installed / refused, ``why``, ``reason``, the errors and counts); the
+        same is the node event's evidence."""
         assert self.engine is not None
-        rows = await asyncio.to_thread(learned_attempts, self.engine, limit=self.lc.p.retrain_rows)
-        out = await asyncio.to_thread(self._fit, rows)
+        window = self.window
+        if window.version != self.lc.version:   # another model came in since the window opened
+            out: dict[str, Any] = {
+                "outcome": "refused", "why": "window_reset", "installed": False,
+                "reason": (f"retrain refused: predictor v{self.lc.version} replaced v{window.version} after the "
+                           "held-out window opened, so it has no window of its own yet; one opens now"),
+                "reopen": True}
+        else:
+            rows = await asyncio.to_thread(learned_attempts, self.engine, limit=self.lc.p.retrain_rows)
+            out = await asyncio.to_thread(self._fit, rows, window)
+        fresh = out.pop("install", None)
+        reopen = bool(out.pop("reopen"))
         self.retrains += 1
         self.last_retrain = out
-        if out.get("install") is not None:
-            self.lc.install(out.pop("install"), "scheduled retrain from the audit trail", out)
-            if self._persist:
-                await self.save()
+        self.lc.retrains_total[out["outcome"]] = self.lc.retrains_total.get(out["outcome"], 0) + 1
+        evidence = {k: v for k, v in out.items() if k != "reason"}
+        if fresh is not None:
+            self.lc.install(fresh, out["reason"], evidence)
+        else:
+            self.lc.note("retrain_refused", out["reason"], evidence)
+        if reopen:
+            self.window = self._open_window()
         self.publish()
+        if fresh is not None and self._persist:
+            await self.save()
         return out
 
-    def _fit(self, rows: list[LearnedAttempt]) -> dict[str, Any]:
-        xs, ys = training_set(rows)
+    def _fit(self, rows: list[LearnedAttempt], window: HeldOut) -> dict[str, Any]:
+        """Split ``rows`` at the window, fit a candidate on the older part and compare it with the
+        window's copy of the current predictor on the held-out part (in a thread: the live
+        predictor is not touched here; the candidate is returned under ``install`` when it wins)."""
+        since = window.since
+        xs, ys = training_set(a for a in rows if a.received_at < since)
+        hx, hy = training_set(a for a in rows if a.received_at >= since)
         least = self.lc.p.retrain_min_rows
+        least_held = max(10, least // 4)
+        out: dict[str, Any] = {"outcome": "refused", "installed": False, "rows": len(xs) + len(hx),
+                               "trained_on": len(xs), "held_out": len(hx), "window_since": round(since, 6),
+                               "current_version": window.version}
         if len(xs) < least:
-            return {"rows": len(xs), "installed": False, "why": f"fewer than {least} answered learned decisions"}
-        cut = int(len(xs) * 0.8)
+            out.update(why="too_few_rows", reopen=True, reason=(
+                f"retrain refused: {len(xs)} answered learned decisions before the held-out window, fewer than "
+                f"{least} to train a candidate on; the window moves to now"))
+            return out
+        if len(hx) < least_held:
+            out.update(why="held_out_too_small", reopen=False, reason=(
+                f"retrain refused: {len(hx)} answered learned decisions held out since the window opened, fewer "
+                f"than {least_held} to compare on; the window stays open"))
+            return out
         params = getattr(self.lc.model, "p", None)
-        fresh = OnlineLinear.fit(xs[:cut], ys[:cut], params if isinstance(params, OnlineLinear.Params) else None,
+        fresh = OnlineLinear.fit(xs, ys, params if isinstance(params, OnlineLinear.Params) else None,
                                  version=self.lc.version + 1)
-        new_err = _mape(fresh, xs[cut:], ys[cut:])
-        cur = self.lc.model
+        new_err = _mape(fresh, hx, hy)
         try:
-            cur_err = _mape(cur, xs[cut:], ys[cut:]) if cur is not None else math.inf
-        except Exception:
+            cur_err = _mape(window.model, hx, hy) if window.model is not None else math.inf
+        except Exception:   # a user's predictor: whatever it raises, it cannot be scored
             cur_err = math.inf
-        better = new_err < cur_err or not self.lc.usable()
-        out: dict[str, Any] = {"rows": len(xs), "holdout": len(xs) - cut, "mape_new": round(new_err, 4),
-                               "mape_current": None if math.isinf(cur_err) else round(cur_err, 4),
-                               "installed": better}
-        if better:
-            out["install"] = fresh
+        usable = self.lc.usable()
+        out.update(mape_candidate=_rounded(new_err), mape_current=_rounded(cur_err), reopen=True)
+        scores = (f"held-out MAPE {new_err:.4f} (candidate, trained on {len(xs)} earlier answers) vs "
+                  f"{cur_err:.4f} (v{window.version}) on the {len(hx)} answers since the window opened")
+        if not math.isfinite(new_err):
+            out.update(why="candidate_unscored", reason=f"retrain refused: the candidate cannot be scored; {scores}")
+            return out
+        if new_err < cur_err or not usable:
+            for x, y in zip(hx, hy, strict=True):   # it learns the window too before it routes
+                fresh.update(x, y)
+            why = "better" if new_err < cur_err else "current_unusable"
+            how = ("better" if why == "better" else
+                   f"installed without winning: the current predictor is {self.lc.state}, so it does not route")
+            out.update(outcome="installed", installed=True, why=why, install=fresh,
+                       candidate_version=fresh.version,
+                       reason=f"retrain installed predictor v{fresh.version} ({how}): {scores}")
+            return out
+        out.update(why="not_better", reason=f"retrain refused: the candidate is not better; {scores}; "
+                                             f"v{window.version} keeps routing")
         return out

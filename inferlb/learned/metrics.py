@@ -8,7 +8,9 @@
   for training);
 * counters ``inferlb_routing_predictor_fallback_decisions_total``,
   ``inferlb_routing_predictor_faults_total`` (unusable predictions), ``inferlb_routing_explored_total``
-  (decisions where the bandit explored), ``inferlb_routing_predictor_transitions_total``.
+  (decisions where the bandit explored), ``inferlb_routing_predictor_transitions_total``;
+* ``inferlb_routing_predictor_retrains_total{outcome}``: scheduled retrains (learned/loop.py) by
+  outcome, ``installed`` or ``refused`` (why is in the ``routing:learned`` node event).
 """
 
 from __future__ import annotations
@@ -56,3 +58,9 @@ class LearnedCollector(Collector):
                 ("inferlb_routing_explored", "Decisions where the bandit picker explored", lc.explored_total),
                 ("inferlb_routing_predictor_transitions", "Predictor state changes", lc.transitions_total)):
             yield CounterMetricFamily(name, doc, value=float(v))
+        rt = CounterMetricFamily("inferlb_routing_predictor_retrains",
+                                 "Scheduled retrains of the latency predictor by outcome (installed / refused)",
+                                 labels=["outcome"])
+        for outcome, n in sorted(lc.retrains_total.items()):
+            rt.add_metric([outcome], float(n))
+        yield rt

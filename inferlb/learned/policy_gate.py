@@ -9,7 +9,10 @@ routing and the current one exactly as configured (profile, scorers, params: the
 ``inferlb routing evaluate``), and judges (routing/gate.py). Either way the outcome is a node event
 (node ``routing:policy``, ``accepted`` / ``refused``, the estimates as evidence) and a log line;
 refused, the reload fails with 409 ``evaluation_failed`` and the old policy keeps serving. The
-audit trail unreadable is a 503 ``evaluation_unavailable``: a gate that cannot look does not pass.
+audit trail unreadable is a 503 ``evaluation_unavailable``: a gate that cannot look does not pass,
+except toward a fixed heuristic profile (routing/gate.py :func:`~inferlb.routing.gate.fixed_heuristic`):
+that change, the safe direction, is always accepted, with the evaluation (or why there was none)
+reported in its event.
 
 Why at reload and not as a rollout: a canary rollout (rollout) moves traffic between
 *model versions* through the version table; the routing policy is one per gateway (one router in
@@ -29,9 +32,10 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from inferlb.config.settings import RoutingConfig
+from inferlb.errors import StoreError
 from inferlb.learned.audit import LearnedAttempt, learned_attempts
 from inferlb.node_types import NodeEvent
-from inferlb.routing.gate import EvaluationRequirement, judge
+from inferlb.routing.gate import EvaluationRequirement, fixed_heuristic, judge
 from inferlb.routing.ope_replay import LoggedDecision
 from inferlb.routing.profiles import Router
 
@@ -81,14 +85,27 @@ def router_of(r: RoutingConfig) -> Router:
     return r.build_router()
 
 
-def gate_routing_change(engine: Engine, old: RoutingConfig, new: RoutingConfig, req: EvaluationRequirement, *,
-                        current_logged: bool, now: float) -> dict[str, Any]:
-    """Read the audit trail and judge the change (synchronous: call it in a thread). StoreError
-    when the audit trail cannot be read; otherwise the verdict (routing/gate.py :func:`judge`)
-    with ``from`` / ``to`` (the profiles) and ``decisions_read``."""
-    rows = learned_attempts(engine, since=now - req.since_s, limit=req.limit)
+def gate_routing_change(engine: Engine | None, old: RoutingConfig, new: RoutingConfig, req: EvaluationRequirement,
+                        *, current_logged: bool, now: float) -> dict[str, Any]:
+    """Read the audit trail and judge the change (synchronous: call it in a thread): the verdict
+    (routing/gate.py :func:`judge`) with ``from`` / ``to`` (the profiles) and ``decisions_read``.
+    StoreError when the audit trail cannot be read (``engine`` None: there is none), except for a
+    change to a fixed heuristic profile (routing/gate.py :func:`fixed_heuristic`), the safe
+    direction, which is never blocked: its verdict passes and says why nothing was evaluated."""
+    candidate = router_of(new)
+    try:
+        if engine is None:
+            raise StoreError("no audit database")
+        rows = learned_attempts(engine, since=now - req.since_s, limit=req.limit)
+    except StoreError as exc:
+        if not fixed_heuristic(candidate):
+            raise
+        return {"passed": True, "safe_direction": True, "evaluation_passed": False, "from": old.profile,
+                "to": new.profile, "decisions_read": 0, "requirement": req.model_dump(),
+                "reason": (f"{new.profile} is a fixed heuristic profile, the safe direction, so the change is "
+                           f"allowed without an evaluation: the audit trail cannot be read ({exc})")}
     decisions = logged_decisions(rows, req.metric, req.failure_cost_s)
-    verdict = judge(decisions, router_of(new), router_of(old), req, current_logged=current_logged)
+    verdict = judge(decisions, candidate, router_of(old), req, current_logged=current_logged)
     verdict.update({"from": old.profile, "to": new.profile, "decisions_read": len(rows)})
     return verdict
 
@@ -97,7 +114,9 @@ def verdict_event(verdict: Mapping[str, Any], *, at: float, actor: Mapping[str, 
     """The node event that records a gate's outcome (``accepted`` / ``refused``)."""
     outcome = "accepted" if verdict.get("passed") else "refused"
     text = f"routing change {verdict.get('from')} → {verdict.get('to')} {outcome}: {verdict.get('reason')}"
-    (log.info if outcome == "accepted" else log.warning)(text)
-    evidence = {k: verdict[k] for k in ("from", "to", "estimator", "candidate", "baseline", "bound",
-                                        "decisions_read", "requirement") if k in verdict}
+    # An accepted change the evaluation alone would have refused (the safe direction) is worth a look too.
+    (log.info if outcome == "accepted" and verdict.get("evaluation_passed", True) else log.warning)(text)
+    evidence = {k: verdict[k] for k in ("from", "to", "estimator", "candidate", "baseline", "bound", "upper",
+                                        "safe_direction", "evaluation_passed", "decisions_read", "requirement")
+                if k in verdict}
     return NodeEvent(EVENT_NODE, str(verdict.get("from")), outcome, text, round(at, 6), {**evidence, **actor})

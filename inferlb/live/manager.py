@@ -223,8 +223,9 @@ class LiveConfig:
     async def _gate_routing(self, cfg: FleetConfig, actor: Mapping[str, Any]) -> dict[str, Any] | None:
         """The off-policy evaluation a routing-policy change must pass first (learned/policy_gate.py):
         None when none is required or the policy is unchanged, the verdict when it passed; 409
-        ``evaluation_failed`` when refused, 503 ``evaluation_unavailable`` without an audit trail.
-        Either outcome is a ``routing:policy`` node event."""
+        ``evaluation_failed`` when refused, 503 ``evaluation_unavailable`` without an audit trail
+        (a change to a fixed heuristic profile always passes: routing/gate.py). Either outcome is a
+        ``routing:policy`` node event."""
         old, new = self.effective.cfg.routing, cfg.routing
         req = requirement_for(old, new)
         if req is None or not routing_changed(old, new):
@@ -232,8 +233,6 @@ class LiveConfig:
         now = self.clock.time()
         who = {"by": actor.get("by", actor.get("trigger")), "key_id": actor.get("key_id")}
         try:
-            if self.engine is None:
-                raise StoreError("no audit database")
             current_logged = getattr(self.gateway.rt.router, "lifecycle", None) is not None
             # Reading and replaying thousands of decisions is CPU work: off the event loop.
             verdict = await asyncio.to_thread(gate_routing_change, self.engine, old, new, req,

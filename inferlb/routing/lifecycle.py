@@ -140,6 +140,9 @@ class PredictorLifecycle:
         self.fallbacks_total = 0
         self.transitions_total = 0
         self.explored_total = 0
+        # Scheduled retrains by outcome ("installed" / "refused"): counted by learned/loop.py,
+        # exported by learned/metrics.py next to the counters above.
+        self.retrains_total: dict[str, int] = {"installed": 0, "refused": 0}
         self._ok_in_a_row = 0
         self.windows = (_Window(self.p.window, collections.deque()), _Window(self.p.window, collections.deque()))
         if model is not None:

@@ -15,7 +15,10 @@ reward model's estimate q̂ for that action (``q_logged``) and its expectation u
   (τ), the reward model alone where a round's weight is larger. Trades the variance of the few
   heavy rounds for the reward model's bias on them; rounds without q̂ keep their IPS term.
 
-Confidence intervals: percentile bootstrap over rounds (``n_boot`` resamples, seeded). The
+Confidence intervals: percentile bootstrap over rounds (``n_boot`` resamples, seeded). The same
+resamples give each estimator's ratio to the logging policy's own mean on the same rounds
+(``vs_logged``, a *paired* interval: a policy that decides as the logging one did has the ratio 1
+in every resample), what the policy gate compares (routing/gate.py). The
 effective sample size (Σw)² / Σw² says how many logged rounds the estimate is really worth.
 Pure numpy; plain Python callers (the discrete-event simulator) build :class:`Round` lists.
 """
@@ -67,7 +70,8 @@ def _values(r: np.ndarray, w: np.ndarray, qa: np.ndarray, qpi: np.ndarray, keep:
 def estimate(rounds: Sequence[Round], *, n_boot: int = 500, alpha: float = 0.05, seed: int = 0,
              switch_tau: float = SWITCH_TAU) -> dict[str, Any]:
     """IPS, SNIPS, DR and SWITCH-DR (weight threshold ``switch_tau``) with (1 − ``alpha``)
-    bootstrap intervals, the logging policy's own mean (``logged``), the effective sample size,
+    bootstrap intervals, the logging policy's own mean (``logged``), each estimate's ratio to it with
+    its paired interval (``vs_logged``: estimator → value, ci_low, ci_high), the effective sample size,
     the number of rounds and ``switched`` (rounds whose correction SWITCH-DR dropped)."""
     if not rounds:
         raise ValueError("no logged rounds to evaluate")
@@ -89,16 +93,26 @@ def estimate(rounds: Sequence[Round], *, n_boot: int = 500, alpha: float = 0.05,
     rng = np.random.default_rng(seed)
     n = len(rounds)
     boots: dict[str, list[float]] = {k: [] for k in point}
+    ratios: dict[str, list[float]] = {k: [] for k in point}
     for _ in range(n_boot):
         idx = rng.integers(0, n, n)
+        base = float(r[idx].mean())
         for k, v in _values(r[idx], w[idx], qa[idx], qpi[idx], keep[idx]).items():
             boots[k].append(v)
+            ratios[k].append(v / base if base > 0 else float("nan"))
     out: dict[str, Any] = {}
+    q = [100 * alpha / 2, 100 * (1 - alpha / 2)]
+    logged = float(r.mean())
+    vs_logged: dict[str, dict[str, float]] = {}
     for k, v in point.items():
-        lo, hi = np.nanpercentile(boots[k], [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        lo, hi = np.nanpercentile(boots[k], q)
         out[k] = Estimate(k, v, float(lo), float(hi), n)
+        rlo, rhi = np.nanpercentile(ratios[k], q) if np.any(np.isfinite(ratios[k])) else (np.nan, np.nan)
+        vs_logged[k] = {"value": v / logged if logged > 0 else float("nan"), "ci_low": float(rlo),
+                        "ci_high": float(rhi)}
     sw, sw2 = float(w.sum()), float((w * w).sum())
-    out["logged"] = float(r.mean())
+    out["logged"] = logged
+    out["vs_logged"] = vs_logged
     out["ess"] = sw * sw / sw2 if sw2 > 0 else 0.0
     out["n"] = n
     out["switched"] = int((~keep).sum())

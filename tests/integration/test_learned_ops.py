@@ -143,6 +143,12 @@ async def test_gated_reload_interference_audit_and_a_restored_predictor(tmp_path
     assert routing_command(args, f"sqlite:///{tmp_path / 'audit.db'}") == 0
     assert json.loads(capsys.readouterr().out)["passed"] is True
     args.min_ess = 1e6
+    # token-aware is a fixed heuristic, the safe direction: allowed (exit 0), the refusal reported
+    assert routing_command(args, f"sqlite:///{tmp_path / 'audit.db'}") == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["passed"] is True and verdict["evaluation_passed"] is False
+    assert "insufficient overlap" in verdict["reason"]
+    args.policy = "learned"   # not a fixed heuristic: the evaluation decides, and refuses
     assert routing_command(args, f"sqlite:///{tmp_path / 'audit.db'}") == 1
     assert "insufficient overlap" in json.loads(capsys.readouterr().out)["reason"]
 

@@ -10,15 +10,28 @@ import random
 import pytest
 
 from inferlb.config.settings import RoutingConfig, fleet_from_mapping
-from inferlb.errors import ConfigError
-from inferlb.learned.policy_gate import EVENT_NODE, requirement_for, routing_changed, verdict_event
+from inferlb.errors import ConfigError, StoreError
+from inferlb.learned.policy_gate import (
+    EVENT_NODE,
+    gate_routing_change,
+    requirement_for,
+    routing_changed,
+    verdict_event,
+)
 from inferlb.routing.explain import context_of
-from inferlb.routing.gate import EvaluationRequirement, judge, span_seconds
+from inferlb.routing.gate import EvaluationRequirement, fixed_heuristic, fixed_heuristic_profiles, judge, span_seconds
 from inferlb.routing.ope_replay import LoggedDecision, target_probabilities
-from inferlb.routing.profiles import Router, build_router
+from inferlb.routing.profiles import PROFILES, Router, build_router
 from inferlb.routing.types import NodeView, RouteRequest
 
 BANDIT = {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2}}
+Logged = tuple[list[LoggedDecision], list[tuple[list[NodeView], RouteRequest, object]]]
+
+
+def _custom(profile: str, seed: int = 1) -> Router:
+    """``profile`` with a filter list of its own (no node-selector): it decides as the profile does
+    here, but it is not the built-in profile, so the gate judges it (it is not the safe direction)."""
+    return build_router(profile, seed=seed, filters=[f for f in PROFILES[profile].filters if f != "node-selector"])
 
 
 def _law(v: NodeView, out: int) -> float:
@@ -62,7 +75,7 @@ def _req(**kw: object) -> EvaluationRequirement:
     return EvaluationRequirement.model_validate({"bootstrap": 20, "min_ess": 50, **kw})
 
 
-def test_the_logging_policy_itself_passes_against_what_it_measured(logged: tuple[list[LoggedDecision], list]) -> None:
+def test_the_logging_policy_itself_passes_against_what_it_measured(logged: Logged) -> None:
     decisions, _ = logged
     same = build_router("learned", seed=9, params=BANDIT)            # a new seed: the same probabilities
     v = judge(decisions, same, build_router("learned", seed=3, params=BANDIT), _req(max_regression=0.001),
@@ -73,10 +86,10 @@ def test_the_logging_policy_itself_passes_against_what_it_measured(logged: tuple
     assert v["reason"].startswith("learned passed: mean e2e cost per decision")
 
 
-def test_a_worse_candidate_is_refused_as_its_true_value_says(logged: tuple[list[LoggedDecision], list]) -> None:
+def test_a_worse_candidate_is_refused_as_its_true_value_says(logged: Logged) -> None:
     decisions, ctxs = logged
     current = build_router("learned", seed=3, params=BANDIT)
-    worse = build_router("round-robin", seed=1)                       # ignores load and speed
+    worse = _custom("round-robin")                                     # ignores load and speed
     truth_worse, truth_current = _truth(worse, ctxs), sum(d.reward for d in decisions) / len(decisions)
     assert truth_worse > 1.2 * truth_current                          # the law says so, by a margin
     v = judge(decisions, worse, current, _req(), current_logged=True)
@@ -89,7 +102,7 @@ def test_a_worse_candidate_is_refused_as_its_true_value_says(logged: tuple[list[
 
 
 def test_against_a_current_policy_that_did_not_log_its_estimate_is_the_baseline(
-        logged: tuple[list[LoggedDecision], list]) -> None:
+        logged: Logged) -> None:
     decisions, ctxs = logged
     v = judge(decisions, build_router("learned", seed=9, params=BANDIT), build_router("round-robin", seed=1),
               _req(), current_logged=False)
@@ -97,12 +110,12 @@ def test_against_a_current_policy_that_did_not_log_its_estimate_is_the_baseline(
     assert v["baseline"]["value"] == pytest.approx(_truth(build_router("round-robin", seed=1), ctxs), rel=0.05)
 
 
-def test_too_little_overlap_or_no_log_is_a_refusal_never_a_pass(logged: tuple[list[LoggedDecision], list]) -> None:
+def test_too_little_overlap_or_no_log_is_a_refusal_never_a_pass(logged: Logged) -> None:
     decisions, _ = logged
     current = build_router("learned", seed=3, params=BANDIT)
-    v = judge(decisions, build_router("token-aware", seed=1), current, _req(min_ess=10_000), current_logged=True)
+    v = judge(decisions, _custom("token-aware"), current, _req(min_ess=10_000), current_logged=True)
     assert v["passed"] is False and "was refused: insufficient overlap" in v["reason"]
-    empty = judge([], build_router("token-aware"), current, _req(), current_logged=True)
+    empty = judge([], _custom("token-aware"), current, _req(), current_logged=True)
     assert empty["passed"] is False and "no logged decision with a propensity" in empty["reason"]
     # the current policy cannot be estimated either: no comparison, no pass
     v = judge(decisions, build_router("learned", seed=9, params=BANDIT), build_router("token-aware", seed=1),
@@ -110,20 +123,22 @@ def test_too_little_overlap_or_no_log_is_a_refusal_never_a_pass(logged: tuple[li
     assert v["passed"] is False
 
 
-def test_switch_dr_is_an_estimator_the_gate_accepts(logged: tuple[list[LoggedDecision], list]) -> None:
+def test_switch_dr_is_an_estimator_the_gate_accepts(logged: Logged) -> None:
     decisions, ctxs = logged
     req = _req(estimator="switch_dr")
     assert req.estimator == "switch_dr"
     with pytest.raises(ValueError):
         EvaluationRequirement.model_validate({"estimator": "switch-dr"})
     current = build_router("learned", seed=3, params=BANDIT)
-    worse = build_router("round-robin", seed=1)
+    worse = _custom("round-robin")
     v = judge(decisions, worse, current, req, current_logged=True)
     # refused by the SWITCH-DR estimate, which is the one reported, and close to the law's truth
     assert v["passed"] is False and v["estimator"] == "switch_dr" and "switch_dr," in v["reason"]
     assert v["candidate"]["estimate"]["value"] == pytest.approx(_truth(worse, ctxs), rel=0.05)
+    # the same policy: SWITCH-DR's reward-model terms do not cancel as SNIPS's weights of 1 do, so
+    # its paired interval has a width (±1.4 % here) that the margin must cover
     same = judge(decisions, build_router("learned", seed=9, params=BANDIT), current, _req(estimator="switch_dr",
-                 max_regression=0.001), current_logged=True)
+                 max_regression=0.02), current_logged=True)
     assert same["passed"] is True, same["reason"]
 
 
@@ -160,7 +175,7 @@ def test_the_verdict_becomes_a_policy_event() -> None:
 
 
 def test_a_log_that_reserved_capacity_carries_a_caveat_and_one_that_did_not_none(
-        logged: tuple[list[LoggedDecision], list]) -> None:
+        logged: Logged) -> None:
     decisions, _ = logged
     assert any(d.learned.get("reserve") for d in decisions)   # the shipped learned profile reserves
     same, current = build_router("learned", seed=9, params=BANDIT), build_router("learned", seed=3, params=BANDIT)
@@ -171,3 +186,79 @@ def test_a_log_that_reserved_capacity_carries_a_caveat_and_one_that_did_not_none
              for d in decisions]
     w = judge(plain, same, current, _req(max_regression=0.001), current_logged=True)
     assert "caveats" not in w and "caveat" not in w["reason"]
+
+
+# ---------------------------------------------------------------- the interval, and the safe direction
+
+
+def test_a_point_estimate_within_the_margin_does_not_pass_when_its_interval_is_not(
+        logged: Logged) -> None:
+    decisions, _ = logged
+    current = build_router("learned", seed=3, params=BANDIT)
+    worse = _custom("round-robin")
+    probe = judge(decisions, worse, current, _req(max_regression=10.0), current_logged=True)
+    base, value, high = probe["baseline"]["value"], probe["candidate"]["estimate"]["value"], probe["upper"]
+    assert base < value < high
+    ratio = probe["candidate"]["estimate"]["value"] / base
+    # a margin between the point estimate and the upper end of its (paired) interval: refused
+    margin = ((value + high) / 2) / base - 1.0
+    v = judge(decisions, worse, current, _req(max_regression=margin), current_logged=True)
+    assert v["passed"] is False and v["bound"] == pytest.approx(base * (1 + margin)) and v["upper"] == high
+    assert value <= v["bound"] < high
+    assert "round-robin is not shown within" in v["reason"] and "95 % interval (paired" in v["reason"]
+    assert f"{(ratio - 1) * 100:+.1f} %" in v["reason"]
+    # a margin past the interval's upper end: passed, saying both
+    wide = judge(decisions, worse, current, _req(max_regression=high / base - 1.0 + 0.01), current_logged=True)
+    assert wide["passed"] is True and "interval (paired with what it measured) up to" in wide["reason"]
+    # against an estimated baseline the candidate's own (unpaired) interval is the one compared
+    est = judge(decisions, worse, build_router("learned", seed=9, params=BANDIT), _req(max_regression=10.0),
+                current_logged=False)
+    assert est["upper"] == est["candidate"]["estimate"]["ci_high"]
+    mid = ((est["candidate"]["estimate"]["value"] + est["upper"]) / 2) / est["baseline"]["value"] - 1.0
+    assert judge(decisions, worse, build_router("learned", seed=9, params=BANDIT), _req(max_regression=mid),
+                 current_logged=False)["passed"] is False
+
+
+def test_the_fixed_heuristic_profiles_are_every_built_in_that_does_not_learn() -> None:
+    assert fixed_heuristic_profiles() == frozenset(PROFILES) - {"learned"}
+    assert fixed_heuristic("token-aware") and not fixed_heuristic("learned") and not fixed_heuristic("mine")
+    assert fixed_heuristic(build_router("token-aware", seed=2, params={"kv-cache": {}}))   # params allowed
+    assert not fixed_heuristic(build_router("learned", params=BANDIT))
+    assert not fixed_heuristic(_custom("round-robin"))                                    # its own filters
+    assert not fixed_heuristic(build_router("token-aware", scorers={"outstanding-tokens": 1.0}))
+    assert not fixed_heuristic(build_router("token-aware", picker="softmax-bandit"))
+
+
+def test_a_change_to_a_fixed_heuristic_is_always_allowed_and_reports_its_evaluation(
+        logged: Logged) -> None:
+    decisions, _ = logged
+    current = build_router("learned", seed=3, params=BANDIT)
+    # little overlap (token-aware picks its best node, the log explored): the evaluation refuses...
+    v = judge(decisions, build_router("token-aware", seed=1), current, _req(min_ess=10_000), current_logged=True)
+    # ...and the change is allowed all the same, saying so
+    assert v["passed"] is True and v["safe_direction"] is True and v["evaluation_passed"] is False
+    assert v["reason"].startswith("token-aware is a fixed heuristic profile, the safe direction")
+    assert "would refuse it: the evaluation of token-aware was refused: insufficient overlap" in v["reason"]
+    assert "ess" in v["candidate"]
+    # worse by its estimate: allowed too; no log at all: allowed too
+    worse = judge(decisions, build_router("round-robin", seed=1), current, _req(), current_logged=True)
+    assert worse["passed"] is True and worse["evaluation_passed"] is False and "estimated worse" in worse["reason"]
+    empty = judge([], build_router("least-connections"), current, _req(), current_logged=True)
+    assert empty["passed"] is True and empty["evaluation_passed"] is False
+    ev = verdict_event({**v, "from": "learned", "to": "token-aware"}, at=1.0, actor={})
+    assert ev.to_state == "accepted" and ev.evidence["safe_direction"] is True
+    assert ev.evidence["evaluation_passed"] is False
+    # the other way, away from the heuristic toward a learned policy, the evaluation decides
+    back = judge(decisions, build_router("learned", seed=9, params=BANDIT), build_router("token-aware"),
+                 _req(min_ess=10_000), current_logged=False)
+    assert back["passed"] is False and "safe_direction" not in back
+
+
+def test_the_safe_direction_needs_no_readable_audit_trail() -> None:
+    old, new = RoutingConfig(profile="learned"), RoutingConfig(profile="power-of-two")
+    v = gate_routing_change(None, old, new, EvaluationRequirement(), current_logged=True, now=0.0)
+    assert v["passed"] is True and v["safe_direction"] is True and v["decisions_read"] == 0
+    assert "the audit trail cannot be read (no audit database)" in v["reason"]
+    with pytest.raises(StoreError):
+        gate_routing_change(None, RoutingConfig(profile="token-aware"), old, EvaluationRequirement(),
+                            current_logged=False, now=0.0)

@@ -53,6 +53,20 @@ def test_estimators_land_within_five_percent_of_the_known_value(seed: int) -> No
     assert 0 < est["ess"] <= len(rounds)
 
 
+def test_the_ratio_to_the_logged_mean_has_a_paired_interval() -> None:
+    rounds, _ = _synthetic(2_000, 3)
+    est = estimate(rounds, n_boot=100, seed=3)
+    for k in ("ips", "snips", "dr", "switch_dr"):
+        r = est["vs_logged"][k]
+        assert r["value"] == pytest.approx(est[k].value / est["logged"])
+        assert r["ci_low"] <= r["value"] <= r["ci_high"]
+    # the logging policy judged against itself: every resample's ratio is 1, so the interval is [1, 1]
+    same = [Round(x.reward, x.propensity, x.propensity) for x in rounds]
+    self_ratio = estimate(same, n_boot=100, seed=3)["vs_logged"]["snips"]
+    assert self_ratio["ci_low"] == pytest.approx(1.0) and self_ratio["ci_high"] == pytest.approx(1.0)
+    assert estimate(same, n_boot=100, seed=3)["snips"].high > est["logged"] * 1.001   # unpaired: wider
+
+
 def test_estimate_refuses_empty_and_zero_propensities() -> None:
     with pytest.raises(ValueError):
         estimate([])
