@@ -122,7 +122,8 @@ class Trace:
         i = bisect.bisect_left(self.t, start)
         t, p, o, s, m = self.t, self.prompt, self.output, self.stream, self.model
         for k in range(i, len(t)):
-            yield PlannedRequest(t[k], p[k], o[k], model=m, stream=bool(s[k]))
+            # diurnal-bursty declares max_tokens "exact" (the Workload default): the DES routes on it
+            yield PlannedRequest(t[k], p[k], o[k], model=m, stream=bool(s[k]), max_tokens=o[k])
 
     def steps(self, step_s: float, end: float) -> list[float]:
         """Tokens/s (prompt + output) of the arrivals per step of ``step_s`` in [0, ``end``)."""

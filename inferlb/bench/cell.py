@@ -54,7 +54,8 @@ class LoadSpec:
 
 
 def _requests(spec: LoadSpec, count: int) -> list[PlannedRequest]:
-    return [PlannedRequest(t=0.0, prompt_tokens=PROMPT_TOKENS, output_tokens=spec.max_tokens, stream=spec.stream)
+    return [PlannedRequest(t=0.0, prompt_tokens=PROMPT_TOKENS, output_tokens=spec.max_tokens,
+                           max_tokens=spec.max_tokens, stream=spec.stream)
             for _ in range(count)]
 
 

@@ -125,8 +125,9 @@ def plan_cell(rate: float, duration_s: float, *, seed: int, max_tokens: int,
     for r, tenant, key in streams or [(rate, None, None)]:
         t = rng.expovariate(r)
         while t < duration_s:
-            out.append(PlannedRequest(t=t, prompt_tokens=PROMPT_TOKENS, output_tokens=max_tokens, stream=False,
-                                      tenant=tenant, priority=rng.choices(classes, weights)[0], api_key=key))
+            out.append(PlannedRequest(t=t, prompt_tokens=PROMPT_TOKENS, output_tokens=max_tokens, max_tokens=max_tokens,
+                                      stream=False, tenant=tenant, priority=rng.choices(classes, weights)[0],
+                                      api_key=key))
             t += rng.expovariate(r)
     out.sort(key=lambda p: p.t)
     return out

@@ -5,7 +5,7 @@
     inferlb sim [--host H] [--ports P ...] [--fleet NAME|FILE] [--on-kv-full preempt|oom] [--stream-interval N]
     inferlb sim des [--workload NAME|FILE | --trace FILE] [--nodes N [--presets h100,a100,l4] | --fleet NAME|FILE]
                     [--profile token-aware] [--rate R] [--duration S] [--seed 1] [--admission gateway|off]
-                    [--json]
+                    [--output-length off|mean|p50|p90] [--json]
 
 ``inferlb sim`` serves vLLM-like engines with ``/metrics`` (inferlb/simulator) and prints their
 URLs as JSON once they listen; Ctrl-C is a normal stop (exit 0).
@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     d.add_argument("--admission", choices=["gateway", "off"], default="gateway",
                    help="the gateway's admission rules (default policy), or none")
     d.add_argument("--max-inflight", type=int, default=None, help="gateway-wide cap (default: none)")
+    d.add_argument("--output-length", choices=["off", "mean", "p50", "p90"], default="off",
+                   help="route on the output-length predictor's estimate (that statistic), trained from the "
+                        "completions, instead of the declared max_tokens / 256 (default: off)")
     d.add_argument("--json", action="store_true", help="print the figures as JSON")
     d.set_defaults(handler=des_command)
 
@@ -137,8 +140,11 @@ def des_command(args: argparse.Namespace) -> int:
             admission: Any = GatewayAdmission(AdmissionPolicy(), max_inflight=args.max_inflight)
         else:
             admission = OpenAdmission(args.max_inflight)
+        from inferlb.routing.length import LengthPredictor
+
+        lengths = LengthPredictor(budget=args.output_length) if args.output_length != "off" else None
         sim = Simulation(specs, profile=args.profile, seed=args.seed, admission=admission, model=w.model,
-                         scrape_s=args.scrape_s, timeout_s=w.timeout_s)
+                         scrape_s=args.scrape_s, timeout_s=w.timeout_s, lengths=lengths)
     except (ValueError, ConfigError) as exc:
         print(f"inferlb: error: {exc}", file=sys.stderr)
         return 2
@@ -146,6 +152,8 @@ def des_command(args: argparse.Namespace) -> int:
     res = sim.run(reqs)
     wall = time.perf_counter() - t0
     summary = des_summary(res, w, duration_s=duration if duration > 0 else None, wall_s=wall)
+    if lengths is not None:
+        summary["output_length"] = lengths.summary()
     summary.update({"profile": args.profile, "workload": w.name, "trace": str(args.trace) if args.trace else None,
                     "seed": args.seed, "fleet": {s.name: s.preset for s in specs} if len(specs) <= 16
                     else f"{len(specs)} nodes", "events": sim.events})

@@ -184,6 +184,19 @@ class NodeConfig(_Strict):
         return check_url(v)
 
 
+class OutputLengthConfig(_Strict):
+    """The output-length predictor (inferlb/routing/length.py): the budget routing, node load and
+    the learned router's reservation count for a request, learned from finished requests'
+    completion tokens. ``enabled: false``: the declared ``max_tokens``, else ``default_max_tokens``,
+    as before. The client's ``max_tokens`` (or the default) still bounds timeouts, the context check
+    and TPM limits: a prediction never shortens what a client may be sent."""
+
+    enabled: bool = True
+    budget: Literal["p50", "mean", "p90"] = "mean"
+    min_samples: int = Field(20, ge=1)
+    window: int = Field(2000, ge=2)
+
+
 class RoutingConfig(_Strict):
     """Which routing profile runs, and its plugin parameters (see ``engine.routing.profiles``)."""
 
@@ -201,6 +214,7 @@ class RoutingConfig(_Strict):
     # A live change of the routing policy must first pass an off-policy evaluation on the audit
     # trail (routing/gate.py, learned/policy_gate.py); None: changes apply without one.
     require_evaluation: EvaluationRequirement | None = None
+    output_length: OutputLengthConfig = OutputLengthConfig()
 
     def build_router(self, **overrides: Any) -> Router:
         """A new router of this config (``engine.routing.build_router`` with every field here);

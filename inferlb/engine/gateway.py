@@ -202,7 +202,7 @@ class Gateway:
         attempt = scope.begin_attempt()
         node_name = attempt.node
         node = rt.fleet.nodes[node_name].cfg
-        tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_budget
+        tokens = int(scope.record.prompt_tokens_est or 0) + scope.output_estimate   # the load routing counted
         headers = {"content-type": _JSON, "x-request-id": scope.record.request_id,
                    "x-inferlb-attempt": str(scope.attempts), **hop_headers(req.hops, self.hop_id)}
         node_key = node.credential()
@@ -264,6 +264,11 @@ class Gateway:
         e2e = (rec.last_byte_at - attempt.started_at) if rec.last_byte_at is not None else None
         rt.fleet.report_success(node, stream=req.stream, completion_tokens=rec.completion_tokens or 0,
                                 ttfb_s=ttfb, e2e_s=e2e)
+        if rt.lengths is not None and rec.completion_tokens is not None and scope.output_estimate > 0:
+            # per choice, keyed as request/evaluate estimated it (its prompt estimate, tenant, endpoint)
+            rt.lengths.observe(scope.model, prompt_tokens=int(rec.prompt_tokens_est or 0),
+                               tokens=rec.completion_tokens // max(1, req.n), tenant=req.tenant, endpoint=req.endpoint,
+                               estimate=scope.length_estimate)
         if rt.learner is not None:   # the learned profile's predictor: same times, queued for training
             observe_decision(rt.learner, scope.decision, stream=req.stream,
                              completion_tokens=rec.completion_tokens or 0, ttfb_s=ttfb, e2e_s=e2e)

@@ -30,6 +30,7 @@ from inferlb.config.settings import FleetConfig, Settings
 from inferlb.engine.request_ids import new_request_id
 from inferlb.engine.tokens import TokenEstimator
 from inferlb.fleet.state import Fleet
+from inferlb.routing.length import LengthEstimate, LengthPredictor
 from inferlb.routing.prefix import block_hashes, text_key
 from inferlb.routing.profiles import Router
 from inferlb.routing.types import Decision
@@ -95,6 +96,9 @@ class Runtime:
     learner: Any = None
     # Model versions and their weights in force (versions); rollouts change the weights.
     versions: VersionTable = field(default_factory=lambda: VersionTable([], []))
+    # The output-length predictor (routing/length.py; routing.output_length), kept across reloads
+    # (they replace the runtime's config, not its history); None: the declared budget is used.
+    lengths: LengthPredictor | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,9 @@ class RequestScope:
     max_attempts: int = 3
     decision: Decision | None = None             # the last routing decision; its pick is the dispatch target
     output_budget: int = 0                       # output tokens, computed once by request/evaluate
+    # What routing and the node's load count: the predictor's estimate (≤ output_budget), else the budget.
+    output_estimate: int = 0
+    length_estimate: LengthEstimate | None = None   # the predictor's estimate, to score it when the answer ends
     last_outcome: dict[str, Any] | None = None
     retry_after_s: float | None = None           # smallest Retry-After seen (for a final 429)
     # The last attempt was cut by the client's own deadline, not by a slow node: the answer then
@@ -228,6 +235,9 @@ def build_runtime(
     versions = versions if versions is not None else VersionTable.from_fleet(fleet_cfg)
     admission = admission_cls(fleet_cfg.admission, fleet, clock, max_inflight=settings.max_inflight,
                               env=settings.admission)
+    ol = r.output_length
+    lengths = LengthPredictor(budget=ol.budget, min_samples=ol.min_samples, window=ol.window) if ol.enabled else None
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
                    clock=clock, rng=random.Random(seed), on_request_end=end(admission), admission=admission,
-                   begin=begin or _no_begin, learner=getattr(router, "lifecycle", None), versions=versions)
+                   begin=begin or _no_begin, learner=getattr(router, "lifecycle", None), versions=versions,
+                   lengths=lengths)

@@ -18,7 +18,8 @@ __all__ = ["AUTOSCALE_CONTRACT", "AUTOSCALE_REQUIRED_TASKS", "AUTOSCALE_START_DA
 SERVICES: ServiceTable = {
     "request/evaluate": ServiceSpec(
         result="evaluation", fn=evaluate.evaluate, reads=("request",),
-        writes=("ok", "model", "version", "prompt_tokens_est", "output_budget", "priority", "deadline_s",
+        writes=("ok", "model", "version", "prompt_tokens_est", "output_budget", "output_estimate", "priority",
+                "deadline_s",
                 "status", "code", "message", "param"),
         doc="Resolve the model, estimate prompt tokens and output budget, priority and deadline."),
     "admission/admit": ServiceSpec(

@@ -18,9 +18,14 @@ DEFAULT_PRIORITY = "standard"
 def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """Reads ``request``; writes ``evaluation`` (see processes/README.md).
 
-    The output budget and the deadline are computed here only: routing, admission and the gateway
-    (node load, timeouts) use ``evaluation["output_budget"]`` / ``scope.output_budget`` and
-    ``scope.deadline_at``, also after a fallback to another model; the audit row keeps the deadline.
+    The output budget and the deadline are computed here only: admission (TPM), the gateway's
+    timeouts and the context check use ``evaluation["output_budget"]`` / ``scope.output_budget``
+    (the declared ``max_tokens``, else the model's ``default_max_tokens``) and ``scope.deadline_at``,
+    also after a fallback to another model; the audit row keeps the deadline. Routing and the
+    node's load use ``evaluation["output_estimate"]`` / ``scope.output_estimate``: the output-length
+    predictor's estimate (``rt.lengths``, never above the budget; the budget itself without a
+    predictor or without data), trained by the gateway from each finished request's completion
+    tokens (engine/gateway.py ``_learn``).
     """
     req = data["request"]
     rt = scope.rt
@@ -59,7 +64,15 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     scope.deadline_at = scope.received_mono + budget
     # n choices each generate up to the per-choice budget (the context check above is per choice):
     # admission, TPM, routing and the node's load all count n × the per-choice output.
-    scope.output_budget = output * int(req.get("n") or 1)
+    n = int(req.get("n") or 1)
+    scope.output_budget = output * n
+    est = None
+    if rt.lengths is not None and output > 0:
+        est = rt.lengths.estimate(model.name, prompt_tokens=prompt_est,
+                                  declared=int(max_tokens) if max_tokens else None,
+                                  default=model.default_max_tokens, tenant=req.get("tenant"), endpoint=endpoint)
+    scope.length_estimate = est
+    scope.output_estimate = (min(output, est.budget) if est is not None else output) * n
     scope.model = model.name
     scope.models_tried = models_tried   # the first is the model asked for: routing/fallback reads its list
     rec = scope.record
@@ -73,6 +86,7 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
         "version": rec.model_version,
         "prompt_tokens_est": prompt_est,
         "output_budget": scope.output_budget,
+        "output_estimate": scope.output_estimate,
         "priority": rec.priority,
         "deadline_s": round(budget, 3),
     }

@@ -34,7 +34,7 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     base = RouteRequest(
         model=scope.model,
         prompt_tokens=int(ev["prompt_tokens_est"]),
-        output_tokens=int(ev["output_budget"]),
+        output_tokens=int(ev.get("output_estimate", ev["output_budget"])),   # the predictor's estimate
         priority=ev.get("priority"),
         exclude=frozenset(scope.tried) | _not_serving(scope),
         stream=scope.record.stream,

@@ -43,13 +43,14 @@ def small_opts(**over: object) -> BacktestOptions:
 
 
 def step_load(rate_lo: float, rate_hi: float) -> list[PlannedRequest]:
-    """1 h at ``rate_lo``, 1 h at ``rate_hi``, 2 h at ``rate_lo`` req/s, evenly spaced; 300 tokens each."""
+    """1 h at ``rate_lo``, 1 h at ``rate_hi``, 2 h at ``rate_lo`` req/s, evenly spaced; 300 tokens each
+    (each declares its 64-token max_tokens: the controller counts what the gateway knows)."""
     out: list[PlannedRequest] = []
     t = 0.0
     for seconds, rate in ((3600, rate_lo), (3600, rate_hi), (7200, rate_lo)):
         end = t + seconds
         while t < end:
-            out.append(PlannedRequest(t, 236, 64, model="sim-llm", stream=True))
+            out.append(PlannedRequest(t, 236, 64, model="sim-llm", stream=True, max_tokens=64))
             t += 1.0 / rate
     return out
 

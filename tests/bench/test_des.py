@@ -89,3 +89,16 @@ def test_sim_des_command(tmp_path: Path) -> None:
     bad = subprocess.run([*cmd[:5], "--nodes", "2", "--presets", "h200"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--presets: unknown h200" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_sim_des_routes_on_the_predictor_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    from inferlb.cli.main import main
+
+    argv = ["sim", "des", "--workload", "heavy-tail-mixed", "--nodes", "3", "--rate", "8", "--duration", "30",
+            "--json"]
+    assert main([*argv, "--output-length", "p50"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    cal = s["output_length"]
+    assert cal["budget"] == "p50" and cal["n"] > 100 and cal["learned"] > 50
+    assert main(argv) == 0
+    assert "output_length" not in json.loads(capsys.readouterr().out)

@@ -184,3 +184,32 @@ def test_steady_state_cpu_and_running_streams() -> None:
     assert (st["from_s"], st["to_s"]) == (5.0, 10.0)
     assert st["cpu_core_share"] == {"sim": pytest.approx(0.5), "loadgen": pytest.approx(0.1)}
     assert st["running_mean"] == 22 and st["running_max"] == 24
+
+
+def test_max_tokens_mix_declares_per_request_without_changing_the_requests() -> None:
+    from inferlb.bench.loadgen.runner import _body, _expected
+    from inferlb.simulator.node import SIM_OUTPUT_FIELD
+
+    exact = load_workload("heavy-tail")
+    mixed = load_workload("heavy-tail-mixed")
+    a, b = plan(exact, seed=7, duration_s=300), plan(mixed, seed=7, duration_s=300)
+    # the same requests (times, lengths, tenants): only what the clients declare differs
+    assert [(r.t, r.prompt_tokens, r.output_tokens, r.tenant) for r in a] == \
+        [(r.t, r.prompt_tokens, r.output_tokens, r.tenant) for r in b]
+    assert all(r.max_tokens == r.output_tokens for r in a)
+    n = len(b)
+    none = sum(r.max_tokens is None for r in b) / n
+    loose = sum(r.max_tokens in (1024, 2048, 4096) and r.max_tokens != r.output_tokens for r in b) / n
+    assert abs(none - 0.60) < 0.03 and abs(loose - 0.35) < 0.03
+    assert plan(mixed, seed=7, duration_s=300) == b          # seeded
+    # what the load generator sends: the declared max_tokens (or none) and the answer for the emulator
+    for r in b[:200]:
+        body = json.loads(_body(r, mixed))
+        assert body.get("max_tokens") == r.max_tokens and body[SIM_OUTPUT_FIELD] == r.output_tokens
+        assert _expected(r, mixed) == r.answer_tokens
+    cut = Workload(max_tokens="mix", max_tokens_mix={"none": 0, "loose": 1, "exact": 0, "loose_values": [5]},
+                   output_tokens=LengthDist(dist="constant", value=50))
+    (r, *_) = plan(cut, seed=1, duration_s=5)
+    assert (r.max_tokens, r.output_tokens, r.answer_tokens) == (5, 50, 5)   # a cap below the answer cuts it
+    with pytest.raises(ValueError):
+        Workload(max_tokens="mix", max_tokens_mix={"none": 0, "loose": 0, "exact": 0})

@@ -35,3 +35,20 @@ def test_an_admissible_request_gets_its_budget_and_deadline_once(rt: Runtime) ->
     scope, data = start(rt, "embeddings", "emb", deadline_s=500.0)
     out = evaluate(scope, data, {})
     assert out["ok"] and out["output_budget"] == 0 and out["deadline_s"] == 60.0   # capped by total_s
+
+
+def test_routing_and_load_count_the_predicted_length_the_budget_still_bounds_the_rest(rt: Runtime) -> None:
+    scope, data = start(rt, n=2)
+    out = evaluate(scope, data, {})
+    # no data yet: the estimate is the model's default (16 per choice), as without a predictor
+    assert out["output_budget"] == 32 == out["output_estimate"] == scope.output_estimate
+    assert rt.lengths is not None
+    for _ in range(25):   # the gateway's history: short answers (engine/gateway.py _learn)
+        rt.lengths.observe("m", prompt_tokens=int(out["prompt_tokens_est"]), tokens=4, endpoint="chat")
+    scope, data = start(rt, n=2)
+    out = evaluate(scope, data, {})
+    assert out["output_budget"] == 32 and scope.output_budget == 32          # timeouts, TPM: the declared budget
+    assert out["output_estimate"] == 8 == scope.output_estimate               # routing, node load: 2 × 4
+    assert scope.length_estimate is not None and scope.length_estimate.level == "band"
+    scope, data = start(rt, max_tokens=3)
+    assert evaluate(scope, data, {})["output_estimate"] == 3                 # never above the declared cap

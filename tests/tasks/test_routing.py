@@ -68,3 +68,33 @@ def test_routing_fallback_skips_a_model_the_request_does_not_fit_and_says_why() 
     assert scope.record.tags["model_fallback"][-1] == {"from": "small", "to": "big",
                                                        "reason": "failed: upstream_status"}
     assert fallback(scope, data, {}) == {"ok": False, "model": None, "reason": "no fallback model left"}
+
+
+def test_routing_is_given_the_output_estimate_not_the_budget(rt: Runtime) -> None:
+    import dataclasses
+
+    from inferlb.tasks.routing import select
+
+    seen: list[int] = []
+
+    class Spy:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def decide(self, req: Any, views: Any) -> Any:
+            seen.append(req.output_tokens)
+            return self.inner.decide(req, views)
+
+    rt = dataclasses.replace(rt, router=Spy(rt.router))
+    assert rt.lengths is not None
+    scope, data = start(rt)
+    ev = evaluate(scope, data, {})
+    for _ in range(25):
+        rt.lengths.observe("m", prompt_tokens=int(ev["prompt_tokens_est"]), tokens=5, endpoint="chat")
+    scope, data = start(rt)
+    data["evaluation"] = evaluate(scope, data, {})
+    select(scope, data, {})
+    assert seen == [5] and scope.output_budget == 16     # the estimate, not the model's default budget

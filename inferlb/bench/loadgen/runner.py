@@ -112,8 +112,9 @@ def _body(p: PlannedRequest, w: Workload) -> bytes:
     if w.max_tokens == "exact":
         body["max_tokens"] = p.output_tokens
     else:
-        if isinstance(w.max_tokens, int):
-            body["max_tokens"] = w.max_tokens
+        declared = p.max_tokens if w.max_tokens == "mix" else w.max_tokens if isinstance(w.max_tokens, int) else None
+        if declared is not None:
+            body["max_tokens"] = declared
         body[SIM_OUTPUT_FIELD] = p.output_tokens
     if p.stream:
         body["stream"] = True
@@ -122,6 +123,8 @@ def _body(p: PlannedRequest, w: Workload) -> bytes:
 
 
 def _expected(p: PlannedRequest, w: Workload) -> int:
+    if w.max_tokens == "mix":
+        return p.answer_tokens
     return min(p.output_tokens, w.max_tokens) if isinstance(w.max_tokens, int) else p.output_tokens
 
 

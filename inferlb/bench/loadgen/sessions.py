@@ -30,7 +30,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from inferlb.bench.loadgen.workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick
+from inferlb.bench.loadgen.workload import ChatTurn, PlannedRequest, Sessions, Workload, _pick, declared_max_tokens
 from inferlb.simulator.des.closed import Session
 from inferlb.simulator.latency import estimate_tokens
 from inferlb.simulator.openai_format import answer_text
@@ -94,6 +94,7 @@ def _sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_s: f
     starts = random.Random(f"{seed}:sessions")
     think = random.Random(f"{seed}:think")
     shapes = random.Random(f"{seed}:shapes")
+    declares = random.Random(f"{seed}:max_tokens")
     system_tokens = [s.system_tokens.sample(shapes) for _ in range(s.system_prompts)]
     session_rate = rate / max(1.0, _mean_turns(s, seed))
     t = 0.0
@@ -116,12 +117,14 @@ def _sessions(w: Workload, s: Sessions, *, seed: int, rate: float, duration_s: f
         thinks: list[float] = []
         for _ in range(n):
             user, answer = s.user_tokens.sample(shapes), w.output_tokens.sample(shapes)
+            declared = declared_max_tokens(w, answer, declares)
+            answer = answer if declared is None else min(answer, declared)   # the history holds what was answered
             turns.append((user, answer))
             asked += user
             reqs.append(PlannedRequest(
                 t=at, prompt_tokens=estimate_tokens(4 * asked + answered), output_tokens=answer,
                 tenant=tenant, priority=priority, model=w.model, stream=stream,
-                chat=ChatTurn(sid, system, system_tokens[system], tuple(turns), s.send_session)))
+                max_tokens=declared, chat=ChatTurn(sid, system, system_tokens[system], tuple(turns), s.send_session)))
             answered += len(answer_text(answer))
             gap = think.expovariate(1.0 / think_s)
             thinks.append(gap)

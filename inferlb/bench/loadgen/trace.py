@@ -140,10 +140,12 @@ def parse_trace(text: str, *, suffix: str = ".jsonl", stream: bool = True, model
             info.skip("no output tokens")
             continue
         s = _bool(row.get("stream"))
+        mt = row.get("max_tokens")     # what the client declared, when the trace has it
+        declared = int(mt) if isinstance(mt, (int, float)) and not isinstance(mt, bool) and mt >= 1 else None
         raw.append((tf, PlannedRequest(
             t=0.0, prompt_tokens=max(1, pi), output_tokens=oi, tenant=_first(row, ("tenant",)),
             priority=_first(row, ("priority",)), model=model or _first(row, _MODEL),
-            stream=stream if s is None else s)))
+            stream=stream if s is None else s, max_tokens=declared)))
     raw.sort(key=lambda x: x[0])
     if limit is not None:
         raw = raw[:limit]
@@ -156,7 +158,8 @@ def parse_trace(text: str, *, suffix: str = ".jsonl", stream: bool = True, model
     if rate is not None and span > 0 and len(raw) > 1:
         scale = (len(raw) / rate) / span
     return [PlannedRequest(t=(tt - t0) * scale, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
-                           tenant=r.tenant, priority=r.priority, model=r.model, stream=r.stream) for tt, r in raw]
+                           tenant=r.tenant, priority=r.priority, model=r.model, stream=r.stream,
+                           max_tokens=r.max_tokens) for tt, r in raw]
 
 
 def load_trace(path: Path, **kw: Any) -> list[PlannedRequest]:

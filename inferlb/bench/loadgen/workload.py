@@ -50,9 +50,11 @@ __all__ = [
     "Arrival",
     "ChatTurn",
     "LengthDist",
+    "MaxTokensMix",
     "PlannedRequest",
     "Sessions",
     "Workload",
+    "declared_max_tokens",
     "iter_plan",
     "load_workload",
     "plan",
@@ -231,6 +233,34 @@ class Sessions(_Strict):
     send_session: bool = True
 
 
+class MaxTokensMix(_Strict):
+    """``max_tokens: mix``: what each client declares, drawn per request (its own random stream,
+    so the lengths and arrivals are those of the same workload without the mix).
+
+    ``none``: the share of requests without ``max_tokens`` (the gateway assumes the model's
+    ``default_max_tokens``); ``loose``: the share with a generous cap, one of ``loose_values``
+    at random (answers longer than it are cut there, as a server does); ``exact``: the share
+    that declares exactly the answer's length (the old benchmark default, unrealistic: no client
+    knows it). The default shares are ASSUMPTIONS, not measurements: no published study of how
+    many production clients send ``max_tokens`` was found; OpenAI-compatible SDKs send none
+    unless the caller sets it, and chat front ends that do set it use round caps such as 1,024
+    to 4,096. Set your own from your audit trail (the share of requests whose ``max_tokens`` was
+    null)."""
+
+    none: float = Field(0.6, ge=0)
+    loose: float = Field(0.35, ge=0)
+    exact: float = Field(0.05, ge=0)
+    loose_values: tuple[int, ...] = (1024, 2048, 4096)
+
+    @model_validator(mode="after")
+    def _shares(self) -> MaxTokensMix:
+        if self.none + self.loose + self.exact <= 0:
+            raise ValueError("the max_tokens shares must have a positive sum")
+        if not self.loose_values or min(self.loose_values) < 1:
+            raise ValueError("loose_values must be integers >= 1")
+        return self
+
+
 class Workload(_Strict):
     """Everything about the load except where it goes."""
 
@@ -244,7 +274,10 @@ class Workload(_Strict):
     stream: float = Field(1.0, ge=0, le=1)         # share of streaming requests
     tenants: dict[str, float] = Field(default_factory=lambda: {"default": 1.0})
     priorities: dict[str, float] = Field(default_factory=dict)   # empty: no priority header
-    max_tokens: Literal["exact", "none"] | int = "exact"
+    # What clients declare: "exact" (the answer's length: an oracle no real client is), "none",
+    # an integer cap for every request, or "mix" (max_tokens_mix, per request).
+    max_tokens: Literal["exact", "none", "mix"] | int = "exact"
+    max_tokens_mix: MaxTokensMix = MaxTokensMix()
     slo: SLO = SLO()
     timeout_s: float = Field(120.0, gt=0)          # the client gives up after this (not a success)
     deadline_s: float | None = Field(None, gt=0)   # x-inferlb-deadline-ms sent (default: timeout_s)
@@ -256,7 +289,7 @@ class Workload(_Strict):
             if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
                 raise ValueError(f"{name} weights must be >= 0 with a positive sum")
         if isinstance(self.max_tokens, int) and self.max_tokens < 1:
-            raise ValueError("max_tokens must be 'exact', 'none' or an integer >= 1")
+            raise ValueError("max_tokens must be 'exact', 'none', 'mix' or an integer >= 1")
         return self
 
 
@@ -285,6 +318,35 @@ class PlannedRequest:
     stream: bool = True
     api_key: str | None = None      # sent as a bearer token (the key names the tenant)
     chat: ChatTurn | None = None    # a turn of a multi-turn session (Workload.sessions)
+    # What the client declares as max_tokens (None: it sends none). The answer is
+    # min(output_tokens, max_tokens): output_tokens is what the model would write, which only the
+    # node knows; the gateway (and the DES's routing) sees this field, never output_tokens.
+    max_tokens: int | None = None
+
+    @property
+    def answer_tokens(self) -> int:
+        """The answer's true length: what the model writes, cut at a declared ``max_tokens``."""
+        m = self.max_tokens
+        return self.output_tokens if m is None or m >= self.output_tokens else max(1, m)
+
+
+def declared_max_tokens(w: Workload, output_tokens: int, rng: random.Random) -> int | None:
+    """What a client of ``w`` declares for an answer of ``output_tokens`` (see ``Workload.max_tokens``);
+    ``rng`` is drawn from only under ``mix``."""
+    mode = w.max_tokens
+    if mode == "exact":
+        return output_tokens
+    if mode == "none":
+        return None
+    if isinstance(mode, int):
+        return mode
+    mix = w.max_tokens_mix
+    x = rng.random() * (mix.none + mix.loose + mix.exact)
+    if x < mix.none:
+        return None
+    if x < mix.none + mix.loose:
+        return mix.loose_values[rng.randrange(len(mix.loose_values))]
+    return output_tokens
 
 
 def _pick(rng: random.Random, mix: dict[str, float]) -> str | None:
@@ -319,6 +381,7 @@ def iter_plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: 
     scale = 1.0 if rate is None else rate / w.arrival.rate
     arrivals = random.Random(f"{seed}:arrivals")
     shapes = random.Random(f"{seed}:shapes")
+    declares = random.Random(f"{seed}:max_tokens")
     lam_max = w.arrival.max_rate(scale)
     t = 0.0
     n = 0
@@ -332,10 +395,11 @@ def iter_plan(w: Workload, *, seed: int, rate: float | None = None, duration_s: 
         if arrivals.random() * lam_max > w.arrival.rate_at(t, scale):
             continue   # thinned out
         n += 1
+        prompt, output = w.prompt_tokens.sample(shapes), w.output_tokens.sample(shapes)
         yield PlannedRequest(
-            t=t, prompt_tokens=w.prompt_tokens.sample(shapes), output_tokens=w.output_tokens.sample(shapes),
+            t=t, prompt_tokens=prompt, output_tokens=output,
             tenant=_pick(shapes, w.tenants), priority=_pick(shapes, w.priorities), model=w.model,
-            stream=shapes.random() < w.stream)
+            stream=shapes.random() < w.stream, max_tokens=declared_max_tokens(w, output, declares))
 
 
 BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
@@ -352,6 +416,19 @@ BUILTIN_WORKLOADS: dict[str, dict[str, Any]] = {
         "slo": {"ttft_s": 2.0, "e2e_s": 20.0},
         "warmup_s": 5.0,
         "timeout_s": 60.0,
+    },
+    # heavy-tail as real clients send it: most declare no max_tokens, many a loose cap, few the
+    # exact length (Workload.max_tokens_mix: the shares are assumptions, see MaxTokensMix).
+    "heavy-tail-mixed": {
+        "name": "heavy-tail-mixed",
+        "prompt_tokens": {"dist": "lognormal", "median": 400, "sigma": 1.0, "min": 16, "max": 4000},
+        "output_tokens": {"dist": "pareto", "scale": 32, "alpha": 1.4, "min": 8, "max": 1024},
+        "tenants": {"team-a": 0.7, "team-b": 0.3},
+        "priorities": {"interactive": 0.6, "batch": 0.4},
+        "slo": {"ttft_s": 2.0, "e2e_s": 20.0},
+        "warmup_s": 5.0,
+        "timeout_s": 60.0,
+        "max_tokens": "mix",
     },
     # Bursty on/off traffic with short answers.
     "bursty": {"name": "bursty", "arrival": {"kind": "onoff", "on_s": 5, "off_s": 10, "on_factor": 2.5,

@@ -23,7 +23,9 @@ __all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Window"]
 
 
 class RequestLike(Protocol):
-    """What the simulation reads of a request (``PlannedRequest`` has these fields)."""
+    """What the simulation reads of a request (``PlannedRequest`` has these fields). Optional
+    fields, read when present: ``max_tokens`` (what the client declares; None: none) and
+    ``tenant``. ``output_tokens`` is the answer the model writes: only the node's engine reads it."""
 
     @property
     def t(self) -> float: ...
@@ -65,7 +67,7 @@ class Window:
     end: float = 0.0
     arrivals: int = 0
     prompt_tokens: int = 0          # of the arrivals
-    output_tokens: int = 0          # of the arrivals
+    output_tokens: int = 0          # of the arrivals: the output budget the gateway counts, not the answers
     completed: int = 0
     rejected: int = 0
     failed: int = 0                 # failed, timeout and no_node

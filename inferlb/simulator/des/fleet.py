@@ -13,10 +13,12 @@ The base of :class:`~.sim.Simulation`, which holds the state (declared here) and
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from inferlb.routing.length import LengthEstimate, LengthPredictor
 from inferlb.routing.profiles import Router
 from inferlb.routing.types import Decision, NodeList, NodeView
 from inferlb.simulator.des.admission import Admission
@@ -46,6 +48,8 @@ class SimFleet:
     prefill_cached: PrefillHook | None
     prompt_of: Callable[[RequestLike], PromptInfo | None] | None
     feedback: Feedback | None
+    lengths: LengthPredictor | None
+    default_max_tokens: int
     now: float
     results: DesResults
     events: int
@@ -67,6 +71,8 @@ class SimFleet:
     _next_control: float
     _window: Window
     _reqs: dict[int, RequestLike]
+    _budgets: array[int]                       # per row: the output budget the gateway counts
+    _estimates: dict[int, tuple[LengthEstimate, str, str | None]]   # rows in flight: estimate, model, tenant
     _loading: bool
 
     if TYPE_CHECKING:   # defined by SimRequests (lifecycle.py), which settles a lost request

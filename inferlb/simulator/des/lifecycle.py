@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from inferlb.routing.length import LengthEstimate
 from inferlb.routing.prefix import block_hashes, text_key
 from inferlb.routing.types import RouteRequest
 from inferlb.simulator.des.admission import ADMIT, QUEUE
@@ -31,13 +32,31 @@ class SimRequests(SimFleet):
 
     # ------------------------------------------------------------------ one request
 
+    def _budget_of(self, r: RequestLike) -> tuple[int, LengthEstimate | None]:
+        """The output budget the gateway counts for ``r``, from what it declares and the gateway's
+        history only (see the ``Simulation`` docstring): never ``r.output_tokens``."""
+        declared: int | None = getattr(r, "max_tokens", None)
+        lengths = self.lengths
+        if lengths is None:
+            return (declared if declared is not None else self.default_max_tokens), None
+        est = lengths.estimate(r.model or self.model, prompt_tokens=r.prompt_tokens, declared=declared,
+                               default=self.default_max_tokens, tenant=getattr(r, "tenant", None))
+        return est.budget, est
+
     def _arrive(self, r: RequestLike) -> None:
         res = self.results
-        i = res.add(r.t, r.prompt_tokens, r.output_tokens, r.stream, r.priority)
+        declared: int | None = getattr(r, "max_tokens", None)
+        # What the node will write: the model's answer, cut at a declared max_tokens (the node's own state).
+        answer = r.output_tokens if declared is None or declared >= r.output_tokens else max(1, declared)
+        i = res.add(r.t, r.prompt_tokens, answer, r.stream, r.priority)
+        budget, est = self._budget_of(r)
+        self._budgets.append(budget)
+        if est is not None:
+            self._estimates[i] = (est, r.model or self.model, getattr(r, "tenant", None))
         w = self._window
         w.arrivals += 1
         w.prompt_tokens += r.prompt_tokens
-        w.output_tokens += r.output_tokens
+        w.output_tokens += budget
         if self.timeout_s is not None:
             self._timeouts.append((r.t + self.timeout_s, i))
         verdict = self.admission.admit(i, r.model or self.model, r.priority, self.now, self)
@@ -48,6 +67,7 @@ class SimRequests(SimFleet):
             self._queued.add(i)
             self._reqs[i] = r
         else:
+            self._estimates.pop(i, None)
             res.finish(i, REJECTED, reason=verdict.reason)
             w.rejected += 1
 
@@ -56,7 +76,8 @@ class SimRequests(SimFleet):
         now = self.now
         res = self.results
         res.queue[i] = now - r.t
-        prompt, output = r.prompt_tokens, r.output_tokens
+        prompt, output = r.prompt_tokens, res.output_tokens[i]   # the answer: only the node's engine reads it
+        budget = self._budgets[i]                                # what the gateway knows of it
         prefix: tuple[int, ...] = ()
         session: int | None = None
         blocks = self.router.prefix_blocks
@@ -67,7 +88,7 @@ class SimRequests(SimFleet):
                     prefix = block_hashes(info.text, blocks)
                 if info.session:
                     session = text_key(info.session)
-        d = self.router.decide(RouteRequest(r.model or self.model, prompt, output, r.priority, stream=r.stream,
+        d = self.router.decide(RouteRequest(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
                                             prefix=prefix, session=session), self._views)
         name = d.pick
         if self.feedback is not None:
@@ -85,7 +106,7 @@ class SimRequests(SimFleet):
         seq = core.submit(prompt, output, now, cached=cached, tag=i)
         self._live[i] = (seq, node)
         node.inflight_requests += 1
-        node.inflight_tokens += prompt + output
+        node.inflight_tokens += prompt + budget     # the gateway's count (Fleet.acquire): the budget it knows
         node.served += 1
         self._dirty.add(node)
         self._schedule(node)
@@ -145,9 +166,13 @@ class SimRequests(SimFleet):
 
     def _leave(self, i: int, node: DesNode, seq: FastSeq, ok: bool) -> None:
         node.inflight_requests -= 1
-        node.inflight_tokens -= seq.prompt + seq.output
+        node.inflight_tokens -= seq.prompt + self._budgets[i]
         self._dirty.add(node)
         self._inflight -= 1
+        got = self._estimates.pop(i, None)
+        if ok and got is not None and self.lengths is not None:   # the gateway's own history: tokens it counted
+            est, model, tenant = got
+            self.lengths.observe(model, prompt_tokens=seq.prompt, tokens=seq.output, tenant=tenant, estimate=est)
         if isinstance(self.prefill_cached, PrefixCaches):
             self.prefill_cached.finished(i, seq.output if ok else None)
         for j in self.admission.release(i, self.now, ok, self):
@@ -155,6 +180,7 @@ class SimRequests(SimFleet):
 
     def _end(self, i: int, outcome: int, *, node: int = -1, reason: str) -> None:
         """An admitted request that never reached a node engine."""
+        self._estimates.pop(i, None)
         self.results.finish(i, outcome, node=node, reason=reason)
         self._window.failed += 1
         if self.feedback is not None:
@@ -185,6 +211,7 @@ class SimRequests(SimFleet):
             return
         self._queued.discard(i)
         self._reqs.pop(i, None)
+        self._estimates.pop(i, None)
         self.results.finish(i, REJECTED, reason=why)
         self.results.queue[i] = self.now - self.results.t[i]
         self._window.rejected += 1
@@ -213,6 +240,7 @@ class SimRequests(SimFleet):
         elif i in self._queued:
             self._queued.discard(i)
             self._reqs.pop(i, None)
+            self._estimates.pop(i, None)
             res.finish(i, TIMEOUT, reason="the client gave up in the gateway queue (timeout_s)")
             res.queue[i] = self.now - res.t[i]
             self._window.failed += 1

@@ -77,7 +77,7 @@ class DesResults:
     def __init__(self) -> None:
         self.t = array("d")
         self.prompt_tokens = array("l")
-        self.output_tokens = array("l")
+        self.output_tokens = array("l")     # the answer the node writes (cut at a declared max_tokens)
         self.stream = array("b")
         self.priority = array("h")          # index into ``priorities``; -1: none
         self.node = array("l")              # index into ``nodes``; -1: none

@@ -14,6 +14,19 @@ Contract:
   continuous-batching model). The first ranked node is used; a request no node may serve ends
   ``no_node``. Retries are not modelled (nodes here do not fail a request that routing placed,
   except by crashing).
+* Only what a gateway knows: routing, the gateway's node views and the controller's windows see
+  a request's declared ``max_tokens`` (an optional field of the request: None or absent, it
+  declares none), its prompt tokens, model, tenant, priority, stream flag and session, the
+  nodes' reported metrics and the gateway's own history; never ``output_tokens``, the answer
+  the model will write, which only the node's engine reads (cut at a declared ``max_tokens``,
+  as a server cuts it). The output budget the router is given and each node's in-flight tokens
+  count (prompt + budget, as ``Fleet.acquire`` counts it) is the declared ``max_tokens``, else
+  ``default_max_tokens`` (the gateway's ``default_max_tokens`` of the model, 256 as
+  ``inferlb bench run`` configures it); with ``lengths`` (a
+  :class:`~inferlb.routing.length.LengthPredictor`) it is the predictor's estimate instead,
+  trained from the completion tokens of the requests that finish, as the live gateway trains it.
+  A workload's ``max_tokens: exact`` declares the true length: the old oracle, kept for
+  comparison (docs/learned-routing.md).
 * Ties in time: node steps and node state changes at ``t`` happen before an arrival at ``t``.
 * Every ``scrape_s`` the gateway's view of every node takes the node's queue length and KV use
   (the health probe's metrics scrape). With ``timeout_s`` a request still unanswered that long
@@ -49,9 +62,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from inferlb.routing.length import LengthEstimate, LengthPredictor
 from inferlb.routing.profiles import Router, build_router
 from inferlb.routing.types import Decision, NodeList
 from inferlb.simulator.des.admission import Admission, OpenAdmission
@@ -77,9 +92,16 @@ class Simulation(SimRequests):
                  scrape_s: float = 5.0, timeout_s: float | None = None, controller: Controller | None = None,
                  control_every_s: float = 60.0, prefill_cached: PrefillHook | None = None,
                  start: float = 0.0, feedback: Feedback | None = None,
-                 prompt_of: Callable[[RequestLike], PromptInfo | None] | None = None) -> None:
+                 prompt_of: Callable[[RequestLike], PromptInfo | None] | None = None,
+                 default_max_tokens: int = 256, lengths: LengthPredictor | None = None) -> None:
         if scrape_s <= 0 or control_every_s <= 0:
             raise ValueError("scrape_s and control_every_s must be > 0")
+        if default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be >= 1")
+        self.default_max_tokens = default_max_tokens
+        self.lengths = lengths
+        self._budgets: array[int] = array("l")
+        self._estimates: dict[int, tuple[LengthEstimate, str, str | None]] = {}
         self.router = router if router is not None else build_router(profile, seed=seed)
         self.admission: Admission = admission if admission is not None else OpenAdmission()
         self.model = model
