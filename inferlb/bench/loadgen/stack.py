@@ -171,8 +171,8 @@ class Stack:
 
     def start_peer(self, t: TargetSpec, exes: PeerExes, w: Workload, *, master_key: str = "") -> str:
         """Start peer router ``t`` over the nodes (stopping the gateway before); returns its base
-        URL once a chat completion through it answers 200 (its workers are then healthy) or, for
-        LiteLLM, once its liveliness probe does (``master_key`` is its master key). The caller
+        URL once a chat completion through it answers 200 (its workers are then healthy; for
+        LiteLLM, after its liveliness probe, with ``master_key``, its master key). The caller
         starts the nodes with ``get_load_shape(t)`` first."""
         self.stop_gateway()
         port, metrics_port = free_port(), free_port()
@@ -189,12 +189,16 @@ class Stack:
         cmd = peer_command(t, exes, port=port, metrics_port=metrics_port, workers=workers, config=config)
         self.gateway = self._spawn(t.label.replace(":", "-"), cmd, env)
         url = f"http://127.0.0.1:{port}"
+        headers = {}
         if t.kind == "litellm":
             wait_http(url + "/health/liveliness", self.gateway, 240)
-        else:
-            body = json.dumps({"model": w.model, "max_tokens": 2,
-                               "messages": [{"role": "user", "content": "hi"}]}).encode()
-            _wait_post(url + "/v1/chat/completions", body, self.gateway, 90)
+            headers["authorization"] = f"Bearer {master_key}"
+        # A completion through it, as for every peer: the Rust routers have then found their
+        # workers healthy, and LiteLLM has loaded what its first request imports (seconds of CPU
+        # that would otherwise land on the measured requests).
+        body = json.dumps({"model": w.model, "max_tokens": 2,
+                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        _wait_post(url + "/v1/chat/completions", body, self.gateway, 90, headers)
         self.log(f"{t.label} up at {url} (pid {self.gateway.pid})")
         return url
 
@@ -231,14 +235,14 @@ class Stack:
         self.sim = self.gateway = None
 
 
-def _wait_post(url: str, body: bytes, child: Child, timeout_s: float) -> None:
+def _wait_post(url: str, body: bytes, child: Child, timeout_s: float, headers: dict[str, str] | None = None) -> None:
     """POST ``body`` to ``url`` until it answers 200 (a router answers 503 or 500 until a health
     round has found its workers); RuntimeError when ``child`` exits first or time is up."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:   # bounded by timeout_s
         if not child.alive():
             raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.log_tail()}")
-        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 r.read()
