@@ -129,3 +129,55 @@ def test_the_table_has_the_router_cpu_per_request_and_finds_the_reference() -> N
     assert cli._reference("direct", ["inferlb:token-aware"]) == "direct"
     assert math.isnan(s["e2e_s"]["p99"])
 
+
+
+_FAKE_ROUTER = '''#!{python}
+"""A stand-in peer router: records its argv, answers every POST with 200."""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+open({argv!r}, "w").write(json.dumps(sys.argv[1:]))
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+
+    def log_message(self, *a):
+        pass
+
+
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def test_a_peer_starts_over_fresh_nodes_that_answer_its_load_shape(tmp_path: Path) -> None:
+    import json
+    import sys
+    import urllib.request
+
+    from inferlb.bench.loadgen.stack import Stack
+
+    argv_file = tmp_path / "argv.json"
+    fake = tmp_path / "vllm-router"
+    fake.write_text(_FAKE_ROUTER.format(python=sys.executable, argv=str(argv_file)))
+    fake.chmod(0o755)
+    stack = Stack(tmp_path, "uniform4")
+    try:
+        urls = cli._target(stack, parse_target("vllm-router:power_of_two"), Workload(), 1,
+                           PeerExes(vllm_router=str(fake)))
+        assert len(urls) == 1 and urls[0].startswith("http://127.0.0.1:")
+        argv = json.loads(argv_file.read_text())
+        assert argv[argv.index("--worker-urls") + 1:argv.index("--policy")] == list(stack.node_urls.values())
+        with urllib.request.urlopen(next(iter(stack.node_urls.values())) + "/get_load", timeout=5) as r:
+            assert json.loads(r.read()) == {"load": 0}          # vllm-router's shape on these nodes
+        assert stack.gateway is not None and stack.gateway.alive()
+        gateway = stack.gateway
+    finally:
+        stack.close()
+    assert not gateway.alive()
