@@ -237,8 +237,7 @@ def _run_or_compare(what: str, args: argparse.Namespace) -> dict[str, Any]:
     for t in targets:
         why = exes.missing(t.kind) if t.is_peer else None
         if why is not None:
-            print(f"skipped {t.label}: {why}", file=sys.stderr)
-            report["skipped"][t.label] = why
+            report["skipped"][t.label] = why     # one line in the output (_finish), the row left out
     targets = [t for t in targets if t.label not in report["skipped"]]
     external = [u.strip() for u in (getattr(args, "nodes", None) or "").split(",") if u.strip()]
     if what == "run" and args.url:
