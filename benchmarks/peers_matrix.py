@@ -4,8 +4,8 @@
 runs one ``inferlb bench compare`` per (seed, load) cell, each in its own process with its own fresh
 fleet per target (``--targets``, default: inferlb token-aware and learned, vllm-router cache_aware
 and power_of_two, sglang-router cache_aware and power_of_two, LiteLLM least-busy), and writes
-``DIR/s{seed}-l{load}.json``; a cell whose file exists is not run again. Options after ``--`` go
-to every compare (e.g. ``--vllm-router PATH --litellm-bin PATH``).
+``DIR/s{seed}-l{load}.json`` (and its tables, ``.md``); a cell whose file exists is not run
+again. Options after ``--`` go to every compare (e.g. ``--vllm-router PATH --litellm-bin PATH``).
 
 ``python -m benchmarks.peers_matrix table DIR/*.json [--chart PNG]`` prints one markdown table
 per load (a row per router; with several seeds the mean and, for SLO share and e2e p99, the
@@ -50,7 +50,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                    "--load", str(load), "--duration", str(args.duration), "--seed", str(seed),
                    "--targets", args.targets, "--json", str(out), "--quiet", *extra]
             print(f"seed {seed}, load {load:.2f}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-            r = subprocess.run(cmd, check=False, timeout=args.cell_timeout)
+            # The cell's tables go next to its JSON, as markdown (a terminal table would be folded).
+            with out.with_suffix(".md").open("w") as md:
+                r = subprocess.run([*cmd, "--markdown"], stdout=md, check=False, timeout=args.cell_timeout)
             failed += r.returncode != 0
     return failed
 
