@@ -3,7 +3,8 @@
 ::
 
     inferlb bench overhead [--n 2000] [--concurrency 16,64] [--max-tokens 32]
-                           [--modes direct,floor,nginx,compiled,spiff] [--json OUT] [--markdown]
+                           [--modes direct,floor,nginx,vllm-router,sglang-router,compiled,spiff]
+                           [--vllm-router PATH] [--sglang-python PATH] [--json OUT] [--markdown]
 
 Starts 3 fake OpenAI-compatible nodes on free loopback ports (the peer bench's
 ``fake_openai_server.py``, 20 ms TTFT + 2 ms/token, so figures compare with the team's peer
@@ -13,6 +14,9 @@ measurements; ``inferlb sim`` nodes when that file is absent), then one target p
 * ``floor``: the peer bench's bare FastAPI/uvicorn pass-through with the aiohttp client
   (``floor_proxy.py``): the least any Python gateway on this stack costs;
 * ``nginx``: nginx ``least_conn`` over the nodes (skipped with a note when nginx is missing);
+* ``vllm-router`` / ``sglang-router``: the Rust routers of the vLLM and SGLang projects with
+  ``--router-policy`` (``round_robin``: no policy cost, like the floor's), started as
+  :mod:`inferlb.bench.loadgen.peers` builds them (skipped with a note when not installed);
 * ``compiled`` / ``spiff``: ``inferlb serve`` with ``INFERLB_ENGINE=compiled`` / ``spiff``, each its
   own subprocess with a generated fleet file and a SQLite audit database in a temp dir.
 
@@ -20,7 +24,8 @@ For each concurrency and stream / non-stream it runs every target (cell by cell,
 a cell see the same machine): a warm-up, then ``--n`` measured requests from the load generator in
 closed-loop mode, in its own process (:mod:`.cell`). The table shows e2e p50/p99, TTFT p50/p99
 (streams), req/s, the latency added over ``direct`` of the same cell, and the gateway's CPU seconds
-per 1,000 requests (``utime + stime`` of its process tree over the measured phase only). Before
+per 1,000 requests (``utime + stime`` of its process tree over the measured phase only); a second
+table divides each gateway's CPU per request by the floor's and each Rust router's. Before
 that, the engine alone (:mod:`.engine`): CPU µs per request of the request process for both
 executors, in-process, without HTTP.
 
@@ -40,6 +45,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,12 +56,13 @@ import yaml
 
 from inferlb.bench.cell import LoadSpec
 from inferlb.bench.engine import measure_engine
+from inferlb.bench.loadgen.peers import PeerExes, parse_target, peer_command
 from inferlb.bench.loadgen.procs import Child, free_port, system_busy, wait_http, workdir
 from inferlb.bench.report import render
 
 __all__ = ["MODES", "BenchConfig", "Target", "main", "repo_root", "run_bench"]
 
-MODES = ("direct", "floor", "nginx", "compiled", "spiff")
+MODES = ("direct", "floor", "nginx", "vllm-router", "sglang-router", "compiled", "spiff")
 PY = sys.executable
 _PEER = "../shared/peer-bench"     # the team's peer bench, next to the repo checkout
 
@@ -139,6 +147,9 @@ class BenchConfig:
     fake_server: Path = field(default_factory=lambda: repo_root() / _PEER / "fake_openai_server.py")
     floor_proxy: Path = field(default_factory=lambda: repo_root() / _PEER / "floor_proxy.py")
     nginx: str | None = None
+    vllm_router: str | None = None
+    sglang_python: str | None = None
+    router_policy: str = "round_robin"
     workdir: Path | None = None
 
 
@@ -248,6 +259,18 @@ class _Bench:
             child = self.spawn("nginx", [exe, "-p", f"{prefix}/", "-c", str(conf), "-e", "stderr"],
                                stop_signal=signal.SIGQUIT)
             wait_http(url + "/health", child, 30)
+        elif mode in ("vllm-router", "sglang-router"):
+            t = parse_target(f"{mode}:{self.cfg.router_policy}")
+            exes = PeerExes.find(vllm_router=self.cfg.vllm_router, sglang_python=self.cfg.sglang_python)
+            why = exes.missing(mode)
+            if why is not None:
+                self.notes.append(f"{mode} skipped: {why}")
+                return None
+            child = self.spawn(mode, peer_command(t, exes, port=port, metrics_port=free_port(),
+                                                  workers=self.node_urls))
+            # Its /health answers before a health round has found the workers: wait for a
+            # completion through it instead.
+            _wait_routed(url, self.model, child)
         elif mode in ("compiled", "spiff"):
             fleet = {
                 "models": [{"name": self.model, "max_output_tokens": 4096,
@@ -298,6 +321,26 @@ class _Bench:
         out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
         out.update(mode=target.mode, concurrency=concurrency, stream=stream)
         return out
+
+
+def _wait_routed(url: str, model: str, child: Child, timeout_s: float = 90.0) -> None:
+    """Until a chat completion through ``url`` answers 200 (RuntimeError if ``child`` exits or time is up)."""
+    body = json.dumps({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:   # bounded by timeout_s
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
+        req = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{child.name}: no completion through {url} within {timeout_s:.0f} s:\n{child.log_tail()}")
 
 
 def _cell_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -419,6 +462,13 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"floor proxy app (default: {_PEER}/floor_proxy.py; the row is skipped when absent)")
     ap.add_argument("--nginx", default=None,
                     help="nginx executable (default: from PATH; the row is skipped when missing)")
+    ap.add_argument("--vllm-router", default=None,
+                    help="vllm-router executable (default: next to this Python, or PATH; the row is skipped "
+                         "when missing)")
+    ap.add_argument("--sglang-python", default=None,
+                    help="a Python with sglang-router installed (default: this one, or sglang-router's on PATH)")
+    ap.add_argument("--router-policy", default=d.router_policy,
+                    help="policy of the Rust routers (round_robin: no policy cost, as the floor)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep logs, configs and audit DBs here")
     ap.add_argument("--json", dest="json_out", type=Path, default=None, help="write all figures to this file")
     ap.add_argument("--markdown", action="store_true", help="print the tables as markdown")
@@ -434,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                       streams={"both": [False, True], "yes": [True], "no": [False]}[args.stream],
                       warmup=args.warmup, max_seconds=args.max_seconds, engine_n=args.engine_n,
                       ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, profile=args.profile, nginx=args.nginx,
-                      workdir=args.workdir)
+                      vllm_router=args.vllm_router, sglang_python=args.sglang_python,
+                      router_policy=args.router_policy, workdir=args.workdir)
     if args.fake_server is not None:
         cfg.fake_server = args.fake_server
     if args.floor_proxy is not None:

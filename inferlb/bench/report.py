@@ -6,7 +6,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["engine_table", "format_table", "overhead_table", "render"]
+__all__ = ["cpu_ratio_table", "engine_table", "format_table", "overhead_table", "render"]
+
+# The rows every gateway's CPU is divided by, when the cell has them: the least a Python gateway on
+# this stack costs, and the two Rust routers users compare inferlb with.
+_RATIO_BASES = ("floor", "vllm-router", "sglang-router")
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -39,6 +43,26 @@ def overhead_table(rows: Sequence[dict[str, Any]]) -> Table:
                      _f(r["ttft_p50_ms"]), _f(r["ttft_p99_ms"]), _f(r["added_p50_ms"], signed=True),
                      _f(r["added_p99_ms"], signed=True), _f(r["gateway_cpu_s_per_1k"], 2),
                      _f(r["system_busy"], 2), _f(r.get("other_load"), 2)])
+    return head, body
+
+
+def cpu_ratio_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """Gateway CPU per request side by side: per (concurrency, stream) cell, each gateway's CPU
+    ÷ that of the floor and of each Rust router in the same cell ("-" where a cell lacks one)."""
+    bases = [b for b in _RATIO_BASES if any(r["mode"] == b for r in rows)]
+    head = ["mode", "c", "stream", "gw CPU ms/req", *[f"÷ {b}" for b in bases]]
+    cell: dict[tuple[int, bool], dict[str, float]] = {}
+    for r in rows:
+        if r["gateway_cpu_s_per_1k"] is not None:
+            cell.setdefault((r["concurrency"], r["stream"]), {})[r["mode"]] = r["gateway_cpu_s_per_1k"]
+    body = []
+    for r in rows:
+        cpu = r["gateway_cpu_s_per_1k"]
+        if cpu is None:
+            continue
+        here = cell[(r["concurrency"], r["stream"])]
+        ratios = [f"{cpu / here[b]:.2f}×" if here.get(b) else "-" for b in bases]
+        body.append([r["mode"], str(r["concurrency"]), "yes" if r["stream"] else "no", _f(cpu, 2), *ratios])
     return head, body
 
 
@@ -102,6 +126,16 @@ def render(report: dict[str, Any], *, markdown: bool = False) -> str:
         out.append("")
         out.append(_LEGEND)
         out.append("")
+        ratios = cpu_ratio_table(report["rows"])
+        if len(ratios[0]) > 4 and ratios[1]:
+            out.append("### Gateway CPU per request, side by side" if markdown
+                       else "Gateway CPU per request, side by side")
+            out.append("")
+            out.append(format_table(ratios, markdown))
+            out.append("")
+            out.append("gw CPU ms/req = the gateway's CPU seconds per 1,000 requests (the same figure); "
+                       "÷ X = this row's CPU per request over X's in the same cell.")
+            out.append("")
     if report.get("engine"):
         out.append("### Engine alone (request process, no HTTP)" if markdown
                    else "Engine alone (request process, in-process, no HTTP; thread CPU per request)")

@@ -3,12 +3,14 @@
 ::
 
     inferlb sim [--host H] [--ports P ...] [--fleet NAME|FILE] [--on-kv-full preempt|oom] [--stream-interval N]
+                [--get-load sglang|vllm-router]
     inferlb sim des [--workload NAME|FILE | --trace FILE] [--nodes N [--presets h100,a100,l4] | --fleet NAME|FILE]
                     [--profile token-aware] [--rate R] [--duration S] [--seed 1] [--admission gateway|off]
                     [--output-length off|mean|p50|p90] [--json]
 
 ``inferlb sim`` serves vLLM-like engines with ``/metrics`` (inferlb/simulator) and prints their
-URLs as JSON once they listen; Ctrl-C is a normal stop (exit 0).
+URLs as JSON once they listen; Ctrl-C is a normal stop (exit 0). ``--get-load`` picks the shape
+of ``GET /get_load`` for the peer router in front (see inferlb/simulator/control.py).
 
 ``sim des`` replays a workload or trace in virtual time and prints its figures. The workloads and
 traces are those of ``inferlb bench run`` (:mod:`inferlb.bench.loadgen`), the
@@ -40,6 +42,8 @@ def register(sub: Any) -> None:
     sm.add_argument("--fleet", help="hetero4, uniform4, large16, cache4 or a fleet file (default: the demo nodes)")
     sm.add_argument("--on-kv-full", dest="on_kv_full", choices=["preempt", "oom"])
     sm.add_argument("--stream-interval", dest="stream_interval", type=int)
+    sm.add_argument("--get-load", dest="get_load", choices=["sglang", "vllm-router"],
+                    help="shape of GET /get_load: sglang's list (default) or vllm-router's {\"load\": N}")
     # Ctrl-C is how the nodes stop: a normal stop (and `sim des` inherits it, as it always did).
     sm.set_defaults(handler=nodes_command, ctrl_c_status=0)
     modes = sm.add_subparsers(dest="sim_mode")
@@ -80,7 +84,8 @@ async def _serve_nodes(args: argparse.Namespace) -> None:
         print(json.dumps(urls, indent=2), flush=True)
 
     try:
-        specs = cli_specs(args.fleet, on_kv_full=args.on_kv_full, stream_interval=args.stream_interval)
+        specs = cli_specs(args.fleet, on_kv_full=args.on_kv_full, stream_interval=args.stream_interval,
+                           get_load=args.get_load)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if specs is None:

@@ -4,6 +4,19 @@
 names), ``GET /sim/gpu`` (NVML-like reading), ``GET /sim/stats`` (what reached the node and the
 engine's gauges), ``GET|POST /sim/faults`` (strict :class:`FaultSpec` JSON; 400 on an unknown key),
 ``POST /sim/reset`` and ``POST /sim/crash`` (``{"cold_start_s": S}`` optional).
+
+The probes the peer routers read, so each runs its own policies on the emulator as on a real
+engine (``inferlb bench compare`` puts them in front of these nodes):
+
+* ``GET /get_load``: the load their ``power_of_two`` policies compare, in the shape the node's
+  ``NodeSpec.get_load`` names: ``"sglang"`` (default) answers as an SGLang server does, a list
+  with one object per data-parallel rank (``dp_rank``, ``num_reqs``, ``num_waiting_reqs``,
+  ``num_tokens``), which sglang-router sums over ``num_tokens``; ``"vllm-router"`` answers
+  ``{"load": N}``, the one field vllm-router reads (a list there reads as "no load", and the
+  object reads so in sglang-router: no one body serves both). The load is the engine's tokens in
+  use: KV tokens of the running requests plus the prompts still waiting (a queue is load too).
+* ``GET /get_model_info`` and ``GET /get_server_info``: what sglang-router asks a new worker
+  (model path, served model name, generation flag; its limits), in SGLang's field names.
 """
 
 from __future__ import annotations
@@ -44,6 +57,9 @@ class NodeControl:
         r.add_post("/sim/reset", self.post_reset)
         r.add_post("/sim/crash", self.post_crash)
         r.add_get("/sim/gpu", self.get_gpu)
+        r.add_get("/get_load", self.get_load)
+        r.add_get("/get_model_info", self.get_model_info)
+        r.add_get("/get_server_info", self.get_server_info)
 
     async def health(self, request: web.Request) -> web.Response:
         node = self.node
@@ -59,6 +75,29 @@ class NodeControl:
         node = self.node
         return web.json_response({"name": node.spec.name, **node.stats.to_json(), "engine": node.engine_state(),
                                   "loading": node.loading})
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        node = self.node
+        running, waiting, tokens = node.load_figures()
+        if node.spec.get_load == "vllm-router":
+            return web.json_response({"load": tokens})
+        return web.json_response([{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
+                                   "num_tokens": tokens}])
+
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        node = self.node
+        model = node.spec.models[0]
+        return web.json_response({"model_path": model, "tokenizer_path": model, "served_model_name": model,
+                                  "is_generation": True, "weight_version": "default"})
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        node = self.node
+        model = node.spec.models[0]
+        e = node.engine_state()
+        return web.json_response({"model_path": model, "served_model_name": model, "tp_size": 1, "dp_size": 1,
+                                  "max_total_num_tokens": e["kv_tokens"],
+                                  "max_running_requests": node.spec.max_concurrency,
+                                  "version": "inferlb-sim"})
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         node = self.node

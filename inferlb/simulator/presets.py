@@ -199,10 +199,11 @@ def load_sim_fleet(path: Path, models: list[str] | None = None) -> list[NodeSpec
 
 
 def cli_specs(fleet: str | None, *, on_kv_full: Literal["preempt", "oom"] | None = None,
-              stream_interval: int | None = None) -> list[NodeSpec] | None:
+              stream_interval: int | None = None,
+              get_load: Literal["sglang", "vllm-router"] | None = None) -> list[NodeSpec] | None:
     """The nodes ``inferlb sim`` runs: ``fleet`` (a name or file; ``None``: the demo nodes) with
-    every node's ``on_kv_full`` / ``stream_interval`` overridden when given."""
-    if fleet is None and on_kv_full is None and stream_interval is None:
+    every node's ``on_kv_full`` / ``stream_interval`` / ``get_load`` overridden when given."""
+    if fleet is None and on_kv_full is None and stream_interval is None and get_load is None:
         return None
     if fleet is not None:
         specs = fleet_specs(fleet)
@@ -216,5 +217,7 @@ def cli_specs(fleet: str | None, *, on_kv_full: Literal["preempt", "oom"] | None
             s = dataclasses.replace(s, batching=dataclasses.replace(s.batching, on_kv_full=on_kv_full))
         if stream_interval is not None:
             s = dataclasses.replace(s, stream_interval=stream_interval)
+        if get_load is not None:
+            s = dataclasses.replace(s, get_load=get_load)
         out.append(s)
     return out

@@ -213,6 +213,16 @@ class NodeServer:
                 "prompt_tokens": core.prompt_tokens_total, "generation_tokens": core.generation_tokens_total,
                 **cache}
 
+    def load_figures(self) -> tuple[int, int, int]:
+        """``(running, waiting, tokens)`` for the peer routers' ``/get_load``: requests running and
+        queued, and tokens in use (KV tokens of the running requests plus the waiting prompts; on a
+        fixed-speed node, with no KV, the live requests' count stands for both)."""
+        core = self.core
+        if core is None:
+            return self.stats.live, 0, self.stats.live
+        tokens = core.used_blocks * core.spec.block_tokens + sum(s.prompt_tokens for s in core.waiting)
+        return len(core.running), len(core.waiting), tokens
+
     def utilization(self) -> float:
         """Share of time the engine was stepping since the previous reading (NVML's utilisation)."""
         now = self._clock.monotonic()

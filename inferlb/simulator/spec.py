@@ -14,7 +14,10 @@ from typing import Any, Literal
 
 from inferlb.simulator.latency import LatencyModel
 
-__all__ = ["BatchSpec", "FaultSpec", "GpuSpec", "NodeSpec", "demo_specs"]
+__all__ = ["GET_LOAD_SHAPES", "BatchSpec", "FaultSpec", "GpuSpec", "NodeSpec", "demo_specs"]
+
+# The shapes of the emulator's ``GET /get_load``, one per peer router that reads it.
+GET_LOAD_SHAPES: tuple[Literal["sglang", "vllm-router"], ...] = ("sglang", "vllm-router")
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +229,9 @@ class NodeSpec:
     leading blocks are cached prefills only the rest. Off by default.
     ``network_delay_s``: the round trip between the gateway and this node (an edge node far away):
     every request, probes included, waits this long before the node handles it.
+    ``get_load``: the shape of ``GET /get_load`` (:mod:`.control`), for the peer router in front:
+    ``"sglang"`` (SGLang's list per rank, sglang-router reads it) or ``"vllm-router"``
+    (``{"load": N}``, what vllm-router reads).
     """
 
     name: str
@@ -246,8 +252,11 @@ class NodeSpec:
     prefix_cache: bool = False
     prefix_cache_tokens: int | None = None
     network_delay_s: float = 0.0
+    get_load: Literal["sglang", "vllm-router"] = "sglang"
 
     def __post_init__(self) -> None:
+        if self.get_load not in GET_LOAD_SHAPES:
+            raise ValueError(f"get_load must be one of {', '.join(GET_LOAD_SHAPES)}")
         if not (math.isfinite(self.network_delay_s) and self.network_delay_s >= 0):
             raise ValueError("network_delay_s must be a finite number >= 0")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 16:

@@ -12,7 +12,7 @@ import pytest
 from inferlb.bench import engine as engine_bench
 from inferlb.bench.engine import ENGINES, SCENARIOS, measure_engine
 from inferlb.bench.overhead import BenchConfig, main, run_bench
-from inferlb.bench.report import render
+from inferlb.bench.report import cpu_ratio_table, render
 
 _LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
                             reason="process CPU figures and child checks read /proc (Linux)")
@@ -96,16 +96,20 @@ def test_end_to_end_direct_and_compiled(tmp_path: Path, capsys: pytest.CaptureFi
 
 @_LINUX
 def test_without_the_peer_bench_files_it_falls_back(tmp_path: Path) -> None:
-    """No fake server, no floor proxy, no nginx: ``inferlb sim`` nodes, and notes for skipped rows."""
-    cfg = BenchConfig(n=4, concurrency=[2], max_tokens=4, modes=["direct", "floor", "nginx"], streams=[False],
+    """No fake server, no floor proxy, no nginx, no Rust routers: ``inferlb sim`` nodes, and notes
+    for skipped rows."""
+    cfg = BenchConfig(n=4, concurrency=[2], max_tokens=4,
+                      modes=["direct", "floor", "nginx", "vllm-router", "sglang-router"], streams=[False],
                       warmup=2, engine_n=0, max_seconds=10, fake_server=tmp_path / "absent.py",
                       floor_proxy=tmp_path / "absent_floor.py", nginx=str(tmp_path / "no-nginx"),
+                      vllm_router=str(tmp_path / "no-vllm-router"), sglang_python=str(tmp_path / "no-python"),
                       workdir=tmp_path / "work")
     report = run_bench(cfg, quiet=True)
     assert [(r["mode"], r["n"], r["errors"]) for r in report["rows"]] == [("direct", 4, 0)]
     assert "inferlb sim" in report["meta"]["nodes"]
     notes = " ".join(report["notes"])
     assert "floor skipped" in notes and "nginx skipped" in notes and "absent.py not found" in notes
+    assert "vllm-router skipped" in notes and "sglang-router skipped" in notes
     assert not _processes_in(tmp_path / "work")
 
 
@@ -120,3 +124,19 @@ def _processes_in(cwd: Path) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def _overhead_row(mode: str, c: int, stream: bool, cpu: float | None) -> dict[str, object]:
+    return {"mode": mode, "concurrency": c, "stream": stream, "gateway_cpu_s_per_1k": cpu}
+
+
+def test_overhead_cpu_ratios_against_the_floor_and_the_rust_routers() -> None:
+    rows = [_overhead_row("direct", 16, False, None), _overhead_row("floor", 16, False, 0.5),
+            _overhead_row("vllm-router", 16, False, 0.25), _overhead_row("compiled", 16, False, 1.5),
+            _overhead_row("compiled", 16, True, 2.0)]     # a cell without the bases: "-"
+    head, body = cpu_ratio_table(rows)
+    assert head == ["mode", "c", "stream", "gw CPU ms/req", "÷ floor", "÷ vllm-router"]
+    assert body[0] == ["floor", "16", "no", "0.50", "1.00×", "2.00×"]
+    assert body[2] == ["compiled", "16", "no", "1.50", "3.00×", "6.00×"]
+    assert body[3][-2:] == ["-", "-"]
+    assert all(r[0] != "direct" for r in body)

@@ -4,6 +4,7 @@
 
     inferlb bench run      [--profile token-aware|…|direct] [--url URL] [common options]
     inferlb bench compare  [--targets direct,round-robin,least-connections,token-aware] [--reference P]
+                           [--vllm-router PATH] [--sglang-python PATH] [--litellm-bin PATH] [--nodes URL,URL]
     inferlb bench capacity [--profile token-aware] [--start-rate R] [--factor 1.3] [--step-s 40]
 
 Common options: ``--workload NAME|FILE`` (chat, heavy-tail, bursty, diurnal, step, long-streams,
@@ -19,12 +20,22 @@ rate by ``--factor`` from ``--start-rate`` until the e2e p99 passes 2× the unlo
 first, at ``--base-rate``) or more than 5 % of requests fail, and reports the last rate that passed.
 Steps send the first requests of one seeded stream (the baseline exactly the first step's), so with
 heavy-tailed lengths the p99s compare load, not which long requests a sample happened to draw.
+
+A target of ``compare`` may also be a peer router, ``KIND:POLICY`` (inferlb/bench/loadgen/peers.py):
+``vllm-router:cache_aware``, ``vllm-router:power_of_two``, ``sglang-router:cache_aware``,
+``sglang-router:power_of_two``, ``litellm:least-busy``; ``inferlb:PROFILE`` is the same as
+``PROFILE``. Each peer gets the same fresh fleet as every other target, its nodes answering
+``/get_load`` in the shape it reads; a peer that is not installed is skipped with one line. The
+table's "router CPU ms/req" is the gateway's (or peer's) CPU over the run per request sent.
+``--nodes URL,URL`` routes to running nodes (e.g. real engines) instead of starting emulated ones;
+they are not restarted between targets.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -34,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from inferlb.bench.loadgen.peers import PeerExes, TargetSpec, get_load_shape, new_master_key, parse_target
 from inferlb.bench.loadgen.procs import system_busy, tree_cpu_seconds, workdir
 from inferlb.bench.loadgen.report import capacity_lines, compare_rows, node_rows, plot_runs, print_table
 from inferlb.bench.loadgen.results import summarize
@@ -79,6 +91,11 @@ def _parser(what: str) -> argparse.ArgumentParser:
     elif what == "compare":
         ap.add_argument("--targets", default=_TARGETS, help=f"comma-separated ({_TARGETS})")
         ap.add_argument("--reference", default="token-aware", help="ratios against this target (token-aware)")
+        ap.add_argument("--vllm-router", help="vllm-router executable (default: next to this Python, or PATH)")
+        ap.add_argument("--sglang-python", help="a Python with sglang-router installed (default: this one, or "
+                                                "the one of sglang-router on PATH)")
+        ap.add_argument("--litellm-bin", help="LiteLLM proxy executable, e.g. from its own venv (default: PATH)")
+        ap.add_argument("--nodes", help="comma-separated base URLs of running nodes to use instead of emulated ones")
     else:
         ap.add_argument("--profile", default="token-aware", help="routing profile, or direct (token-aware)")
         ap.add_argument("--start-rate", type=float, default=1.0, help="first loaded step, req/s (1.0)")
@@ -107,17 +124,20 @@ def _rate(args: argparse.Namespace) -> float | None:
     return float(args.rate) if args.rate is not None else None
 
 
-def _target(stack: Stack, target: str, w: Workload, seed: int) -> list[str]:
-    stack.start_nodes()
-    if target == "direct":
+def _target(stack: Stack, target: TargetSpec, w: Workload, seed: int, exes: PeerExes | None = None,
+            master_key: str = "") -> list[str]:
+    stack.start_nodes(get_load_shape(target))
+    if target.kind == "direct":
         stack.stop_gateway()
         return list(stack.node_urls.values())
-    return [stack.start_gateway(target, w, seed)]
+    if target.is_peer:
+        return [stack.start_peer(target, exes or PeerExes.find(), w, master_key=master_key)]
+    return [stack.start_gateway(target.policy or target.label, w, seed)]
 
 
 def _one_run(stack: Stack | None, targets: list[str], label: str, reqs: list[PlannedRequest], w: Workload,
              duration: float, args: argparse.Namespace) -> tuple[dict[str, Any], RunData]:
-    nodes = stack.node_urls if stack is not None else None
+    nodes = stack.node_urls if stack is not None and stack.emulated else None
     watch = {}
     if stack is not None and stack.sim is not None:
         watch["sim"] = stack.sim.pid
@@ -140,6 +160,9 @@ def _one_run(stack: Stack | None, targets: list[str], label: str, reqs: list[Pla
     if sys0 is not None and sys1 is not None and sys1[1] > sys0[1]:
         cpu["system_busy"] = (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
     summary["cpu_core_share"] = cpu
+    gw = cpu.get("gateway")
+    # The router's CPU per request sent: the figure that compares a Python gateway with the Rust ones.
+    summary["router_cpu_ms_per_req"] = gw * wall * 1000 / len(reqs) if gw is not None and reqs else None
     return summary, data
 
 
@@ -155,6 +178,8 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], reference: str | N
         print_table(f"capacity search ({report['capacity']['profile']})", head, rows, markdown=md)
         print(f"\ncapacity: {_fmt(report['capacity']['capacity_rps'])} req/s "
               f"(unloaded e2e p99 {_fmt(report['capacity']['unloaded_p99_s'])} s)")
+    for label, why in report.get("skipped", {}).items():
+        print(f"skipped {label}: {why}")
     if runs:
         head, rows = compare_rows(runs, reference)
         title = "client-side figures" + (f" (ref = {reference})" if reference else "")
@@ -167,6 +192,19 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], reference: str | N
     if args.plot is not None:
         paths = plot_runs(runs, report.get("outcomes", {}), args.plot, report.get("capacity"))
         print("\ncharts: " + ", ".join(str(p) for p in paths), file=sys.stderr)
+
+
+def _reference(ref: str, labels: list[str]) -> str:
+    """The label of the reference run: ``ref`` itself, or the run of the same inferlb profile
+    spelt the other way (``token-aware`` and ``inferlb:token-aware`` are one target)."""
+    if ref in labels:
+        return ref
+    want = parse_target(ref)
+    for label in labels:
+        t = parse_target(label)
+        if t.kind == want.kind and t.policy == want.policy:
+            return label
+    return ref
 
 
 def _fmt(v: Any) -> str:
@@ -188,23 +226,38 @@ def _run_or_compare(what: str, args: argparse.Namespace) -> dict[str, Any]:
     reqs = _requests(args, w, rate, duration)
     if not reqs:
         raise ValueError("the plan has no requests (rate × duration too small, or an empty trace)")
-    targets = [args.profile] if what == "run" else [t.strip() for t in args.targets.split(",") if t.strip()]
-    report: dict[str, Any] = {"meta": _meta(args, w, rate, duration, len(reqs)), "runs": [], "outcomes": {}}
-    log(f"{len(reqs)} requests over {duration:g} s ({len(reqs) / duration:.2f} req/s) → {', '.join(targets)}")
+    names = [args.profile] if what == "run" else [t.strip() for t in args.targets.split(",") if t.strip()]
+    targets = [parse_target(t) for t in names]
+    report: dict[str, Any] = {"meta": _meta(args, w, rate, duration, len(reqs)), "runs": [], "outcomes": {},
+                              "skipped": {}}
+    log(f"{len(reqs)} requests over {duration:g} s ({len(reqs) / duration:.2f} req/s) → {', '.join(names)}")
+    exes = PeerExes.find(vllm_router=getattr(args, "vllm_router", None),
+                         sglang_python=getattr(args, "sglang_python", None),
+                         litellm=getattr(args, "litellm_bin", None))
+    for t in targets:
+        why = exes.missing(t.kind) if t.is_peer else None
+        if why is not None:
+            report["skipped"][t.label] = why     # one line in the output (_finish), the row left out
+    targets = [t for t in targets if t.label not in report["skipped"]]
+    external = [u.strip() for u in (getattr(args, "nodes", None) or "").split(",") if u.strip()]
     if what == "run" and args.url:
         s, data = _one_run(None, [args.url], args.url, reqs, w, duration, args)
         report["runs"].append(s)
         report["outcomes"][s["label"]] = _compact(data)
         return report
     with workdir(args.workdir) as wd:
-        stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)
+        stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log,
+                      external=external, model=w.model)
         try:
             for target in targets:
-                urls = _target(stack, target, w, args.seed)
-                s, data = _one_run(stack, urls, target, reqs, w, duration, args)
+                key = new_master_key() if target.kind == "litellm" else ""
+                urls = _target(stack, target, w, args.seed, exes, key)
+                # LiteLLM answers only its master key: the load generator sends it as the bearer token.
+                sent = [dataclasses.replace(r, api_key=key) for r in reqs] if key else reqs
+                s, data = _one_run(stack, urls, target.label, sent, w, duration, args)
                 report["runs"].append(s)
-                report["outcomes"][target] = _compact(data)
-                log(f"{target}: goodput {s['goodput_rps']:.2f} req/s, e2e p99 {_fmt(s['e2e_s']['p99'])} s, "
+                report["outcomes"][target.label] = _compact(data)
+                log(f"{target.label}: goodput {s['goodput_rps']:.2f} req/s, e2e p99 {_fmt(s['e2e_s']['p99'])} s, "
                     f"TTFT p99 {_fmt(s['ttft_s']['p99'])} s, errors {s['errors']}, "
                     f"preemptions {s['preemptions']}, OOM {s['oom_crashes']}")
                 stack.stop_gateway()
@@ -233,7 +286,7 @@ def _capacity(args: argparse.Namespace) -> dict[str, Any]:
     with workdir(args.workdir) as wd:
         stack = Stack(wd, args.fleet, sim_args=node_overrides(args.on_kv_full, args.stream_interval), log=log)
         try:
-            urls = _target(stack, args.profile, w, args.seed)
+            urls = _target(stack, parse_target(args.profile), w, args.seed)
             rates = [base_rate] + [args.start_rate * args.factor ** k for k in range(args.max_steps)]
             for k, rate in enumerate(rates):   # bounded by --max-steps
                 window = base_s if k == 0 else step_s
@@ -276,7 +329,7 @@ def main(what: str, argv: list[str] | None = None) -> int:
             _finish(args, report)
         else:
             report = _run_or_compare(what, args)
-            ref = args.reference if what == "compare" else None
+            ref = _reference(args.reference, [s["label"] for s in report["runs"]]) if what == "compare" else None
             _finish(args, report, ref)
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"inferlb bench {what}: error: {exc}", file=sys.stderr)

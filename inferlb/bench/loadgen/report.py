@@ -38,14 +38,15 @@ def _ratio(a: Any, b: Any) -> str:
 
 
 HEAD = ["target", "sent", "ok", "errors", "goodput/s", "good %", "e2e p50", "e2e p99", "TTFT p50", "TTFT p99",
-        "TPOT p99", "preempt", "OOM", "crashes"]
+        "TPOT p99", "router CPU ms/req", "preempt", "OOM", "crashes"]
 
 
 def _row(s: dict[str, Any]) -> Row:
     errs = ", ".join(f"{k} {v}" for k, v in list(s["errors"].items())[:3])
     return [s["label"], str(s["measured"]), str(s["ok"]), errs or "0", _f(s["goodput_rps"]),
             _f(100 * s["good_share"], 1), _ms(s["e2e_s"]["p50"]), _ms(s["e2e_s"]["p99"]), _ms(s["ttft_s"]["p50"]),
-            _ms(s["ttft_s"]["p99"]), _ms(s["tpot_s"]["p99"]), str(s["preemptions"]), str(s["oom_crashes"]),
+            _ms(s["ttft_s"]["p99"]), _ms(s["tpot_s"]["p99"]), _f(s.get("router_cpu_ms_per_req")),
+            str(s["preemptions"]), str(s["oom_crashes"]),
             str(s["crashes"])]
 
 

@@ -1,5 +1,9 @@
 """The processes a benchmark runs: simulated nodes (one ``inferlb sim`` process) and a gateway.
 
+The gateway is ``inferlb serve`` or a peer router (:mod:`.peers`: vllm-router, sglang-router,
+LiteLLM), started by :meth:`Stack.start_peer` over the same nodes. With ``external`` node URLs (a
+fleet already running, e.g. real engines) the stack starts no nodes and routes to those.
+
 Contract: everything binds 127.0.0.1 on free ports; every child is a
 :class:`~inferlb.bench.loadgen.procs.Child` (own session, log file in the work dir) and
 :meth:`Stack.close` stops them all by PID, also when the benchmark fails. The gateway's fleet file
@@ -24,6 +28,13 @@ from typing import Any
 
 import yaml
 
+from inferlb.bench.loadgen.peers import (
+    PeerExes,
+    TargetSpec,
+    litellm_config,
+    litellm_env,
+    peer_command,
+)
 from inferlb.bench.loadgen.procs import Child, free_port, wait_http
 from inferlb.bench.loadgen.workload import Workload
 from inferlb.simulator.presets import fleet_specs, is_named_fleet
@@ -78,11 +89,16 @@ class Stack:
     """The benchmark's child processes, in ``workdir``."""
 
     def __init__(self, workdir: Path, fleet: str, *, sim_args: list[str] | None = None,
-                 log: Callable[[str], None] = lambda m: None) -> None:
+                 log: Callable[[str], None] = lambda m: None, external: list[str] | None = None,
+                 model: str = "sim-llm") -> None:
         self.dir = workdir
         # The node process runs in the work dir: a fleet file is passed by absolute path.
         self.fleet = fleet if is_named_fleet(fleet) else str(Path(fleet).resolve())
-        self.specs = fleet_specs(self.fleet)
+        # External nodes (``--nodes``) are described by defaults: a gateway fleet file needs a spec
+        # per node, and nothing is known of them but their URL and the workload's model.
+        self.external = list(external or [])
+        self.specs = ([NodeSpec(name=f"node{i + 1}", models=[model]) for i in range(len(self.external))]
+                      if self.external else fleet_specs(self.fleet))
         self.sim_args = list(sim_args or [])
         self.log = log
         self.children: list[Child] = []
@@ -97,12 +113,23 @@ class Stack:
         self.children.append(child)
         return child
 
-    def start_nodes(self) -> dict[str, str]:
-        """(Re)start the simulated nodes: a fresh process, so every target starts from cold."""
+    @property
+    def emulated(self) -> bool:
+        """Whether the nodes are this stack's ``inferlb sim`` (they answer ``/sim/stats``)."""
+        return not self.external
+
+    def start_nodes(self, get_load: str | None = None) -> dict[str, str]:
+        """(Re)start the simulated nodes: a fresh process, so every target starts from cold;
+        ``get_load`` is the shape of their ``/get_load`` (``inferlb sim --get-load``). External
+        nodes are only named (they are not restarted)."""
+        if self.external:
+            self.node_urls = {s.name: u.rstrip("/") for s, u in zip(self.specs, self.external, strict=True)}
+            return dict(self.node_urls)
         self.stop_nodes()
         ports = [free_port() for _ in self.specs]
         self.node_urls = {s.name: f"http://127.0.0.1:{p}" for s, p in zip(self.specs, ports, strict=True)}
-        cmd = [PY, "-m", "inferlb.cli.main", "sim", "--fleet", self.fleet, *self.sim_args,
+        extra = ["--get-load", get_load] if get_load else []
+        cmd = [PY, "-m", "inferlb.cli.main", "sim", "--fleet", self.fleet, *self.sim_args, *extra,
                "--ports", *map(str, ports)]
         self.sim = self._spawn("sim", cmd, _env())
         for url in self.node_urls.values():
@@ -142,6 +169,39 @@ class Stack:
         self.log(f"{name} up at {url} (pid {self.gateway.pid})")
         return url
 
+    def start_peer(self, t: TargetSpec, exes: PeerExes, w: Workload, *, master_key: str = "") -> str:
+        """Start peer router ``t`` over the nodes (stopping the gateway before); returns its base
+        URL once a chat completion through it answers 200 (its workers are then healthy; for
+        LiteLLM, after its liveliness probe, with ``master_key``, its master key). The caller
+        starts the nodes with ``get_load_shape(t)`` first."""
+        self.stop_gateway()
+        port, metrics_port = free_port(), free_port()
+        gdir = self.dir / f"{t.label.replace(':', '-')}-{self._n + 1}"
+        gdir.mkdir(parents=True, exist_ok=True)
+        workers = list(self.node_urls.values())
+        config = None
+        env = _env()
+        if t.kind == "litellm":
+            config = gdir / "litellm.yaml"
+            config.write_text(yaml.safe_dump(litellm_config(workers, w.model, t.policy or "", w.timeout_s),
+                                             sort_keys=False))
+            env.update(litellm_env(master_key))
+        cmd = peer_command(t, exes, port=port, metrics_port=metrics_port, workers=workers, config=config)
+        self.gateway = self._spawn(t.label.replace(":", "-"), cmd, env)
+        url = f"http://127.0.0.1:{port}"
+        headers = {}
+        if t.kind == "litellm":
+            wait_http(url + "/health/liveliness", self.gateway, 240)
+            headers["authorization"] = f"Bearer {master_key}"
+        # A completion through it, as for every peer: the Rust routers have then found their
+        # workers healthy, and LiteLLM has loaded what its first request imports (seconds of CPU
+        # that would otherwise land on the measured requests).
+        body = json.dumps({"model": w.model, "max_tokens": 2,
+                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        _wait_post(url + "/v1/chat/completions", body, self.gateway, 90, headers)
+        self.log(f"{t.label} up at {url} (pid {self.gateway.pid})")
+        return url
+
     def stop_gateway(self) -> None:
         if self.gateway is not None:
             self.gateway.stop()
@@ -168,7 +228,27 @@ class Stack:
         return False
 
     def close(self) -> None:
+        """Stop every child, by PID."""
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
         self.sim = self.gateway = None
+
+
+def _wait_post(url: str, body: bytes, child: Child, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+    """POST ``body`` to ``url`` until it answers 200 (a router answers 503 or 500 until a health
+    round has found its workers); RuntimeError when ``child`` exits first or time is up."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:   # bounded by timeout_s
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.log_tail()}")
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{child.name}: {url} did not answer 200 within {timeout_s:.0f} s:\n{child.log_tail()}")
