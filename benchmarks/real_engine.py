@@ -2,7 +2,8 @@
 gateway learns of each server, and its prompt-token estimate against the real tokenizer.
 
 ``python -m benchmarks.real_engine [--threads 1,1] [--load 0.85 | --rate R] [--duration 60]
-[--seed 1] [--profiles token-aware,least-connections] [--json FILE]``
+[--seed 1] [--profiles token-aware,least-connections,vllm-router:cache_aware,…] [--litellm-bin PATH]
+[--json FILE]``
 
 One llama-cpp-python server per ``--threads`` entry (SmolLM2-135M-Instruct, inferlb/modelserver/
 llamacpp.py; servers given fewer threads are slower) on loopback ports, started once; for each
@@ -40,6 +41,14 @@ from typing import Any
 import aiohttp
 import yaml
 
+from inferlb.bench.loadgen.peers import (
+    PeerExes,
+    litellm_config,
+    litellm_env,
+    new_master_key,
+    parse_target,
+    peer_command,
+)
 from inferlb.modelserver.llamacpp import LlamaServer, free_port, unavailable
 
 MODEL, ALIAS = "smol", "smollm2"
@@ -195,8 +204,89 @@ async def capacity(servers: dict[str, LlamaServer], seed: int) -> dict[str, floa
     return out
 
 
+async def run_peer(servers: dict[str, LlamaServer], target: str, args: argparse.Namespace, tmp: Path
+                   ) -> dict[str, Any]:
+    """A peer router (``vllm-router:POLICY``, ``sglang-router:POLICY``, ``litellm:POLICY``) over the
+    same servers and plan; a peer that cannot route to them (no answer in 90 s) is a row that says so."""
+    t = parse_target(target)
+    exes = PeerExes.find(litellm=args.litellm_bin)
+    missing = exes.missing(t.kind)
+    row: dict[str, Any] = {"profile": t.label, "rate": args.rate_used, "requests": 0, "ok": 0, "shed": 0,
+                           "errors": 0, "error_kinds": {}, "ttft_p50": math.nan, "ttft_p99": math.nan,
+                           "e2e_p50": math.nan, "e2e_p99": math.nan, "slo_share": math.nan, "calibration": None,
+                           "nodes": {n: {"threads": s.threads, "share": math.nan, "tokens_per_s": None,
+                                         "ttft_baseline_s": None} for n, s in servers.items()}}
+    if missing is not None:
+        row["note"] = missing
+        return row
+    port, metrics_port = free_port(), free_port()
+    key = new_master_key()
+    config = None
+    env = dict(os.environ)
+    if t.kind == "litellm":
+        config = tmp / "litellm.yaml"
+        config.write_text(yaml.safe_dump(litellm_config([s.url for s in servers.values()], MODEL, t.policy or "",
+                                                        300.0), sort_keys=False))
+        env.update(litellm_env(key))
+    cmd = peer_command(t, exes, port=port, metrics_port=metrics_port, workers=[s.url for s in servers.values()],
+                       config=config)
+    log = tmp / f"{t.label.replace(':', '-')}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    headers = {"authorization": f"Bearer {key}"} if t.kind == "litellm" else {}
+    try:
+        async with aiohttp.ClientSession(headers=headers) as session:
+            end, up, last = time.monotonic() + 90, False, ""
+            while time.monotonic() < end and proc.poll() is None and not up:
+                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                    async with session.post(base + "/v1/chat/completions", json={
+                            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+                            timeout=aiohttp.ClientTimeout(total=60)) as r:
+                        up, last = r.status == 200, f"HTTP {r.status}: {(await r.text())[:160]}"
+                if not up:
+                    await asyncio.sleep(1.0)
+            if not up:
+                row["note"] = f"never answered through it in 90 s ({last or 'no answer'})"
+                return row
+            out_rows: list[dict[str, Any]] = []
+            start = time.monotonic()
+            tasks = []
+            for at, prompt, max_tokens in plan(args.seed, args.rate_used, args.duration):
+                await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+                tasks.append(asyncio.create_task(one(session, base + "/v1/chat/completions", prompt, max_tokens,
+                                                     out_rows)))
+            await asyncio.gather(*tasks)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    row.update(_figures(out_rows, args))
+    return row
+
+
+def _figures(out: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    ok = [r for r in out if r["ok"]]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    e2e = [r["e2e"] for r in ok]
+    good = [r for r in ok if r["ttft"] is not None and r["ttft"] <= args.ttft_slo and r["e2e"] <= args.e2e_slo]
+    kinds: dict[str, int] = {}
+    for r in out:
+        if not r["ok"]:
+            kinds[r["error"]] = kinds.get(r["error"], 0) + 1
+    shed = sum(v for k, v in kinds.items() if k in ("http_503_overloaded", "http_503_queue_timeout"))
+    return {"requests": len(out), "ok": len(ok), "shed": shed, "errors": len(out) - len(ok) - shed,
+            "error_kinds": kinds, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "e2e_p50": pct(e2e, 50),
+            "e2e_p99": pct(e2e, 99), "slo_share": len(good) / max(1, len(out))}
+
+
 async def run_profile(servers: dict[str, LlamaServer], profile: str, args: argparse.Namespace, tmp: Path
                       ) -> dict[str, Any]:
+    if ":" in profile and not profile.startswith("inferlb:"):
+        return await run_peer(servers, profile, args, tmp)
+    profile = profile.removeprefix("inferlb:")
     gw = Gateway(servers, profile, tmp, args.queue_wait)
     try:
         async with aiohttp.ClientSession() as session:
@@ -214,21 +304,9 @@ async def run_profile(servers: dict[str, LlamaServer], profile: str, args: argpa
             fleet = await gw.fleet(session)
     finally:
         gw.stop()
-    ok = [r for r in out if r["ok"]]
-    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
-    e2e = [r["e2e"] for r in ok]
-    good = [r for r in ok if r["ttft"] is not None and r["ttft"] <= args.ttft_slo and r["e2e"] <= args.e2e_slo]
     sent = {n: fleet[n]["requests_total"] - before[n] for n in fleet}
     total = max(1, sum(sent.values()))
-    kinds: dict[str, int] = {}
-    for r in out:
-        if not r["ok"]:
-            kinds[r["error"]] = kinds.get(r["error"], 0) + 1
-    shed = sum(v for k, v in kinds.items() if k in ("http_503_overloaded", "http_503_queue_timeout"))
-    return {"profile": profile, "rate": args.rate_used, "requests": len(out), "ok": len(ok), "shed": shed,
-            "errors": len(out) - len(ok) - shed, "error_kinds": kinds,
-            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "e2e_p50": pct(e2e, 50), "e2e_p99": pct(e2e, 99),
-            "slo_share": len(good) / max(1, len(out)), "calibration": cal,
+    return {"profile": profile, "rate": args.rate_used, **_figures(out, args), "calibration": cal,
             "nodes": {n: {"threads": servers[n].threads, "share": sent[n] / total,
                           "tokens_per_s": fleet[n]["tokens_per_s"], "ttft_baseline_s": fleet[n]["ttft_baseline_s"]}
                       for n in servers}}
@@ -238,8 +316,15 @@ def table(results: list[dict[str, Any]]) -> str:
     head = ("| profile | req/s | requests | shed (503) | errors | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | "
             "SLO share | requests per server (threads) | learned decode tok/s per server |")
     lines = [head, "|" + "---|" * 12]
+    notes = []
     for r in results:
-        share = ", ".join(f"{n} ({v['threads']}t) {v['share']:.0%}" for n, v in r["nodes"].items())
+        if r.get("note"):
+            notes.append(f"{r['profile']}: {r['note']}")
+            lines.append(f"| {r['profile']} | {r['rate']:.2f} | – | – | – | – | – | – | – | – | "
+                         "did not route (below) | – |")
+            continue
+        share = ", ".join(f"{n} ({v['threads']}t) {v['share']:.0%}" if v["share"] == v["share"] else f"{n} ?"
+                          for n, v in r["nodes"].items())
         speed = ", ".join(f"{n} {v['tokens_per_s']:.1f}" if v["tokens_per_s"] else f"{n} -"
                           for n, v in r["nodes"].items())
         lines.append(f"| {r['profile']} | {r['rate']:.2f} | {r['requests']} | {r['shed']} | {r['errors']} | "
@@ -247,8 +332,9 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{r['ttft_p99']:.2f} s | {r['e2e_p50']:.2f} s | {r['e2e_p99']:.2f} s | {r['slo_share']:.1%} | "
                      f"{share} | {speed} |")
     cal = "; ".join(f"{r['profile']}: {r['calibration']['first_two']:.1%} → {r['calibration']['last_four']:.1%}"
-                    for r in results)
-    return "\n".join(lines) + f"\n\nprompt-token estimate error, first two → last four calibration answers: {cal}"
+                    for r in results if r.get("calibration"))
+    return ("\n".join(lines) + "".join(f"\n\n{n}" for n in notes)
+            + f"\n\nprompt-token estimate error, first two → last four calibration answers: {cal}")
 
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -280,7 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="requests per second (open loop), instead of --load")
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--profiles", default="token-aware,least-connections")
+    ap.add_argument("--profiles", default="token-aware,least-connections",
+                    help="inferlb profiles and peers (vllm-router:cache_aware, sglang-router:cache_aware, "
+                         "litellm:least-busy; the peers extra, LiteLLM in its own venv: --litellm-bin)")
+    ap.add_argument("--litellm-bin", dest="litellm_bin", help="the litellm program of its own venv")
     ap.add_argument("--ttft-slo", dest="ttft_slo", type=float, default=2.0)
     ap.add_argument("--e2e-slo", dest="e2e_slo", type=float, default=10.0)
     ap.add_argument("--queue-wait", dest="queue_wait", type=float, default=60.0,
