@@ -1,0 +1,264 @@
+"""``inferlb serve --workers 2`` (inferlb/server/workers.py): two real worker processes behind one
+port behave as one gateway, with no Redis server (the supervisor's local coordinator).
+
+Checked in one start-up of the supervisor (one start keeps the test short):
+
+1. a global limit: waves of concurrent requests on fresh connections never put more than the
+   pool's limit (3) in flight at its node, measured at the node, while the waves reach both
+   workers (each worker's write-ahead log in its own journal directory shows requests started);
+2. a worker SIGKILLed with a stream in flight is replaced (a new pid under the supervisor),
+   requests keep succeeding meanwhile, its slots come back (the pool's limit runs at once again),
+   and its write-ahead log is recovered by the replacement: the cut stream's audit row
+   (``unknown_outcome``, the ``x-request-id`` the client saw) reaches the database;
+3. SIGTERM to the supervisor drains: a stream in flight completes and the supervisor exits 0.
+
+Every wait is a poll for a condition with a bound (a hang guard), never a sleep for time to pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from inferlb.simulator.emulator import SimFleet
+from inferlb.simulator.spec import NodeSpec
+from tests.support import ROOT, free_port
+
+POOL_LIMIT = 3
+LEASE_S = 1.5
+GUARD_S = 60.0      # hang guard for the start-up only
+
+
+def _fleet_file(tmp: Path, url: str) -> Path:
+    fleet = {
+        "models": [{"name": "m", "max_output_tokens": 1024, "default_max_tokens": 8}],
+        "nodes": [{"name": "p0", "url": url, "models": ["m"], "max_concurrency": POOL_LIMIT}],
+        "routing": {"profile": "round-robin", "seed": 1},
+        "timeouts": {"connect_s": 2.0, "first_token_s": 10.0, "idle_s": 10.0, "total_s": 60.0},
+        "health": {"interval_s": 5},
+        "admission": {"classes": [{"name": "standard", "max_queue_wait_s": 10.0}], "default_class": "standard",
+                      "queue": {"wait_factor": 50}},
+    }
+    path = tmp / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    return path
+
+
+def _children(pid: int) -> set[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    out: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            # the command name may hold spaces: fields after its closing parenthesis
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[1]) == pid:
+                out.add(int(entry))
+    return out
+
+
+async def _until(what: str, pred: Callable[[], Awaitable[bool]], deadline_s: float) -> None:
+    """Poll ``pred`` until true; fails past ``deadline_s`` (a hang guard, not a timing assertion)."""
+    end = time.monotonic() + deadline_s
+    while not await pred():
+        assert time.monotonic() < end, f"{what}: not within {deadline_s}s"
+        await asyncio.sleep(0.05)
+
+
+def _started_in(journal: Path) -> dict[int, int]:
+    """Per worker index: how many requests its write-ahead log saw start (its journal ``w<i>``)."""
+    counts: dict[int, int] = {}
+    for i in (0, 1):
+        n = 0
+        for seg in (journal / f"w{i}").glob("wal-*.log"):
+            with contextlib.suppress(OSError):
+                n += sum(1 for line in seg.read_text().splitlines() if line.startswith('{"k":"s"'))
+        counts[i] = n
+    return counts
+
+
+def _wal_with_start(journal: Path, request_id: str) -> tuple[int, int] | None:
+    """(worker index, pid) of the worker whose write-ahead log holds ``request_id``'s start entry."""
+    for i in (0, 1):
+        for seg in (journal / f"w{i}").glob("wal-*.log"):
+            with contextlib.suppress(OSError):
+                if request_id in seg.read_text():
+                    return i, int(seg.name.split("-")[1])
+    return None
+
+
+class Gateway:
+    def __init__(self, proc: asyncio.subprocess.Process, port: int, admin_port: int, log: Path) -> None:
+        self.proc, self.log = proc, log
+        self.base = f"http://127.0.0.1:{port}"
+        self.admin = f"http://127.0.0.1:{admin_port}"
+
+    async def chat(self, max_tokens: int = 8) -> int:
+        # a client (so a connection) per request: the kernel hands each to either worker
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.post(self.base + "/v1/chat/completions",
+                             json={"model": "m", "max_tokens": max_tokens,
+                                   "messages": [{"role": "user", "content": "hi"}]})
+            return r.status_code
+
+    async def fleet(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=5) as c:
+            r = await c.get(self.admin + "/admin/fleet")
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            return body
+
+
+@contextlib.asynccontextmanager
+async def supervisor(tmp: Path, fleet: Path) -> AsyncIterator[Gateway]:
+    port, admin_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "INFERLB_DATABASE_URL": f"sqlite:///{tmp / 'audit.db'}", "INFERLB_JOURNAL_DIR": str(tmp / "journal"),
+           "INFERLB_ADMIN_PORT": str(admin_port), "INFERLB_CLUSTER_LEASE_S": str(LEASE_S),
+           "INFERLB_CLUSTER_LEADER_LEASE_S": str(LEASE_S), "INFERLB_LOG_LEVEL": "WARNING", "INFERLB_CLUSTER_MODE": "off"}
+    for var in ("INFERLB_REDIS_URL", "INFERLB_WORKERS", "INFERLB_CLUSTER_REPLICA_ID"):
+        env.pop(var, None)
+    log = tmp / "gateway.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inferlb.cli.main", "serve", "--config", str(fleet), "--port", str(port),
+            "--workers", "2", cwd=tmp, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
+    gw = Gateway(proc, port, admin_port, log)
+    try:
+        async def two_replicas() -> bool:
+            assert proc.returncode is None, log.read_text()
+            with contextlib.suppress(httpx.TransportError, AssertionError):
+                return bool((await gw.fleet())["cluster"]["replicas"] == 2)
+            return False
+
+        await _until("both workers in the cluster:\n" + log.read_text(), two_replicas, GUARD_S)
+        yield gw
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_two_workers_behave_as_one_gateway(tmp_path: Path) -> None:
+    specs = [NodeSpec(name="p0", models=["m"], base_ttft_s=0.05, tpot_s=0.02, max_concurrency=64)]
+    async with SimFleet(specs) as sim:
+        fleet = _fleet_file(tmp_path, sim.nodes["p0"].url)
+        async with supervisor(tmp_path, fleet) as gw:
+            workers = _children(gw.proc.pid)
+            assert len(workers) == 2, workers
+            await _check_global_limit(gw, sim, tmp_path / "journal")
+            await _check_kill(gw, sim, tmp_path)
+            await _check_drain(gw, sim)
+
+
+async def _check_global_limit(gw: Gateway, sim: SimFleet, journal: Path) -> None:
+    p0 = sim.nodes["p0"]
+    # Waves until both workers took some (which the kernel decides); each wave must hold the limit.
+    for _ in range(6):
+        before = _started_in(journal)
+        p0.reset()
+        statuses = await asyncio.gather(*(gw.chat() for _ in range(4 * POOL_LIMIT)))
+        assert p0.stats.max_live <= POOL_LIMIT, p0.stats.max_live    # per worker it would be 3 each: 6
+        assert statuses.count(200) >= POOL_LIMIT and set(statuses) <= {200, 503}, statuses
+        after = _started_in(journal)
+        if all(after[i] > before[i] for i in (0, 1)):
+            break
+    else:
+        raise AssertionError(f"the waves never reached both workers: {_started_in(journal)}")
+
+
+async def _stream_until_first_chunk(gw: Gateway, client: httpx.AsyncClient, max_tokens: int
+                                    ) -> tuple[str, asyncio.Task[list[str]]]:
+    """Start a stream; returns its request id (once the first chunk came) and the task reading the rest."""
+    first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def read() -> list[str]:
+        lines: list[str] = []
+        async with client.stream("POST", gw.base + "/v1/chat/completions",
+                                 json={"model": "m", "max_tokens": max_tokens, "stream": True,
+                                       "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data:") and not first.done():
+                    first.set_result(r.headers["x-request-id"])
+                lines.append(line)
+        return lines
+
+    task = asyncio.ensure_future(read())
+    waits: set[asyncio.Future[Any]] = {task, first}
+    done, _ = await asyncio.wait(waits, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    assert first in done, task.exception() if task in done else "no first chunk"
+    return first.result(), task
+
+
+async def _check_kill(gw: Gateway, sim: SimFleet, tmp: Path) -> None:
+    journal = tmp / "journal"
+    async with httpx.AsyncClient(timeout=30) as client:
+        rid, stream = await _stream_until_first_chunk(gw, client, max_tokens=400)   # 8 s long
+        located = _wal_with_start(journal, rid)
+        assert located is not None, rid
+        index, victim = located
+        assert victim in _children(gw.proc.pid)
+        os.kill(victim, signal.SIGKILL)
+        with contextlib.suppress(httpx.HTTPError):
+            await stream      # cut by the kill
+
+    async def replaced() -> bool:
+        kids = _children(gw.proc.pid)
+        return victim not in kids and len(kids) == 2
+
+    await _until("the killed worker replaced", replaced, 30.0)
+    # Requests keep succeeding, whichever worker (survivor or replacement) takes them.
+    statuses = [await gw.chat() for _ in range(6)]
+    assert statuses == [200] * 6, statuses
+
+    # The replacement (same index, same journal directory) recovered the cut stream's start entry:
+    # its row, unknown_outcome, is in the database.
+    def row_status() -> str | None:
+        with contextlib.closing(sqlite3.connect(tmp / "audit.db")) as db:
+            row = db.execute("SELECT status FROM requests WHERE request_id = ?", (rid,)).fetchone()
+        return None if row is None else str(row[0])
+
+    async def recovered() -> bool:
+        return await asyncio.to_thread(row_status) is not None
+
+    await _until(f"worker w{index}'s WAL recovered", recovered, 30.0)
+    assert row_status() == "unknown_outcome"
+
+    # Its slot came back (the dead worker's lease expired): the pool's limit runs at once again.
+    p0 = sim.nodes["p0"]
+
+    async def pool_whole() -> bool:
+        p0.reset()
+        statuses = await asyncio.gather(*(gw.chat(max_tokens=40) for _ in range(POOL_LIMIT)))
+        return statuses == [200] * POOL_LIMIT and p0.stats.max_live == POOL_LIMIT
+
+    await _until("the dead worker's slots returned", pool_whole, LEASE_S + 30.0)
+
+
+async def _check_drain(gw: Gateway, sim: SimFleet) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        _, stream = await _stream_until_first_chunk(gw, client, max_tokens=60)     # about 1.2 s
+        gw.proc.send_signal(signal.SIGTERM)
+        lines = await stream
+    assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines, lines[-3:]
+    events = [json.loads(line[5:]) for line in lines if line.startswith("data: {")]
+    assert not any("error" in e for e in events), events[-1]
+    assert await asyncio.wait_for(gw.proc.wait(), 60) == 0, gw.log.read_text()
