@@ -14,7 +14,7 @@ application on the inherited sockets. Contract of this module:
 * **One gateway.** The workers are replicas of one cluster (inferlb/cluster/, docs/replicas.md):
   each gets its own ``INFERLB_CLUSTER_REPLICA_ID`` (``<id>-w<i>``) and, when no
   ``INFERLB_REDIS_URL`` is set, the address of a :class:`Coordinator` the supervisor runs: an
-  in-process Redis emulation (fakeredis with Lua) on a free loopback port. So pool and key limits,
+  in-process Redis emulation (fakeredis with Lua) on a Unix socket only this user can reach. So pool and key limits,
   the retry budget and health state (ejections, 429 cool-downs) are shared by the existing cluster
   protocol over a local transport, with no Redis server to run; with ``INFERLB_REDIS_URL`` set the
   workers use that Redis, and so join the replicas of other hosts. Node overrides, rollouts and
@@ -39,10 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
+import shutil
 import signal
 import socket
+import socketserver
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,17 +59,19 @@ log = logging.getLogger("inferlb")
 
 
 class Coordinator:
-    """A Redis emulation (fakeredis, with Lua through ``lupa``) on ``127.0.0.1:<free port>`` in a
-    thread of the supervisor: the workers' cluster store when no ``INFERLB_REDIS_URL`` is set.
-    Its state lives as long as the supervisor; a replaced worker finds it as it was. Idle cost: each
-    client connection is served by a thread that wakes every ``poll_s`` to pass on pushed messages
-    (pub/sub); commands wake it at once."""
+    """A Redis emulation (fakeredis, with Lua through ``lupa``) in threads of the supervisor: the
+    workers' cluster store when no ``INFERLB_REDIS_URL`` is set. It listens on a Unix socket in a
+    directory only this user may enter (``0700``; :attr:`url` is ``unix://…``), not on a loopback
+    TCP port: fakeredis does not enforce a password, and any local user could reach a TCP port and
+    hand itself slots or eject nodes. Its state lives as long as the supervisor; a replaced worker
+    finds it as it was. Idle cost: each client connection is served by a thread that wakes every
+    ``poll_s`` to pass on pushed messages (pub/sub); commands wake it at once."""
 
     def __init__(self, *, poll_s: float = 0.05) -> None:
         try:
             import lupa  # noqa: F401  (the cluster's Lua scripts need it; fail here, not in a worker)
-            from fakeredis import TcpFakeServer
             from fakeredis._clients import _tcp_server
+            from fakeredis._core import FakeServer
         except ImportError as exc:   # pragma: no cover - the dependency is a core one
             from inferlb.errors import ConfigError
             raise ConfigError(f"--workers needs fakeredis[lua] for its local coordinator ({exc}); install "
@@ -75,17 +81,40 @@ class Coordinator:
         # publish delayed by 50 ms is still far sooner than the next sync, its fallback.
         if hasattr(_tcp_server, "_POLL_INTERVAL"):
             _tcp_server._POLL_INTERVAL = poll_s
-        self._server = TcpFakeServer(("127.0.0.1", 0))
-        self._server.daemon_threads = True
-        self.port: int = int(self._server.server_address[1])
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        ids = itertools.count(1)
+
+        class Handler(_tcp_server.TCPFakeRequestHandler):
+            def setup(self) -> None:
+                # fakeredis keys its connections by the client's address, which a Unix socket's
+                # clients all share (""): give each its own.
+                self.client_address = ("unix", next(ids))
+                super().setup()
+
+        class Server(socketserver.ThreadingUnixStreamServer):
+            daemon_threads = True
+
+            def __init__(self, path: str) -> None:
+                self._shutdown_event = threading.Event()
+                super().__init__(path, Handler)
+                self.fake_server = FakeServer(server_type="redis", version=(8, 0))
+                self.clients: dict[Any, Any] = {}
+
+            def shutdown(self) -> None:
+                self._shutdown_event.set()
+                super().shutdown()
+
+        self._dir = tempfile.mkdtemp(prefix="inferlb-coord-")    # 0700: this user only
+        self.path = os.path.join(self._dir, "redis.sock")
+        self._server = Server(self.path)
+        self.url = f"unix://{self.path}?db=0"
         self._thread = threading.Thread(target=self._server.serve_forever, name="inferlb-coordinator", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop serving and close the listener (connection threads end with their clients)."""
+        """Stop serving, close the listener and remove its socket and directory."""
         self._server.shutdown()
         self._server.server_close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 @dataclass

@@ -129,8 +129,8 @@ async def supervisor(tmp: Path, fleet: Path) -> AsyncIterator[Gateway]:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "INFERLB_DATABASE_URL": f"sqlite:///{tmp / 'audit.db'}", "INFERLB_JOURNAL_DIR": str(tmp / "journal"),
            "INFERLB_ADMIN_PORT": str(admin_port), "INFERLB_CLUSTER_LEASE_S": str(LEASE_S),
-           "INFERLB_CLUSTER_LEADER_LEASE_S": str(LEASE_S), "INFERLB_LOG_LEVEL": "WARNING", "INFERLB_CLUSTER_MODE": "off"}
-    for var in ("INFERLB_REDIS_URL", "INFERLB_WORKERS", "INFERLB_CLUSTER_REPLICA_ID"):
+           "INFERLB_CLUSTER_LEADER_LEASE_S": str(LEASE_S), "INFERLB_LOG_LEVEL": "WARNING"}
+    for var in ("INFERLB_REDIS_URL", "INFERLB_WORKERS", "INFERLB_CLUSTER_MODE", "INFERLB_CLUSTER_REPLICA_ID"):
         env.pop(var, None)
     log = tmp / "gateway.log"
     with log.open("wb") as out:
