@@ -32,6 +32,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from inferlb.cli.shared import add_gateway_options, settings_from
 if TYPE_CHECKING:
     from inferlb.config.settings import Settings
 
-__all__ = ["preflight", "register", "run_loop", "run_workers", "serve_gateway", "worker_env"]
+__all__ = ["preflight", "register", "run_loop", "run_workers", "serve_gateway", "worker_argv", "worker_env"]
 
 log = logging.getLogger("inferlb")
 
@@ -186,6 +187,15 @@ def _fd(fd: int | None) -> int:
     return fd
 
 
+def worker_argv(index: int, fds: tuple[int | None, ...], *, watch: bool = False) -> list[str]:
+    """Worker ``index``'s command line: this interpreter, ``serve --worker I --worker-fds ...``
+    (and ``--watch``); every setting travels in the environment (:func:`worker_env`), never here."""
+    from inferlb.server.workers import fds_arg
+
+    argv = [sys.executable, "-m", "inferlb.cli.main", "serve", "--worker", str(index), "--worker-fds", fds_arg(fds)]
+    return [*argv, "--watch"] if watch else argv
+
+
 def worker_env(settings: Settings, index: int, *, port: int, admin_port: int, replica_base: str,
                redis_url: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
     """Worker ``index``'s environment: ``base`` (default this process's) with the settings the
@@ -212,10 +222,8 @@ def worker_env(settings: Settings, index: int, *, port: int, admin_port: int, re
 
 def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
     """``serve --workers N``: the supervisor (module docstring, server/workers.py); returns the exit status."""
-    import sys
-
     from inferlb.server.listeners import admin_address, bind_public, listener_contexts
-    from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, bind_admin, fds_arg
+    from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, bind_admin
     from inferlb.store.db import is_sqlite, upgrade
 
     sock = bind_public(settings)     # the port first, as with one process
@@ -223,10 +231,10 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
     coordinator: Coordinator | None = None
     try:
         admin = admin_address(settings)
+        if admin is not None:
+            admin_sock = bind_admin(admin)      # both ports before the files: a port in use is one line
         listener_contexts(settings, admin)
         preflight(settings)
-        if admin is not None:
-            admin_sock = bind_admin(admin)
         if is_sqlite(settings.database_url):
             # once here, not N migrations racing on one file (PostgreSQL expects `inferlb db upgrade`)
             upgrade(settings.database_url)
@@ -252,10 +260,7 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
         url = coordinator.url if coordinator is not None else None
 
         def spec_for(i: int, orphan_fd: int) -> WorkerSpec:
-            argv = [sys.executable, "-m", "inferlb.cli.main", "serve", "--worker", str(i),
-                    "--worker-fds", fds_arg((*fds, orphan_fd))]
-            if watch:
-                argv.append("--watch")
+            argv = worker_argv(i, (*fds, orphan_fd), watch=watch)
             env = worker_env(settings, i, port=port, admin_port=admin_port, replica_base=replica_base,
                              redis_url=url)
             return WorkerSpec(i, argv, env, tuple(f for f in fds if f is not None))

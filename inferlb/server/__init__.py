@@ -2,7 +2,8 @@
 
 :func:`build_server` is the one place the server is configured; ``inferlb serve``/``demo`` and the
 tests that need the real edge use it. ``protocol.py`` bounds slow and oversized request heads and
-bodies; ``lifecycle.py`` drains on SIGTERM; ``listeners.py`` tells the admin listener from the public one.
+bodies; ``lifecycle.py`` drains on SIGTERM; ``listeners.py`` tells the admin listener from the public one;
+``workers.py`` runs several gateway processes on one port (``serve --workers N``).
 """
 
 from __future__ import annotations

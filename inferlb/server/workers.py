@@ -52,8 +52,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Coordinator", "Supervisor", "WorkerSpec", "bind_admin", "fds_arg", "inherit_socket", "parse_fds",
-           "watch_supervisor"]
+__all__ = ["Coordinator", "Supervisor", "WorkerSpec", "bind_admin", "fds_arg", "inherit_socket", "next_backoff",
+           "parse_fds", "watch_supervisor"]
 
 log = logging.getLogger("inferlb")
 
@@ -140,7 +140,8 @@ class _Slot:
 
 class Supervisor:
     """Runs the workers until stopped (module docstring). ``spec_for(i, orphan_fd)`` is worker
-    ``i``'s :class:`WorkerSpec`, given the read end of its orphan pipe to pass on; ``clock`` is
+    ``i``'s :class:`WorkerSpec` (asked before each start of it, replacements included), given the
+    read end of its orphan pipe to pass on; ``clock`` is
     the loop's monotonic time unless a test injects one."""
 
     def __init__(self, n: int, spec_for: Callable[[int, int], WorkerSpec], *, stop_timeout_s: float,
@@ -167,6 +168,11 @@ class Supervisor:
         """Each worker's current pid (None while it is being replaced)."""
         return [s.proc.pid if s.proc is not None and s.proc.returncode is None else None for s in self._slots]
 
+    @property
+    def restarts(self) -> list[int]:
+        """How many times each worker was replaced."""
+        return [s.restarts for s in self._slots]
+
     def stop(self) -> None:
         """Begin the stop: every worker is sent SIGTERM (safe from a signal handler on the loop)."""
         if self._stopping.is_set():
@@ -182,7 +188,7 @@ class Supervisor:
                     slot.proc.send_signal(sig)
 
     async def _start(self, slot: _Slot) -> None:
-        spec = slot.spec
+        spec = slot.spec = self._spec_for(slot.spec.index, self._orphan_r)   # asked again for each process
         slot.proc = await asyncio.create_subprocess_exec(
             *spec.argv, env=spec.env, pass_fds=(*spec.pass_fds, self._orphan_r), process_group=0)
         slot.started_at = self._now()
@@ -195,8 +201,8 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             lived = self._now() - slot.started_at
-            slot.backoff_s = self.restart_min_s if (lived >= self.stable_s or not slot.backoff_s) \
-                else min(self.restart_max_s, slot.backoff_s * 2)
+            slot.backoff_s = next_backoff(slot.backoff_s, lived, low=self.restart_min_s, high=self.restart_max_s,
+                                          stable_s=self.stable_s)
             slot.restarts += 1
             how = f"signal {-code}" if code < 0 else f"status {code}"
             log.warning("workers: worker w%d (pid %d) exited with %s after %.1f s; replacing it in %.1f s",
@@ -252,6 +258,14 @@ class Supervisor:
             w.cancel()
         log.info("workers: all stopped")
         return status
+
+
+def next_backoff(previous: float, lived_s: float, *, low: float, high: float, stable_s: float) -> float:
+    """The wait before a worker that exited after ``lived_s`` seconds is started again: ``low``
+    for its first exit or after it ran ``stable_s``, else twice the ``previous`` wait, at most ``high``."""
+    if previous <= 0 or lived_s >= stable_s:
+        return low
+    return min(high, previous * 2)
 
 
 def watch_supervisor(fd: int, stop: Callable[[], Any]) -> Callable[[], None]:

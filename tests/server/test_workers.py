@@ -12,6 +12,9 @@ Checked in one start-up of the supervisor (one start keeps the test short):
    (``unknown_outcome``, the ``x-request-id`` the client saw) reaches the database;
 3. SIGTERM to the supervisor drains: a stream in flight completes and the supervisor exits 0.
 
+Then the supervisor alone, on stand-in worker processes: replacement and stop, a worker that will
+not stop, the orphan pipe, the restart back-off, and the coordinator's reach.
+
 Every wait is a poll for a condition with a bound (a hang guard), never a sleep for time to pass.
 """
 
@@ -32,6 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
+from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, next_backoff, watch_supervisor
 from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.spec import NodeSpec
 from tests.support import ROOT, free_port
@@ -262,3 +266,106 @@ async def _check_drain(gw: Gateway, sim: SimFleet) -> None:
     events = [json.loads(line[5:]) for line in lines if line.startswith("data: {")]
     assert not any("error" in e for e in events), events[-1]
     assert await asyncio.wait_for(gw.proc.wait(), 60) == 0, gw.log.read_text()
+
+
+# -- the supervisor on stand-in workers (no gateway: quick) -------------------------------------------
+
+# A stand-in worker: marks itself ready (a file named on its command line) and waits for SIGTERM.
+STUB = ("import pathlib, signal, sys\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+        "pathlib.Path(sys.argv[1]).touch()\n"
+        "signal.sigwait({signal.SIGTERM})\n")
+# One that ignores SIGTERM (a worker stuck in its drain).
+STUCK = ("import pathlib, signal, sys\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "pathlib.Path(sys.argv[1]).touch()\n"
+         "signal.pause()\n")
+
+
+async def _until_true(what: str, pred: Callable[[], bool], deadline_s: float = 30.0) -> None:
+    async def check() -> bool:
+        return pred()
+    await _until(what, check, deadline_s)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def test_the_supervisor_replaces_a_killed_worker_and_stops_them_all(tmp_path: Path) -> None:
+    def spec(i: int, _orphan_fd: int) -> WorkerSpec:
+        return WorkerSpec(i, [sys.executable, "-c", STUB, str(tmp_path / f"ready-{i}-{time.monotonic_ns()}")],
+                          dict(os.environ))
+
+    sup = Supervisor(2, spec, stop_timeout_s=30.0, restart_min_s=0.0)
+    run = asyncio.ensure_future(sup.run(handle_signals=False))
+    await _until_true("both workers ready", lambda: len(list(tmp_path.glob("ready-*"))) == 2)
+    first = sup.pids[0]
+    assert first is not None and all(sup.pids)
+    os.kill(first, signal.SIGKILL)
+    await _until_true("worker 0 replaced", lambda: sup.pids[0] not in (None, first) and sup.restarts == [1, 0])
+    await _until_true("the replacement ready", lambda: len(list(tmp_path.glob("ready-0-*"))) == 2)
+    pids = [p for p in sup.pids if p is not None]
+    sup.stop()
+    assert await asyncio.wait_for(run, 30) == 0
+    assert not any(_alive(p) for p in pids)
+
+
+async def test_a_worker_that_does_not_stop_is_killed_and_the_status_says_so(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    sup = Supervisor(1, lambda i, _fd: WorkerSpec(i, [sys.executable, "-c", STUCK, str(ready)], dict(os.environ)),
+                     stop_timeout_s=0.0)
+    run = asyncio.ensure_future(sup.run(handle_signals=False))
+    await _until_true("the worker ready", ready.exists)
+    pid = sup.pids[0]
+    assert pid is not None
+    sup.stop()
+    assert await asyncio.wait_for(run, 30) == 1
+    assert not _alive(pid)
+
+
+async def test_a_worker_stops_when_its_supervisor_is_gone() -> None:
+    r, w = os.pipe()
+    stopped = asyncio.Event()
+    unwatch = watch_supervisor(r, stopped.set)
+    try:
+        assert not stopped.is_set()
+        os.close(w)                     # the supervisor's end: closed when it dies, SIGKILL included
+        await asyncio.wait_for(stopped.wait(), 10)
+    finally:
+        unwatch()
+        os.close(r)
+
+
+def test_restart_back_off_doubles_to_its_ceiling_and_resets_after_a_stable_run() -> None:
+    waits: list[float] = []
+    prev = 0.0
+    for _ in range(7):
+        prev = next_backoff(prev, 1.0, low=0.5, high=10.0, stable_s=30.0)
+        waits.append(prev)
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert next_backoff(10.0, 30.0, low=0.5, high=10.0, stable_s=30.0) == 0.5
+
+
+async def test_the_coordinator_is_reachable_by_this_user_only_and_cleans_up() -> None:
+    import redis.asyncio as aioredis
+
+    coord = Coordinator()
+    try:
+        assert coord.url.startswith("unix://")
+        assert os.stat(os.path.dirname(coord.path)).st_mode & 0o077 == 0
+        client = aioredis.from_url(coord.url, socket_timeout=5)
+        try:
+            assert await client.ping()
+            script = client.register_script("redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000) "
+                                            "return redis.call('GET', KEYS[1])")
+            assert await script(keys=["k"], args=["v"]) == b"v"     # Lua (the cluster's scripts need it)
+        finally:
+            await client.aclose()
+    finally:
+        coord.close()
+    assert not os.path.exists(os.path.dirname(coord.path))
