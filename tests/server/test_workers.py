@@ -6,6 +6,8 @@ Checked in one start-up of the supervisor (one start keeps the test short):
 1. a global limit: waves of concurrent requests on fresh connections never put more than the
    pool's limit (3) in flight at its node, measured at the node, while the waves reach both
    workers (each worker's write-ahead log in its own journal directory shows requests started);
+   shared health: a node ejected by the worker that served its failures is ejected on the other
+   (``/admin/fleet``, answered by either worker, names the replica it came from);
 2. a worker SIGKILLed with a stream in flight is replaced (a new pid under the supervisor),
    requests keep succeeding meanwhile, its slots come back (the pool's limit runs at once again),
    and its write-ahead log is recovered by the replacement: the cut stream's audit row
@@ -37,7 +39,7 @@ import yaml
 
 from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, next_backoff, watch_supervisor
 from inferlb.simulator.emulator import SimFleet
-from inferlb.simulator.spec import NodeSpec
+from inferlb.simulator.spec import FaultSpec, NodeSpec
 from tests.support import ROOT, free_port
 
 POOL_LIMIT = 3
@@ -45,13 +47,18 @@ LEASE_S = 1.5
 GUARD_S = 60.0      # hang guard for the start-up only
 
 
-def _fleet_file(tmp: Path, url: str) -> Path:
+def _fleet_file(tmp: Path, urls: dict[str, str]) -> Path:
     fleet = {
-        "models": [{"name": "m", "max_output_tokens": 1024, "default_max_tokens": 8}],
-        "nodes": [{"name": "p0", "url": url, "models": ["m"], "max_concurrency": POOL_LIMIT}],
+        "models": [{"name": "m", "max_output_tokens": 1024, "default_max_tokens": 8},
+                   {"name": "e", "max_output_tokens": 1024, "default_max_tokens": 4}],
+        "nodes": [{"name": "p0", "url": urls["p0"], "models": ["m"], "max_concurrency": POOL_LIMIT},
+                  {"name": "e0", "url": urls["e0"], "models": ["e"]},
+                  {"name": "e1", "url": urls["e1"], "models": ["e"]}],
         "routing": {"profile": "round-robin", "seed": 1},
         "timeouts": {"connect_s": 2.0, "first_token_s": 10.0, "idle_s": 10.0, "total_s": 60.0},
-        "health": {"interval_s": 5},
+        # health rounds (30 s) and the ejection (60 s) far longer than the test: an ejection seen by
+        # the worker that never served e1 came through the coordinator
+        "health": {"interval_s": 30, "outlier": {"consecutive_failures": 3, "base_ejection_s": 60}},
         "admission": {"classes": [{"name": "standard", "max_queue_wait_s": 10.0}], "default_class": "standard",
                       "queue": {"wait_factor": 50}},
     }
@@ -161,13 +168,16 @@ async def supervisor(tmp: Path, fleet: Path) -> AsyncIterator[Gateway]:
 
 
 async def test_two_workers_behave_as_one_gateway(tmp_path: Path) -> None:
-    specs = [NodeSpec(name="p0", models=["m"], base_ttft_s=0.05, tpot_s=0.02, max_concurrency=64)]
+    specs = [NodeSpec(name="p0", models=["m"], base_ttft_s=0.05, tpot_s=0.02, max_concurrency=64),
+             NodeSpec(name="e0", models=["e"], base_ttft_s=0.002, tpot_s=0.001),
+             NodeSpec(name="e1", models=["e"], base_ttft_s=0.002, tpot_s=0.001)]
     async with SimFleet(specs) as sim:
-        fleet = _fleet_file(tmp_path, sim.nodes["p0"].url)
+        fleet = _fleet_file(tmp_path, {n: node.url for n, node in sim.nodes.items()})
         async with supervisor(tmp_path, fleet) as gw:
             workers = _children(gw.proc.pid)
             assert len(workers) == 2, workers
             await _check_global_limit(gw, sim, tmp_path / "journal")
+            await _check_shared_ejection(gw, sim)
             await _check_kill(gw, sim, tmp_path)
             await _check_drain(gw, sim)
 
@@ -186,6 +196,38 @@ async def _check_global_limit(gw: Gateway, sim: SimFleet, journal: Path) -> None
             break
     else:
         raise AssertionError(f"the waves never reached both workers: {_started_in(journal)}")
+
+
+async def _check_shared_ejection(gw: Gateway, sim: SimFleet) -> None:
+    await sim.nodes["e1"].set_faults(FaultSpec(status=503))
+    views: dict[str, dict[str, Any]] = {}     # replica id -> its view of e1
+
+    async def look() -> None:
+        body = await gw.fleet()               # a fresh connection: either worker answers
+        views[body["cluster"]["replica"]] = {n["name"]: n for n in body["nodes"]}["e1"]
+
+    # One keep-alive connection, so one worker serves every request (and sees e1 fail); retried on
+    # e0, the client never sees e1's 503s.
+    async with httpx.AsyncClient(timeout=10) as one:
+        for _ in range(30):
+            r = await one.post(gw.base + "/v1/chat/completions",
+                               json={"model": "e", "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+            await look()
+            if any(v["state"] == "ejected" for v in views.values()):
+                break
+        else:
+            raise AssertionError(f"e1 never ejected: {views}")
+
+    async def both_see_it() -> bool:
+        await look()
+        return len(views) == 2 and all(v["state"] == "ejected" for v in views.values())
+
+    await _until("e1 ejected on both workers", both_see_it, 20.0)
+    ids = set(views)
+    assert any(v["evidence"].get("shared_from") in ids - {rid} for rid, v in views.items()), views
+    assert all(v["ejections"] == 1 for v in views.values()), views      # one shared ejection, not two
+    await sim.nodes["e1"].set_faults(FaultSpec())
 
 
 async def _stream_until_first_chunk(gw: Gateway, client: httpx.AsyncClient, max_tokens: int
