@@ -42,6 +42,8 @@ import contextlib
 import itertools
 import logging
 import os
+import queue
+import select
 import shutil
 import signal
 import socket
@@ -64,24 +66,37 @@ class Coordinator:
     directory only this user may enter (``0700``; :attr:`url` is ``unix://…``), not on a loopback
     TCP port: fakeredis does not enforce a password, and any local user could reach a TCP port and
     hand itself slots or eject nodes. Its state lives as long as the supervisor; a replaced worker
-    finds it as it was. Idle cost: each client connection is served by a thread that wakes every
-    ``poll_s`` to pass on pushed messages (pub/sub); commands wake it at once."""
+    finds it as it was.
 
-    def __init__(self, *, poll_s: float = 0.05) -> None:
+    Each client connection is served by a thread (fakeredis's request handler). fakeredis's own loop
+    wakes every 10 ms to pass on what other connections push to it (pub/sub messages): 13 ms of CPU
+    a second for two idle workers' connections, measured. Here the thread sleeps in ``select`` until
+    its client sends a command or something is queued for it (a byte on a wake-up socket pair, sent
+    by the queue itself), and at least every ``idle_s`` to notice the shutdown."""
+
+    def __init__(self, *, idle_s: float = 5.0) -> None:
         try:
             import lupa  # noqa: F401  (the cluster's Lua scripts need it; fail here, not in a worker)
             from fakeredis._clients import _tcp_server
             from fakeredis._core import FakeServer
+            from fakeredis._typing import RaiseErrorTypes
         except ImportError as exc:   # pragma: no cover - the dependency is a core one
             from inferlb.errors import ConfigError
             raise ConfigError(f"--workers needs fakeredis[lua] for its local coordinator ({exc}); install "
                               "it, or set INFERLB_REDIS_URL", source="environment", path="INFERLB_WORKERS") from exc
-        # How long a connection's thread waits for a pushed reply before looking again: fakeredis's
-        # 10 ms default is 100 wake-ups a second per connection of an idle gateway; a health
-        # publish delayed by 50 ms is still far sooner than the next sync, its fallback.
-        if hasattr(_tcp_server, "_POLL_INTERVAL"):
-            _tcp_server._POLL_INTERVAL = poll_s
         ids = itertools.count(1)
+
+        class WakingQueue(queue.Queue[Any]):
+            """A connection's reply queue that wakes its thread when something is put in it."""
+
+            def __init__(self, wake: socket.socket) -> None:
+                super().__init__()
+                self._wake = wake
+
+            def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+                super().put(item, block, timeout)
+                with contextlib.suppress(OSError):     # full: it is readable already
+                    self._wake.send(b"\0")
 
         class Handler(_tcp_server.TCPFakeRequestHandler):
             def setup(self) -> None:
@@ -89,6 +104,50 @@ class Coordinator:
                 # clients all share (""): give each its own.
                 self.client_address = ("unix", next(ids))
                 super().setup()
+                self._wake_r, self._wake_w = socket.socketpair()
+                self._wake_r.setblocking(False)
+                self._wake_w.setblocking(False)
+                fake = self.current_client.get_socket()
+                if fake.responses is not None:
+                    fake.responses = WakingQueue(self._wake_w)
+
+            def handle(self) -> None:
+                # fakeredis's loop (fakeredis/_clients/_tcp_server.py), its 10 ms poll replaced by
+                # the wake-up socket (class docstring).
+                client, conn = self.current_client, self.connection
+                while not self.server._shutdown_event.is_set():
+                    try:
+                        if client.can_read():
+                            try:
+                                response = client.read_response()
+                            except RaiseErrorTypes as e:
+                                response = e
+                            self.writer.dump(response)
+                            continue
+                        data = self.rfile.readline()
+                        if data == b"":
+                            readable, _, _ = select.select([conn, self._wake_r], [], [], idle_s)
+                            if self._wake_r in readable:
+                                with contextlib.suppress(OSError):
+                                    self._wake_r.recv(4096)
+                            if conn not in readable:
+                                continue
+                            data = self.rfile.readline()
+                            if data == b"":
+                                break      # readable yet empty: the client closed
+                        client.get_socket().sendall(data)
+                    except ConnectionError:
+                        break
+                    except Exception as e:
+                        self.writer.dump(e)
+                        break
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    self._wake_r.close()
+                    self._wake_w.close()
 
         class Server(socketserver.ThreadingUnixStreamServer):
             daemon_threads = True
@@ -107,6 +166,7 @@ class Coordinator:
         self.path = os.path.join(self._dir, "redis.sock")
         self._server = Server(self.path)
         self.url = f"unix://{self.path}?db=0"
+        # (the accept loop itself wakes twice a second, socketserver's default, to notice shutdown())
         self._thread = threading.Thread(target=self._server.serve_forever, name="inferlb-coordinator", daemon=True)
         self._thread.start()
 

@@ -396,7 +396,7 @@ def test_restart_back_off_doubles_to_its_ceiling_and_resets_after_a_stable_run()
 async def test_the_coordinator_is_reachable_by_this_user_only_and_cleans_up() -> None:
     import redis.asyncio as aioredis
 
-    coord = Coordinator()
+    coord = Coordinator(idle_s=3600.0)     # no poll in the test: only a wake-up delivers a message
     try:
         assert coord.url.startswith("unix://")
         assert os.stat(os.path.dirname(coord.path)).st_mode & 0o077 == 0
@@ -406,6 +406,22 @@ async def test_the_coordinator_is_reachable_by_this_user_only_and_cleans_up() ->
             script = client.register_script("redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000) "
                                             "return redis.call('GET', KEYS[1])")
             assert await script(keys=["k"], args=["v"]) == b"v"     # Lua (the cluster's scripts need it)
+            # pub/sub (the cluster's health fast path): a message reaches a subscriber that is idle
+            # in its read, woken by the publish, not by a poll
+            listener = aioredis.from_url(coord.url)
+            ps = listener.pubsub(ignore_subscribe_messages=True)
+            try:
+                await ps.subscribe("ch")
+                assert await client.publish("ch", "hello") == 1
+                msg = None
+                for _ in range(3):      # the first read may be the (ignored) subscribe confirmation
+                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=10)
+                    if msg is not None:
+                        break
+                assert msg is not None and msg["data"] == b"hello", msg
+            finally:
+                await ps.aclose()  # type: ignore[no-untyped-call]
+                await listener.aclose()
         finally:
             await client.aclose()
     finally:
