@@ -3,9 +3,10 @@ port behave as one gateway, with no Redis server (the supervisor's local coordin
 
 Checked in one start-up of the supervisor (one start keeps the test short):
 
-1. a global limit: waves of concurrent requests on fresh connections never put more than the
+1. global limits: waves of concurrent requests on fresh connections never put more than the
    pool's limit (3) in flight at its node, measured at the node, while the waves reach both
    workers (each worker's write-ahead log in its own journal directory shows requests started);
+   a tenant key's ``max_parallel`` (2) and RPM (6) hold in total;
    shared health: a node ejected by the worker that served its failures is ejected on the other
    (``/admin/fleet``, answered by either worker, names the replica it came from);
 2. a worker SIGKILLed with a stream in flight is replaced (a new pid under the supervisor),
@@ -37,11 +38,14 @@ from typing import Any
 import httpx
 import yaml
 
+from inferlb.admission.store import create_key
 from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, next_backoff, watch_supervisor
 from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.spec import FaultSpec, NodeSpec
+from inferlb.store.db import make_engine, upgrade
 from tests.support import ROOT, free_port
 
+ADMIN = "admin-key-for-the-workers-test"
 POOL_LIMIT = 3
 LEASE_S = 1.5
 GUARD_S = 60.0      # hang guard for the start-up only
@@ -113,21 +117,25 @@ def _wal_with_start(journal: Path, request_id: str) -> tuple[int, int] | None:
 
 
 class Gateway:
-    def __init__(self, proc: asyncio.subprocess.Process, port: int, admin_port: int, log: Path) -> None:
-        self.proc, self.log = proc, log
+    def __init__(self, proc: asyncio.subprocess.Process, port: int, admin_port: int, log: Path,
+                 keys: dict[str, str]) -> None:
+        self.proc, self.log, self.keys = proc, log, keys
         self.base = f"http://127.0.0.1:{port}"
         self.admin = f"http://127.0.0.1:{admin_port}"
 
-    async def chat(self, max_tokens: int = 8) -> int:
+    def auth(self, key: str = "any") -> dict[str, str]:
+        return {"authorization": f"Bearer {self.keys[key]}"}
+
+    async def chat(self, max_tokens: int = 8, key: str = "any") -> int:
         # a client (so a connection) per request: the kernel hands each to either worker
-        async with httpx.AsyncClient(timeout=30) as c:
+        async with httpx.AsyncClient(timeout=30, headers=self.auth(key)) as c:
             r = await c.post(self.base + "/v1/chat/completions",
                              json={"model": "m", "max_tokens": max_tokens,
                                    "messages": [{"role": "user", "content": "hi"}]})
             return r.status_code
 
     async def fleet(self) -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=5) as c:
+        async with httpx.AsyncClient(timeout=5, headers={"authorization": f"Bearer {ADMIN}"}) as c:
             r = await c.get(self.admin + "/admin/fleet")
             assert r.status_code == 200, r.text
             body: dict[str, Any] = r.json()
@@ -137,8 +145,18 @@ class Gateway:
 @contextlib.asynccontextmanager
 async def supervisor(tmp: Path, fleet: Path) -> AsyncIterator[Gateway]:
     port, admin_port = free_port(), free_port()
+    db = f"sqlite:///{tmp / 'audit.db'}"
+    await asyncio.to_thread(upgrade, db)
+    engine = make_engine(db)
+    try:
+        limits: dict[str, dict[str, Any]] = {"any": {}, "par": {"max_parallel": 2}, "rpm": {"rpm": 6}}
+        keys = {name: create_key(engine, tenant="t", now=time.time(), name=name, **lim)[1]
+                for name, lim in limits.items()}
+    finally:
+        engine.dispose()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "INFERLB_DATABASE_URL": f"sqlite:///{tmp / 'audit.db'}", "INFERLB_JOURNAL_DIR": str(tmp / "journal"),
+           "INFERLB_DATABASE_URL": db, "INFERLB_JOURNAL_DIR": str(tmp / "journal"),
+           "INFERLB_AUTH": "on", "INFERLB_ADMIN_KEY": ADMIN,
            "INFERLB_ADMIN_PORT": str(admin_port), "INFERLB_CLUSTER_LEASE_S": str(LEASE_S),
            "INFERLB_CLUSTER_LEADER_LEASE_S": str(LEASE_S), "INFERLB_LOG_LEVEL": "WARNING"}
     for var in ("INFERLB_REDIS_URL", "INFERLB_WORKERS", "INFERLB_CLUSTER_MODE", "INFERLB_CLUSTER_REPLICA_ID"):
@@ -148,7 +166,7 @@ async def supervisor(tmp: Path, fleet: Path) -> AsyncIterator[Gateway]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "inferlb.cli.main", "serve", "--config", str(fleet), "--port", str(port),
             "--workers", "2", cwd=tmp, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
-    gw = Gateway(proc, port, admin_port, log)
+    gw = Gateway(proc, port, admin_port, log, keys)
     try:
         async def two_replicas() -> bool:
             assert proc.returncode is None, log.read_text()
@@ -196,6 +214,14 @@ async def _check_global_limit(gw: Gateway, sim: SimFleet, journal: Path) -> None
             break
     else:
         raise AssertionError(f"the waves never reached both workers: {_started_in(journal)}")
+    # A key's max_parallel (2) holds in total, whichever worker takes each connection.
+    p0.reset()
+    statuses = await asyncio.gather(*(gw.chat(key="par") for _ in range(8)))
+    assert p0.stats.max_live <= 2, p0.stats.max_live
+    assert statuses.count(200) >= 2 and set(statuses) <= {200, 429}, statuses
+    # A key's RPM (6) holds in total: 12 requests one after the other, each on a fresh connection.
+    statuses = [await gw.chat(key="rpm") for _ in range(12)]
+    assert 1 <= statuses.count(200) <= 6 and set(statuses) <= {200, 429}, statuses
 
 
 async def _check_shared_ejection(gw: Gateway, sim: SimFleet) -> None:
@@ -208,7 +234,7 @@ async def _check_shared_ejection(gw: Gateway, sim: SimFleet) -> None:
 
     # One keep-alive connection, so one worker serves every request (and sees e1 fail); retried on
     # e0, the client never sees e1's 503s.
-    async with httpx.AsyncClient(timeout=10) as one:
+    async with httpx.AsyncClient(timeout=10, headers=gw.auth()) as one:
         for _ in range(30):
             r = await one.post(gw.base + "/v1/chat/completions",
                                json={"model": "e", "messages": [{"role": "user", "content": "hi"}]})
@@ -256,7 +282,7 @@ async def _stream_until_first_chunk(gw: Gateway, client: httpx.AsyncClient, max_
 
 async def _check_kill(gw: Gateway, sim: SimFleet, tmp: Path) -> None:
     journal = tmp / "journal"
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, headers=gw.auth()) as client:
         rid, stream = await _stream_until_first_chunk(gw, client, max_tokens=400)   # 8 s long
         located = _wal_with_start(journal, rid)
         assert located is not None, rid
@@ -300,7 +326,7 @@ async def _check_kill(gw: Gateway, sim: SimFleet, tmp: Path) -> None:
 
 
 async def _check_drain(gw: Gateway, sim: SimFleet) -> None:
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, headers=gw.auth()) as client:
         _, stream = await _stream_until_first_chunk(gw, client, max_tokens=60)     # about 1.2 s
         gw.proc.send_signal(signal.SIGTERM)
         lines = await stream
