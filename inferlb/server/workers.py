@@ -298,6 +298,10 @@ class Supervisor:
             for slot in self._slots:
                 if slot.task is not None:
                     slot.task.cancel()
+                # still running only when the supervisor itself failed or was cancelled: no orphans
+                if slot.proc is not None and slot.proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        slot.proc.kill()
             os.close(self._orphan_r)
             os.close(self._orphan_w)
 

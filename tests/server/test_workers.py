@@ -396,6 +396,31 @@ async def test_a_worker_that_does_not_stop_is_killed_and_the_status_says_so(tmp_
     assert not _alive(pid)
 
 
+# One that records a SIGHUP (a reload) and exits on SIGTERM.
+HUP = ("import pathlib, signal, sys\n"
+       "signal.signal(signal.SIGHUP, lambda *_: pathlib.Path(sys.argv[2]).touch())\n"
+       "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+       "pathlib.Path(sys.argv[1]).touch()\n"
+       "while True:\n"
+       "    signal.pause()\n")
+
+
+async def test_the_supervisors_signals_sighup_to_every_worker_and_sigterm_stops(tmp_path: Path) -> None:
+    def spec(i: int, _fd: int) -> WorkerSpec:
+        return WorkerSpec(i, [sys.executable, "-c", HUP, str(tmp_path / f"ready-{i}"), str(tmp_path / f"hup-{i}")],
+                          dict(os.environ))
+
+    sup = Supervisor(2, spec, stop_timeout_s=30.0)
+    run = asyncio.ensure_future(sup.run())          # with its signal handlers, as `serve` runs it
+    await _until_true("both workers ready", lambda: len(list(tmp_path.glob("ready-*"))) == 2)
+    os.kill(os.getpid(), signal.SIGHUP)
+    await _until_true("SIGHUP passed to both", lambda: len(list(tmp_path.glob("hup-*"))) == 2)
+    assert not run.done()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert await asyncio.wait_for(run, 30) == 0
+    assert sup.restarts == [0, 0]
+
+
 async def test_a_worker_stops_when_its_supervisor_is_gone() -> None:
     r, w = os.pipe()
     stopped = asyncio.Event()
