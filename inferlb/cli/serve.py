@@ -222,12 +222,13 @@ def worker_env(settings: Settings, index: int, *, port: int, admin_port: int, re
 
 def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
     """``serve --workers N``: the supervisor (module docstring, server/workers.py); returns the exit status."""
-    from inferlb.server.listeners import admin_address, bind_public, listener_contexts
-    from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, bind_admin
+    from inferlb.server.listeners import admin_address, listener_contexts
+    from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, bind_admin, bind_reuseport, reserve_port
     from inferlb.store.db import is_sqlite, upgrade
 
-    sock = bind_public(settings)     # the port first, as with one process
+    sock = reserve_port(settings.host, settings.port)     # the port first, as with one process
     admin_sock: socket.socket | None = None
+    public: dict[int, socket.socket] = {}    # worker index -> the public socket its process has
     coordinator: Coordinator | None = None
     try:
         admin = admin_address(settings)
@@ -253,22 +254,36 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
         port = int(sock.getsockname()[1])
         admin_port = int(admin_sock.getsockname()[1]) if admin_sock is not None else 0
         replica_base = settings.cluster.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-        for s in (sock, admin_sock):
-            if s is not None:
-                os.set_inheritable(s.fileno(), True)
-        fds = (sock.fileno(), admin_sock.fileno() if admin_sock is not None else None)
+        admin_fd = admin_sock.fileno() if admin_sock is not None else None
+        if admin_fd is not None:
+            os.set_inheritable(admin_fd, True)
         url = coordinator.url if coordinator is not None else None
 
         def spec_for(i: int, orphan_fd: int) -> WorkerSpec:
+            # a fresh public socket for each process of worker i (server/workers.py: SO_REUSEPORT)
+            old = public.pop(i, None)
+            if old is not None:
+                old.close()
+            own = public[i] = bind_reuseport(settings.host, port)
+            os.set_inheritable(own.fileno(), True)
+
+            def release() -> None:      # the process is gone: its socket leaves the port at once
+                if public.get(i) is own:
+                    del public[i]
+                    own.close()
+
+            fds = (own.fileno(), admin_fd)
             argv = worker_argv(i, (*fds, orphan_fd), watch=watch)
             env = worker_env(settings, i, port=port, admin_port=admin_port, replica_base=replica_base,
                              redis_url=url)
-            return WorkerSpec(i, argv, env, tuple(f for f in fds if f is not None))
+            return WorkerSpec(i, argv, env, tuple(f for f in fds if f is not None), on_exit=release)
 
         # a worker drains for up to drain_timeout_s, then its stop grace and the audit flush
         supervisor = Supervisor(n, spec_for, stop_timeout_s=settings.drain_timeout_s + 30.0)
         return asyncio.run(supervisor.run())
     finally:
+        for own in public.values():
+            own.close()
         sock.close()
         if admin_sock is not None:
             admin_sock.close()

@@ -5,12 +5,18 @@ command becomes a *supervisor* (inferlb/cli/serve.py) that binds the public and 
 once and starts N worker processes, each a full gateway (its own app, lifespan, drain) serving the
 application on the inherited sockets. Contract of this module:
 
-* **One port, pre-forked sockets.** The supervisor binds the sockets and every worker receives them
-  (``pass_fds``); the kernel hands each new connection to one of the workers accepting on the one
-  queue. Chosen over ``SO_REUSEPORT`` (one socket per worker): a port in use is still one error at
-  start-up, before any worker runs; and when a worker dies the connections waiting in the queue
-  are taken by the others, where a dead worker's own ``SO_REUSEPORT`` queue would be reset. A
-  replaced worker gets the same sockets, so the port never closes while the supervisor lives.
+* **One port, a socket per worker (``SO_REUSEPORT``).** The supervisor reserves the port
+  (:func:`reserve_port`: a port in use is one error at start-up, before any worker runs) and
+  binds a socket of its own to it for each worker start (:func:`bind_reuseport`), passed to the
+  worker (``pass_fds``), which listens on it once its app has started; the kernel spreads new
+  connections over the listening sockets by their address hash. Chosen over one shared socket
+  after measuring it: with one accept queue the worker that woke first took 54 of a client's 64
+  connections opened at once, and the other 10, so one worker did most of the work. A worker
+  that dies takes its socket with it (the supervisor closes its copy at once): the connections
+  still waiting in that socket's queue are reset (moved to another worker where the kernel's
+  ``net.ipv4.tcp_migrate_req`` is on), new ones go to the other workers, and the replacement
+  listens on a fresh socket once it has started. The admin listener, little used, is one socket
+  bound once and shared by every worker.
 * **One gateway.** The workers are replicas of one cluster (inferlb/cluster/, docs/replicas.md):
   each gets its own ``INFERLB_CLUSTER_REPLICA_ID`` (``<id>-w<i>``) and, when no
   ``INFERLB_REDIS_URL`` is set, the address of a :class:`Coordinator` the supervisor runs: an
@@ -54,8 +60,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Coordinator", "Supervisor", "WorkerSpec", "bind_admin", "fds_arg", "inherit_socket", "next_backoff",
-           "parse_fds", "watch_supervisor"]
+__all__ = ["Coordinator", "Supervisor", "WorkerSpec", "bind_admin", "bind_reuseport", "fds_arg", "inherit_socket",
+           "next_backoff", "parse_fds", "reserve_port", "watch_supervisor"]
 
 log = logging.getLogger("inferlb")
 
@@ -186,6 +192,7 @@ class WorkerSpec:
     argv: list[str]
     env: dict[str, str]
     pass_fds: tuple[int, ...] = ()
+    on_exit: Callable[[], None] | None = None    # called once the process has exited (its socket closed)
 
 
 @dataclass
@@ -258,6 +265,8 @@ class Supervisor:
         while True:
             assert slot.proc is not None
             code = await slot.proc.wait()
+            if slot.spec.on_exit is not None:
+                slot.spec.on_exit()
             if self._stopping.is_set():
                 return
             lived = self._now() - slot.started_at
@@ -271,7 +280,12 @@ class Supervisor:
                 await asyncio.wait_for(self._stopping.wait(), slot.backoff_s)
             if self._stopping.is_set():
                 return
-            await self._start(slot)
+            try:
+                await self._start(slot)
+            except Exception as exc:    # a socket or a process that could not be made: try again later
+                log.error("workers: worker w%d could not be started again: %s", slot.spec.index, exc)
+                slot.started_at = self._now()
+                continue
             log.info("workers: worker w%d replaced (pid %d)", slot.spec.index, slot.proc.pid)
 
     async def run(self, *, handle_signals: bool = True) -> int:
@@ -363,13 +377,52 @@ def inherit_socket(fd: int) -> socket.socket:
     return socket.socket(fileno=fd)
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The public port, reserved for the workers: a socket bound to ``host:port`` with
+    ``SO_REUSEPORT`` that never listens (the kernel hands connections only to listening sockets),
+    so the workers' sockets can join it. It first binds a plain socket there, which fails whoever
+    holds the port (another gateway, with or without ``SO_REUSEPORT``): a
+    :class:`~inferlb.errors.ConfigError` at once, as for one process. Port 0: a free port."""
+    from inferlb.errors import ConfigError
+
+    probe = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        probe.bind((host, port))
+        port = int(probe.getsockname()[1])
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", source="environment",
+                          path="INFERLB_HOST/INFERLB_PORT") from exc
+    finally:
+        probe.close()
+    return bind_reuseport(host, port)
+
+
+def bind_reuseport(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (and ``SO_REUSEADDR``, as uvicorn's),
+    not listening: one worker's public socket, or the supervisor's reservation. OSError when it
+    cannot be bound."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def bind_admin(address: tuple[str, int]) -> socket.socket:
     """The admin listener's socket, bound once by the supervisor for every worker (a port in use is
     a :class:`~inferlb.errors.ConfigError` at once, as for the public port)."""
     from inferlb.errors import ConfigError
 
     host, port = address
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
