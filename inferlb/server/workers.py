@@ -384,13 +384,15 @@ def _family(host: str) -> socket.AddressFamily:
 def reserve_port(host: str, port: int) -> socket.socket:
     """The public port, reserved for the workers: a socket bound to ``host:port`` with
     ``SO_REUSEPORT`` that never listens (the kernel hands connections only to listening sockets),
-    so the workers' sockets can join it. It first binds a plain socket there, which fails whoever
-    holds the port (another gateway, with or without ``SO_REUSEPORT``): a
+    so the workers' sockets can join it. It first binds a socket without ``SO_REUSEPORT`` there,
+    which fails whoever listens on the port (another gateway, with or without it): a
     :class:`~inferlb.errors.ConfigError` at once, as for one process. Port 0: a free port."""
     from inferlb.errors import ConfigError
 
     probe = socket.socket(_family(host), socket.SOCK_STREAM)
     try:
+        # as bind_public: connections of a gateway just stopped, in TIME_WAIT, do not hold the port
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind((host, port))
         port = int(probe.getsockname()[1])
     except OSError as exc:

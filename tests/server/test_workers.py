@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import time
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from inferlb.admission.store import create_key
@@ -478,3 +480,31 @@ async def test_the_coordinator_is_reachable_by_this_user_only_and_cleans_up() ->
     finally:
         coord.close()
     assert not os.path.exists(os.path.dirname(coord.path))
+
+
+def test_the_port_is_reserved_past_time_wait_but_not_past_a_listener() -> None:
+    from inferlb.errors import ConfigError
+    from inferlb.server.workers import reserve_port
+
+    # a connection the server side closed first: its port sits in TIME_WAIT, as after a restart
+    # (the listener set SO_REUSEADDR, as a gateway's does)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = listener.accept()
+    conn.close()
+    listener.close()
+    client.close()
+    reserved = reserve_port("127.0.0.1", port)
+    try:
+        assert reserved.getsockname()[1] == port
+    finally:
+        reserved.close()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ConfigError, match="cannot listen"):
+            reserve_port("127.0.0.1", busy.getsockname()[1])
