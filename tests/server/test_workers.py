@@ -220,7 +220,9 @@ async def _check_global_limit(gw: Gateway, sim: SimFleet, journal: Path) -> None
     p0.reset()
     statuses = await asyncio.gather(*(gw.chat(key="par") for _ in range(8)))
     assert p0.stats.max_live <= 2, p0.stats.max_live
-    assert statuses.count(200) >= 2 and set(statuses) <= {200, 429}, statuses
+    # at least one: a burst that lands on one worker may find only its share (1) there before a
+    # sync moves the other's to it, and max_parallel answers 429 at once (docs/replicas.md)
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 429}, statuses
     # A key's RPM (6) holds in total: 12 requests one after the other, each on a fresh connection.
     statuses = [await gw.chat(key="rpm") for _ in range(12)]
     assert 1 <= statuses.count(200) <= 6 and set(statuses) <= {200, 429}, statuses
