@@ -179,9 +179,13 @@ async def supervisor(tmp: Path, fleet: Path) -> AsyncIterator[Gateway]:
         await _until("both workers in the cluster:\n" + log.read_text(), two_replicas, GUARD_S)
         yield gw
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        if proc.returncode is None:     # a failed check: stop it as an operator would (its coordinator
+            proc.send_signal(signal.SIGTERM)    # directory goes with it), killed if it hangs
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
         for pid in _children(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
