@@ -3,6 +3,7 @@
 ::
 
     inferlb serve --config fleet.yaml [--watch] [--host H] [--port P] [--database-url URL] [--engine E]
+                  [--workers N|auto]
 
 Contract: the public listener's port is bound first, before any other start-up work (a port in use
 is one line on stderr and exit 2 at once); then every start-up file is checked before the app starts
@@ -14,6 +15,13 @@ public one, and one log line at start-up says where the admin routes are served 
 With ``INFERLB_TLS_CERT_FILE`` the public listener serves HTTPS (the admin listener per
 ``INFERLB_ADMIN_TLS``); a certificate, key or CA that does not load is one line and exit 2 before
 any other start-up work, like a port in use (server/listeners.py ``listener_contexts``).
+
+With ``--workers N`` (``INFERLB_WORKERS``) above 1 this process is a supervisor instead
+(inferlb/server/workers.py): it binds the listeners and checks the files as above, upgrades a
+SQLite database once, starts the local coordinator when no ``INFERLB_REDIS_URL`` is set, and runs
+N worker processes (``serve --worker I --worker-fds ...``, internal options) that serve on the
+sockets it bound; SIGTERM and Ctrl-C drain them all and exit 0. ``--workers 1`` (the default) is
+the one process described above, with no supervisor.
 """
 
 from __future__ import annotations
@@ -21,6 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
+import socket
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +42,7 @@ from inferlb.cli.shared import add_gateway_options, settings_from
 if TYPE_CHECKING:
     from inferlb.config.settings import Settings
 
-__all__ = ["preflight", "register", "run_loop", "serve_gateway"]
+__all__ = ["preflight", "register", "run_loop", "run_workers", "serve_gateway", "worker_argv", "worker_env"]
 
 log = logging.getLogger("inferlb")
 
@@ -41,12 +53,40 @@ def register(sub: Any) -> None:
     add_gateway_options(s)
     s.add_argument("--config", type=Path)
     s.add_argument("--watch", action="store_true", help="reload when the fleet file or a process changes")
+    s.add_argument("--workers", type=_workers_arg, metavar="N|auto",
+                   help="gateway processes on the one port, sharing limits and health (default: "
+                        "INFERLB_WORKERS, else 1; auto: one per core)")
+    # Internal: how the supervisor starts a worker (server/workers.py); not for operators.
+    s.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    s.add_argument("--worker-fds", dest="worker_fds", help=argparse.SUPPRESS)
     # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.
     s.set_defaults(handler=_serve_command, ctrl_c_status=0)
 
 
+def _workers_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of processes from 1 to 256, or auto")
+    return n
+
+
 def _serve_command(args: argparse.Namespace) -> int:
-    run_loop(serve_gateway(settings_from(args), watch=args.watch))
+    extra = {} if args.workers is None else {"workers": args.workers}
+    settings = settings_from(args, **extra)
+    if args.worker is not None:
+        from inferlb.server.workers import parse_fds
+
+        run_loop(serve_gateway(settings, watch=args.watch, inherited=parse_fds(args.worker_fds or "")))
+        return 0
+    n = settings.worker_count()
+    if n > 1:
+        return run_workers(settings, n, watch=args.watch)
+    run_loop(serve_gateway(settings, watch=args.watch))
     return 0
 
 
@@ -74,9 +114,11 @@ def preflight(settings: Settings) -> Settings:
 
 
 async def serve_gateway(settings: Settings, banner: str | None = None, *, watch: bool = False,
-                        node_launcher: Any = None) -> None:
+                        node_launcher: Any = None, inherited: list[int | None] | None = None) -> None:
     """Serve the gateway until it stops; ``banner`` is printed once it listens. SystemExit(1) when
-    it never started (the port was taken, say)."""
+    it never started (the port was taken, say). ``inherited``: a worker's descriptors from its
+    supervisor (server/workers.py): the public socket, the admin socket or None, the orphan pipe;
+    the worker serves on those instead of binding its own, and stops when the pipe closes."""
     from inferlb.app import create_app, default_processes_dir
     from inferlb.live.triggers import run_triggers
     from inferlb.server import build_server
@@ -85,11 +127,20 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
 
     # The port first: a port in use is one line at once, before the database, the processes and the
     # fleet are set up (server/listeners.py); the server listens on this socket once started.
-    sock = bind_public(settings)
+    admin_sock: socket.socket | None = None
+    orphan_fd: int | None = None
+    if inherited is not None:
+        from inferlb.server.workers import inherit_socket
+
+        sock = inherit_socket(_fd(inherited[0]))
+        admin_sock = inherit_socket(inherited[1]) if inherited[1] is not None else None
+        orphan_fd = inherited[2]
+    else:
+        sock = bind_public(settings)
     try:
         # A bad file names the file and key path or element, no traceback; so does a certificate or
         # key that does not load (INFERLB_TLS_*, server/listeners.py), before anything is set up.
-        admin = admin_address(settings)
+        admin = admin_address(settings) if admin_sock is None else admin_sock.getsockname()[:2]
         tls = listener_contexts(settings, admin)
         settings = preflight(settings)
     except BaseException:
@@ -97,7 +148,7 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
         raise
     app = create_app(settings, node_launcher=node_launcher)
     # httptools with header/body timeouts and header limits; SIGTERM drains; the admin listener (server).
-    server = build_server(app, settings, admin=admin, tls=tls)
+    server = build_server(app, settings, admin=admin, tls=tls, admin_sock=admin_sock)
     if tls.public is not None:
         log.info("public listener: HTTPS (client certificates: %s)", settings.tls.effective_client_auth())
     log.info("%s", describe_admin(settings, admin, tls=tls.admin is not None))
@@ -111,12 +162,130 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
             if banner:
                 print(banner, flush=True)
     task = asyncio.ensure_future(_started())
+    unwatch = None
+    if orphan_fd is not None:
+        from inferlb.server.workers import watch_supervisor
+
+        # the supervisor gone (even SIGKILLed): drain and stop, as on SIGTERM
+        unwatch = watch_supervisor(orphan_fd, lambda: server.handle_exit(signal.SIGTERM, None))
     # SIGHUP (and with --watch, edits to the fleet file or the processes) reload (live/manager.py).
     triggers = asyncio.ensure_future(run_triggers(
         app, started=lambda: bool(server.started), stopping=lambda: bool(server.should_exit), watch=watch,
         config=settings.config, processes_dir=settings.processes_dir or default_processes_dir()))
     await server.serve(sockets=[sock])
+    if unwatch is not None:
+        unwatch()
     triggers.cancel()
     task.cancel()
     if not server.started:
         raise SystemExit(1)
+
+
+def _fd(fd: int | None) -> int:
+    if fd is None:
+        raise ValueError("--worker-fds: no public socket")
+    return fd
+
+
+def worker_argv(index: int, fds: tuple[int | None, ...], *, watch: bool = False) -> list[str]:
+    """Worker ``index``'s command line: this interpreter, ``serve --worker I --worker-fds ...``
+    (and ``--watch``); every setting travels in the environment (:func:`worker_env`), never here."""
+    from inferlb.server.workers import fds_arg
+
+    argv = [sys.executable, "-m", "inferlb.cli.main", "serve", "--worker", str(index), "--worker-fds", fds_arg(fds)]
+    return [*argv, "--watch"] if watch else argv
+
+
+def worker_env(settings: Settings, index: int, *, port: int, admin_port: int, replica_base: str,
+               redis_url: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Worker ``index``'s environment: ``base`` (default this process's) with the settings the
+    supervisor resolved (so ``--host``/``--port``/``--database-url``/``--engine``/``--config``
+    reach it without its command line, where ``ps`` would show a database password), one worker
+    (it never supervises), its own journal directory and cluster replica id, and the coordinator."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "INFERLB_WORKERS": "1",
+        "INFERLB_HOST": settings.host,
+        "INFERLB_PORT": str(port),
+        "INFERLB_ADMIN_PORT": str(admin_port),
+        "INFERLB_DATABASE_URL": settings.database_url,
+        "INFERLB_ENGINE": settings.engine,
+        "INFERLB_JOURNAL_DIR": str(settings.journal_dir / f"w{index}"),
+        "INFERLB_CLUSTER_REPLICA_ID": f"{replica_base}-w{index}",
+    })
+    if settings.config is not None:
+        env["INFERLB_CONFIG"] = str(settings.config)
+    if redis_url is not None:
+        env["INFERLB_REDIS_URL"] = redis_url
+    return env
+
+
+def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
+    """``serve --workers N``: the supervisor (module docstring, server/workers.py); returns the exit status."""
+    from inferlb.server.listeners import admin_address, listener_contexts
+    from inferlb.server.workers import Coordinator, Supervisor, WorkerSpec, bind_admin, bind_reuseport, reserve_port
+    from inferlb.store.db import is_sqlite, upgrade
+
+    sock = reserve_port(settings.host, settings.port)     # the port first, as with one process
+    admin_sock: socket.socket | None = None
+    public: dict[int, socket.socket] = {}    # worker index -> the public socket its process has
+    coordinator: Coordinator | None = None
+    try:
+        admin = admin_address(settings)
+        if admin is not None:
+            admin_sock = bind_admin(admin)      # both ports before the files: a port in use is one line
+        listener_contexts(settings, admin)
+        preflight(settings)
+        if is_sqlite(settings.database_url):
+            # once here, not N migrations racing on one file (PostgreSQL expects `inferlb db upgrade`)
+            upgrade(settings.database_url)
+        redis_url = settings.admission.redis_url
+        if redis_url is None and settings.cluster.mode != "off" and settings.admission.limits != "memory":
+            coordinator = Coordinator()
+            log.info("workers: %d on %s:%d, sharing limits and health through the local coordinator %s",
+                     n, settings.host, sock.getsockname()[1], coordinator.url)
+        elif redis_url is None:
+            log.warning("workers: %d on %s:%d with limits per worker (INFERLB_CLUSTER_MODE=off or "
+                        "INFERLB_LIMITS=memory): each worker admits up to every limit", n, settings.host,
+                        sock.getsockname()[1])
+        else:
+            log.info("workers: %d on %s:%d, sharing limits and health through INFERLB_REDIS_URL", n,
+                     settings.host, sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+        admin_port = int(admin_sock.getsockname()[1]) if admin_sock is not None else 0
+        replica_base = settings.cluster.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        admin_fd = admin_sock.fileno() if admin_sock is not None else None
+        if admin_fd is not None:
+            os.set_inheritable(admin_fd, True)
+        url = coordinator.url if coordinator is not None else None
+
+        def spec_for(i: int, orphan_fd: int) -> WorkerSpec:
+            # a fresh public socket for each process of worker i (server/workers.py: SO_REUSEPORT)
+            old = public.pop(i, None)
+            if old is not None:
+                old.close()
+            own = public[i] = bind_reuseport(settings.host, port)
+            os.set_inheritable(own.fileno(), True)
+
+            def release() -> None:      # the process is gone: its socket leaves the port at once
+                if public.get(i) is own:
+                    del public[i]
+                    own.close()
+
+            fds = (own.fileno(), admin_fd)
+            argv = worker_argv(i, (*fds, orphan_fd), watch=watch)
+            env = worker_env(settings, i, port=port, admin_port=admin_port, replica_base=replica_base,
+                             redis_url=url)
+            return WorkerSpec(i, argv, env, tuple(f for f in fds if f is not None), on_exit=release)
+
+        # a worker drains for up to drain_timeout_s, then its stop grace and the audit flush
+        supervisor = Supervisor(n, spec_for, stop_timeout_s=settings.drain_timeout_s + 30.0)
+        return asyncio.run(supervisor.run())
+    finally:
+        for own in public.values():
+            own.close()
+        sock.close()
+        if admin_sock is not None:
+            admin_sock.close()
+        if coordinator is not None:
+            coordinator.close()

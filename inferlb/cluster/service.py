@@ -144,7 +144,10 @@ class ClusterService:
             return
         self.redis = aioredis.from_url(self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         # The listener blocks on its socket: no read timeout there (get_message has its own).
-        self._sub_client = aioredis.from_url(self.redis_url, socket_connect_timeout=0.5, socket_keepalive=True)
+        # TCP keep-alive only over TCP: redis-py refuses the option on a unix:// URL (the local
+        # coordinator of `serve --workers`, server/workers.py), where a dead peer is seen at once.
+        keepalive = {} if self.redis_url.startswith("unix:") else {"socket_keepalive": True}
+        self._sub_client = aioredis.from_url(self.redis_url, socket_connect_timeout=0.5, **keepalive)
         self._sync_script = self.redis.register_script(SYNC_LUA)
         self._health_script = self.redis.register_script(HEALTH_LUA)
         self.health.attach(self._queue_change)

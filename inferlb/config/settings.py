@@ -536,6 +536,25 @@ class Settings(BaseSettings):
     gc_freeze: bool = True                           # INFERLB_GC_FREEZE: start-up objects out of every collection
     gc_gen0_threshold: int = Field(10_000, ge=0)     # INFERLB_GC_GEN0_THRESHOLD: 0 keeps the interpreter's (700)
 
+    # `inferlb serve --workers N` (server/workers.py): N gateway processes on one port, sharing
+    # limits and health as replicas of one cluster; "auto": one per usable core. 1 (the default):
+    # one process, no supervisor, exactly as before.
+    workers: int | Literal["auto"] = Field(1)        # INFERLB_WORKERS
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 256:
+            raise ValueError("must be 1 to 256, or auto")
+        return v
+
+    def worker_count(self) -> int:
+        """How many worker processes ``serve`` runs: ``workers``, or for ``auto`` the cores this
+        process may run on."""
+        if self.workers == "auto":
+            return max(1, len(os.sched_getaffinity(0)))
+        return self.workers
+
     def admin_listen_port(self) -> int:
         """The admin listener's port: ``INFERLB_ADMIN_PORT``, else the public port + 1; 0 = off."""
         if self.admin_port is not None:

@@ -2,12 +2,14 @@
 
 :func:`build_server` is the one place the server is configured; ``inferlb serve``/``demo`` and the
 tests that need the real edge use it. ``protocol.py`` bounds slow and oversized request heads and
-bodies; ``lifecycle.py`` drains on SIGTERM; ``listeners.py`` tells the admin listener from the public one.
+bodies; ``lifecycle.py`` drains on SIGTERM; ``listeners.py`` tells the admin listener from the public one;
+``workers.py`` runs several gateway processes on one port (``serve --workers N``).
 """
 
 from __future__ import annotations
 
 import inspect
+import socket
 from typing import Any
 
 from fastapi import FastAPI
@@ -42,11 +44,13 @@ async def _stop_streams(app: FastAPI) -> None:
 
 
 def build_server(app: FastAPI, settings: Settings, *, admin: tuple[str, int] | None = None,
-                 tls: ListenerContexts | None = None, **overrides: Any) -> GatewayServer:
+                 tls: ListenerContexts | None = None, admin_sock: socket.socket | None = None,
+                 **overrides: Any) -> GatewayServer:
     """A :class:`GatewayServer` for ``app`` on ``settings.host:port``, and on ``admin`` as its admin
     listener (none by default; ``serve`` passes :func:`~inferlb.server.listeners.admin_address`);
     ``tls``: the listeners' TLS contexts (default: built from the settings,
     :func:`~inferlb.server.listeners.listener_contexts`, ConfigError when they do not load);
+    ``admin_sock``: a socket already bound to ``admin`` to serve it on (a worker's, server/workers.py);
     ``overrides`` go to uvicorn.Config."""
     contexts = tls if tls is not None else listener_contexts(settings, admin)
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "log_level": settings.log_level.lower(),
@@ -60,4 +64,5 @@ def build_server(app: FastAPI, settings: Settings, *, admin: tuple[str, int] | N
     kwargs.update(overrides)
     config = GatewayConfig(app, edge=edge_limits(settings), **kwargs)
     return GatewayServer(config, drain_timeout_s=settings.drain_timeout_s, on_drain=lambda: _begin_drain(app),
-                         on_deadline=lambda: _stop_streams(app), admin=admin, admin_ssl=contexts.admin)
+                         on_deadline=lambda: _stop_streams(app), admin=admin, admin_ssl=contexts.admin,
+                         admin_sock=admin_sock)

@@ -56,9 +56,12 @@ class GatewayServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, *, drain_timeout_s: float, on_drain: Callable[[], None],
                  on_deadline: Callable[[], Awaitable[None] | None], stop_grace_s: float = 2.0,
-                 admin: tuple[str, int] | None = None, admin_ssl: ssl.SSLContext | None = None) -> None:
+                 admin: tuple[str, int] | None = None, admin_ssl: ssl.SSLContext | None = None,
+                 admin_sock: socket.socket | None = None) -> None:
         super().__init__(config)
         self.admin = admin
+        # a socket already bound to ``admin`` (the workers' supervisor binds it once, server/workers.py)
+        self.admin_sock = admin_sock
         self.admin_ssl = admin_ssl    # the admin listener's TLS (server/listeners.py listener_contexts)
         self.drain_timeout_s = drain_timeout_s
         self.stop_grace_s = stop_grace_s
@@ -83,8 +86,13 @@ class GatewayServer(uvicorn.Server):
 
         host, port = self.admin
         try:
-            server = await asyncio.get_running_loop().create_server(admin_protocol, host=host, port=port,
-                                                                    backlog=config.backlog, ssl=self.admin_ssl)
+            loop = asyncio.get_running_loop()
+            if self.admin_sock is not None:
+                server = await loop.create_server(admin_protocol, sock=self.admin_sock, backlog=config.backlog,
+                                                  ssl=self.admin_ssl)
+            else:
+                server = await loop.create_server(admin_protocol, host=host, port=port, backlog=config.backlog,
+                                                  ssl=self.admin_ssl)
         except OSError as exc:
             log.error("admin listener %s:%d: %s", host, port, exc)
             # Never started: serve() returns without a shutdown of its own (``started`` is false),

@@ -74,3 +74,42 @@ def test_a_listener_certificate_that_does_not_load_is_one_line(tmp_path: Path, m
     assert len(err) == 1 and err[0].startswith(f"inferlb: error: environment: {var}: "), err
     assert "PRIVATE KEY" not in err[0]
     assert not db.exists() and not journal.exists()
+
+
+def test_with_workers_a_port_in_use_is_still_one_line_before_any_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    db, journal = tmp_path / "audit.db", tmp_path / "journal"
+    monkeypatch.setenv("INFERLB_DATABASE_URL", f"sqlite:///{db}")
+    monkeypatch.setenv("INFERLB_JOURNAL_DIR", str(journal))
+    with _taken() as busy, _taken() as busy_admin:
+        for port, admin in ((busy.getsockname()[1], "0"), (0, str(busy_admin.getsockname()[1]))):
+            monkeypatch.setenv("INFERLB_ADMIN_PORT", admin)
+            status = main(["serve", "--config", str(ROOT / "deploy" / "kubernetes" / "fleet.yaml"), "--host",
+                           "127.0.0.1", "--port", str(port), "--workers", "2"])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert status == 2
+            assert len(err) == 1 and "cannot listen on 127.0.0.1:" in err[0], err
+    assert not db.exists() and not journal.exists()
+
+
+def test_workers_must_be_a_count_or_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "two", "257"):
+        with pytest.raises(SystemExit) as exc:
+            main(["serve", "--workers", bad])
+        assert exc.value.code == 2
+        assert "--workers" in capsys.readouterr().err
+
+
+def test_a_worker_command_line_carries_no_setting(tmp_path: Path) -> None:
+    from inferlb.cli.serve import worker_argv, worker_env
+    from inferlb.config.settings import load_settings
+
+    settings = load_settings(database_url="postgresql://u:secret@db/x", journal_dir=tmp_path / "j")
+    argv = worker_argv(1, (5, None, 7), watch=True)
+    assert argv[1:] == ["-m", "inferlb.cli.main", "serve", "--worker", "1", "--worker-fds", "5,-,7", "--watch"]
+    env = worker_env(settings, 1, port=8080, admin_port=0, replica_base="h-1", redis_url="unix:///x/redis.sock",
+                     base={})
+    assert "secret" not in " ".join(argv)       # `ps` shows the command line to every user
+    assert env["INFERLB_DATABASE_URL"] == "postgresql://u:secret@db/x" and env["INFERLB_WORKERS"] == "1"
+    assert env["INFERLB_JOURNAL_DIR"] == str(tmp_path / "j" / "w1")
+    assert env["INFERLB_CLUSTER_REPLICA_ID"] == "h-1-w1" and env["INFERLB_REDIS_URL"] == "unix:///x/redis.sock"

@@ -152,3 +152,18 @@ def test_journal_dir_is_probed(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"INFERLB_JOURNAL_DIR: the audit journal directory .* is not writable"):
         check_journal_dir(tmp_path / "file" / "journal")
+
+
+def test_workers_default_one_auto_is_the_usable_cores_and_zero_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("INFERLB_WORKERS", raising=False)
+    assert load_settings().worker_count() == 1          # one process, no supervisor: as before
+    monkeypatch.setenv("INFERLB_WORKERS", "3")
+    assert load_settings().worker_count() == 3
+    monkeypatch.setenv("INFERLB_WORKERS", "auto")
+    assert load_settings().worker_count() == len(os.sched_getaffinity(0))
+    for bad in ("0", "many", "300"):
+        monkeypatch.setenv("INFERLB_WORKERS", bad)
+        with pytest.raises(ConfigError, match="INFERLB_WORKERS"):
+            load_settings()
