@@ -349,18 +349,38 @@ class PowerOfTwo:
 
 
 class RoundRobin:
-    """Ignores scores: rotates through the candidates in name order (a baseline)."""
+    """Ignores scores: rotates through the candidates in name order (a baseline).
+
+    ``rank_views`` is what the router calls (the scores are not read, so no (node, score) pairs
+    are built for it); ``rank`` is the same over scored pairs. Both visit every candidate, so
+    the cost is linear in the fleet: one pass for the names, one sort (nearly free when the
+    names come in order, as a fleet file's usually do; skipped when they are the very names of
+    the previous call), one rotation."""
 
     type_name = "round-robin"
     Params = NoParams
 
     def __init__(self, params: NoParams | None = None) -> None:
         self._i = 0
+        self._last_in: list[str] = []        # the previous call's names as given ...
+        self._last_sorted: list[str] = []    # ... and sorted
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: Any) -> list[str]:
-        names = sorted(n.name for n, _ in scored)
+        return self._rotate([n.name for n, _ in scored])
+
+    def rank_views(self, nodes: list[NodeView], rng: Any) -> list[str]:
+        return self._rotate([n.name for n in nodes])
+
+    def _rotate(self, names: list[str]) -> list[str]:
         if not names:
             return []
-        k = self._i % len(names)
+        # The same names as last time (compared by identity first: the views' own strings, so
+        # this is a pointer check per node) sort the same: keep that order.
+        if names == self._last_in:
+            order = self._last_sorted
+        else:
+            order = sorted(names)
+            self._last_in, self._last_sorted = names, order
+        k = self._i % len(order)
         self._i += 1
-        return names[k:] + names[:k]
+        return order[k:] + order[:k]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferlb.errors import ConfigError
+from inferlb.routing.plugins import ServesModel
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
 
@@ -124,11 +125,18 @@ class Router:
         self._rank_for = getattr(picker, "rank_for", None)   # a picker that reads the request (priority)
         self._rank_detail = getattr(picker, "rank_detail", None)   # ... and explains its ranking (affinity)
         self._preselect = getattr(picker, "preselect", None)
+        # A picker that ranks from the views alone (round-robin: the scores are not read): no
+        # (node, score) pairs are built for it. Only when it reads nothing else either.
+        rank_views = getattr(picker, "rank_views", None)
+        self._rank_views = rank_views if self._rank_for is None and self._rank_detail is None else None
         plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
         self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
         self.uses_selector = any(f.type_name == "node-selector" for f in filters)
         # Resolved once: the plugin lists are fixed when the router is built (build_router).
         self._apply = [f.apply for f in filters]
+        # On an exact model pool (NodeList.exact) the built-in serves-model filter would drop
+        # nothing: skipped there (a filter that drops nothing leaves no trace in the decision).
+        self._apply_pool = [f.apply for f in filters if type(f) is not ServesModel]
         self._batch = [_batch_of(s) for s, _ in scorers]
         self._keys = (*(s.type_name for s, _ in scorers), "total")
         self._weigh = _weigher([w for _, w in scorers], self._total_w)
@@ -138,8 +146,10 @@ class Router:
         pool: list[NodeView] = nodes
         counts: dict[str, int] = {}
         by_model = getattr(nodes, "by_model", None) if self._by_model else None
+        exact = False
         if by_model is not None:
             pool = by_model.get(req.model, [])
+            exact = getattr(nodes, "exact", False)
             if len(nodes) > len(pool):
                 counts["serves-model"] = len(nodes) - len(pool)
         only = req.only
@@ -158,20 +168,20 @@ class Router:
                 # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
                 rnd = self.rng.random
                 picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
-            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own)
+            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own, exact)
             if d.ranked:
                 return d
-        return self._decide(req, pool, len(nodes), counts, None, False)
+        return self._decide(req, pool, len(nodes), counts, None, False, exact)
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
-                sampled: int | None, own: bool) -> Decision:
+                sampled: int | None, own: bool, exact: bool = False) -> Decision:
         """``own``: ``nodes`` is a list of the router's own (the sample), which the decision may
-        keep; otherwise it belongs to the caller and only copies are kept."""
-        if own:
-            d = Decision._lazy(self.name, nodes, self.picker.type_name, offered, sampled, counts)
-        else:
-            d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name, offered=offered,
-                         sampled=sampled, counts=counts)
+        keep; otherwise it belongs to the caller and only copies are kept. ``exact``: every node
+        serves ``req.model`` (drawn from an exact NodeList pool)."""
+        # The candidate names are read from the views when first needed (the caller's list is
+        # copied, a pointer per node, since the decision keeps it).
+        d = Decision._lazy(self.name, nodes if own else list(nodes), self.picker.type_name, offered, sampled,
+                           counts)
         eliminated = d.eliminated
         live = nodes
         exclude = req.exclude
@@ -184,7 +194,7 @@ class Router:
                     live.append(n)
             for e in eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
-        for apply in self._apply:
+        for apply in self._apply_pool if exact else self._apply:
             if not live:
                 break
             live, out = apply(req, live)
@@ -198,14 +208,20 @@ class Router:
         if live is nodes and not own:
             live = list(live)      # the decision keeps it (score rows): not the caller's list
         batch = self._batch
+        rank_views = self._rank_views
         if batch:
             cols = [score_all(req, live) for score_all in batch]
             totals = self._weigh(cols)
             d._set_scores(self._keys, live, cols, totals)
+            if rank_views is not None:
+                d.ranked = rank_views(live, self.rng)
+                return d
             scored = list(zip(live, totals, strict=True))
+        elif rank_views is not None:
+            d._set_zero_scores(self._keys, live, rank_views(live, self.rng))
+            return d
         else:
-            totals = [0.0] * len(live)
-            d._set_scores(self._keys, live, [], totals)
+            d._set_zero_scores(self._keys, live)
             scored = [(n, 0.0) for n in live]
         rank_detail, rank_for = self._rank_detail, self._rank_for
         if rank_detail is not None:

@@ -51,13 +51,18 @@ class NodeView:
 class NodeList(list[NodeView]):
     """A list of node views that also carries ``by_model``: model → the views of the nodes
     configured to serve it (same objects, same order). A router may read a model's pool from it
-    instead of scanning every node; a plain list works everywhere a NodeList does."""
+    instead of scanning every node; a plain list works everywhere a NodeList does.
 
-    __slots__ = ("by_model",)
+    ``exact``: the maker's promise that every view in ``by_model[m]`` has ``m`` in its
+    ``models`` (so the ``serves-model`` filter would drop none of a model's pool, and a router
+    may skip it there). False unless said: the gateway's views narrow ``models`` in panic mode."""
 
-    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]]) -> None:
+    __slots__ = ("by_model", "exact")
+
+    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]], exact: bool = False) -> None:
         super().__init__(views)
         self.by_model = by_model
+        self.exact = exact
 
 
 class LabelSelector(Protocol):
@@ -165,7 +170,7 @@ class Elimination:
         return f"Elimination(node={self.node!r}, by={self.by!r}, reason={self.reason!r})"
 
 
-_ScoreSource = tuple[list["NodeView"], list[list[float]], list[float]]
+_ScoreSource = tuple[list["NodeView"], list[list[float]], list[float] | None]   # totals None: no scorer
 
 
 class Decision:
@@ -182,8 +187,8 @@ class Decision:
     for plain attributes.
     """
 
-    __slots__ = ("_cand", "_cand_src", "_rows", "_rows_src", "counts", "eliminated", "learned", "offered",
-                 "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
+    __slots__ = ("_cand", "_cand_src", "_live_ranked", "_rows", "_rows_src", "counts", "eliminated", "learned",
+                 "offered", "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
 
     def __init__(self, profile: str, candidates: list[str], eliminated: list[Elimination] | None = None,
                  score_keys: tuple[str, ...] = (), score_rows: dict[str, tuple[float, ...]] | None = None,
@@ -197,6 +202,7 @@ class Decision:
         self.score_keys = score_keys                                    # scorer type names, then "total"
         self._rows: dict[str, tuple[float, ...]] | None = {} if score_rows is None else score_rows
         self._rows_src: _ScoreSource | None = None
+        self._live_ranked: list[str] | None = None
         self.ranked: list[str] = [] if ranked is None else ranked
         self.picker = picker
         self.offered = offered
@@ -220,6 +226,7 @@ class Decision:
         d.score_keys = ()
         d._rows = {}
         d._rows_src = None
+        d._live_ranked = None
         d.ranked = []
         d.picker = picker
         d.offered = offered
@@ -249,7 +256,11 @@ class Decision:
         if rows is None:
             assert self._rows_src is not None
             live, cols, totals = self._rows_src
-            rows = self._rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
+            if totals is None:     # no scorer (_set_zero_scores)
+                rows = self._rows = {n.name: (0.0,) for n in live}
+            else:
+                rows = self._rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True),
+                                                                    strict=True)}
             self._rows_src = None
         return rows
 
@@ -264,11 +275,37 @@ class Decision:
         self.score_keys = keys
         self._rows, self._rows_src = None, (live, cols, totals)
 
+    def _set_zero_scores(self, keys: tuple[str, ...], live: list[NodeView], ranked: list[str] | None = None) -> None:
+        """No scorer: every node in ``live`` scored, each row ``(0.0,)`` (the total alone).
+        ``ranked``: the ranking when it is known to name only nodes of ``live`` (a picker's
+        ``rank_views`` contract), set as :attr:`ranked`; the audit copy then needs no look-up.
+        None of the lists may change afterwards."""
+        self.score_keys = keys
+        self._rows, self._rows_src = None, (live, [], None)
+        if ranked is not None:
+            self.ranked = self._live_ranked = ranked
+
     @property
     def scores(self) -> dict[str, dict[str, float]]:
         """Per scored node: each scorer's score and the weighted ``total`` (built when read)."""
         keys = self.score_keys
         return {n: dict(zip(keys, row, strict=True)) for n, row in self.score_rows.items()}
+
+    def view_of(self, name: str) -> NodeView | None:
+        """The view of node ``name`` among the scored nodes (the decision's, as the router
+        handed them over), else among its candidates when they are still views; None when the
+        decision holds no view of it (then it never held views, or ``name`` was not scored)."""
+        src = self._rows_src
+        if src is not None:
+            for n in src[0]:
+                if n.name == name:
+                    return n
+        cand = self._cand_src
+        if cand is not None:
+            for n in cand:
+                if n.name == name:
+                    return n
+        return None
 
     @property
     def pick(self) -> str | None:
@@ -309,9 +346,20 @@ class Decision:
         scores: dict[str, dict[str, float]] = {}
         if top:
             src = self._rows_src
-            if src is not None and len(top) * 2 < len(src[0]):
+            if src is not None and src[2] is None and len(top) * 2 < len(src[0]):
+                # No scorer: every live node's row is (0.0,); only which of the best few are live
+                # (all of them when the ranking is still the one known to name live nodes only).
+                if ranked is self._live_ranked:
+                    scores = {n: {k: 0.0 for k in keys} for n in top}
+                else:
+                    live_names = {n.name for n in src[0]}
+                    for n in top:
+                        if n in live_names:
+                            scores[n] = {k: 0.0 for k in keys}
+            elif src is not None and len(top) * 2 < len(src[0]):
                 # Only the best few rows: read them from the columns, not the whole table.
                 live, cols, totals = src
+                assert totals is not None
                 where = {n.name: i for i, n in enumerate(live)}
                 for n in top:
                     i = where.get(n)
@@ -385,7 +433,10 @@ class Picker(Protocol):
     detail)`` (called before either; ``detail``, a small JSON dict or None, is kept as
     :attr:`Decision.pick_detail`). A picker may define ``preselect(req, pool, k)
     -> list[NodeView] | None``: the k candidates to consider on a sampled fleet instead of a random
-    draw (None: draw at random); it must be deterministic for a request, pool and k.
+    draw (None: draw at random); it must be deterministic for a request, pool and k. A picker
+    that ranks from the views alone, never reading the scores (``round-robin``), may define
+    ``rank_views(nodes, rng) -> ranked`` (names of ``nodes`` only): the router then calls it
+    instead of ``rank`` and builds no (node, score) pairs.
     """
 
     type_name: str

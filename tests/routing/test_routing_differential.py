@@ -46,12 +46,13 @@ def random_views(rng: random.Random, n: int) -> list[NodeView]:
     return out
 
 
-def as_nodelist(views: list[NodeView]) -> NodeList:
+def as_nodelist(views: list[NodeView], exact: bool = False) -> NodeList:
+    """``by_model`` from the views' own ``models``, so the list is exact: ``exact`` says so."""
     by_model: dict[str, list[NodeView]] = {m: [] for m in MODELS}
     for v in views:
         for m in sorted(v.models):
             by_model[m].append(v)
-    return NodeList(views, by_model)
+    return NodeList(views, by_model, exact=exact)
 
 
 def random_request(rng: random.Random, views: list[NodeView]) -> RouteRequest:
@@ -92,6 +93,7 @@ CUSTOM: dict[str, tuple[tuple[str, ...], dict[str, float], str, dict[str, dict[s
                         "decode-speed": {"reference_s": 3.0, "optimistic_max_tokens": 64}}),
     "no-filters": ((), {"kv-cache": 1.0}, "weighted-random", {}),
     "no-scorers": (("serves-model",), {}, "max-score", {}),
+    "round-robin-scored": (("healthy", "serves-model"), {"outstanding-tokens": 1.0}, "round-robin", {}),
     "five-scorers": (("healthy", "serves-model"), {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.25,
                                                    "decode-speed": 1.0, "least-requests": 0.125}, "max-score", {}),
 }
@@ -120,8 +122,8 @@ def test_every_decision_equals_the_reference_core(fleet_seed: int) -> None:
     fleets = [random_views(rng, n) for n in (0, 1, 3, 16, 17, 40, 300)]
     for label, new, ref in pairs():
         for views in fleets:
-            for kind in ("list", "nodelist"):
-                nodes: list[NodeView] = as_nodelist(views) if kind == "nodelist" else list(views)
+            for kind in ("list", "nodelist", "exact"):
+                nodes: list[NodeView] = as_nodelist(views, kind == "exact") if kind != "list" else list(views)
                 for _ in range(12):
                     req = random_request(rng, views)
                     same(new.decide(req, nodes), ref.decide(req, nodes))

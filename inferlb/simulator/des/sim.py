@@ -99,7 +99,7 @@ class Simulation(SimRequests):
         self.now = start
         self.results = DesResults()
         self._nodes: dict[str, DesNode] = {}
-        self._views = NodeList([], {})
+        self._views = NodeList([], {}, exact=True)   # a view's models are its node's, as in by_model
         self._pos: dict[str, int] = {}
         self._mpos: dict[str, list[tuple[str, int]]] = {}
         self._dirty: set[DesNode] = set()
