@@ -28,6 +28,7 @@ __all__ = [
     "ServesModel",
     "StaticWeight",
     "WeightedRandom",
+    "token_aware_totals",
 ]
 
 
@@ -121,9 +122,12 @@ class HasCapacity:
             if tokens <= n.capacity_tokens * room:
                 fits_somewhere = True
                 break
+        # The rules below, each capacity × room computed once: ``tokens <= c or not fits`` is
+        # ``not (fits and tokens > c)``, ``it <= 0 or it + tokens <= c`` is ``not (it > 0 and
+        # it + tokens > c)`` (integers and a finite c: no NaN to tell them apart).
         kept: list[NodeView] = [n for n in nodes if n.inflight_requests < n.max_concurrency
-                and not (fits_somewhere and tokens > n.capacity_tokens * room)
-                and not (n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room)]
+                and ((c := n.capacity_tokens * room) >= tokens or not fits_somewhere)
+                and ((it := n.inflight_tokens) <= 0 or it + tokens <= c)]
         if len(kept) == len(nodes):
             return kept, []
         kept = []
@@ -250,6 +254,32 @@ class DecodeSpeed:
                 prior = best
         ref, out = self.p.reference_s, req.output_tokens
         return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
+
+
+def token_aware_totals(req: RouteRequest, nodes: list[NodeView], ws: tuple[float, float, float, float],
+                       total_w: float, speed: DecodeSpeedParams) -> list[float]:
+    """The weighted totals of ``outstanding-tokens``, ``queue-depth``, ``kv-cache`` and
+    ``decode-speed`` (weights ``ws`` in that order, divided by ``total_w``) in one pass over the
+    nodes, without their columns: each term is the scorer's own ``score_all`` expression and the
+    sum runs in the router's order, ``((0.0 + a·w0) + b·w1 + c·w2 + e·w3) / total_w``, so every
+    total is the very float the four scorers and the router's weigher give."""
+    w0, w1, w2, w3 = ws
+    t = req.tokens
+    prior = speed.unknown_tokens_per_s
+    if req.output_tokens <= speed.optimistic_max_tokens:
+        # As DecodeSpeed.score_all: the fastest known speed (max() keeps the first of equals;
+        # NaN and ≤ 0 are not known speeds).
+        best = max([s for n in nodes if (s := n.tokens_per_s) is not None and s > 0], default=None)
+        if best is not None:
+            prior = best
+    ref, out = speed.reference_s, req.output_tokens
+    return [(0.0 + (x if (x := 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) > 0.0 else 0.0) * w0
+             + 1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if (r := n.inflight_requests) > 1 else 0)))
+             * w1
+             + (0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0))
+             * w2
+             + ref / (ref + out / (v if (v := n.tokens_per_s) is not None and v > 0 else prior)) * w3) / total_w
+            for n in nodes]
 
 
 class StaticWeightParams(BaseModel):

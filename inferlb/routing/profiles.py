@@ -36,8 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferlb.errors import ConfigError
-from inferlb.routing.plugins import ServesModel
+from inferlb.routing.plugins import (
+    DecodeSpeed,
+    KVCacheScorer,
+    OutstandingTokens,
+    QueueDepth,
+    ServesModel,
+    token_aware_totals,
+)
 from inferlb.routing.registry import make_plugin
+from inferlb.routing.selector import NodeSelectorFilter
 from inferlb.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
 
 __all__ = ["FALLBACK_PROFILE", "LEARNED_LATENCY", "PROFILES", "ProfileSpec", "Router", "build_router"]
@@ -90,6 +98,7 @@ PROFILES: dict[str, ProfileSpec] = {
                                    sample=SAMPLE),
 }
 FALLBACK_PROFILE = "token-aware"   # what a learned profile falls back to
+_TOKEN_AWARE_TYPES = (OutstandingTokens, QueueDepth, KVCacheScorer, DecodeSpeed)
 
 
 class Router:
@@ -133,13 +142,30 @@ class Router:
         self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
         self.uses_selector = any(f.type_name == "node-selector" for f in filters)
         # Resolved once: the plugin lists are fixed when the router is built (build_router).
-        self._apply = [f.apply for f in filters]
-        # On an exact model pool (NodeList.exact) the built-in serves-model filter would drop
-        # nothing: skipped there (a filter that drops nothing leaves no trace in the decision).
-        self._apply_pool = [f.apply for f in filters if type(f) is not ServesModel]
+        # The filters to run, by (exact pool, request has a selector): on an exact model pool
+        # (NodeList.exact) the built-in serves-model filter would drop nothing, nor would the
+        # node-selector filter for a request without a selector; a filter that drops nothing
+        # leaves no trace in the decision, so those are skipped.
+        self._apply_by: dict[tuple[bool, bool], list[Callable[..., Any]]] = {
+            (exact, sel): [f.apply for f in filters
+                           if not ((exact and type(f) is ServesModel) or (not sel and type(f) is NodeSelectorFilter))]
+            for exact in (False, True) for sel in (False, True)}
         self._batch = [_batch_of(s) for s, _ in scorers]
         self._keys = (*(s.type_name for s, _ in scorers), "total")
         self._weigh = _weigher([w for _, w in scorers], self._total_w)
+        # The built-in token-aware scorers, in the profile's order: their totals in one pass
+        # (plugins.token_aware_totals), used when the columns may wait (scores_when_read).
+        self._fused: Callable[[RouteRequest, list[NodeView]], list[float]] | None = None
+        if tuple(type(s) for s, _ in scorers) == _TOKEN_AWARE_TYPES:
+            ws = (scorers[0][1], scorers[1][1], scorers[2][1], scorers[3][1])
+            decode = scorers[3][0]
+            assert isinstance(decode, DecodeSpeed)
+            speed, total_w = decode.p, self._total_w
+            self._fused = lambda req, nodes: token_aware_totals(req, nodes, ws, total_w, speed)
+        # True: a caller that reads only the pick (the discrete-event simulation) lets each
+        # decision compute its per-scorer columns when they are first read (its score rows, its
+        # audit copy), not while deciding. The same scores either way; only when they are computed.
+        self.scores_when_read = False
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
@@ -194,7 +220,7 @@ class Router:
                     live.append(n)
             for e in eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
-        for apply in self._apply_pool if exact else self._apply:
+        for apply in self._apply_by[exact, req.selector is not None]:
             if not live:
                 break
             live, out = apply(req, live)
@@ -210,9 +236,15 @@ class Router:
         batch = self._batch
         rank_views = self._rank_views
         if batch:
-            cols = [score_all(req, live) for score_all in batch]
-            totals = self._weigh(cols)
-            d._set_scores(self._keys, live, cols, totals)
+            fused = self._fused
+            if fused is not None and self.scores_when_read:
+                totals = fused(req, live)
+                scored_live = live
+                d._set_scores(self._keys, live, lambda: [score_all(req, scored_live) for score_all in batch], totals)
+            else:
+                cols = [score_all(req, live) for score_all in batch]
+                totals = self._weigh(cols)
+                d._set_scores(self._keys, live, cols, totals)
             if rank_views is not None:
                 d.ranked = rank_views(live, self.rng)
                 return d

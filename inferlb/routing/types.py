@@ -7,8 +7,8 @@ it returns a :class:`Decision` whose ``to_json()`` goes into the audit record ve
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["Decision", "Elimination", "Filter", "LabelSelector", "NodeList", "NodeView", "Picker", "RouteRequest",
            "Scorer"]
@@ -20,6 +20,35 @@ JSON_RANKED = 8        # ranked names listed
 JSON_SCORED = 4        # nodes whose per-scorer scores are listed (the best ranked)
 
 
+_T = TypeVar("_T")
+
+
+def _quick_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that fills each slot through its own
+    descriptor: the same signature, defaults and result as the generated one, which goes through
+    ``object.__setattr__`` per field and so costs about twice as much (a DES run builds ~2 node
+    views and one request per routed request; the gateway one view per changed node). Written as
+    source, as :mod:`dataclasses` writes its own, so the call binds arguments natively."""
+    names = [f.name for f in fields(cls)]   # type: ignore[arg-type]
+    env: dict[str, Any] = {f"_set_{n}": cls.__dict__[n].__set__ for n in names}
+    params = []
+    for f in fields(cls):   # type: ignore[arg-type]
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            env[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    body = "".join(f"    _set_{n}(self, {n})\n" for n in names)
+    code: dict[str, Any] = {}
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", env, code)   # our own source: field names
+    init = code["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init   # type: ignore[method-assign]
+    return cls
+
+
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """A node as routing sees it at one instant.
@@ -73,6 +102,7 @@ class LabelSelector(Protocol):
     def describe(self) -> str: ...
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """What is being routed: model, token estimate, priority, nodes to avoid; whether the answer
@@ -170,7 +200,8 @@ class Elimination:
         return f"Elimination(node={self.node!r}, by={self.by!r}, reason={self.reason!r})"
 
 
-_ScoreSource = tuple[list["NodeView"], list[list[float]], list[float] | None]   # totals None: no scorer
+# (live views, per-scorer columns or a function computing them, totals; None: no scorer)
+_ScoreSource = tuple[list["NodeView"], list[list[float]] | Callable[[], list[list[float]]], list[float] | None]
 
 
 class Decision:
@@ -255,7 +286,7 @@ class Decision:
         rows = self._rows
         if rows is None:
             assert self._rows_src is not None
-            live, cols, totals = self._rows_src
+            live, cols, totals = self._score_source(self._rows_src)
             if totals is None:     # no scorer (_set_zero_scores)
                 rows = self._rows = {n.name: (0.0,) for n in live}
             else:
@@ -268,12 +299,21 @@ class Decision:
     def score_rows(self, value: dict[str, tuple[float, ...]]) -> None:
         self._rows, self._rows_src = value, None
 
-    def _set_scores(self, keys: tuple[str, ...], live: list[NodeView], cols: list[list[float]],
-                    totals: list[float]) -> None:
+    def _set_scores(self, keys: tuple[str, ...], live: list[NodeView],
+                    cols: list[list[float]] | Callable[[], list[list[float]]], totals: list[float]) -> None:
         """Per-scorer columns over ``live`` and the totals; :attr:`score_rows` is built from them
-        when read. None of the lists may change afterwards."""
+        when read. ``cols`` may be a function that computes them (called once, when first
+        read: the totals were computed without them). None of the lists may change afterwards."""
         self.score_keys = keys
         self._rows, self._rows_src = None, (live, cols, totals)
+
+    def _score_source(self, src: _ScoreSource) -> tuple[list[NodeView], list[list[float]], list[float] | None]:
+        """``src`` with its columns computed (and kept) when they were left to a function."""
+        live, cols, totals = src
+        if callable(cols):
+            cols = cols()
+            self._rows_src = (live, cols, totals)
+        return live, cols, totals
 
     def _set_zero_scores(self, keys: tuple[str, ...], live: list[NodeView], ranked: list[str] | None = None) -> None:
         """No scorer: every node in ``live`` scored, each row ``(0.0,)`` (the total alone).
@@ -358,7 +398,7 @@ class Decision:
                             scores[n] = {k: 0.0 for k in keys}
             elif src is not None and len(top) * 2 < len(src[0]):
                 # Only the best few rows: read them from the columns, not the whole table.
-                live, cols, totals = src
+                live, cols, totals = self._score_source(src)
                 assert totals is not None
                 where = {n.name: i for i, n in enumerate(live)}
                 for n in top:

@@ -80,7 +80,15 @@ class Simulation(SimRequests):
                  prompt_of: Callable[[RequestLike], PromptInfo | None] | None = None) -> None:
         if scrape_s <= 0 or control_every_s <= 0:
             raise ValueError("scrape_s and control_every_s must be > 0")
-        self.router = router if router is not None else build_router(profile, seed=seed)
+        if router is None:
+            router = build_router(profile, seed=seed)
+            # The simulation reads a decision's pick (its scores only when a feedback does): the
+            # per-scorer columns wait until read (the same scores, routing/profiles.py).
+            router.scores_when_read = True
+            fallback = getattr(router, "fallback", None)
+            if isinstance(fallback, Router):
+                fallback.scores_when_read = True
+        self.router = router
         self.admission: Admission = admission if admission is not None else OpenAdmission()
         self.model = model
         self.scrape_s = scrape_s
