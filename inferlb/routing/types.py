@@ -44,6 +44,7 @@ def _quick_init(cls: type[_T]) -> type[_T]:
     init = code["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = dict(cls.__init__.__annotations__)   # as the generated one (string types)
     cls.__init__ = init   # type: ignore[method-assign]
     return cls
 
