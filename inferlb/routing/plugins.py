@@ -28,6 +28,7 @@ __all__ = [
     "ServesModel",
     "StaticWeight",
     "WeightedRandom",
+    "healthy_and_serving",
     "token_aware_totals",
 ]
 
@@ -93,6 +94,22 @@ class ServesModel:
         by = self.type_name
         out = [Elimination.later(n.name, by, _not_served, model) for n in nodes if model not in n.models]
         return kept, out
+
+
+def healthy_and_serving(req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+    """``healthy`` then ``serves-model`` (the router runs them as one filter when a profile lists
+    them first, one after the other): the same nodes kept, the same eliminations in the same order
+    (the unhealthy nodes, then the healthy ones that do not serve ``req.model``), in one pass over
+    the nodes when none is dropped and two when some are, instead of two to four."""
+    model = req.model
+    kept = [n for n in nodes if n.healthy and model in n.models]
+    if len(kept) == len(nodes):
+        return kept, []
+    bad = [n for n in nodes if not (n.healthy and model in n.models)]
+    out = [Elimination(n.name, "healthy", n.unhealthy_reason or "unhealthy") for n in bad if not n.healthy]
+    later = Elimination.later
+    out.extend([later(n.name, "serves-model", _not_served, model) for n in bad if n.healthy])
+    return kept, out
 
 
 class HasCapacityParams(BaseModel):

@@ -38,10 +38,12 @@ from typing import Any
 from inferlb.errors import ConfigError
 from inferlb.routing.plugins import (
     DecodeSpeed,
+    Healthy,
     KVCacheScorer,
     OutstandingTokens,
     QueueDepth,
     ServesModel,
+    healthy_and_serving,
     token_aware_totals,
 )
 from inferlb.routing.registry import make_plugin
@@ -146,10 +148,16 @@ class Router:
         # (NodeList.exact) the built-in serves-model filter would drop nothing, nor would the
         # node-selector filter for a request without a selector; a filter that drops nothing
         # leaves no trace in the decision, so those are skipped.
-        self._apply_by: dict[tuple[bool, bool], list[Callable[..., Any]]] = {
-            (exact, sel): [f.apply for f in filters
-                           if not ((exact and type(f) is ServesModel) or (not sel and type(f) is NodeSelectorFilter))]
-            for exact in (False, True) for sel in (False, True)}
+        # The built-in healthy and serves-model filters, when they come first in that order, run
+        # as one (plugins.healthy_and_serving: the same result in fewer passes).
+        def applies(exact: bool, sel: bool) -> list[Callable[..., Any]]:
+            fs = [f for f in filters
+                  if not ((exact and type(f) is ServesModel) or (not sel and type(f) is NodeSelectorFilter))]
+            if len(fs) >= 2 and type(fs[0]) is Healthy and type(fs[1]) is ServesModel:
+                return [healthy_and_serving, *(f.apply for f in fs[2:])]
+            return [f.apply for f in fs]
+
+        self._apply_by = {(exact, sel): applies(exact, sel) for exact in (False, True) for sel in (False, True)}
         self._batch = [_batch_of(s) for s, _ in scorers]
         self._keys = (*(s.type_name for s, _ in scorers), "total")
         self._weigh = _weigher([w for _, w in scorers], self._total_w)
