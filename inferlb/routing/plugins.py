@@ -100,15 +100,16 @@ def healthy_and_serving(req: RouteRequest, nodes: list[NodeView]) -> tuple[list[
     """``healthy`` then ``serves-model`` (the router runs them as one filter when a profile lists
     them first, one after the other): the same nodes kept, the same eliminations in the same order
     (the unhealthy nodes, then the healthy ones that do not serve ``req.model``), in one pass over
-    the nodes when none is dropped and two when some are, instead of two to four."""
+    the nodes when none is dropped, two when only unhealthy ones are, instead of two or three."""
     model = req.model
     kept = [n for n in nodes if n.healthy and model in n.models]
     if len(kept) == len(nodes):
         return kept, []
-    bad = [n for n in nodes if not (n.healthy and model in n.models)]
-    out = [Elimination(n.name, "healthy", n.unhealthy_reason or "unhealthy") for n in bad if not n.healthy]
-    later = Elimination.later
-    out.extend([later(n.name, "serves-model", _not_served, model) for n in bad if n.healthy])
+    out = [Elimination(n.name, "healthy", n.unhealthy_reason or "unhealthy") for n in nodes if not n.healthy]
+    if len(kept) + len(out) < len(nodes):   # some healthy nodes do not serve the model
+        later = Elimination.later
+        out.extend([later(n.name, "serves-model", _not_served, model) for n in nodes
+                    if n.healthy and model not in n.models])
     return kept, out
 
 
