@@ -15,6 +15,10 @@ learned speeds; the request is 400 + 256 tokens for ``m0``. Two measurements per
 
 Each decision is timed with ``time.thread_time_ns`` (CPU time of this thread: time the process
 spends descheduled on a busy machine is left out) and, for reference, ``perf_counter_ns``.
+A profile named ``learned+active`` is ``learned`` with its predictor usable from the first
+decision (``routing.predictor.min_samples`` 0: every decision predicts its 16 candidates, runs the
+bandit and explains itself); plain ``learned`` is what a fresh gateway runs until the predictor
+has learned: the ``token-aware`` fallback plus the pick's prediction.
 Percentiles in µs. With ``--baseline-tree DIR`` (an exported copy of another commit's tree, e.g.
 ``git archive <commit> inferlb | tar -x -C DIR``) each round runs the baseline and this tree in
 fresh subprocesses one after the other (``PYTHONPATH`` set to each), so both see the same load;
@@ -81,7 +85,12 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
     req = RouteRequest(model="m0", prompt_tokens=400, output_tokens=256, priority="standard")
     cpu = time.thread_time_ns
     wall = time.perf_counter_ns
-    router = build_router(profile, seed=seed)
+    name, active = (profile[:-len("+active")], True) if profile.endswith("+active") else (profile, False)
+
+    def make_router() -> Any:
+        return build_router(name, seed=seed, predictor={"min_samples": 0} if active else None)
+
+    router = make_router()
     snaps = [make_views() for _ in range(8)]
     for i in range(min(500, iters)):
         router.decide(req, snaps[i % 8])
@@ -98,7 +107,7 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
            "nodes": [{"name": f"node{i:04d}", "url": f"http://10.0.{i // 250}.{i % 250 + 1}:8000",
                       "models": ["m0", "m1"] if i % 3 == 0 else ["m0"],
                       "capacity_tokens": rng.choice([16384, 32768, 65536, 131072])} for i in range(n)],
-           "routing": {"profile": profile}}
+           "routing": {"profile": name}}
     fleet = Fleet(fleet_from_mapping(raw), SystemClock())
     for st in fleet.nodes.values():
         st.inflight_requests = rng.randint(0, 40)
@@ -107,7 +116,7 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
         if rng.random() < 0.05:
             st.state, st.reason, st.ejected_until = "ejected", "5 consecutive failures", time.monotonic() + 1e6
     names = list(fleet.nodes)
-    router = build_router(profile, seed=seed)
+    router = make_router()
     for _ in range(min(500, iters)):
         router.decide(req, fleet.views()).to_json()
     s_cpu, s_wall = [], []

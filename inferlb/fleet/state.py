@@ -163,7 +163,8 @@ class Fleet:
                 for name in list(dirty):
                     self._rebuild(name, now)
                 dirty.clear()   # a rebuild may set a field (slow start over): that node is current
-        return NodeList(self._views, {m: list(v) for m, v in self._by_model.items()})
+        # Exact (every view of a model's list serves it) unless panic mode narrowed some views' models.
+        return NodeList(self._views, {m: list(v) for m, v in self._by_model.items()}, exact=not self._panic)
 
     def _rebuild_everything(self, now: float) -> None:
         self._rebuild_all = False

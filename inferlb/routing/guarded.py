@@ -98,7 +98,11 @@ class GuardedRouter(Router):
                            reason=reason)
         pick = d.pick
         if pick is not None:
-            view = next((n for n in nodes if n.name == pick), None)
+            # The pick's view is one the decision holds (its scored or candidate nodes: at most
+            # the sample); only when it holds none is the whole list scanned.
+            view = d.view_of(pick)
+            if view is None:
+                view = next((n for n in nodes if n.name == pick), None)
             info.pick = view
             model = lc.model
             if view is not None and with_model and model is not None:

@@ -28,6 +28,8 @@ __all__ = [
     "ServesModel",
     "StaticWeight",
     "WeightedRandom",
+    "healthy_and_serving",
+    "token_aware_totals",
 ]
 
 
@@ -94,6 +96,23 @@ class ServesModel:
         return kept, out
 
 
+def healthy_and_serving(req: RouteRequest, nodes: list[NodeView]) -> tuple[list[NodeView], list[Elimination]]:
+    """``healthy`` then ``serves-model`` (the router runs them as one filter when a profile lists
+    them first, one after the other): the same nodes kept, the same eliminations in the same order
+    (the unhealthy nodes, then the healthy ones that do not serve ``req.model``), in one pass over
+    the nodes when none is dropped, two when only unhealthy ones are, instead of two or three."""
+    model = req.model
+    kept = [n for n in nodes if n.healthy and model in n.models]
+    if len(kept) == len(nodes):
+        return kept, []
+    out = [Elimination(n.name, "healthy", n.unhealthy_reason or "unhealthy") for n in nodes if not n.healthy]
+    if len(kept) + len(out) < len(nodes):   # some healthy nodes do not serve the model
+        later = Elimination.later
+        out.extend([later(n.name, "serves-model", _not_served, model) for n in nodes
+                    if n.healthy and model not in n.models])
+    return kept, out
+
+
 class HasCapacityParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     token_headroom: float = Field(1.0, gt=0, le=4)   # allowed share of capacity_tokens
@@ -121,9 +140,12 @@ class HasCapacity:
             if tokens <= n.capacity_tokens * room:
                 fits_somewhere = True
                 break
+        # The rules below, each capacity × room computed once: ``tokens <= c or not fits`` is
+        # ``not (fits and tokens > c)``, ``it <= 0 or it + tokens <= c`` is ``not (it > 0 and
+        # it + tokens > c)`` (integers and a finite c: no NaN to tell them apart).
         kept: list[NodeView] = [n for n in nodes if n.inflight_requests < n.max_concurrency
-                and not (fits_somewhere and tokens > n.capacity_tokens * room)
-                and not (n.inflight_tokens > 0 and n.inflight_tokens + tokens > n.capacity_tokens * room)]
+                and ((c := n.capacity_tokens * room) >= tokens or not fits_somewhere)
+                and ((it := n.inflight_tokens) <= 0 or it + tokens <= c)]
         if len(kept) == len(nodes):
             return kept, []
         kept = []
@@ -252,6 +274,32 @@ class DecodeSpeed:
         return [ref / (ref + out / (s if (s := n.tokens_per_s) is not None and s > 0 else prior)) for n in nodes]
 
 
+def token_aware_totals(req: RouteRequest, nodes: list[NodeView], ws: tuple[float, float, float, float],
+                       total_w: float, speed: DecodeSpeedParams) -> list[float]:
+    """The weighted totals of ``outstanding-tokens``, ``queue-depth``, ``kv-cache`` and
+    ``decode-speed`` (weights ``ws`` in that order, divided by ``total_w``) in one pass over the
+    nodes, without their columns: each term is the scorer's own ``score_all`` expression and the
+    sum runs in the router's order, ``((0.0 + a·w0) + b·w1 + c·w2 + e·w3) / total_w``, so every
+    total is the very float the four scorers and the router's weigher give."""
+    w0, w1, w2, w3 = ws
+    t = req.tokens
+    prior = speed.unknown_tokens_per_s
+    if req.output_tokens <= speed.optimistic_max_tokens:
+        # As DecodeSpeed.score_all: the fastest known speed (max() keeps the first of equals;
+        # NaN and ≤ 0 are not known speeds).
+        best = max([s for n in nodes if (s := n.tokens_per_s) is not None and s > 0], default=None)
+        if best is not None:
+            prior = best
+    ref, out = speed.reference_s, req.output_tokens
+    return [(0.0 + (x if (x := 1.0 - (n.inflight_tokens + t) / n.capacity_tokens) > 0.0 else 0.0) * w0
+             + 1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if (r := n.inflight_requests) > 1 else 0)))
+             * w1
+             + (0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0))
+             * w2
+             + ref / (ref + out / (v if (v := n.tokens_per_s) is not None and v > 0 else prior)) * w3) / total_w
+            for n in nodes]
+
+
 class StaticWeightParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_weight: float = Field(10.0, gt=0)
@@ -349,18 +397,38 @@ class PowerOfTwo:
 
 
 class RoundRobin:
-    """Ignores scores: rotates through the candidates in name order (a baseline)."""
+    """Ignores scores: rotates through the candidates in name order (a baseline).
+
+    ``rank_views`` is what the router calls (the scores are not read, so no (node, score) pairs
+    are built for it); ``rank`` is the same over scored pairs. Both visit every candidate, so
+    the cost is linear in the fleet: one pass for the names, one sort (nearly free when the
+    names come in order, as a fleet file's usually do; skipped when they are the very names of
+    the previous call), one rotation."""
 
     type_name = "round-robin"
     Params = NoParams
 
     def __init__(self, params: NoParams | None = None) -> None:
         self._i = 0
+        self._last_in: list[str] = []        # the previous call's names as given ...
+        self._last_sorted: list[str] = []    # ... and sorted
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: Any) -> list[str]:
-        names = sorted(n.name for n, _ in scored)
+        return self._rotate([n.name for n, _ in scored])
+
+    def rank_views(self, nodes: list[NodeView], rng: Any) -> list[str]:
+        return self._rotate([n.name for n in nodes])
+
+    def _rotate(self, names: list[str]) -> list[str]:
         if not names:
             return []
-        k = self._i % len(names)
+        # The same names as last time (compared by identity first: the views' own strings, so
+        # this is a pointer check per node) sort the same: keep that order.
+        if names == self._last_in:
+            order = self._last_sorted
+        else:
+            order = sorted(names)
+            self._last_in, self._last_sorted = names, order
+        k = self._i % len(order)
         self._i += 1
-        return names[k:] + names[:k]
+        return order[k:] + order[:k]

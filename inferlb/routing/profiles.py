@@ -36,7 +36,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferlb.errors import ConfigError
+from inferlb.routing.plugins import (
+    DecodeSpeed,
+    Healthy,
+    KVCacheScorer,
+    OutstandingTokens,
+    QueueDepth,
+    ServesModel,
+    healthy_and_serving,
+    token_aware_totals,
+)
 from inferlb.routing.registry import make_plugin
+from inferlb.routing.selector import NodeSelectorFilter
 from inferlb.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
 
 __all__ = ["FALLBACK_PROFILE", "LEARNED_LATENCY", "PROFILES", "ProfileSpec", "Router", "build_router"]
@@ -89,6 +100,7 @@ PROFILES: dict[str, ProfileSpec] = {
                                    sample=SAMPLE),
 }
 FALLBACK_PROFILE = "token-aware"   # what a learned profile falls back to
+_TOKEN_AWARE_TYPES = (OutstandingTokens, QueueDepth, KVCacheScorer, DecodeSpeed)
 
 
 class Router:
@@ -124,22 +136,54 @@ class Router:
         self._rank_for = getattr(picker, "rank_for", None)   # a picker that reads the request (priority)
         self._rank_detail = getattr(picker, "rank_detail", None)   # ... and explains its ranking (affinity)
         self._preselect = getattr(picker, "preselect", None)
+        # A picker that ranks from the views alone (round-robin: the scores are not read): no
+        # (node, score) pairs are built for it. Only when it reads nothing else either.
+        rank_views = getattr(picker, "rank_views", None)
+        self._rank_views = rank_views if self._rank_for is None and self._rank_detail is None else None
         plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
         self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
         self.uses_selector = any(f.type_name == "node-selector" for f in filters)
         # Resolved once: the plugin lists are fixed when the router is built (build_router).
-        self._apply = [f.apply for f in filters]
+        # The filters to run, by (exact pool, request has a selector): on an exact model pool
+        # (NodeList.exact) the built-in serves-model filter would drop nothing, nor would the
+        # node-selector filter for a request without a selector; a filter that drops nothing
+        # leaves no trace in the decision, so those are skipped.
+        # The built-in healthy and serves-model filters, when they come first in that order, run
+        # as one (plugins.healthy_and_serving: the same result in fewer passes).
+        def applies(exact: bool, sel: bool) -> list[Callable[..., Any]]:
+            fs = [f for f in filters
+                  if not ((exact and type(f) is ServesModel) or (not sel and type(f) is NodeSelectorFilter))]
+            if len(fs) >= 2 and type(fs[0]) is Healthy and type(fs[1]) is ServesModel:
+                return [healthy_and_serving, *(f.apply for f in fs[2:])]
+            return [f.apply for f in fs]
+
+        self._apply_by = {(exact, sel): applies(exact, sel) for exact in (False, True) for sel in (False, True)}
         self._batch = [_batch_of(s) for s, _ in scorers]
         self._keys = (*(s.type_name for s, _ in scorers), "total")
         self._weigh = _weigher([w for _, w in scorers], self._total_w)
+        # The built-in token-aware scorers, in the profile's order: their totals in one pass
+        # (plugins.token_aware_totals), used when the columns may wait (scores_when_read).
+        self._fused: Callable[[RouteRequest, list[NodeView]], list[float]] | None = None
+        if tuple(type(s) for s, _ in scorers) == _TOKEN_AWARE_TYPES:
+            ws = (scorers[0][1], scorers[1][1], scorers[2][1], scorers[3][1])
+            decode = scorers[3][0]
+            assert isinstance(decode, DecodeSpeed)
+            speed, total_w = decode.p, self._total_w
+            self._fused = lambda req, nodes: token_aware_totals(req, nodes, ws, total_w, speed)
+        # True: a caller that reads only the pick (the discrete-event simulation) lets each
+        # decision compute its per-scorer columns when they are first read (its score rows, its
+        # audit copy), not while deciding. The same scores either way; only when they are computed.
+        self.scores_when_read = False
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
         """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
         pool: list[NodeView] = nodes
         counts: dict[str, int] = {}
         by_model = getattr(nodes, "by_model", None) if self._by_model else None
+        exact = False
         if by_model is not None:
             pool = by_model.get(req.model, [])
+            exact = getattr(nodes, "exact", False)
             if len(nodes) > len(pool):
                 counts["serves-model"] = len(nodes) - len(pool)
         only = req.only
@@ -158,20 +202,20 @@ class Router:
                 # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
                 rnd = self.rng.random
                 picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
-            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own)
+            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own, exact)
             if d.ranked:
                 return d
-        return self._decide(req, pool, len(nodes), counts, None, False)
+        return self._decide(req, pool, len(nodes), counts, None, False, exact)
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
-                sampled: int | None, own: bool) -> Decision:
+                sampled: int | None, own: bool, exact: bool = False) -> Decision:
         """``own``: ``nodes`` is a list of the router's own (the sample), which the decision may
-        keep; otherwise it belongs to the caller and only copies are kept."""
-        if own:
-            d = Decision._lazy(self.name, nodes, self.picker.type_name, offered, sampled, counts)
-        else:
-            d = Decision(self.name, [n.name for n in nodes], picker=self.picker.type_name, offered=offered,
-                         sampled=sampled, counts=counts)
+        keep; otherwise it belongs to the caller and only copies are kept. ``exact``: every node
+        serves ``req.model`` (drawn from an exact NodeList pool)."""
+        # The candidate names are read from the views when first needed (the caller's list is
+        # copied, a pointer per node, since the decision keeps it).
+        d = Decision._lazy(self.name, nodes if own else list(nodes), self.picker.type_name, offered, sampled,
+                           counts)
         eliminated = d.eliminated
         live = nodes
         exclude = req.exclude
@@ -184,7 +228,7 @@ class Router:
                     live.append(n)
             for e in eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
-        for apply in self._apply:
+        for apply in self._apply_by[exact, req.selector is not None]:
             if not live:
                 break
             live, out = apply(req, live)
@@ -198,14 +242,26 @@ class Router:
         if live is nodes and not own:
             live = list(live)      # the decision keeps it (score rows): not the caller's list
         batch = self._batch
+        rank_views = self._rank_views
         if batch:
-            cols = [score_all(req, live) for score_all in batch]
-            totals = self._weigh(cols)
-            d._set_scores(self._keys, live, cols, totals)
+            fused = self._fused
+            if fused is not None and self.scores_when_read:
+                totals = fused(req, live)
+                scored_live = live
+                d._set_scores(self._keys, live, lambda: [score_all(req, scored_live) for score_all in batch], totals)
+            else:
+                cols = [score_all(req, live) for score_all in batch]
+                totals = self._weigh(cols)
+                d._set_scores(self._keys, live, cols, totals)
+            if rank_views is not None:
+                d.ranked = rank_views(live, self.rng)
+                return d
             scored = list(zip(live, totals, strict=True))
+        elif rank_views is not None:
+            d._set_zero_scores(self._keys, live, rank_views(live, self.rng))
+            return d
         else:
-            totals = [0.0] * len(live)
-            d._set_scores(self._keys, live, [], totals)
+            d._set_zero_scores(self._keys, live)
             scored = [(n, 0.0) for n in live]
         rank_detail, rank_for = self._rank_detail, self._rank_for
         if rank_detail is not None:

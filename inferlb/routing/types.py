@@ -7,8 +7,8 @@ it returns a :class:`Decision` whose ``to_json()`` goes into the audit record ve
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["Decision", "Elimination", "Filter", "LabelSelector", "NodeList", "NodeView", "Picker", "RouteRequest",
            "Scorer"]
@@ -20,6 +20,36 @@ JSON_RANKED = 8        # ranked names listed
 JSON_SCORED = 4        # nodes whose per-scorer scores are listed (the best ranked)
 
 
+_T = TypeVar("_T")
+
+
+def _quick_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that fills each slot through its own
+    descriptor: the same signature, defaults and result as the generated one, which goes through
+    ``object.__setattr__`` per field and so costs about twice as much (a DES run builds ~2 node
+    views and one request per routed request; the gateway one view per changed node). Written as
+    source, as :mod:`dataclasses` writes its own, so the call binds arguments natively."""
+    names = [f.name for f in fields(cls)]   # type: ignore[arg-type]
+    env: dict[str, Any] = {f"_set_{n}": cls.__dict__[n].__set__ for n in names}
+    params = []
+    for f in fields(cls):   # type: ignore[arg-type]
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            env[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    body = "".join(f"    _set_{n}(self, {n})\n" for n in names)
+    code: dict[str, Any] = {}
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", env, code)   # our own source: field names
+    init = code["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = dict(cls.__init__.__annotations__)   # as the generated one (string types)
+    cls.__init__ = init   # type: ignore[method-assign]
+    return cls
+
+
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """A node as routing sees it at one instant.
@@ -51,13 +81,18 @@ class NodeView:
 class NodeList(list[NodeView]):
     """A list of node views that also carries ``by_model``: model → the views of the nodes
     configured to serve it (same objects, same order). A router may read a model's pool from it
-    instead of scanning every node; a plain list works everywhere a NodeList does."""
+    instead of scanning every node; a plain list works everywhere a NodeList does.
 
-    __slots__ = ("by_model",)
+    ``exact``: the maker's promise that every view in ``by_model[m]`` has ``m`` in its
+    ``models`` (so the ``serves-model`` filter would drop none of a model's pool, and a router
+    may skip it there). False unless said: the gateway's views narrow ``models`` in panic mode."""
 
-    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]]) -> None:
+    __slots__ = ("by_model", "exact")
+
+    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]], exact: bool = False) -> None:
         super().__init__(views)
         self.by_model = by_model
+        self.exact = exact
 
 
 class LabelSelector(Protocol):
@@ -68,6 +103,7 @@ class LabelSelector(Protocol):
     def describe(self) -> str: ...
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """What is being routed: model, token estimate, priority, nodes to avoid; whether the answer
@@ -165,7 +201,8 @@ class Elimination:
         return f"Elimination(node={self.node!r}, by={self.by!r}, reason={self.reason!r})"
 
 
-_ScoreSource = tuple[list["NodeView"], list[list[float]], list[float]]
+# (live views, per-scorer columns or a function computing them, totals; None: no scorer)
+_ScoreSource = tuple[list["NodeView"], list[list[float]] | Callable[[], list[list[float]]], list[float] | None]
 
 
 class Decision:
@@ -182,8 +219,8 @@ class Decision:
     for plain attributes.
     """
 
-    __slots__ = ("_cand", "_cand_src", "_rows", "_rows_src", "counts", "eliminated", "learned", "offered",
-                 "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
+    __slots__ = ("_cand", "_cand_src", "_live_ranked", "_rows", "_rows_src", "counts", "eliminated", "learned",
+                 "offered", "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
 
     def __init__(self, profile: str, candidates: list[str], eliminated: list[Elimination] | None = None,
                  score_keys: tuple[str, ...] = (), score_rows: dict[str, tuple[float, ...]] | None = None,
@@ -197,6 +234,7 @@ class Decision:
         self.score_keys = score_keys                                    # scorer type names, then "total"
         self._rows: dict[str, tuple[float, ...]] | None = {} if score_rows is None else score_rows
         self._rows_src: _ScoreSource | None = None
+        self._live_ranked: list[str] | None = None
         self.ranked: list[str] = [] if ranked is None else ranked
         self.picker = picker
         self.offered = offered
@@ -220,6 +258,7 @@ class Decision:
         d.score_keys = ()
         d._rows = {}
         d._rows_src = None
+        d._live_ranked = None
         d.ranked = []
         d.picker = picker
         d.offered = offered
@@ -248,8 +287,12 @@ class Decision:
         rows = self._rows
         if rows is None:
             assert self._rows_src is not None
-            live, cols, totals = self._rows_src
-            rows = self._rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True), strict=True)}
+            live, cols, totals = self._score_source(self._rows_src)
+            if totals is None:     # no scorer (_set_zero_scores)
+                rows = self._rows = {n.name: (0.0,) for n in live}
+            else:
+                rows = self._rows = {n.name: row for n, row in zip(live, zip(*cols, totals, strict=True),
+                                                                    strict=True)}
             self._rows_src = None
         return rows
 
@@ -257,18 +300,53 @@ class Decision:
     def score_rows(self, value: dict[str, tuple[float, ...]]) -> None:
         self._rows, self._rows_src = value, None
 
-    def _set_scores(self, keys: tuple[str, ...], live: list[NodeView], cols: list[list[float]],
-                    totals: list[float]) -> None:
+    def _set_scores(self, keys: tuple[str, ...], live: list[NodeView],
+                    cols: list[list[float]] | Callable[[], list[list[float]]], totals: list[float]) -> None:
         """Per-scorer columns over ``live`` and the totals; :attr:`score_rows` is built from them
-        when read. None of the lists may change afterwards."""
+        when read. ``cols`` may be a function that computes them (called once, when first
+        read: the totals were computed without them). None of the lists may change afterwards."""
         self.score_keys = keys
         self._rows, self._rows_src = None, (live, cols, totals)
+
+    def _score_source(self, src: _ScoreSource) -> tuple[list[NodeView], list[list[float]], list[float] | None]:
+        """``src`` with its columns computed (and kept) when they were left to a function."""
+        live, cols, totals = src
+        if callable(cols):
+            cols = cols()
+            self._rows_src = (live, cols, totals)
+        return live, cols, totals
+
+    def _set_zero_scores(self, keys: tuple[str, ...], live: list[NodeView], ranked: list[str] | None = None) -> None:
+        """No scorer: every node in ``live`` scored, each row ``(0.0,)`` (the total alone).
+        ``ranked``: the ranking when it is known to name only nodes of ``live`` (a picker's
+        ``rank_views`` contract), set as :attr:`ranked`; the audit copy then needs no look-up.
+        None of the lists may change afterwards."""
+        self.score_keys = keys
+        self._rows, self._rows_src = None, (live, [], None)
+        if ranked is not None:
+            self.ranked = self._live_ranked = ranked
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
         """Per scored node: each scorer's score and the weighted ``total`` (built when read)."""
         keys = self.score_keys
         return {n: dict(zip(keys, row, strict=True)) for n, row in self.score_rows.items()}
+
+    def view_of(self, name: str) -> NodeView | None:
+        """The view of node ``name`` among the scored nodes (the decision's, as the router
+        handed them over), else among its candidates when they are still views; None when the
+        decision holds no view of it (then it never held views, or ``name`` was not scored)."""
+        src = self._rows_src
+        if src is not None:
+            for n in src[0]:
+                if n.name == name:
+                    return n
+        cand = self._cand_src
+        if cand is not None:
+            for n in cand:
+                if n.name == name:
+                    return n
+        return None
 
     @property
     def pick(self) -> str | None:
@@ -309,9 +387,20 @@ class Decision:
         scores: dict[str, dict[str, float]] = {}
         if top:
             src = self._rows_src
-            if src is not None and len(top) * 2 < len(src[0]):
+            if src is not None and src[2] is None and len(top) * 2 < len(src[0]):
+                # No scorer: every live node's row is (0.0,); only which of the best few are live
+                # (all of them when the ranking is still the one known to name live nodes only).
+                if ranked is self._live_ranked:
+                    scores = {n: {k: 0.0 for k in keys} for n in top}
+                else:
+                    live_names = {n.name for n in src[0]}
+                    for n in top:
+                        if n in live_names:
+                            scores[n] = {k: 0.0 for k in keys}
+            elif src is not None and len(top) * 2 < len(src[0]):
                 # Only the best few rows: read them from the columns, not the whole table.
-                live, cols, totals = src
+                live, cols, totals = self._score_source(src)
+                assert totals is not None
                 where = {n.name: i for i, n in enumerate(live)}
                 for n in top:
                     i = where.get(n)
@@ -385,7 +474,10 @@ class Picker(Protocol):
     detail)`` (called before either; ``detail``, a small JSON dict or None, is kept as
     :attr:`Decision.pick_detail`). A picker may define ``preselect(req, pool, k)
     -> list[NodeView] | None``: the k candidates to consider on a sampled fleet instead of a random
-    draw (None: draw at random); it must be deterministic for a request, pool and k.
+    draw (None: draw at random); it must be deterministic for a request, pool and k. A picker
+    that ranks from the views alone, never reading the scores (``round-robin``), may define
+    ``rank_views(nodes, rng) -> ranked`` (names of ``nodes`` only): the router then calls it
+    instead of ``rank`` and builds no (node, score) pairs.
     """
 
     type_name: str

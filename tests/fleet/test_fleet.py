@@ -300,3 +300,28 @@ def test_at_low_load_every_node_gets_traffic_and_learns_its_speed() -> None:
     assert all(st.tokens_per_s is not None for st in f.nodes.values()), served
     assert {n: round(st.tokens_per_s or 0) for n, st in f.nodes.items()} == {"n0": 30, "n1": 60, "n2": 90}
     assert max(served, key=lambda n: served[n]) == "n2"          # and then the fastest takes the work
+
+
+def test_views_are_exact_by_model_unless_panic_narrowed_a_nodes_models() -> None:
+    """``NodeList.exact`` (the router then skips ``serves-model`` on a model's pool) holds while
+    every view lists the models it is indexed under; panic mode offers an ejected node for the
+    panicking model only, so it is not exact then and ``serves-model`` still drops that node."""
+    from inferlb.routing.profiles import build_router
+    from inferlb.routing.types import RouteRequest
+
+    clock = ManualClock()
+    cfg = fleet_from_mapping({
+        "models": [{"name": "m"}, {"name": "m1"}],
+        "nodes": [{"name": f"n{i}", "url": f"http://127.0.0.1:{i + 1}", "models": ["m", "m1"] if i < 3 else ["m1"],
+                   "capacity_tokens": 1000, "max_concurrency": 10} for i in range(9)],
+        "health": {"outlier": {"max_ejection_percent": 100}},
+    })
+    f = Fleet(cfg, clock)
+    assert f.views().exact is True
+    for n in ("n0", "n1", "n2"):
+        fail(f, n)                              # m: 0 of 3 available (panic); m1: 6 of 9 (none)
+    views = f.views()
+    assert f.panic_models(clock.monotonic()) == {"m"} and views.exact is False
+    assert view(f, "n0").models == frozenset({"m"}) and view(f, "n0") in views.by_model["m1"]
+    d = build_router("round-robin", seed=1).decide(RouteRequest("m1", 10, 10), views)
+    assert d.counts == {"serves-model": 3} and not {"n0", "n1", "n2"} & set(d.ranked)

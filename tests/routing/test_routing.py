@@ -115,3 +115,29 @@ def test_a_plugin_that_does_not_load_is_a_plugin_error_at_routing() -> None:
         build_router("custom", filters=["healthy"], scorers={"no_such_mod:X": 1.0}, picker="max-score")
     with pytest.raises(PluginError, match=r"'inferlb.routing.plugins' has no attribute 'Nope'"):
         build_router("custom", filters=["healthy"], scorers={"inferlb.routing.plugins:Nope": 1.0}, picker="max-score")
+
+
+def test_views_and_requests_build_as_their_dataclass_says() -> None:
+    """NodeView and RouteRequest fill their slots through the descriptors (types._quick_init):
+    the same signature, defaults, equality, hash, frozenness, replace and pickling as a dataclass."""
+    import dataclasses
+    import inspect
+    import pickle
+
+    for cls in (NodeView, RouteRequest):
+        params = list(inspect.signature(cls).parameters.values())
+        fields = dataclasses.fields(cls)   # type: ignore[arg-type]
+        assert [p.name for p in params] == [f.name for f in fields]
+        assert [p.default for p in params] == [inspect.Parameter.empty if f.default is dataclasses.MISSING
+                                               else f.default for f in fields]
+    v = NodeView("a", frozenset({"m"}), 100, 4, inflight_tokens=7, labels=(("gpu", "h100"),))
+    assert (v.weight, v.inflight_requests, v.inflight_tokens, v.healthy) == (1.0, 0, 7, True)
+    assert v == NodeView(name="a", models=frozenset({"m"}), capacity_tokens=100, max_concurrency=4, inflight_tokens=7,
+                         labels=(("gpu", "h100"),)) and hash(v) == hash(pickle.loads(pickle.dumps(v)))
+    assert dataclasses.replace(v, healthy=False).healthy is False and v.healthy is True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.name = "b"   # type: ignore[misc]
+    r = RouteRequest("m", 3, 4, stream=True)
+    assert (r.tokens, r.priority, r.exclude, r.stream, r.only) == (7, None, frozenset(), True, None)
+    with pytest.raises(TypeError):
+        NodeView("a", frozenset())   # type: ignore[call-arg]   # required fields stay required

@@ -46,12 +46,13 @@ def random_views(rng: random.Random, n: int) -> list[NodeView]:
     return out
 
 
-def as_nodelist(views: list[NodeView]) -> NodeList:
+def as_nodelist(views: list[NodeView], exact: bool = False) -> NodeList:
+    """``by_model`` from the views' own ``models``, so the list is exact: ``exact`` says so."""
     by_model: dict[str, list[NodeView]] = {m: [] for m in MODELS}
     for v in views:
         for m in sorted(v.models):
             by_model[m].append(v)
-    return NodeList(views, by_model)
+    return NodeList(views, by_model, exact=exact)
 
 
 def random_request(rng: random.Random, views: list[NodeView]) -> RouteRequest:
@@ -65,7 +66,9 @@ def random_request(rng: random.Random, views: list[NodeView]) -> RouteRequest:
                         session=rng.choice([None, None, rng.getrandbits(64), 42]))
 
 
-def same(new: Any, ref: RefDecision) -> None:
+def same(new: Any, ref: RefDecision, json_first: bool = False) -> None:
+    if json_first:    # the audit copy straight from the decision's sources, before anything else is read
+        assert json.dumps(new.to_json()) == json.dumps(ref.to_json())
     assert new.profile == ref.profile
     assert new.candidates == ref.candidates
     assert [(e.node, e.by, e.reason) for e in new.eliminated] == [(e.node, e.by, e.reason) for e in ref.eliminated]
@@ -92,12 +95,13 @@ CUSTOM: dict[str, tuple[tuple[str, ...], dict[str, float], str, dict[str, dict[s
                         "decode-speed": {"reference_s": 3.0, "optimistic_max_tokens": 64}}),
     "no-filters": ((), {"kv-cache": 1.0}, "weighted-random", {}),
     "no-scorers": (("serves-model",), {}, "max-score", {}),
+    "round-robin-scored": (("healthy", "serves-model"), {"outstanding-tokens": 1.0}, "round-robin", {}),
     "five-scorers": (("healthy", "serves-model"), {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.25,
                                                    "decode-speed": 1.0, "least-requests": 0.125}, "max-score", {}),
 }
 
 
-def pairs() -> list[tuple[str, Router, RefRouter]]:
+def pairs(scores_when_read: bool = False) -> list[tuple[str, Router, RefRouter]]:
     out: list[tuple[str, Router, RefRouter]] = []
     for seed, sample in ((1, None), (2, 0), (3, 4)):
         for name, spec in PROFILES.items():
@@ -111,20 +115,25 @@ def pairs() -> list[tuple[str, Router, RefRouter]]:
             out.append((f"{name}/k={k}", build_router("custom", filters=list(fs), scorers=sc, picker=pk,
                                                        params=params, seed=seed, sample=k),
                         ref_router(fs, sc, pk, seed=seed, sample=k, params=params, name="custom")))
+    for _, router, _ in out:
+        router.scores_when_read = scores_when_read
     return out
 
 
+@pytest.mark.parametrize("scores_when_read", [False, True])
 @pytest.mark.parametrize("fleet_seed", range(4))
-def test_every_decision_equals_the_reference_core(fleet_seed: int) -> None:
+def test_every_decision_equals_the_reference_core(fleet_seed: int, scores_when_read: bool) -> None:
+    """``scores_when_read`` (what the DES sets): the same decisions, scores and audit copy, with
+    the token-aware totals from one fused pass and the columns computed when first read."""
     rng = random.Random(fleet_seed)
     fleets = [random_views(rng, n) for n in (0, 1, 3, 16, 17, 40, 300)]
-    for label, new, ref in pairs():
+    for label, new, ref in pairs(scores_when_read):
         for views in fleets:
-            for kind in ("list", "nodelist"):
-                nodes: list[NodeView] = as_nodelist(views) if kind == "nodelist" else list(views)
+            for kind in ("list", "nodelist", "exact"):
+                nodes: list[NodeView] = as_nodelist(views, kind == "exact") if kind != "list" else list(views)
                 for _ in range(12):
                     req = random_request(rng, views)
-                    same(new.decide(req, nodes), ref.decide(req, nodes))
+                    same(new.decide(req, nodes), ref.decide(req, nodes), json_first=scores_when_read)
         assert new.rng.random() == ref.rng.random(), label     # the same random draws were taken
 
 

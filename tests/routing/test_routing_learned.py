@@ -245,6 +245,23 @@ def test_warming_predictor_falls_back_to_token_aware_and_says_why() -> None:
     assert [e["to"] for e in lc.take_events() if e["kind"] == "state"] == ["active"]
 
 
+class _NoScan(list[NodeView]):
+    """A fleet list that refuses to be walked: a sampled decision reads it by index only."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("the whole fleet was scanned")
+
+
+def test_warming_fallback_finds_the_picks_view_without_scanning_the_fleet() -> None:
+    """The fallback's pick (and its logged prediction) comes from the nodes the decision scored,
+    so a 1,000-node fleet costs the same as a 16-node sample."""
+    r = build_router("learned", seed=1, predictor={"min_samples": 3})
+    nodes = _NoScan(_node(f"n{i:04d}", inflight=i % 7) for i in range(1000))
+    d = r.decide(RouteRequest("m", 100, 10), nodes)
+    assert d.sampled is not None and d.pick is not None and d.learned.fallback == "token-aware"
+    assert d.learned.pick is not None and d.learned.pick.name == d.pick and d.learned.pick_pred is not None
+
+
 class NaNPredictor:
     version = 1
 

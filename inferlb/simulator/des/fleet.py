@@ -150,7 +150,7 @@ class SimFleet:
         self._dirty.discard(node)
         # Rebuild the lists without it (rare: a scaling decision, not a request).
         keep = [n for n in self._nodes.values()]
-        self._views = NodeList([], {})
+        self._views = NodeList([], {}, exact=True)   # a view's models are its node's, as in by_model
         self._pos, self._mpos = {}, {}
         for n in keep:
             views = self._views

@@ -102,7 +102,15 @@ class Simulation(SimRequests):
         self.lengths = lengths
         self._budgets: array[int] = array("l")
         self._estimates: dict[int, tuple[LengthEstimate, str, str | None]] = {}
-        self.router = router if router is not None else build_router(profile, seed=seed)
+        if router is None:
+            router = build_router(profile, seed=seed)
+            # The simulation reads a decision's pick (its scores only when a feedback does): the
+            # per-scorer columns wait until read (the same scores, routing/profiles.py).
+            router.scores_when_read = True
+            fallback = getattr(router, "fallback", None)
+            if isinstance(fallback, Router):
+                fallback.scores_when_read = True
+        self.router = router
         self.admission: Admission = admission if admission is not None else OpenAdmission()
         self.model = model
         self.scrape_s = scrape_s
@@ -121,7 +129,7 @@ class Simulation(SimRequests):
         self.now = start
         self.results = DesResults()
         self._nodes: dict[str, DesNode] = {}
-        self._views = NodeList([], {})
+        self._views = NodeList([], {}, exact=True)   # a view's models are its node's, as in by_model
         self._pos: dict[str, int] = {}
         self._mpos: dict[str, list[tuple[str, int]]] = {}
         self._dirty: set[DesNode] = set()
