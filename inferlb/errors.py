@@ -54,6 +54,7 @@ out, drawn under another parent or in another module.
     │                               (also a ValueError)
     ├── WatchGone                   discovery/kubernetes.py: the watch's resourceVersion is gone (410): list again
     ├── NodeCrashed                 simulator/driver.py: an emulated node lost the sequence (crash, OOM)
+    ├── ModelServerError            modelserver/llamacpp.py: a real model server could not start
     └── OptionError                 simulator/openai_format.py: an emulated node's unusable sampling field
                                     (also a ValueError)
 
@@ -64,6 +65,8 @@ it, never crossing a module boundary, so no caller can meet it.
 
     _KeyPathError       config/settings.py: a cross-field check's problem with its key path, raised in a
                         pydantic validator (a ValueError); the loader turns it into a ConfigError
+    _FileProblem        config/tls.py: a certificate, key or CA file that does not load (a ValueError);
+                        each caller turns it into its own error naming the field at fault
     _RefusedAddress     fleet/netguard.py: a node's host name resolved only to addresses the network policy
                         refuses (an OSError raised from the resolver); aiohttp reports it as a connect error
     _TooLarge           health/probe.py: a probe body over ``max_body_bytes``; the probe records a

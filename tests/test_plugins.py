@@ -118,6 +118,6 @@ def test_the_configured_names_of_old_keep_working() -> None:
     points = _points()
     assert set(points["actuator"]) == {"local", "kubernetes", "webhook", "dry-run"}
     assert set(points["forecaster"]) == {"seasonal-naive", "holt-winters", "mstl", "reactive", "static"}
-    assert set(points["metrics format"]) == {"vllm", "tgi", "sglang", "dcgm"}
+    assert set(points["metrics format"]) == {"vllm", "tgi", "sglang", "dcgm", "llamacpp"}
     assert set(points["predictor"]) == {"online-linear"}
     assert set(points["simulated fleet"]) == {"hetero4", "cache4", "uniform4", "large16"}
