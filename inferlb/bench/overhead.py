@@ -45,8 +45,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,7 +55,7 @@ import yaml
 from inferlb.bench.cell import LoadSpec
 from inferlb.bench.engine import measure_engine
 from inferlb.bench.loadgen.peers import PeerExes, parse_target, peer_command
-from inferlb.bench.loadgen.procs import Child, free_port, system_busy, wait_http, workdir
+from inferlb.bench.loadgen.procs import Child, free_port, system_busy, wait_http, wait_post, workdir
 from inferlb.bench.report import render
 
 __all__ = ["MODES", "BenchConfig", "Target", "main", "repo_root", "run_bench"]
@@ -326,21 +324,7 @@ class _Bench:
 def _wait_routed(url: str, model: str, child: Child, timeout_s: float = 90.0) -> None:
     """Until a chat completion through ``url`` answers 200 (RuntimeError if ``child`` exits or time is up)."""
     body = json.dumps({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:   # bounded by timeout_s
-        if not child.alive():
-            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
-        req = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                     headers={"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                r.read()
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{child.name}: no completion through {url} within {timeout_s:.0f} s:\n{child.log_tail()}")
+    wait_post(url + "/v1/chat/completions", body, child, timeout_s)
 
 
 def _cell_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

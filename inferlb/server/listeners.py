@@ -41,7 +41,7 @@ from inferlb.config.tls import server_context
 from inferlb.errors import ConfigError
 
 __all__ = ["ADMIN", "EXTENSION", "PUBLIC", "Listener", "ListenerContexts", "admin_address", "as_admin", "bind_public",
-           "describe_admin", "listener_contexts", "listener_of"]
+           "bind_tcp", "describe_admin", "listener_contexts", "listener_of"]
 
 Listener = Literal["public", "admin"]
 PUBLIC: Listener = "public"
@@ -132,7 +132,12 @@ def bind_public(settings: Settings) -> socket.socket:
     listens on it once the app has started). ``serve`` binds it before any other start-up work, so
     a port in use is one :class:`~inferlb.errors.ConfigError` at once, not an error after the
     database, the processes and the fleet were set up."""
-    host, port = settings.host, settings.port
+    return bind_tcp(settings.host, settings.port, "INFERLB_HOST/INFERLB_PORT")
+
+
+def bind_tcp(host: str, port: int, settings_path: str) -> socket.socket:
+    """A TCP socket bound to ``host:port``, not yet listening; a port in use (or any bind error) is
+    a :class:`~inferlb.errors.ConfigError` naming ``settings_path``, the settings that chose it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     # as uvicorn binds its own: a restart may reuse the port of connections still in TIME_WAIT
@@ -142,5 +147,5 @@ def bind_public(settings: Settings) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", source="environment",
-                          path="INFERLB_HOST/INFERLB_PORT") from exc
+                          path=settings_path) from exc
     return sock

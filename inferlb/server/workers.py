@@ -421,18 +421,9 @@ def bind_reuseport(host: str, port: int) -> socket.socket:
 def bind_admin(address: tuple[str, int]) -> socket.socket:
     """The admin listener's socket, bound once by the supervisor for every worker (a port in use is
     a :class:`~inferlb.errors.ConfigError` at once, as for the public port)."""
-    from inferlb.errors import ConfigError
+    from inferlb.server.listeners import bind_tcp
 
-    host, port = address
-    sock = socket.socket(_family(host), socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", source="environment",
-                          path="INFERLB_ADMIN_HOST/INFERLB_ADMIN_PORT") from exc
-    return sock
+    return bind_tcp(address[0], address[1], "INFERLB_ADMIN_HOST/INFERLB_ADMIN_PORT")
 
 
 def fds_arg(fds: Sequence[int | None]) -> str:

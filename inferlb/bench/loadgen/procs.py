@@ -30,6 +30,7 @@ __all__ = [
     "system_busy",
     "tree_cpu_seconds",
     "wait_http",
+    "wait_post",
     "workdir",
 ]
 
@@ -181,6 +182,25 @@ def wait_http(url: str, child: Child, timeout_s: float = 60.0) -> float:
         time.sleep(0.1)
     raise RuntimeError(f"{child.name}: {url} did not answer 200 within {timeout_s:.0f} s:\n"
                        f"{child.log_tail()}")
+
+
+def wait_post(url: str, body: bytes, child: Child, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+    """POST ``body`` to ``url`` until it answers 200 (a router answers 503 or 500 until a health
+    round has found its workers); RuntimeError when ``child`` exits first or time is up."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:   # bounded by timeout_s
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.log_tail()}")
+        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{child.name}: {url} did not answer 200 within {timeout_s:.0f} s:\n{child.log_tail()}")
 
 
 @contextmanager

@@ -35,7 +35,7 @@ from inferlb.bench.loadgen.peers import (
     litellm_env,
     peer_command,
 )
-from inferlb.bench.loadgen.procs import Child, free_port, wait_http
+from inferlb.bench.loadgen.procs import Child, free_port, wait_http, wait_post
 from inferlb.bench.loadgen.workload import Workload
 from inferlb.simulator.presets import fleet_specs, is_named_fleet
 from inferlb.simulator.spec import NodeSpec
@@ -198,7 +198,7 @@ class Stack:
         # that would otherwise land on the measured requests).
         body = json.dumps({"model": w.model, "max_tokens": 2,
                            "messages": [{"role": "user", "content": "hi"}]}).encode()
-        _wait_post(url + "/v1/chat/completions", body, self.gateway, 90, headers)
+        wait_post(url + "/v1/chat/completions", body, self.gateway, 90, headers)
         self.log(f"{t.label} up at {url} (pid {self.gateway.pid})")
         return url
 
@@ -233,22 +233,3 @@ class Stack:
             child.stop()
         self.children.clear()
         self.sim = self.gateway = None
-
-
-def _wait_post(url: str, body: bytes, child: Child, timeout_s: float, headers: dict[str, str] | None = None) -> None:
-    """POST ``body`` to ``url`` until it answers 200 (a router answers 503 or 500 until a health
-    round has found its workers); RuntimeError when ``child`` exits first or time is up."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:   # bounded by timeout_s
-        if not child.alive():
-            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.log_tail()}")
-        req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                r.read()
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{child.name}: {url} did not answer 200 within {timeout_s:.0f} s:\n{child.log_tail()}")
