@@ -227,9 +227,14 @@ async def _check_global_limit(gw: Gateway, sim: SimFleet, journal: Path) -> None
     # at least one: a burst that lands on one worker may find only its share (1) there before a
     # sync moves the other's to it, and max_parallel answers 429 at once (docs/replicas.md)
     assert statuses.count(200) >= 1 and set(statuses) <= {200, 429}, statuses
-    # A key's RPM (6) holds in total: 12 requests one after the other, each on a fresh connection.
+    # A key's RPM (6) acts on every worker: 12 requests one after the other, each on a fresh
+    # connection. Not "at most 6": between two syncs a worker decides on its own view of the shared
+    # bucket, so the total may pass the limit by what a worker admits while its view is stale
+    # (admission/buckets.py, docs/replicas.md), and how stale depends on the machine's load. The
+    # exact sharing of one bucket by two limiters is tested on real Redis in
+    # tests/admission/test_redis_limits.py.
     statuses = [await gw.chat(key="rpm") for _ in range(12)]
-    assert 1 <= statuses.count(200) <= 6 and set(statuses) <= {200, 429}, statuses
+    assert 1 <= statuses.count(200) < 12 and set(statuses) == {200, 429}, statuses
 
 
 async def _check_shared_ejection(gw: Gateway, sim: SimFleet) -> None:
