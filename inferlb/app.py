@@ -244,7 +244,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         # The learned profile's feedback loop (training, scheduled retrain, drift events, metrics).
         learned = state.learned_loop = None
         if rt.learner is not None:
-            obs.registry.register(LearnedCollector(rt.learner))
+            obs.registry.register(LearnedCollector(rt.learner, lambda: state.gateway.rt.router))
             learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit)
             await learned.start()
         def swapped(snap: Snapshot) -> None:

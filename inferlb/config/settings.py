@@ -215,6 +215,8 @@ class RoutingConfig(_Strict):
     # trail (routing/gate.py, learned/policy_gate.py); None: changes apply without one.
     require_evaluation: EvaluationRequirement | None = None
     output_length: OutputLengthConfig = OutputLengthConfig()
+    # the learned profile's reward bandit over profiles (routing/reward.py RewardParams; off by default)
+    reward: dict[str, Any] = Field(default_factory=dict)
 
     def build_router(self, **overrides: Any) -> Router:
         """A new router of this config (``engine.routing.build_router`` with every field here);
@@ -223,7 +225,7 @@ class RoutingConfig(_Strict):
 
         kw: dict[str, Any] = {"filters": self.filters, "scorers": self.scorers, "picker": self.picker,
                               "params": self.params, "seed": self.seed, "sample": self.sample,
-                              "predictor": self.predictor, **overrides}
+                              "predictor": self.predictor, "reward": self.reward or None, **overrides}
         return build_router(self.profile, **kw)
 
 

@@ -40,6 +40,7 @@ from inferlb.errors import (
     error_event,
 )
 from inferlb.routing.lifecycle import observe_decision
+from inferlb.routing.reward import observe_reward
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.workflow.base import ExternalCall, Instance
 from inferlb.workflow.definition import ProcessDefinition
@@ -272,6 +273,8 @@ class Gateway:
         if rt.learner is not None:   # the learned profile's predictor: same times, queued for training
             observe_decision(rt.learner, scope.decision, stream=req.stream,
                              completion_tokens=rec.completion_tokens or 0, ttfb_s=ttfb, e2e_s=e2e)
+            observe_reward(rt.router, scope.decision, ok=True, stream=req.stream, ttft_s=ttfb if req.stream else None,
+                           e2e_s=e2e, tokens=rec.completion_tokens or 0)
         if ttfb is not None:
             self.first_byte.observe(node, stream=req.stream, ttfb_s=ttfb, completion_tokens=rec.completion_tokens or 0,
                                     prompt_tokens=int(rec.prompt_tokens or rec.prompt_tokens_est or 0))
@@ -304,6 +307,9 @@ class Gateway:
             scope.retry_after_s = wait if scope.retry_after_s is None else min(scope.retry_after_s, wait)
         elif (status is None or status >= 500) and not client_deadline:
             rt.fleet.report_failure(node)
+            # the node failed the arm's pick: the reward bandit's failure cost (routing/reward.py)
+            observe_reward(rt.router, scope.decision, ok=False, stream=False, ttft_s=None, e2e_s=None,
+                           tokens=0)
         kind = "retryable" if exc.retryable_under(rt.fleet_cfg.retry.retry_on_status) else "fatal"
         scope.deadline_cut = client_deadline
         attempt.outcome = kind

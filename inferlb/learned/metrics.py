@@ -10,12 +10,15 @@
   ``inferlb_routing_predictor_faults_total`` (unusable predictions), ``inferlb_routing_explored_total``
   (decisions where the bandit explored), ``inferlb_routing_predictor_transitions_total``;
 * ``inferlb_routing_predictor_retrains_total{outcome}``: scheduled retrains (learned/loop.py) by
-  outcome, ``installed`` or ``refused`` (why is in the ``routing:learned`` node event).
+  outcome, ``installed`` or ``refused`` (why is in the ``routing:learned`` node event);
+* with the reward bandit on (``routing.reward``, routing/reward.py):
+  ``inferlb_routing_reward_pulls_total{arm}`` (decisions each arm made) and
+  ``inferlb_routing_reward_mean_cost{arm}`` (its discounted mean realised cost, in the objective's unit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -28,8 +31,9 @@ _STATES = ("warming", "active", "drifted", "faulted")
 
 
 class LearnedCollector(Collector):
-    def __init__(self, lifecycle: PredictorLifecycle) -> None:
+    def __init__(self, lifecycle: PredictorLifecycle, router_of: Callable[[], object] | None = None) -> None:
         self.lc = lifecycle
+        self.router_of = router_of   # the router in force (a reload replaces it): its reward bandit, if any
 
     def collect(self) -> Iterable[Metric]:
         lc = self.lc
@@ -64,3 +68,15 @@ class LearnedCollector(Collector):
         for outcome, n in sorted(lc.retrains_total.items()):
             rt.add_metric([outcome], float(n))
         yield rt
+        bandit = getattr(self.router_of(), "reward", None) if self.router_of is not None else None
+        if bandit is not None:
+            pulls = CounterMetricFamily("inferlb_routing_reward_pulls", "Decisions each reward-bandit arm made",
+                                        labels=["arm"])
+            cost = GaugeMetricFamily("inferlb_routing_reward_mean_cost",
+                                     "Discounted mean realised cost of each reward-bandit arm (the objective's unit)",
+                                     labels=["arm"])
+            for i, arm in enumerate(bandit.arms):
+                pulls.add_metric([arm.name], float(arm.pulls))
+                cost.add_metric([arm.name], bandit.posterior(i)[0])
+            yield pulls
+            yield cost

@@ -218,6 +218,11 @@ class LiveConfig:
                    "routing.predictor differs from the predictor wired at start-up")
             raise Conflict(f"{self._source()}: routing: {why}; restart to apply it", param="routing",
                            code="restart_required")
+        # The reward bandit's evidence survives a reload that keeps its settings (routing/reward.py).
+        old = getattr(self.gateway.rt.router, "reward", None)
+        new = getattr(router, "reward", None)
+        if old is not None and new is not None and old.p == new.p:
+            router.reward = old   # type: ignore[attr-defined]
         return router
 
     async def _gate_routing(self, cfg: FleetConfig, actor: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -109,6 +109,7 @@ class LearnedInfo:
     interference: float = 0.0                                     # the interference weight β in force
     reserve_cut: int | None = None                                # tail reservation: the long-output cut used
     reserve_rule: str | None = None                               # ... and how the scorer draws it
+    arm: str | None = None                                        # the reward bandit's arm (routing/reward.py)
 
     @property
     def pick_row(self) -> list[float] | None:
@@ -123,6 +124,8 @@ class LearnedInfo:
                 f"e2e {pr.e2e_s(self.req.output_tokens):.3f} s" if pr is not None else "no prediction")
         if self.fallback is not None:
             return f"{self.fallback} picked {self.pick.name} ({what}): learned routing off ({self.reason})"
+        if self.arm is not None and self.arm != "learned":
+            return f"{self.arm} picked {self.pick.name} ({what}): {self.reason}"
         slack = f", slack {self.pick_slack:.2f}" if self.pick_slack is not None else ""
         i = self._pick_index()
         if i is not None and self.others is not None and i < len(self.others) and self.others[i] > 0:
@@ -151,6 +154,8 @@ class LearnedInfo:
         if self.fallback is not None:
             out["fallback"] = self.fallback
             out["reason"] = self.reason
+        if self.arm is not None:
+            out["arm"] = self.arm
         out.update(propensity=_r(self.propensity), explored=self.explored, epsilon=self.epsilon)
         if self.pick is not None:
             pr = self.pick_pred

@@ -9,6 +9,13 @@ decided instead and why. Routing never fails because of the predictor.
 
 The filters run before the bandit, so exploration only ever picks among nodes that passed them
 (healthy, serving the model, with capacity).
+
+With a :class:`~.reward.RewardBandit` (``routing.reward.enabled``), each decision the learned
+profile may make is first given to one *arm*, chosen by Thompson sampling from the realised costs
+of earlier decisions: ``learned`` routes by its scorers as above, another arm (``token-aware``, or
+any built-in profile without a predictor) routes by that profile. Either way the pick's
+prediction is logged, so every answer still trains the latency model, and the arm is in the
+decision (``learned.arm``) for the reward to find when the request ends.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from inferlb.routing.features import features
 from inferlb.routing.learned import PredictionFault
 from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
 from inferlb.routing.predictor import Prediction
-from inferlb.routing.profiles import Router
+from inferlb.routing.profiles import Router, build_router
+from inferlb.routing.reward import RewardBandit, RewardParams
 from inferlb.routing.types import Decision, Filter, NodeView, Picker, RouteRequest, Scorer
 
 __all__ = ["GuardedRouter", "make_guarded"]
@@ -33,11 +41,16 @@ class GuardedRouter(Router):
     background loop trains it, metrics read it."""
 
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]], picker: Picker,
-                 rng: random.Random, sample: int, *, fallback: Router, lifecycle: PredictorLifecycle) -> None:
+                 rng: random.Random, sample: int, *, fallback: Router, lifecycle: PredictorLifecycle,
+                 reward: RewardBandit | None = None, arms: dict[str, Router] | None = None) -> None:
         super().__init__(name, filters, scorers, picker, rng, sample)
         self.fallback = fallback
         fallback.rng = rng
         self.lifecycle = lifecycle
+        self.reward = reward
+        self.arms = dict(arms or {})
+        for r in self.arms.values():
+            r.rng = rng
         self._bound = [s for s, _ in scorers if hasattr(s, "bind")]
         self._explainer = next((s for s in self._bound if hasattr(s, "last")), None)
         # The interference weight the explainer charges (recorded with its per-candidate terms).
@@ -47,6 +60,10 @@ class GuardedRouter(Router):
         lc = self.lifecycle
         model = lc.model
         if lc.usable():
+            arm = self.reward.choose(self.rng) if self.reward is not None else None
+            if arm is not None and arm in self.arms:
+                return self._fall_back(req, nodes, f"the reward bandit chose the {arm} arm", with_model=True,
+                                       router=self.arms[arm], arm=arm)
             for s in self._bound:
                 s.bind(model)
             try:
@@ -56,6 +73,7 @@ class GuardedRouter(Router):
                 return self._fall_back(req, nodes, f"prediction unusable: {exc}", with_model=False)
             lc.faults_in_a_row = 0
             d.learned = self._explain(req, d)
+            d.learned.arm = arm
             return d
         return self._fall_back(req, nodes, f"predictor {lc.state}: {lc.reason}",
                                with_model=lc.state in ("warming", "drifted"))
@@ -89,13 +107,18 @@ class GuardedRouter(Router):
                 info.best = max(names, key=lambda n: rows[n][-1] if n in rows else -1.0)
         return info
 
-    def _fall_back(self, req: RouteRequest, nodes: list[NodeView], reason: str, *, with_model: bool) -> Decision:
+    def _fall_back(self, req: RouteRequest, nodes: list[NodeView], reason: str, *, with_model: bool,
+                   router: Router | None = None, arm: str | None = None) -> Decision:
+        """``router`` decides (default: the fallback, counted as one); ``arm``: the reward bandit's
+        choice, recorded as such rather than as a fallback."""
         lc = self.lifecycle
-        lc.note_fallback()
-        d = self.fallback.decide(req, nodes)
+        if arm is None:
+            lc.note_fallback()
+        by = router or self.fallback
+        d = by.decide(req, nodes)
         d.profile = self.name
-        info = LearnedInfo(req=req, version=lc.version, state=lc.state, pick=None, fallback=self.fallback.name,
-                           reason=reason)
+        info = LearnedInfo(req=req, version=lc.version, state=lc.state, pick=None,
+                           fallback=by.name if arm is None else None, reason=reason, arm=arm)
         pick = d.pick
         if pick is not None:
             # The pick's view is one the decision holds (its scored or candidate nodes: at most
@@ -118,8 +141,11 @@ class GuardedRouter(Router):
 
 def make_guarded(profile: str, filters: list[Filter], scorers: list[tuple[Scorer, float]], picker: Picker,
                  rng: random.Random, sample: int, *, fallback: Router, predictor: dict[str, Any] | None,
-                 lifecycle: PredictorLifecycle | None, clock: Any = None) -> GuardedRouter:
-    """Build the guarded router (``build_router`` calls this); bad ``predictor`` params raise ConfigError."""
+                 lifecycle: PredictorLifecycle | None, clock: Any = None,
+                 reward: dict[str, Any] | None = None) -> GuardedRouter:
+    """Build the guarded router (``build_router`` calls this); bad ``predictor`` or ``reward``
+    params raise ConfigError (so does a reward arm that is not a built-in profile without a predictor)."""
+    bandit, arms = _reward(reward, fallback, sample)
     if lifecycle is None:
         try:
             params = LifecycleParams.model_validate(predictor or {})
@@ -129,4 +155,25 @@ def make_guarded(profile: str, filters: list[Filter], scorers: list[tuple[Scorer
             raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})",
                               path="routing.predictor") from exc
         lifecycle = PredictorLifecycle(params, clock=clock)
-    return GuardedRouter(profile, filters, scorers, picker, rng, sample, fallback=fallback, lifecycle=lifecycle)
+    return GuardedRouter(profile, filters, scorers, picker, rng, sample, fallback=fallback, lifecycle=lifecycle,
+                         reward=bandit, arms=arms)
+
+
+def _reward(raw: dict[str, Any] | None, fallback: Router, sample: int) -> tuple[RewardBandit | None, dict[str, Router]]:
+    try:
+        p = RewardParams.model_validate(raw or {})
+    except Exception as exc:
+        errs = getattr(exc, "errors", None)
+        first = errs()[0] if callable(errs) else {"msg": str(exc), "loc": ()}
+        raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})",
+                          path="routing.reward") from exc
+    if not p.enabled:
+        return None, {}
+    arms: dict[str, Router] = {}
+    for name in p.arms[1:]:
+        r = fallback if name == fallback.name else build_router(name, sample=sample)
+        if getattr(r, "lifecycle", None) is not None:
+            raise ConfigError(f"reward arm {name!r} needs a predictor of its own; arms after 'learned' are "
+                              "profiles without one", path="routing.reward.arms")
+        arms[name] = r
+    return RewardBandit(p), arms

@@ -312,7 +312,7 @@ def _weigher(ws: list[float], total_w: float) -> Callable[[list[list[float]]], l
 def build_router(profile: str, *, filters: list[str] | None = None, scorers: dict[str, float] | None = None,
                  picker: str | None = None, params: dict[str, dict[str, Any]] | None = None,
                  seed: int | None = None, sample: int | None = None, predictor: dict[str, Any] | None = None,
-                 lifecycle: Any = None, clock: Any = None) -> Router:
+                 lifecycle: Any = None, clock: Any = None, reward: dict[str, Any] | None = None) -> Router:
     """Build a router from a profile name plus overrides; plugin errors raise ConfigError.
     ``sample``: the power-of-k sample size (0: consider every node; default: the profile's).
 
@@ -320,7 +320,8 @@ def build_router(profile: str, *, filters: list[str] | None = None, scorers: dic
     ``predicted-latency``) comes back as a :class:`~inferlb.routing.guarded.GuardedRouter`:
     its predictor's lifecycle is ``lifecycle`` when given, else one built from ``predictor`` (the
     fleet file's ``routing.predictor``; ``clock`` gives its events' times), and it falls back to
-    :data:`FALLBACK_PROFILE` while the predictor cannot be used."""
+    :data:`FALLBACK_PROFILE` while the predictor cannot be used; ``reward`` (the fleet file's
+    ``routing.reward``) adds its reward bandit (routing/reward.py)."""
     base = PROFILES.get(profile)
     if base is None and filters is None:
         raise ConfigError(f"unknown routing profile {profile!r} (known: {', '.join(sorted(PROFILES))})",
@@ -343,5 +344,5 @@ def build_router(profile: str, *, filters: list[str] | None = None, scorers: dic
         from inferlb.routing.guarded import make_guarded
 
         return make_guarded(profile, fs, sc, pk, rng, k, fallback=build_router(FALLBACK_PROFILE, sample=sample),
-                            predictor=predictor, lifecycle=lifecycle, clock=clock)
+                            predictor=predictor, lifecycle=lifecycle, clock=clock, reward=reward)
     return Router(profile, fs, sc, pk, rng, k)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inferlb.routing.ope_replay import LoggedDecision
+from inferlb.routing.reward import observe_reward
 from inferlb.routing.types import Decision
 
 __all__ = ["Feedback", "Finished", "LearnedFeedback"]
@@ -78,6 +79,7 @@ class LearnedFeedback:
     logged_rows: list[int] = field(default_factory=list)   # the request row of each logged decision
     observed: int = 0           # answers given to the lifecycle
     trained: int = 0            # observations it trained on
+    arms: list[tuple[int, str]] = field(default_factory=list)   # (request row, arm) of each bandit decision
 
     def __post_init__(self) -> None:
         lc = getattr(self.router, "lifecycle", None)
@@ -91,6 +93,10 @@ class LearnedFeedback:
         info = done.decision.learned
         if info is None or info.pick is None:
             return
+        arm = observe_reward(self.router, done.decision, ok=done.outcome == "ok", stream=done.stream,
+                             ttft_s=done.ttft_s, e2e_s=done.e2e_s, tokens=done.tokens)
+        if arm is not None:
+            self.arms.append((done.row, arm))
         if done.outcome == "ok" and done.e2e_s is not None:
             ttfb = done.ttft_s if done.stream else done.e2e_s
             obs = self.lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=done.stream,

@@ -1,0 +1,192 @@
+"""Learning from reward: a Thompson-sampling bandit over routing profiles ("arms").
+
+The ``learned`` profile's latency model is *regression* (an online ridge, routing/predictor.py):
+it predicts times, it does not learn which routing is better. This module adds the part that
+learns from the outcome the operator chose: a **multi-armed bandit** whose arms are whole
+routing profiles (``learned``: the predicted-latency scorers; by default also ``token-aware``,
+the fallback the guard already holds, ``power-of-two`` and ``least-connections``). It is not
+reinforcement learning in the full sense (no state or transition model): each decision is one
+pull, its reward the request's realised cost.
+
+Contract:
+
+* :meth:`RewardBandit.choose` samples one mean cost per arm from its posterior and returns the
+  arm with the lowest sample (**Thompson sampling**): an arm whose cost is uncertain is tried
+  more; as evidence grows the posteriors narrow and exploration shrinks by itself. Randomness
+  from the injected ``random.Random`` only.
+* The posterior of each arm is Gaussian over its mean cost, from *discounted* sufficient
+  statistics: at every observation, of any arm, every arm's weights are multiplied by
+  ``discount`` (discounted Thompson sampling), so a fleet whose best profile changes is followed
+  and an arm not chosen for a while grows uncertain again and is tried again (discounting only
+  an arm's own observations would leave a stale, unlucky estimate in force for ever); the
+  variance of the mean is the arm's
+  sample variance (with a prior of ``prior_n`` pseudo-observations at the pooled mean) divided by
+  its effective count.
+* :meth:`RewardBandit.observe` takes one realised outcome: the cost is the operator's
+  ``objective``: ``e2e`` (the node's seconds from dispatch to the last byte: the gateway's own
+  queue is not the arm's doing, and is left out), ``slo`` (1 when the answer missed the SLO
+  ``slo_ttft_s`` / ``slo_e2e_s``, else 0) or ``e2e-per-token`` (seconds per output token: the
+  answer's length, which no arm chooses, divided out). A request that did not complete costs
+  ``failure_cost`` (``e2e``/``e2e-per-token``: ``failure_cost_s``; ``slo``: 1).
+* :meth:`RewardBandit.status` is JSON: per arm its pulls, effective count, mean cost and share
+  of recent choices, for ``/admin/routing`` and the audit.
+
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["RewardBandit", "RewardParams", "observe_reward"]
+
+
+class RewardParams(BaseModel):
+    """``routing.reward`` in the fleet file (the ``learned`` profile only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    # the arms: chosen on the train seeds 1-2 of benchmarks/reward_regret.py (docs/benchmarks.md)
+    arms: list[str] = Field(default_factory=lambda: ["learned", "token-aware", "power-of-two", "least-connections"],
+                            min_length=2)
+    objective: Literal["e2e", "slo", "e2e-per-token"] = "e2e"
+    discount: float = Field(0.999, gt=0, le=1)      # per observation: ~1 / (1 − d) remembered in all
+    prior_n: float = Field(2.0, gt=0)                # pseudo-observations at the pooled mean
+    min_pulls: int = Field(20, ge=0)                 # each arm is pulled this often before sampling decides
+    slo_ttft_s: float = Field(2.0, gt=0)
+    slo_e2e_s: float = Field(30.0, gt=0)
+    failure_cost_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _arms(self) -> RewardParams:
+        if len(set(self.arms)) != len(self.arms):
+            raise ValueError("arms must be distinct profile names")
+        if self.arms[0] != "learned":
+            raise ValueError("the first arm is the learned profile itself ('learned')")
+        return self
+
+
+@dataclass
+class _Arm:
+    name: str
+    n: float = 0.0           # discounted count
+    s: float = 0.0           # discounted sum of costs
+    ss: float = 0.0          # discounted sum of squared costs
+    pulls: int = 0           # choices (not discounted)
+    observed: int = 0
+
+    def add(self, cost: float, discount: float) -> None:
+        self.n = self.n * discount + 1.0
+        self.s = self.s * discount + cost
+        self.ss = self.ss * discount + cost * cost
+        self.observed += 1
+
+
+class RewardBandit:
+    """See the module docstring. ``arms`` come from the params; the caller maps a chosen arm's
+    name to the router that decides for it."""
+
+    def __init__(self, params: RewardParams | None = None) -> None:
+        self.p = params or RewardParams(enabled=True)
+        self.arms = [_Arm(name) for name in self.p.arms]
+        self._index = {a.name: i for i, a in enumerate(self.arms)}
+        self.recent: list[int] = [0] * len(self.arms)   # choices since the last status read
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.arms]
+
+    def _pooled(self) -> tuple[float, float]:
+        n = sum(a.n for a in self.arms)
+        if n <= 0:
+            return 0.0, 1.0
+        mean = sum(a.s for a in self.arms) / n
+        var = max(0.0, sum(a.ss for a in self.arms) / n - mean * mean)
+        return mean, var if var > 0 else max(1e-12, mean * mean)
+
+    def posterior(self, i: int) -> tuple[float, float]:
+        """(mean, standard deviation of the mean) of arm ``i``'s cost."""
+        a = self.arms[i]
+        m0, v0 = self._pooled()
+        n = a.n + self.p.prior_n
+        mean = (a.s + self.p.prior_n * m0) / n
+        ex2 = (a.ss + self.p.prior_n * (v0 + m0 * m0)) / n
+        var = max(1e-12, ex2 - mean * mean)
+        return mean, math.sqrt(var / n)
+
+    def choose(self, rng: random.Random) -> str:
+        """The arm to decide this request (see the module docstring)."""
+        under = [i for i, a in enumerate(self.arms) if a.pulls < self.p.min_pulls]
+        if under:
+            i = min(under, key=lambda k: self.arms[k].pulls)
+        else:
+            draws = []
+            for k in range(len(self.arms)):
+                mean, sd = self.posterior(k)
+                draws.append(rng.gauss(mean, sd))
+            i = min(range(len(draws)), key=draws.__getitem__)
+        self.arms[i].pulls += 1
+        self.recent[i] += 1
+        return self.arms[i].name
+
+    def cost(self, *, ok: bool, stream: bool, ttft_s: float | None, e2e_s: float | None, tokens: int) -> float:
+        """The operator's objective for one outcome (module docstring)."""
+        p = self.p
+        if p.objective == "slo":
+            if not ok or e2e_s is None:
+                return 1.0
+            missed = e2e_s > p.slo_e2e_s or (stream and (ttft_s is None or ttft_s > p.slo_ttft_s))
+            return 1.0 if missed else 0.0
+        if not ok or e2e_s is None:
+            return p.failure_cost_s if p.objective == "e2e" else p.failure_cost_s / max(1, tokens or 1)
+        if p.objective == "e2e-per-token":
+            return e2e_s / max(1, tokens)
+        return e2e_s
+
+    def observe(self, arm: str | None, cost: float) -> bool:
+        """One realised cost of a request ``arm`` decided; False for an arm this bandit has not."""
+        i = self._index.get(arm or "")
+        if i is None or not math.isfinite(cost):
+            return False
+        d = self.p.discount
+        for a in self.arms:
+            a.n *= d
+            a.s *= d
+            a.ss *= d
+        self.arms[i].add(cost, 1.0)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        total = sum(self.recent) or 1
+        arms: list[dict[str, Any]] = []
+        for i, a in enumerate(self.arms):
+            mean, sd = self.posterior(i)
+            arms.append({"arm": a.name, "pulls": a.pulls, "observed": a.observed,
+                                "effective_n": round(a.n, 1), "mean_cost": round(mean, 6),
+                                "sd_of_mean": round(sd, 6), "recent_share": round(self.recent[i] / total, 4)})
+        self.recent = [0] * len(self.arms)
+        return {"objective": self.p.objective, "arms": arms}
+
+    def shares(self, choices: Sequence[str]) -> dict[str, float]:
+        """Share of each arm in ``choices`` (a helper for reports)."""
+        n = len(choices) or 1
+        return {name: sum(1 for c in choices if c == name) / n for name in self.names}
+
+
+def observe_reward(router: Any, decision: Any, *, ok: bool, stream: bool, ttft_s: float | None,
+                   e2e_s: float | None, tokens: int) -> str | None:
+    """Give ``router``'s reward bandit (if it has one) the realised cost of ``decision`` (if a bandit
+    arm made it); the arm, or None. Times are the node's, from the attempt's start."""
+    bandit = getattr(router, "reward", None)
+    info = getattr(decision, "learned", None)
+    arm = getattr(info, "arm", None)
+    if bandit is None or arm is None:
+        return None
+    bandit.observe(arm, bandit.cost(ok=ok, stream=stream, ttft_s=ttft_s, e2e_s=e2e_s, tokens=tokens))
+    return str(arm)
