@@ -121,14 +121,16 @@ class ProfileRun:
 
 def run_profile(profile: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedRequest], w: Workload, *,
                 seed: int, duration_s: float, failure_cost_s: float, log: bool = False,
-                router_kwargs: dict[str, Any] | None = None) -> ProfileRun:
-    """One seeded run of ``reqs`` routed by ``profile`` (``learned``: with its feedback loop)."""
+                router_kwargs: dict[str, Any] | None = None, lengths: Any = None) -> ProfileRun:
+    """One seeded run of ``reqs`` routed by ``profile`` (``learned``: with its feedback loop);
+    ``lengths``: a :class:`~inferlb.routing.length.LengthPredictor` that routing counts budgets by
+    (the gateway's default, ``routing.output_length``), None to count the declared budgets."""
     sim_box: list[Simulation] = []
     router = build_router(profile, seed=seed, clock=lambda: sim_box[0].now if sim_box else 0.0,
                           **(router_kwargs or {}))
     fb = LearnedFeedback(router, log=log, failure_cost_s=failure_cost_s) if hasattr(router, "lifecycle") else None
     sim = Simulation(specs, router=router, seed=seed, admission=GatewayAdmission(AdmissionPolicy()), model=w.model,
-                     timeout_s=w.timeout_s, feedback=fb)
+                     timeout_s=w.timeout_s, feedback=fb, lengths=lengths)
     sim_box.append(sim)
     t0 = time.perf_counter()
     res = sim.run(reqs)

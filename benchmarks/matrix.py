@@ -20,7 +20,10 @@ What it does, all in virtual time (:class:`~inferlb.simulator.des.sim.Simulation
   assumptions, :class:`~inferlb.bench.loadgen.workload.MaxTokensMix`): routing sees the declared
   field and the gateway's history, never the true length.
 * **Runs.** Per cell and seed, every profile routes the same plan with the gateway's admission
-  rules; ``learned`` starts cold with its feedback loop (:mod:`benchmarks.learned_goals`).
+  rules and, as the gateway does by default (``routing.output_length``), counts each request's
+  output budget by the output-length predictor trained online from the answers (a fresh one per
+  run; ``--declared`` counts the declared budgets instead); ``learned`` starts cold with its
+  feedback loop (:mod:`benchmarks.learned_goals`).
 * **Figures per cell** (mean over seeds): e2e p99 and mean (completed requests), TTFT p99
   (streams), goodput, SLO share, requests not completed, and the mean *cost* (e2e, or the client
   timeout for a request that did not complete) from which regret is computed: learned's mean cost
@@ -49,6 +52,7 @@ from typing import Any
 
 from benchmarks.learned_goals import ProfileRun, regret, run_profile
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
+from inferlb.routing.length import LengthPredictor
 from inferlb.simulator.des.results import OUTCOMES
 from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.presets import preset_spec
@@ -154,7 +158,7 @@ def _figures(runs: Sequence[ProfileRun]) -> dict[str, float]:
 
 
 def run_cell(fleet: str, fam: Family, load: float, seeds: Sequence[int], profiles: Sequence[str], *,
-             requests: int, capacity: float) -> dict[str, Any]:
+             requests: int, capacity: float, lengths: bool = True) -> dict[str, Any]:
     """Every profile on the same plans of one cell; figures, regret and the cell's verdicts."""
     specs = FLEETS[fleet]()
     rate = load * capacity
@@ -171,7 +175,7 @@ def run_cell(fleet: str, fam: Family, load: float, seeds: Sequence[int], profile
                 kw = {"reward": {**kw["reward"], "slo_ttft_s": w.slo.ttft_s, "slo_e2e_s": w.slo.e2e_s,
                                  "failure_cost_s": fail_cost}}
             r = run_profile(base, specs, reqs, w, seed=seed, duration_s=duration, failure_cost_s=fail_cost,
-                            router_kwargs=kw or None)
+                            router_kwargs=kw or None, lengths=LengthPredictor() if lengths else None)
             r.profile = p
             r.results = None             # the figures are kept; the per-request arrays are not needed
             runs[p].append(r)
@@ -287,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=3000, help="requests per run (per seed and profile)")
     ap.add_argument("--profiles", default="learned," + ",".join(FIXED))
     ap.add_argument("--max-seconds", type=float, default=1800.0)
+    ap.add_argument("--declared", action="store_true", help="count declared budgets (no output-length predictor)")
     ap.add_argument("--plot", type=Path, default=None, metavar="DIR", help="heat maps (needs the plot extra)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -318,11 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                 if time.perf_counter() - t_start > a.max_seconds:
                     skipped.append(f"{fleet}/{fam_name}/{load:g}")
                     continue
-                c = run_cell(fleet, fam, load, seeds, profiles, requests=a.requests, capacity=capacity)
+                c = run_cell(fleet, fam, load, seeds, profiles, requests=a.requests, capacity=capacity,
+                             lengths=not a.declared)
                 cells.append(c)
                 if not a.json:
                     _print_cell(c)
     report: dict[str, Any] = {"seeds": list(seeds), "requests": a.requests, "profiles": profiles,
+                              "budgets": "declared" if a.declared else "output-length predictor",
                               "capacity_rps_per_node": {f"{p}/{f}": v for (p, f), v in cap_of.items()},
                               "cells": cells, "skipped": skipped, "summary": _summary(cells)}
     if a.plot is not None and cells:

@@ -4,8 +4,8 @@ in the discrete-event simulator (docs/benchmarks.md, "Learning from reward").
 ``python -m benchmarks.reward_regret [--fleet hetero12] [--lengths heavy-tail] [--load 0.85]
 [--seeds test|train|1,2] [--requests 12000] [--objective e2e|slo|e2e-per-token] [--plot PNG] [--json]``
 
-One cell of :mod:`benchmarks.matrix` (the same fleets, length families, capacity calibration and
-gateway-only view of ``max_tokens``). Per seed, the same plan is routed by ``learned``,
+One cell of :mod:`benchmarks.matrix` (the same fleets, length families, capacity calibration,
+gateway-only view of ``max_tokens`` and output-length predictor). Per seed, the same plan is routed by ``learned``,
 ``learned`` with the reward bandit (``learned+reward``: arms ``learned`` and ``--arms``, by default
 the three fixed profiles; Thompson sampling on the chosen objective) and the fixed profiles (token-aware, power-of-two,
 least-connections). **Regret after N requests** = (mean cost of the policy over requests 1..N −
@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.learned_goals import ProfileRun, regret, run_profile
 from benchmarks.matrix import FIXED, FLEETS, SEEDS, _families, calibrate
+from inferlb.routing.length import LengthPredictor
 
 __all__ = ["main"]
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         reqs = fam.plan(seed=seed, rate=rate, duration_s=duration, max_requests=a.requests)
         for name, (base, kw) in policies.items():
             r = run_profile(base, specs, reqs, w, seed=seed, duration_s=duration, failure_cost_s=fail,
-                            router_kwargs=kw)
+                            router_kwargs=kw, lengths=LengthPredictor())
             r.results = None
             runs[name].append(r)
     n_max = min(len(r.cost) for rs in runs.values() for r in rs)

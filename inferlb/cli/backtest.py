@@ -95,13 +95,17 @@ def format_backtests(runs: dict[str, dict[str, Any]], goal_rows: list[dict[str, 
         cap = first["capacity"]
         lines.append(f"capacity: {cap['tokens_per_s']:.1f} tokens/s per replica at SLO "
                      f"({cap.get('source', 'calibrated')})")
+        if "optimum" in first:
+            o = first["optimum"]
+            lines.append(f"offline optimum (the least schedule at that capacity, cold start included): "
+                         f"{o['gpu_hours']:.1f} GPU-h, at most {o['max_replicas']} replicas")
         for name, r in runs.items():
             for why, n in r["fallback_reasons"].items():
                 lines.append(f"{name}: {n} forecast(s) fell back: {why}")
     for g in goal_rows:
         v = g["value"]
         shown = (", ".join(f"{k} {x * 100:.2f} %" for k, x in v.items()) if isinstance(v, dict)
-                 else f"{v:.3f}" if "x" in g["goal"] else f"{v * 100:.2f} %")
+                 else f"{v:.3f}" if "x" in g["goal"] or "reactive's" in g["goal"] else f"{v * 100:.2f} %")
         lines.append(f"goal: {g['goal']}: {shown} — {'met' if g['met'] else 'NOT met'}")
     return "\n".join(lines)
 
