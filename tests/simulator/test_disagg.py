@@ -77,3 +77,13 @@ async def test_bad_kv_transfer_params_are_a_400() -> None:
             assert (await r.json())["error"]["param"] == "kv_transfer_params"
         async with http.post(url, json=_chat(stream=True, kv_transfer_params=PREFILL_PARAMS)) as r:
             assert r.status == 400
+
+
+def test_a_sim_fleet_file_sets_the_kv_transfer_cost() -> None:
+    from inferlb.simulator.presets import spec_from_mapping
+
+    spec = spec_from_mapping({"name": "d0", "preset": "a100", "kv_transfer": {"bytes_per_token": 2048,
+                                                                             "link_bytes_per_s": 1e9}})
+    assert spec.kv_transfer == KVTransferSpec(bytes_per_token=2048, link_bytes_per_s=1e9)
+    with pytest.raises(ValueError, match="d0"):
+        spec_from_mapping({"name": "d0", "kv_transfer": {"bandwidth": 1}})
