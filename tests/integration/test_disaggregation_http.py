@@ -132,3 +132,32 @@ async def test_no_prefill_node_left_fails_cleanly_or_serves_whole(tmp_path: Path
         assert [ROLES[a["node"]] for a in rec["attempts"]] == ["prefill", "prefill", "decode"]
         assert rec["decisions"][-1]["disaggregation"]["mode"] == "colocated"
         assert all(d == 0 for _, d in _legs(sim).values())   # served whole: no KV pulled
+
+
+async def test_a_reload_turns_disaggregation_on_and_a_bad_one_names_the_key(tmp_path: Path) -> None:
+    import yaml
+
+    from inferlb.config.settings import Settings
+
+    specs = [NodeSpec(name=n, models=["m"], base_ttft_s=0.002, tpot_s=0.0005) for n in ("p0", "d0")]
+    async with SimFleet(specs) as sim:
+        urls = {name: node.url for name, node in sim.nodes.items()}
+        doc = _fleet(urls).model_dump(mode="json", exclude_none=True)
+        colocated = {**doc, "models": [{k: v for k, v in doc["models"][0].items() if k != "disaggregation"}],
+                     "nodes": [{**n, "role": "both"} for n in doc["nodes"]]}
+        path = tmp_path / "fleet.yaml"
+        path.write_text(yaml.safe_dump(colocated))
+        settings = Settings(config=path, database_url=f"sqlite:///{tmp_path / 'audit.db'}",
+                            journal_dir=tmp_path / "journal", audit_flush_interval_s=0.01)
+        async with running_gateway(settings) as (base, app), httpx.AsyncClient(base_url=base, timeout=10) as http:
+            body = {"model": "m", "messages": PROMPT, "max_tokens": 3}
+            assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+            assert all(legs == (0, 0) for legs in _legs(sim).values())
+            bad = {**doc, "nodes": [{**n, "role": "prefill"} for n in doc["nodes"]]}
+            path.write_text(yaml.safe_dump(bad))
+            r = await http.post("/admin/reload")
+            assert r.status_code == 400 and r.json()["error"]["param"] == "models[0].disaggregation", r.text
+            path.write_text(yaml.safe_dump(doc))
+            assert (await http.post("/admin/reload")).status_code == 200
+            assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+            assert _legs(sim) == {"p0": (1, 0), "d0": (0, 1)}
