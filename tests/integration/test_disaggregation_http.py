@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from openai import AsyncOpenAI
 
 from inferlb.config.settings import fleet_from_mapping
@@ -23,24 +24,24 @@ ROLES = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode"}
 PROMPT = [{"role": "user", "content": "word " * 200}]
 
 
-def _fleet(urls: dict[str, str], **disagg: Any) -> Any:
+def _fleet(urls: dict[str, str], timeouts: dict[str, float] | None = None, **disagg: Any) -> Any:
     return fleet_from_mapping({
         "models": [{"name": "m", "max_output_tokens": 64, "default_max_tokens": 8,
                     "disaggregation": {"mode": "prefill-decode", "protocol": "vllm-nixl", **disagg}}],
         "nodes": [{"name": n, "url": u, "models": ["m"], "role": ROLES[n]} for n, u in urls.items()],
         "routing": {"profile": "token-aware", "seed": 1},
-        "timeouts": {"connect_s": 1.0, "first_token_s": 2.0, "idle_s": 2.0, "total_s": 10.0},
+        "timeouts": {"connect_s": 1.0, "first_token_s": 2.0, "idle_s": 2.0, "total_s": 10.0, **(timeouts or {})},
     })
 
 
 @contextlib.asynccontextmanager
-async def _stack(tmp: Path, faults: dict[str, FaultSpec] | None = None, **disagg: Any
-                 ) -> AsyncIterator[tuple[SimFleet, AsyncOpenAI, httpx.AsyncClient, Any]]:
+async def _stack(tmp: Path, faults: dict[str, FaultSpec] | None = None, timeouts: dict[str, float] | None = None,
+                 **disagg: Any) -> AsyncIterator[tuple[SimFleet, AsyncOpenAI, httpx.AsyncClient, Any]]:
     specs = [NodeSpec(name=n, models=["m"], base_ttft_s=0.002, tpot_s=0.0005,
                       faults=(faults or {}).get(n, FaultSpec())) for n in ROLES]
     async with SimFleet(specs) as sim:
         urls = {name: node.url for name, node in sim.nodes.items()}
-        async with running_gateway(settings_for(tmp, _fleet(urls, **disagg))) as (base, app), \
+        async with running_gateway(settings_for(tmp, _fleet(urls, timeouts, **disagg))) as (base, app), \
                 httpx.AsyncClient(base_url=base, timeout=10) as http:
             sdk = AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, http_client=http)
             yield sim, sdk, http, app
@@ -97,15 +98,21 @@ async def test_the_decode_node_gets_the_prefill_nodes_kv_transfer_params(tmp_pat
         assert sim.nodes[dec].stats.decode_legs == 1
 
 
-async def test_a_failing_prefill_node_is_retried_on_another_pair(tmp_path: Path) -> None:
-    broken = {"p0": FaultSpec(status=500), "p1": FaultSpec(status=500)}
-    async with _stack(tmp_path, faults={"p0": broken["p0"]}) as (sim, sdk, http, app):
+@pytest.mark.parametrize(("fault", "error_class"), [
+    (FaultSpec(status=500), "upstream_status"),
+    (FaultSpec(hang_before_headers=True), "timeout_first_token"),   # the prefill leg's own first-byte timeout
+])
+async def test_a_failing_prefill_node_is_retried_on_another_pair(tmp_path: Path, fault: FaultSpec,
+                                                                 error_class: str) -> None:
+    fast = {"first_token_s": 0.4, "per_output_token_s": 0.0, "first_byte_floor_s": 0.1}
+    async with _stack(tmp_path, faults={"p0": fault}, timeouts=fast) as (sim, sdk, http, app):
         for _ in range(30):   # ties between p0 and p1 are broken by the runtime's rng
             raw = await sdk.chat.completions.with_raw_response.create(model="m", messages=PROMPT, max_tokens=3)
             assert raw.parse().choices[0].message.content
             rec = await _audit(http, app, raw.headers["x-request-id"])
             nodes = [(a["node"], a["outcome"]) for a in rec["attempts"]]
             if nodes[0] == ("p0", "retryable"):
+                assert rec["attempts"][0]["error_class"] == error_class
                 assert nodes[1:] == [("p1", "ok"), (nodes[2][0], "ok")] and ROLES[nodes[2][0]] == "decode"
                 assert len(rec["decisions"]) == 2 and rec["decisions"][0]["attempt"] == 1
                 assert "p0" not in rec["decisions"][1]["disaggregation"]["prefill"]["candidates"]
