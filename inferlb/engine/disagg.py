@@ -104,11 +104,15 @@ async def run_prefill(gw: Gateway, scope: RequestScope, req: IncomingRequest, no
         headers["authorization"] = f"Bearer {key}"
     tokens = int(rec.prompt_tokens_est or 0) + 1        # a prefill leg holds its prompt (and one token)
     mark = rt.fleet.acquire(node_name, tokens)
+    from inferlb.engine.gateway import _cut_by, _deadline_phases  # gateway imports this module
+
     start = rt.clock.monotonic()
     body = json.dumps(prefill_body(req.body, model), separators=(",", ":")).encode()
+    timeouts = _timeouts(gw, scope, node_name)
+    cut = _deadline_phases(scope, timeouts, start)
     try:
         resp = await gw.upstream.open(node.url + node_path(req.endpoint, model), body, headers=headers,
-                                      timeouts=_timeouts(gw, scope, node_name), node=node_name, tls=node.tls)
+                                      timeouts=timeouts, node=node_name, tls=node.tls)
         attempt.first_byte_at = round(rt.clock.time(), 6)
         try:
             answer = await resp.read_rest()
@@ -120,7 +124,8 @@ async def run_prefill(gw: Gateway, scope: RequestScope, req: IncomingRequest, no
         scope.tried.append(node_name)    # the retried pair avoids this prefill node
         if entry:
             entry["attempt"] = attempt.number   # this decision's try ended here
-        return gw._failed_outcome(scope, attempt, node_name, exc), None
+        # A cut by the client's own deadline is no fault of the node (gateway.py _failed_outcome).
+        return gw._failed_outcome(scope, attempt, node_name, exc, client_deadline=_cut_by(exc, cut)), None
     finally:
         cost = rt.fleet.release(node_name, tokens, mark)
         if cost > 0:
