@@ -103,13 +103,13 @@ async def run_prefill(gw: Gateway, scope: RequestScope, req: IncomingRequest, no
     if key:
         headers["authorization"] = f"Bearer {key}"
     tokens = int(rec.prompt_tokens_est or 0) + 1        # a prefill leg holds its prompt (and one token)
-    mark = rt.fleet.acquire(node_name, tokens)
     from inferlb.engine.gateway import _cut_by, _deadline_phases  # gateway imports this module
 
     start = rt.clock.monotonic()
     body = json.dumps(prefill_body(req.body, model), separators=(",", ":")).encode()
     timeouts = _timeouts(gw, scope, node_name)
     cut = _deadline_phases(scope, timeouts, start)
+    mark = rt.fleet.acquire(node_name, tokens)
     try:
         resp = await gw.upstream.open(node.url + node_path(req.endpoint, model), body, headers=headers,
                                       timeouts=timeouts, node=node_name, tls=node.tls)
