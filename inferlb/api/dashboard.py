@@ -91,10 +91,13 @@ async def asset(name: str) -> Response:
 
 @router.get("/dashboard/node-states", dependencies=[Depends(require_admin)])
 async def node_states(obs: ObservabilityDep) -> dict[str, Any]:
-    """Node states sampled by this gateway since it started (oldest first)."""
+    """Node states sampled by this gateway since it started (oldest first), and ``roles``: the
+    prefill/decode role of each node that is not ``both`` (config/disaggregation.py)."""
     if obs is None:
-        return {"states": [], "nodes": [], "samples": []}
+        return {"states": [], "nodes": [], "samples": [], "roles": {}}
     snap: dict[str, Any] = obs.history.snapshot()
+    nodes = obs.fleet.nodes if obs.fleet is not None else {}
+    snap["roles"] = {name: st.cfg.role for name, st in nodes.items() if st.cfg.role != "both"}
     return snap
 
 

@@ -32,6 +32,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from inferlb.config.admission import AdmissionPolicy, AdmissionSettings
 from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.config.cluster import ClusterSettings
+from inferlb.config.disaggregation import DisaggregationConfig, NodeRole, disaggregation_problems
 from inferlb.config.discovery import DiscoveryConfig
 from inferlb.config.health import HealthConfig
 from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
@@ -114,6 +115,8 @@ class ModelConfig(_Strict):
     node_selector: NodeSelector | None = None
     # Versions with weights and the nodes serving each (versions): sticky A/B and canaries.
     versions: list[VersionConfig] = Field(default_factory=list)
+    # Prefill on one node, decode on another (config/disaggregation.py); None: served whole.
+    disaggregation: DisaggregationConfig | None = None
 
 
 def _label_text(v: Any) -> Any:
@@ -146,6 +149,8 @@ class NodeConfig(_Strict):
     # How an https node is reached: its CA, the gateway's client certificate (mTLS), the name to
     # check (config/tls.py); unset: the fleet's node_tls, else the system CAs.
     tls: NodeTLS | None = None
+    # Which leg of a disaggregated request it runs (config/disaggregation.py): prefill, decode, both.
+    role: NodeRole = "both"
     _env_key: str | None = PrivateAttr(None)
 
     @model_validator(mode="before")
@@ -369,7 +374,7 @@ class FleetConfig(_Strict):
                 if v.selector is not None:
                     _check_selector(f"models[{i}].versions[{j}].selector", f"serving {mc.name!r}", v.selector,
                                     serving, need_one=False)
-        problem = version_problems(self.models, self.nodes)
+        problem = version_problems(self.models, self.nodes) or disaggregation_problems(self.models, self.nodes)
         if problem is not None:
             raise _KeyPathError(*problem)
         for i, mc in enumerate(self.models):

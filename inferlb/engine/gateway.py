@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from inferlb.config.cluster import default_replica_id
 from inferlb.config.settings import NodeConfig, TimeoutConfig
+from inferlb.engine.disagg import run_prefill
 from inferlb.engine.endpoints import node_path
 from inferlb.engine.first_byte import FirstByteBudget
 from inferlb.engine.hops import hop_headers
@@ -180,10 +181,13 @@ class Gateway:
             idle_s=min(t.idle_s, left), total_s=min(t.total_s, left), per_output_token_s=t.per_output_token_s)
 
     def _upstream_body(self, scope: RequestScope, req: IncomingRequest, node: NodeConfig | None = None,
-                       model: str | None = None) -> bytes:
+                       model: str | None = None, kv: dict[str, Any] | None = None) -> bytes:
         """The body sent to ``node``; ``model``: the upstream model name when the caller has it
-        (else :meth:`RequestScope.upstream_model`)."""
+        (else :meth:`RequestScope.upstream_model`); ``kv``: a disaggregated decode leg's
+        ``kv_transfer_params`` from its prefill leg (``{}``: it answered none)."""
         body = dict(req.body)
+        if kv:
+            body["kv_transfer_params"] = kv
         if node is not None and node.labels.get("scheduling-policy") == "priority":
             # vLLM --scheduling-policy priority: lower is served first. Set by the gateway, never
             # by the client (a tenant must not raise its own priority on the node).
@@ -200,6 +204,14 @@ class Gateway:
     async def _dispatch(self, scope: RequestScope, req: IncomingRequest
                         ) -> _Committed | tuple[dict[str, Any], bytes | None]:
         rt = scope.rt
+        kv: dict[str, Any] | None = None
+        pair = scope.pair
+        if pair is not None and pair.prefill_node is not None:
+            # Disaggregated: the prefill leg first; its failure is this dispatch's outcome (engine/disagg.py).
+            leg = await run_prefill(self, scope, req, pair.prefill_node)
+            if isinstance(leg, tuple):
+                return leg
+            kv = leg
         attempt = scope.begin_attempt()
         node_name = attempt.node
         node = rt.fleet.nodes[node_name].cfg
@@ -218,7 +230,7 @@ class Gateway:
         cut = _deadline_phases(scope, timeouts, now)
         try:
             resp = await self.upstream.open(
-                node.url + path, self._upstream_body(scope, req, node, upstream_model), headers=headers,
+                node.url + path, self._upstream_body(scope, req, node, upstream_model, kv), headers=headers,
                 timeouts=timeouts, node=node_name, tls=node.tls)
             attempt.first_byte_at = round(rt.clock.time(), 6)
             if req.stream:

@@ -30,6 +30,7 @@ from inferlb.config.settings import FleetConfig, Settings
 from inferlb.engine.request_ids import new_request_id
 from inferlb.engine.tokens import TokenEstimator
 from inferlb.fleet.state import Fleet
+from inferlb.routing.disagg import PairDecision
 from inferlb.routing.length import LengthEstimate, LengthPredictor
 from inferlb.routing.prefix import block_hashes, text_key
 from inferlb.routing.profiles import Router
@@ -127,6 +128,9 @@ class RequestScope:
     attempts: int = 0
     max_attempts: int = 3
     decision: Decision | None = None             # the last routing decision; its pick is the dispatch target
+    # A disaggregated model's pair (routing/disagg.py): its prefill leg runs before the dispatch
+    # target (``decision``, the decode leg) is sent the request (engine/disagg.py). None: one node.
+    pair: PairDecision | None = None
     output_budget: int = 0                       # output tokens, computed once by request/evaluate
     # What routing and the node's load count: the predictor's estimate (≤ output_budget), else the budget.
     output_estimate: int = 0
@@ -171,9 +175,12 @@ class RequestScope:
         self.attempts += 1
         self.tried.append(node)
         rec = self.record
+        # The record's number: a disaggregated pair's prefill leg is an attempt row of its own
+        # (engine/disagg.py), so rows may outnumber ``attempts`` (which counts pairs).
+        number = len(rec.attempts) + 1
         if rec.decisions and rec.decisions[-1].get("attempt") is None:
-            rec.decisions[-1]["attempt"] = self.attempts
-        attempt = AttemptRecord(number=self.attempts, node=node, model=self.model,
+            rec.decisions[-1]["attempt"] = number
+        attempt = AttemptRecord(number=number, node=node, model=self.model,
                                 started_at=round(self.rt.clock.time(), 6))
         rec.attempts.append(attempt)
         return attempt

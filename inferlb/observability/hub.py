@@ -102,6 +102,11 @@ class Observability:
         if self.metrics is not None and not isinstance(process.executor, TimedExecutor):
             process.executor = TimedExecutor(process.executor, self.metrics.observe_engine)
 
+    @property
+    def fleet(self) -> Fleet | None:
+        """The live fleet :meth:`bind` pointed at (None before it)."""
+        return self._fleet
+
     def bind(self, fleet: Fleet, *, backlog: Callable[[], Mapping[str, Any] | None] | None = None,
              queue_depth: Callable[[], int | Mapping[str, int] | None] | None = None,
              ready: Callable[[], bool] | None = None) -> None:

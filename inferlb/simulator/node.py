@@ -34,6 +34,7 @@ from aiohttp import web
 from inferlb.simulator import openai_format as fmt
 from inferlb.simulator import responses
 from inferlb.simulator.control import NodeControl
+from inferlb.simulator.disagg import kv_leg, prefill_answer_params
 from inferlb.simulator.driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
 from inferlb.simulator.latency import LatencyModel, TokenSchedule
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
@@ -228,6 +229,12 @@ class EmulatedNode(NodeServer):
         if isinstance(natural, int) and not isinstance(natural, bool) and 1 <= natural < n:
             n, limited = natural, False    # the "model" stops on its own before the limit
         prompt_tokens = fmt.prompt_tokens_of(body, "chat" if chat else "completion")
+        try:
+            leg = kv_leg(body)
+        except ValueError as exc:
+            raise _BadRequest(400, str(exc), param="kv_transfer_params") from exc
+        if leg == "prefill" and body.get("stream") is True:
+            raise _BadRequest(400, "a remote-decode prefill must not be streamed", param="stream")
         cached = 0
         prompt_text = ""
         if self.prefix_cache is not None:
@@ -241,6 +248,12 @@ class EmulatedNode(NodeServer):
             # this answer hits them.
             finished = _Keep(self.prefix_cache, finished_sequence(prompt_text, fmt.answer_text(n), chat=chat))
         faults = self.faults
+        if leg == "decode":
+            # Pull the prompt's KV from the prefill node (off the engine's steps), then prefill only
+            # the last prompt token, as vLLM's consumer does (simulator/disagg.py).
+            self.stats.decode_legs += 1
+            await asyncio.sleep(self.spec.kv_transfer.transfer_s(prompt_tokens))
+            cached = max(cached, prompt_tokens - 1)
         source = self._source(prompt_tokens, n, cached)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(self._clock.time())
@@ -259,6 +272,11 @@ class EmulatedNode(NodeServer):
                 payload = fmt.completion_body(chat=chat, rid=rid, model=model, created=created,
                                               fingerprint=self.spec.name, prompt_tokens=prompt_tokens,
                                               completion_tokens=n, finish_reason=finish, options=options)
+                if leg == "prefill":
+                    self.stats.prefill_legs += 1
+                    payload = fmt.dumps({**json.loads(payload), "kv_transfer_params": prefill_answer_params(
+                        engine_id=self.spec.name, host=self.host, port=self.port, request_id=rid,
+                        prompt_tokens=prompt_tokens)})
                 resp = await write_unary(request, payload, source, faults, self.stats, on_complete=finished)
         except NodeCrashed:
             # Lost in a crash: the connection is being reset; nothing more can be written.

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from inferlb.plugins import Table, is_target
+from inferlb.simulator.disagg import KVTransferSpec
 from inferlb.simulator.spec import BatchSpec, FaultSpec, GpuSpec, NodeSpec
 
 __all__ = ["FLEETS", "PRESETS", "SIM_MODEL", "Preset", "cli_specs", "fleet_specs", "is_named_fleet", "load_sim_fleet",
@@ -109,6 +110,8 @@ def spec_from_mapping(raw: Mapping[str, Any], default_models: list[str] | None =
     models = d.pop("models", None) or default_models
     preset = d.pop("preset", None)
     try:
+        if isinstance(d.get("kv_transfer"), Mapping):   # {bytes_per_token, link_bytes_per_s, latency_s}
+            d["kv_transfer"] = KVTransferSpec(**d["kv_transfer"])
         if preset is not None:
             return preset_spec(name, str(preset), models, **d)
         batch = {k: d.pop(k) for k in list(d) if k in _BATCH_KEYS}

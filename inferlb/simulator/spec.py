@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from inferlb.simulator.disagg import KVTransferSpec
 from inferlb.simulator.latency import LatencyModel
 
 __all__ = ["GET_LOAD_SHAPES", "BatchSpec", "FaultSpec", "GpuSpec", "NodeSpec", "demo_specs"]
@@ -232,6 +233,8 @@ class NodeSpec:
     ``get_load``: the shape of ``GET /get_load`` (:mod:`.control`), for the peer router in front:
     ``"sglang"`` (SGLang's list per rank, sglang-router reads it) or ``"vllm-router"``
     (``{"load": N}``, what vllm-router reads).
+    ``kv_transfer``: what pulling a prompt's KV cache from a prefill node costs this node on a
+    disaggregated decode leg (:mod:`.disagg`).
     """
 
     name: str
@@ -253,6 +256,7 @@ class NodeSpec:
     prefix_cache_tokens: int | None = None
     network_delay_s: float = 0.0
     get_load: Literal["sglang", "vllm-router"] = "sglang"
+    kv_transfer: KVTransferSpec = field(default_factory=KVTransferSpec)
 
     def __post_init__(self) -> None:
         if self.get_load not in GET_LOAD_SHAPES:

@@ -29,6 +29,8 @@ class NodeStats:
     faults_injected: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)
     last_peer: str = ""       # "ip:port" of the last inference request (shows connection reuse)
+    prefill_legs: int = 0     # disaggregated prefill legs answered with kv_transfer_params (simulator/disagg.py)
+    decode_legs: int = 0      # disaggregated decode legs (KV pulled from a prefill node)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form of ``GET /sim/stats``."""
@@ -45,4 +47,6 @@ class NodeStats:
             "faults_injected": self.faults_injected,
             "last_headers": dict(self.last_headers),
             "last_peer": self.last_peer,
+            "prefill_legs": self.prefill_legs,
+            "decode_legs": self.decode_legs,
         }

@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from inferlb.config.disaggregation import DisaggregationConfig
 from inferlb.engine.endpoints import serves
 from inferlb.engine.outcomes import fits_context, note_fallback
 from inferlb.engine.scope import RequestScope
+from inferlb.routing.disagg import pick_pair
 from inferlb.routing.types import NodeView, RouteRequest
 
 __all__ = ["fallback", "select"]
@@ -45,6 +47,11 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     )
     views = rt.fleet.views()
     version = scope.version
+    mc = rt.fleet_cfg.model(scope.model) or rt.fleet.models.get(scope.model)
+    if mc is not None and mc.disaggregation is not None:
+        return _select_pair(scope, mc.disaggregation, replace(base, only=version.nodes, selector=version.selector)
+                            if version is not None else base, views)
+    scope.pair = None
     # A version's requirements are the model's node_selector joined with its own (versions/table.py).
     decision = rt.router.decide(replace(base, only=version.nodes, selector=version.selector)
                                 if version is not None else base, views)
@@ -79,6 +86,42 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
                 "reason": "no node can serve: " + "; ".join(reasons) if reasons else "no node serves the model"}
     return {"ok": True, "node": node, "model": scope.model, "ranked": decision.ranked,
             "version": version.name if version is not None else None, "reason": "picked"}
+
+
+def _select_pair(scope: RequestScope, cfg: DisaggregationConfig, req: RouteRequest, views: list[NodeView]
+                 ) -> dict[str, Any]:
+    """``select`` for a disaggregated model: a prefill node and a decode node (routing/disagg.py).
+    The decode leg's decision is ``scope.decision`` (its pick answers the client, the dispatch
+    target), the pair ``scope.pair`` (dispatch runs its prefill leg first); both legs' scores are
+    in the audit decision. Only chat and completions are split; other endpoints go whole to a
+    decode-capable node."""
+    rt = scope.rt
+    roles = {name: st.cfg.role for name, st in rt.fleet.nodes.items()}
+    rng = getattr(rt.router, "rng", None) or rt.rng   # the router's, seeded by routing.seed
+    pair = pick_pair(req, views, roles, rng=rng, min_prompt_tokens=cfg.min_prompt_tokens,
+                     colocated_fallback=cfg.colocated_fallback,
+                     colocated=scope.record.endpoint not in ("chat", "completions"))
+    scope.pair = pair
+    scope.decision = pair.decode
+    rec = scope.record
+    rec.decision = pair.to_json()
+    if scope.version is not None:
+        rec.model_version = scope.version.name
+    entry: dict[str, Any] = {"attempt": None, "model": scope.model, **rec.decision}
+    if scope.version is not None:
+        entry["version"] = scope.version.name
+    rec.decisions.append(entry)
+    rec.routed_at = round(rt.clock.time(), 6)
+    version = scope.version.name if scope.version is not None else None
+    node = pair.decode_node
+    if node is None:
+        reasons = sorted({f"{e.node}: {e.reason}" for e in pair.decode.eliminated})
+        why = pair.reason + (": " + "; ".join(reasons) if reasons else "")
+        return {"ok": False, "node": None, "model": scope.model, "ranked": [], "version": version,
+                "reason": "no node can serve: " + why}
+    return {"ok": True, "node": node, "model": scope.model, "ranked": pair.decode.ranked, "version": version,
+            "reason": f"picked: prefill {pair.prefill_node}, decode {node}" if pair.prefill_node is not None
+            else f"picked: {node} serves it whole ({pair.reason})"}
 
 
 def _any_up(views: list[NodeView], nodes: frozenset[str], exclude: frozenset[str]) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from inferlb.api.dashboard import ASSETS
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.fleet.state import Fleet
 from inferlb.observability.history import NodeStateHistory
 from inferlb.types import ManualClock
@@ -58,3 +59,16 @@ async def test_page_assets_and_node_states(tmp_path: Path) -> None:
             assert resp.status_code == 404 and "error" in resp.json()
         states = (await http.get("/dashboard/node-states")).json()
         assert states["nodes"] == ["n0"] and states["samples"][0]["states"] == {"n0": "healthy"}
+
+
+async def test_node_states_name_the_prefill_and_decode_roles(tmp_path: Path) -> None:
+    raw = fleet_for({"p0": "http://127.0.0.1:9", "d0": "http://127.0.0.1:10"}).model_dump(mode="json")
+    raw["models"] = [{**raw["models"][0], "disaggregation": {"mode": "prefill-decode"}}]
+    raw["nodes"] = [{**n, "models": ["m"], "role": "prefill" if n["name"] == "p0" else "decode"}
+                    for n in raw["nodes"]]
+    async with running_gateway(settings_for(tmp_path, fleet_from_mapping(raw))) as (base, _app), \
+            httpx.AsyncClient(base_url=base) as http:
+        states = (await http.get("/dashboard/node-states")).json()
+        assert states["roles"] == {"p0": "prefill", "d0": "decode"}
+        js = (await http.get("/dashboard/assets/dashboard.js")).text
+        assert "hist.roles" in js

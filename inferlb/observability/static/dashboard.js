@@ -290,7 +290,8 @@
       row.className = "state-row";
       const name = document.createElement("span");
       name.className = "name";
-      name.textContent = node;
+      const role = (hist.roles || {})[node];   // prefill / decode (docs/disaggregation.md); none: both
+      name.textContent = role ? `${node} (${role})` : node;
       const bar = document.createElement("div");
       bar.className = "state-bar";
       samples.forEach((s, i) => {
