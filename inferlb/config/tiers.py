@@ -93,6 +93,9 @@ class TierLearnedConfig(_Strict):
     l2: float = Field(1e-4, ge=0.0, le=1.0)
     test_share: float = Field(0.2, gt=0.0, lt=1.0)     # outcomes held out (by request id hash) to test it
     seed: int = 0                                       # the split's salt
+    # Of the requests the learned model keeps off the tier, this share (by request id hash) still goes
+    # there: without it a model that says "no" would never see the outcomes that could change its mind.
+    explore_share: float = Field(0.02, ge=0.0, le=0.5)
 
 
 class TierPolicy(_Strict):

@@ -1,5 +1,6 @@
-"""Cost-tiered model choice: a model alias sends each request to a cheaper or a stronger model by the
-request's difficulty.
+"""Cost-tiered model choice: a model alias sends each request to a cheaper or a stronger model.
+
+Which one is decided by the request's difficulty.
 
 Layout: ``classify`` (pure: the request's named features and its difficulty score in [0, 1] with
 each feature's contribution), ``guard`` (the feedback guard: a cheaper tier whose error or SLO-miss

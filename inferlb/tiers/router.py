@@ -6,9 +6,10 @@ Contract:
   (a model with ``tiers:``, config/tiers.py). It scores the request (tiers/classify.py) and walks
   the tiers cheapest first: a cheaper tier takes the request when its rule says so (the score is
   at most its ``max_score``; or, with ``learned.enabled`` and that tier's model ready, the learned
-  P(success) is at least ``learned.min_success``), the request fits its context and output limits
-  (``fits``), and its guard takes it (tiers/guard.py: not tripped, or a probe). Otherwise the next
-  tier is tried; the last tier takes what is left. The :class:`TierChoice` says which tier, the
+  P(success) is at least ``learned.min_success``, or the request is in its ``explore_share``),
+  the request fits its context and output limits (``fits``), and its guard takes it
+  (tiers/guard.py: not tripped, or a probe). Otherwise the next tier is tried; the last tier
+  takes what is left. The :class:`TierChoice` says which tier, the
   score, every feature's value and contribution, and why in words; ``request/evaluate`` puts
   :meth:`TierChoice.to_json` in the audit record (``tags["tier"]`` and every routing decision).
 * :meth:`TierRouter.observe` is a request-end step (app.py): a record with a tier choice feeds
@@ -56,7 +57,7 @@ class TierChoice:
     why: str
     guard: str | None = None          # a cheaper tier passed over by its guard, in words
     probe: bool = False               # sent to a tripped tier as one of its guard's probes
-    p_success: float | None = None    # the learned model's estimate, when it decided
+    p_success: float | None = None    # the learned estimate that decided (the tier taken, or the last passed over)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"alias": self.alias, "model": self.model, "index": self.index,
@@ -141,18 +142,21 @@ class TierRouter:
         probe_draw = unit_hash(b"tiers-probe", request_id)
         passed: list[str] = []
         guard_note: str | None = None
+        learned_p: float | None = None   # the learned estimate that decided last (a tier taken or passed over)
         tiers = policy.models
         for j, tier in enumerate(tiers):
             if j == len(tiers) - 1:
                 why = "; ".join(passed) if passed else "the only tier left"
-                choice = TierChoice(alias, tier.model, j, sc, f"{tier.model}: {why}", guard=guard_note)
+                choice = TierChoice(alias, tier.model, j, sc, f"{tier.model}: {why}", guard=guard_note,
+                                    p_success=learned_p)
                 break
-            p_success = None
-            lm = self.models.get((alias, tier.model)) if policy.learned.enabled else None
+            lm = self._model(alias, tier.model, policy) if policy.learned.enabled else None
             if lm is not None and lm.ready:
-                p_success = lm.predict(sc.features)
+                p_success = learned_p = lm.predict(sc.features)
                 wants = p_success >= policy.learned.min_success
                 rule = f"learned P(success) {p_success:.3f} {'>=' if wants else '<'} {policy.learned.min_success:g}"
+                if not wants and unit_hash(b"tiers-explore", request_id) < policy.learned.explore_share:
+                    wants, rule = True, rule + " (exploration)"
             else:
                 assert tier.max_score is not None   # config/tiers.py: every tier but the last has one
                 wants = sc.value <= tier.max_score
@@ -177,8 +181,9 @@ class TierRouter:
                     passed.append(f"{tier.model} passed over: its guard is tripped ({g.reason})")
                     continue
                 probe = g.tripped
-            choice = TierChoice(alias, tier.model, j, sc, f"{tier.model}: {rule}" + (" (guard probe)" if probe else ""),
-                                guard=guard_note, probe=probe, p_success=p_success)
+            why = f"{tier.model}: {rule}" + (" (guard probe)" if probe else "")
+            choice = TierChoice(alias, tier.model, j, sc, "; ".join([why, *passed]), guard=guard_note, probe=probe,
+                                p_success=learned_p)
             break
         st = self._stats(alias, choice.model)
         st.chosen += 1
