@@ -100,6 +100,9 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
         "output_estimate": scope.output_estimate,
         "priority": rec.priority,
         "deadline_s": round(budget, 3),
+        # A model alias's tier (tiers/router.py): the tier model and its difficulty score, else None.
+        "tier": scope.tier["model"] if scope.tier is not None else None,
+        "tier_score": scope.tier["score"] if scope.tier is not None else None,
     }
 
 
