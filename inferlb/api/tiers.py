@@ -53,9 +53,11 @@ async def explain(request: Request, gw: GatewayDep) -> dict[str, Any]:
     max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None
     text = request_text(body)
     prompt = rt.estimator.estimate(m.tiers.models[0].model, len(text.encode("utf-8", "replace")), text, endpoint)
-    dry = TierRouter(rt.clock)   # a scratch router: thresholds only, no counts touched
+    # A scratch router on the live guards and learned models (a guard's due transition is the live
+    # one's, kept in its transitions); its own choice counts are thrown away.
+    dry = TierRouter(rt.clock)
     if rt.tiers is not None:
-        dry.guards, dry.models = rt.tiers.guards, rt.tiers.models
+        dry.guards, dry.models, dry.transitions = rt.tiers.guards, rt.tiers.models, rt.tiers.transitions
     choice = dry.choose(m.name, m.tiers, body, prompt_tokens=prompt, max_tokens=max_tokens,
                         request_id="explain", text=text, slos=rt.fleet_cfg.slos)
     return choice.to_json()

@@ -16,6 +16,7 @@ from inferlb.engine.outcomes import (
     note_fallback,
 )
 from inferlb.engine.scope import RequestScope
+from inferlb.tiers.router import TierRouter
 
 __all__ = ["evaluate"]
 
@@ -113,7 +114,9 @@ def _tier(scope: RequestScope, alias: ModelConfig, endpoint: str, max_tokens: in
     reason are written to the audit record (``tags["tier"]``; routing/select copies it into each
     decision) and to ``scope.tier``."""
     rt = scope.rt
-    assert alias.tiers is not None and rt.tiers is not None
+    assert alias.tiers is not None
+    if rt.tiers is None:   # a runtime built without one (build_runtime always makes one)
+        rt.tiers = TierRouter(rt.clock)
     models = rt.fleet.models
 
     def estimate(name: str) -> int:
