@@ -54,7 +54,7 @@ from inferlb.engine.gateway import Gateway
 from inferlb.engine.request_end import EndStep, RequestEnd
 from inferlb.engine.scope import Snapshot, build_runtime
 from inferlb.engine.upstream import Upstream
-from inferlb.errors import ClientError, ConfigError, error_body
+from inferlb.errors import ClientError, ConfigError, StoreError, error_body
 from inferlb.fleet.netguard import check_fleet_names
 from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
@@ -75,6 +75,7 @@ from inferlb.store.records import RequestRecord
 from inferlb.store.revision_watch import revision_watch
 from inferlb.store.writer import AuditWriter
 from inferlb.tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
+from inferlb.tiers.audit import warm_from_audit
 from inferlb.tiers.metrics import TierCollector
 from inferlb.tiers.router import TierRouter
 from inferlb.types import Clock, SystemClock
@@ -222,6 +223,12 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                                                  tiers=tier_router.observe),
                            admission_cls=SharedAdmission if clustered else AdmissionController)
         state.admission = rt.admission
+        try:   # learned tier models (learned.enabled) start from the audit trail's outcomes
+            warmed = await asyncio.to_thread(warm_from_audit, tier_router, fleet_cfg, engine)
+            if warmed:
+                log.info("tier models warmed from %d audited outcomes", warmed)
+        except StoreError as exc:
+            log.warning("tier models start cold: the audit trail cannot be read (%s)", exc)
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
                                 config_version=config_version(fleet_cfg), hop_id=settings.cluster.replica_id)
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis

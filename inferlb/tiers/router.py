@@ -35,7 +35,7 @@ from inferlb.config.tiers import TierPolicy
 from inferlb.store.records import RequestRecord
 from inferlb.tiers.classify import Score, features, score, weights_of
 from inferlb.tiers.guard import TierGuard, Transition
-from inferlb.tiers.learned import Example, TierModel
+from inferlb.tiers.learned import Example, TierModel, examples_from_rows
 from inferlb.types import Clock
 from inferlb.versions.assign import unit_hash
 
@@ -220,6 +220,26 @@ class TierRouter:
         if policy.learned.enabled and isinstance(tier.get("features"), dict):
             self._model(alias, model, policy).learn(Example(rec.request_id, model, dict(tier["features"]),
                                                             not error and not missed))
+
+    def warm_start(self, models: Sequence[Any], slos: Sequence[Any], rows: Sequence[Mapping[str, Any]]) -> int:
+        """Train the learned model of every cheaper tier of each alias with ``learned.enabled`` from
+        stored audit rows (tiers/audit.py ``tier_rows``, oldest first), with the same split and
+        labels as at run time; the number of outcomes used. Counts and guards are not touched: they
+        describe this gateway's own traffic."""
+        used = 0
+        for m in models:
+            policy: TierPolicy | None = getattr(m, "tiers", None)
+            if policy is None or not policy.learned.enabled:
+                continue
+            self._policy[m.name] = policy
+            ttft_max, e2e_max = self._slo[m.name] = _slo_of(m.name, slos)
+            cheaper = {t.model for t in policy.models[:-1]}
+            mine = [r for r in rows if ((r.get("tags") or {}).get("tier") or {}).get("alias") == m.name]
+            for ex in examples_from_rows(mine, e2e_max_s=e2e_max, ttft_max_s=ttft_max):
+                if ex.tier in cheaper:
+                    self._model(m.name, ex.tier, policy).learn(ex)
+                    used += 1
+        return used
 
     # -- reading -----------------------------------------------------------------------------------
 
