@@ -4,6 +4,8 @@ the good share up where the same tiers without a guard lose it; a run is determi
 
 from __future__ import annotations
 
+from typing import Any
+
 from benchmarks.tiers_sim import simulate, workload
 
 DURATION = 120.0
@@ -11,7 +13,7 @@ DURATION = 120.0
 
 def test_tiered_sits_between_all_strong_and_all_cheap_and_the_guard_catches_a_degraded_tier() -> None:
     reqs = workload(3, 6.0, DURATION)
-    kw = {"threshold": 0.25, "duration_s": DURATION, "seed": 3}
+    kw: dict[str, Any] = {"threshold": 0.25, "duration_s": DURATION, "seed": 3}
     strong = simulate("strong", "healthy", reqs, **kw).row()
     cheap = simulate("cheap", "healthy", reqs, **kw).row()
     tiered = simulate("tiered", "healthy", reqs, **kw).row()
