@@ -39,14 +39,15 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     rt = scope.rt
     endpoint = req["endpoint"]
     max_tokens = req.get("max_tokens")
-    model = check_model(rt.fleet_cfg, rt.fleet.models, endpoint, req["model"], max_tokens)
+    prompt_bytes = int(req.get("prompt_bytes") or 0)
+    alias = rt.fleet.models.get(req["model"])
+    if alias is not None and alias.tiers is not None:
+        # A model alias: its tier model's rules apply (the alias has no node and no limits of its own).
+        model = _tier(scope, alias, endpoint, max_tokens, prompt_bytes)
+    else:
+        model = check_model(rt.fleet_cfg, rt.fleet.models, endpoint, req["model"], max_tokens)
     if not isinstance(model, ModelConfig):
         return model
-    prompt_bytes = int(req.get("prompt_bytes") or 0)
-    if model.tiers is not None:
-        model = _tier(scope, model, endpoint, max_tokens, prompt_bytes)
-        if not isinstance(model, ModelConfig):
-            return model
     prompt_est = rt.estimator.estimate(model.name, prompt_bytes, scope.prompt_text, endpoint)
     output = 0 if endpoint in ("embeddings", "predict") else int(max_tokens or model.default_max_tokens)
     refused = check_context(model, endpoint, prompt_est, output)

@@ -53,6 +53,15 @@ def test_a_tier_that_cannot_hold_the_request_is_passed_over() -> None:
     assert "does not fit its context or output limit" in scope.record.tags["tier"]["why"]
 
 
+def test_the_tier_models_limits_apply_not_the_aliass() -> None:
+    rt = runtime()
+    big, _ = run(rt, max_tokens=900, prompt_bytes=8)          # over small's 100, within large's 1000
+    assert big["ok"] and big["model"] == "large"
+    over, scope = run(rt, max_tokens=5000, prompt_bytes=8)    # over every tier's limit: the last tier's 400
+    assert over["ok"] is False and over["code"] == "max_tokens_too_large"
+    assert scope.record.tags["tier"]["model"] == "large"      # the choice is still on the record
+
+
 def test_a_model_that_is_no_alias_has_no_tier() -> None:
     out, scope = run(runtime(), model="small", prompt_bytes=8)
     assert out["ok"] and out["tier"] is None and out["tier_score"] is None
