@@ -43,6 +43,7 @@ from inferlb.api import keys as keys_api
 from inferlb.api import metrics as metrics_api
 from inferlb.api import rollouts as rollouts_api
 from inferlb.api import schema as openapi_schema
+from inferlb.api import tiers as tiers_api
 from inferlb.api.auth import require_admin
 from inferlb.cluster.admission import SharedAdmission
 from inferlb.cluster.election import Leadership, LocalLeader
@@ -53,7 +54,7 @@ from inferlb.engine.gateway import Gateway
 from inferlb.engine.request_end import EndStep, RequestEnd
 from inferlb.engine.scope import Snapshot, build_runtime
 from inferlb.engine.upstream import Upstream
-from inferlb.errors import ClientError, ConfigError, error_body
+from inferlb.errors import ClientError, ConfigError, StoreError, error_body
 from inferlb.fleet.netguard import check_fleet_names
 from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
@@ -74,6 +75,9 @@ from inferlb.store.records import RequestRecord
 from inferlb.store.revision_watch import revision_watch
 from inferlb.store.writer import AuditWriter
 from inferlb.tasks import AUTOSCALE_CONTRACT, HEALTH_CONTRACT, REQUEST_CONTRACT, ROLLOUT_CONTRACT, SERVICES
+from inferlb.tiers.audit import warm_from_audit
+from inferlb.tiers.metrics import TierCollector
+from inferlb.tiers.router import TierRouter
 from inferlb.types import Clock, SystemClock
 from inferlb.versions.table import VersionTable
 
@@ -97,7 +101,8 @@ def _envelope(status: int, message: str, etype: str, code: str | None, param: st
 
 def request_end(admission: AdmissionController, *, audit: Callable[[RequestRecord], None],
                 obs: Observability | None = None,
-                versions: Callable[[RequestRecord], None] | None = None) -> RequestEnd:
+                versions: Callable[[RequestRecord], None] | None = None,
+                tiers: Callable[[RequestRecord], None] | None = None) -> RequestEnd:
     """What runs when a request ends, in this order, exactly once per request (rejections,
     clients gone and engine failures included; see engine/request_end.py for failures of a step):
 
@@ -105,12 +110,15 @@ def request_end(admission: AdmissionController, *, audit: Callable[[RequestRecor
     2. ``admission release``: its pool slot freed and handed on, its key's parallel/TPM settled;
     3. ``audit``: the record handed to the batched audit writer (never blocks);
     4. ``versions`` (when given): the per-version window canary rollouts decide on (rollout/window.py);
+       ``tiers`` (when given): a model alias's tier counters, guard and learned model (tiers/router.py);
     5. ``metrics`` and 6. ``traces``: Prometheus counters and the OTel spans of the same record.
     """
     steps: list[EndStep] = [("tenant spend", admission.charge), ("admission release", admission.release),
                             ("audit", audit)]
     if versions is not None:
         steps.append(("versions", versions))
+    if tiers is not None:
+        steps.append(("tiers", tiers))
     if obs is not None and obs.metrics is not None:
         steps.append(("metrics", obs.metrics.observe))
     if obs is not None and obs.tracer is not None:
@@ -207,10 +215,20 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         clustered = settings.cluster_on()
         if settings.cluster.mode == "on" and not clustered:
             raise ConfigError("INFERLB_CLUSTER_MODE=on needs INFERLB_REDIS_URL (and INFERLB_LIMITS other than memory)")
+        tier_router = TierRouter(clock)   # model aliases with tiers: their counts, guards, learned models
+        obs.registry.register(TierCollector(tier_router))
         rt = build_runtime(settings, fleet_cfg, clock=clock, begin=writer.journal_start, versions=versions,
-                           end=functools.partial(request_end, audit=writer.submit, obs=obs, versions=window.observe),
+                           tiers=tier_router,
+                           end=functools.partial(request_end, audit=writer.submit, obs=obs, versions=window.observe,
+                                                 tiers=tier_router.observe),
                            admission_cls=SharedAdmission if clustered else AdmissionController)
         state.admission = rt.admission
+        try:   # learned tier models (learned.enabled) start from the audit trail's outcomes
+            warmed = await asyncio.to_thread(warm_from_audit, tier_router, fleet_cfg, engine)
+            if warmed:
+                log.info("tier models warmed from %d audited outcomes", warmed)
+        except StoreError as exc:
+            log.warning("tier models start cold: the audit trail cannot be read (%s)", exc)
         state.gateway = Gateway(rt, process, upstream, performers={"admission/wait": rt.admission.wait},
                                 config_version=config_version(fleet_cfg), hop_id=settings.cluster.replica_id)
         admission = state.admission_service = AdmissionService(rt.admission, engine)   # keys, queue tick, Redis
@@ -319,7 +337,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
     app.include_router(openai.router, dependencies=[Depends(edge.openai_guard)])
     app.include_router(health.router)
     # the admin plane: the admin key when one is set, else the admin listener only (api/auth.py)
-    for r in (audit.router, admin.router, nodes.router, rollouts_api.router, capacity_api.router):
+    for r in (audit.router, admin.router, nodes.router, rollouts_api.router, capacity_api.router,
+              tiers_api.router):
         app.include_router(r, dependencies=[Depends(require_admin)])
     app.include_router(keys_api.router)
     app.include_router(metrics_api.router)

@@ -15,7 +15,8 @@ per model from the runner, the last ``events`` scaling decisions from ``scaling_
 then the last ``limit`` ended ones, default 10, at most 100, each with its last decision;
 ``enabled`` false with a ``reason`` when no model has versions;
 :func:`inferlb.rollout.panel.versions_panel` says the shape; when the database cannot be read
-the panel shows what this gateway knows).
+the panel shows what this gateway knows). The cost-tiers panel reads ``/admin/tiers``
+(api/tiers.py) and ``/reports/sla?group_by=model,served``.
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
 follows the admin rule (``api/auth.py``, :func:`~inferlb.api.auth.require_admin`: ``/reports/*``,

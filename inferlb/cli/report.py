@@ -29,8 +29,9 @@ def register(sub: Any) -> None:
     r.add_argument("kind", choices=["sla", "cost", "capacity"])
     r.add_argument("--since")
     r.add_argument("--until")
-    r.add_argument("--group-by", dest="group_by", help="model, version, node, tenant, priority (comma-separated) "
-                   "or none; default model (sla), tenant (cost)")
+    r.add_argument("--group-by", dest="group_by", help="model, version, node, tenant, priority, stream, served "
+                   "(the model that served: a model alias's tier) (comma-separated) or none; "
+                   "default model (sla), tenant (cost)")
     r.add_argument("--bucket", help="time buckets, e.g. 5m, 1h, 1d")
     r.add_argument("--csv", type=Path, help="also write the report as CSV to this file")
     r.add_argument("--format", default="table", choices=["table", "json", "csv"])

@@ -38,6 +38,7 @@ from inferlb.config.health import HealthConfig
 from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.rollout import RolloutConfig
+from inferlb.config.tiers import TierPolicy, tier_problems
 from inferlb.config.tls import ListenerTLS, NodeTLS
 from inferlb.config.versions import VersionConfig, version_nodes, version_problems
 from inferlb.errors import DEFAULT_RETRY_ON_STATUS, ConfigError, PluginError
@@ -117,6 +118,8 @@ class ModelConfig(_Strict):
     versions: list[VersionConfig] = Field(default_factory=list)
     # Prefill on one node, decode on another (config/disaggregation.py); None: served whole.
     disaggregation: DisaggregationConfig | None = None
+    # A model alias: each request goes to one of these models by its difficulty (config/tiers.py).
+    tiers: TierPolicy | None = None
 
 
 def _label_text(v: Any) -> Any:
@@ -374,7 +377,8 @@ class FleetConfig(_Strict):
                 if v.selector is not None:
                     _check_selector(f"models[{i}].versions[{j}].selector", f"serving {mc.name!r}", v.selector,
                                     serving, need_one=False)
-        problem = version_problems(self.models, self.nodes) or disaggregation_problems(self.models, self.nodes)
+        problem = (version_problems(self.models, self.nodes) or disaggregation_problems(self.models, self.nodes)
+                   or tier_problems(self.models, self.nodes))
         if problem is not None:
             raise _KeyPathError(*problem)
         for i, mc in enumerate(self.models):

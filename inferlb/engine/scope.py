@@ -21,7 +21,7 @@ One home per per-request concept (every driver of the request process uses these
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from inferlb.routing.prefix import block_hashes, text_key
 from inferlb.routing.profiles import Router
 from inferlb.routing.types import Decision
 from inferlb.store.records import AttemptRecord, RequestRecord
+from inferlb.tiers.router import TierRouter
 from inferlb.types import Clock
 from inferlb.versions.table import Version, VersionTable
 
@@ -100,6 +101,8 @@ class Runtime:
     # The output-length predictor (routing/length.py; routing.output_length), kept across reloads
     # (they replace the runtime's config, not its history); None: the declared budget is used.
     lengths: LengthPredictor | None = None
+    # Model aliases with tiers (tiers/router.py): guard, learned model and counts, kept across reloads.
+    tiers: TierRouter | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class RequestScope:
     version_pinned: bool = False                 # chosen by the client's header: never swapped for another
     user: str | None = None                      # the sticky key's user part (a fallback model's version too)
     tenant: str | None = None
+    body: Mapping[str, Any] | None = None         # the client's body (not copied): a tier alias's classifier reads it
+    tier: dict[str, Any] | None = None           # the tier choice of a model alias (tiers/router.py TierChoice)
 
     def upstream_model(self) -> str:
         """The model name the node is asked for: the version's ``upstream_name``, else the
@@ -199,7 +204,7 @@ def begin_request(rt: Runtime, req: IncomingRequest, *, engine: str | None = Non
     rec = RequestRecord(request_id=rid, received_at=round(rt.clock.time(), 6), endpoint=req.endpoint,
                         model_requested=req.model, tenant=req.tenant, stream=req.stream, engine=engine)
     scope = RequestScope(rt=rt, record=rec, received_mono=rt.clock.monotonic(), prompt_text=req.prompt_text,
-                         user=req.user, tenant=req.tenant)
+                         user=req.user, tenant=req.tenant, body=req.body)
     blocks = rt.router.prefix_blocks
     if blocks:
         if req.prompt_text:
@@ -228,6 +233,7 @@ def build_runtime(
     begin: Callable[[RequestRecord], Awaitable[bool] | None] | None = None,
     admission_cls: type[AdmissionController] = AdmissionController,
     versions: VersionTable | None = None,
+    tiers: TierRouter | None = None,
 ) -> Runtime:
     """Wire fleet, router, estimator and admission for one app (or one test); ``end`` makes the
     end-of-request hook from the admission controller (``functools.partial(app.request_end, ...)``);
@@ -247,4 +253,4 @@ def build_runtime(
     return Runtime(settings=settings, fleet_cfg=fleet_cfg, fleet=fleet, router=router, estimator=estimator,
                    clock=clock, rng=random.Random(seed), on_request_end=end(admission), admission=admission,
                    begin=begin or _no_begin, learner=getattr(router, "lifecycle", None), versions=versions,
-                   lengths=lengths)
+                   lengths=lengths, tiers=tiers if tiers is not None else TierRouter(clock))

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 MAX_BUCKETS = 10_000
-GROUP_BY = ("model", "version", "node", "tenant", "priority", "stream")
+GROUP_BY = ("model", "version", "node", "tenant", "priority", "stream", "served")
 _MAX_EPOCH = 253_402_300_800.0  # 10000-01-01: beyond what ISO-8601 can name
 _MAX_FILTER_LEN = 512
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -143,10 +143,11 @@ def check_buckets(lo_us: int, hi_us: int, bucket_us: int | None) -> None:
 
 
 def group_columns() -> dict[str, ColumnElement[Any]]:
-    """The ``requests`` column behind each group key."""
+    """The ``requests`` column behind each group key (``served``: the model that served, a model
+    alias's tier: ``model,served`` is the per-tier report)."""
     t = REQUESTS.c
     return {"model": t.model_requested, "version": t.model_version, "node": t.node, "tenant": t.tenant,
-            "priority": t.priority, "stream": t.stream}
+            "priority": t.priority, "stream": t.stream, "served": t.model_served}
 
 
 def _encode_cursor(received_us: int, request_id: str) -> str:

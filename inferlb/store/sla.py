@@ -4,7 +4,8 @@ Contract:
 
 * :func:`sla_report` groups by any of :data:`~.report_params.GROUP_BY` (``model`` = the model requested,
   ``version``, ``node`` = the node that answered, ``tenant``, ``priority``, ``stream`` = whether
-  the client asked for a streamed answer, true / false; several at once as
+  the client asked for a streamed answer, true / false; ``served`` = the model that served, which
+  for a model alias with tiers is the tier: ``model,served`` is the per-tier report; several at once as
   ``"model,node"``, none as ``"none"``) and, with ``bucket`` (``5m``, ``1h``, …), by time bucket:
   buckets are aligned on the epoch (UTC) and a request falls in the bucket of its ``received_at``;
   a row's ``bucket`` is the bucket's start in epoch seconds. Per group: ``count``; ``ok``;

@@ -19,9 +19,10 @@ SERVICES: ServiceTable = {
     "request/evaluate": ServiceSpec(
         result="evaluation", fn=evaluate.evaluate, reads=("request",),
         writes=("ok", "model", "version", "prompt_tokens_est", "output_budget", "output_estimate", "priority",
-                "deadline_s",
+                "deadline_s", "tier", "tier_score",
                 "status", "code", "message", "param"),
-        doc="Resolve the model, estimate prompt tokens and output budget, priority and deadline."),
+        doc="Resolve the model (a model alias: its tier), estimate prompt tokens and output budget, priority "
+            "and deadline."),
     "admission/admit": ServiceSpec(
         result="admission", fn=admission.admit, reads=("evaluation", "request"),
         writes=("admitted", "queue", "reason", "status", "retry_after_s", "code", "type", "message",

@@ -1,5 +1,5 @@
 """``request/evaluate``: the model and its version (their rules in :mod:`inferlb.engine.outcomes`),
-token estimate, output budget, priority, deadline."""
+the tier of a model alias (tiers/router.py), token estimate, output budget, priority, deadline."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferlb.config.settings import ModelConfig
-from inferlb.engine.outcomes import check_context, check_model, check_version, context_fallback, note_fallback
+from inferlb.engine.outcomes import (
+    check_context,
+    check_model,
+    check_version,
+    context_fallback,
+    fits_context,
+    note_fallback,
+)
 from inferlb.engine.scope import RequestScope
+from inferlb.tiers.router import TierRouter
 
 __all__ = ["evaluate"]
 
@@ -31,10 +39,15 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
     rt = scope.rt
     endpoint = req["endpoint"]
     max_tokens = req.get("max_tokens")
-    model = check_model(rt.fleet_cfg, rt.fleet.models, endpoint, req["model"], max_tokens)
+    prompt_bytes = int(req.get("prompt_bytes") or 0)
+    alias = rt.fleet.models.get(req["model"])
+    if alias is not None and alias.tiers is not None:
+        # A model alias: its tier model's rules apply (the alias has no node and no limits of its own).
+        model = _tier(scope, alias, endpoint, max_tokens, prompt_bytes)
+    else:
+        model = check_model(rt.fleet_cfg, rt.fleet.models, endpoint, req["model"], max_tokens)
     if not isinstance(model, ModelConfig):
         return model
-    prompt_bytes = int(req.get("prompt_bytes") or 0)
     prompt_est = rt.estimator.estimate(model.name, prompt_bytes, scope.prompt_text, endpoint)
     output = 0 if endpoint in ("embeddings", "predict") else int(max_tokens or model.default_max_tokens)
     refused = check_context(model, endpoint, prompt_est, output)
@@ -89,4 +102,37 @@ def evaluate(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, 
         "output_estimate": scope.output_estimate,
         "priority": rec.priority,
         "deadline_s": round(budget, 3),
+        # A model alias's tier (tiers/router.py): the tier model and its difficulty score, else None.
+        "tier": scope.tier["model"] if scope.tier is not None else None,
+        "tier_score": scope.tier["score"] if scope.tier is not None else None,
     }
+
+
+def _tier(scope: RequestScope, alias: ModelConfig, endpoint: str, max_tokens: int | None,
+          prompt_bytes: int) -> ModelConfig | dict[str, Any]:
+    """The tier model a request for ``alias`` goes to (tiers/router.py), or its rejection by that
+    model's rules (:func:`check_model`). The choice, its score, features, contributions and the
+    reason are written to the audit record (``tags["tier"]``; routing/select copies it into each
+    decision) and to ``scope.tier``."""
+    rt = scope.rt
+    assert alias.tiers is not None
+    if rt.tiers is None:   # a runtime built without one (build_runtime always makes one)
+        rt.tiers = TierRouter(rt.clock)
+    models = rt.fleet.models
+
+    def estimate(name: str) -> int:
+        return rt.estimator.estimate(name, prompt_bytes, scope.prompt_text, endpoint)
+
+    def fits(name: str) -> bool:
+        m = models.get(name)
+        return m is not None and fits_context(m, endpoint, estimate(name), max_tokens)
+
+    choice = rt.tiers.choose(alias.name, alias.tiers, scope.body or {},
+                             prompt_tokens=estimate(alias.tiers.models[0].model), max_tokens=max_tokens,
+                             request_id=str(scope.record.request_id), text=scope.prompt_text, fits=fits,
+                             slos=rt.fleet_cfg.slos)
+    entry = choice.to_json()
+    scope.tier = entry
+    rec = scope.record
+    rec.tags = {**rec.tags, "tier": entry}
+    return check_model(rt.fleet_cfg, models, endpoint, choice.model, max_tokens)

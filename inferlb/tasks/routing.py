@@ -76,6 +76,8 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         entry["version"] = version.name
     if switched_from is not None:
         entry["version_fallback_from"] = switched_from.name
+    if scope.tier is not None:   # a model alias's tier choice (tiers/router.py), in every decision
+        entry["tier"] = scope.tier
     rec.decisions.append(entry)
     rec.routed_at = round(rt.clock.time(), 6)
     node = decision.pick

@@ -75,6 +75,8 @@ ROUTES: dict[tuple[str, str], Class] = {
     ("GET", "/admin/rollouts"): "admin",
     ("GET", "/admin/rollouts/{rollout_id}"): "admin",
     ("POST", "/admin/rollouts/{rollout_id}/abort"): "admin",
+    ("GET", "/admin/tiers"): "admin",
+    ("POST", "/admin/tiers/explain"): "admin",
     ("GET", "/admin/autoscale"): "admin",
     ("POST", "/admin/keys"): "admin",
     ("GET", "/admin/keys"): "admin",

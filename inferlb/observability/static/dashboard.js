@@ -4,7 +4,8 @@
 // 0 = off; default 60). When everything is drawn, window.inferlbDashboard.ready is true and
 // .charts says how many series and points each chart got (the browser test reads it), and
 // .autoscale what the autoscaling panel showed (enabled, models, events), .versions what the
-// versions and rollouts panel showed (enabled, models, rollouts).
+// versions and rollouts panel showed (enabled, models, rollouts), .tiers what the cost-tiers panel
+// showed (aliases, tiers, tripped).
 // With authentication on, the data routes want the admin key: on a 401/403 the page shows its
 // sign-in form (.needsKey is true), keeps the key in this tab's sessionStorage and sends it as
 // "Authorization: Bearer" on every fetch.
@@ -274,6 +275,28 @@
       "no rollout yet");
   }
 
+  // The cost-tiers panel (GET /admin/tiers, and /reports/sla grouped by model,served for the window):
+  // one row per tier of each model alias: its threshold, the window's requests, error rate and SLO
+  // attainment, the cost and choices since this gateway started, and its guard (tripped: why).
+  function tiersPanel(state, sla) {
+    const aliases = state.data || [];
+    const rows = [];
+    let tripped = 0;
+    for (const a of aliases) {
+      for (const t of a.tiers) {
+        const w = (sla.data || []).find((row) => row.model === a.alias && row.served === t.model) || {};
+        const g = t.guard;
+        if (g && g.tripped) tripped += 1;
+        rows.push([a.alias, t.model, t.max_score == null ? "rest" : `≤ ${t.max_score}`, fmt.n(w.count),
+          fmt.pct(w.error_rate), fmt.pct(w.slo_attainment), fmt.n(t.chosen), fmt.money(t.cost),
+          g ? (g.tripped ? `TRIPPED: ${g.reason}` : `ok (${g.trips} trips)`) : "–"]);
+      }
+    }
+    dash.tiers = { aliases: aliases.length, tiers: rows.length, tripped };
+    table("tiers", ["alias", "tier", "score", "requests", "error rate", "in SLO", "chosen since start",
+      "cost since start", "guard"], rows, "no model alias has tiers");
+  }
+
   function states(hist) {
     const el = $("chart-states");
     el.textContent = "";
@@ -329,7 +352,8 @@
     const b = { ...w, bucket: `${r.bucket}s` };
     // One call first: without a key (auth on) only it is refused, not nine (failures are rate-limited).
     const hist = await getJSON("/dashboard/node-states");
-    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, scaling, versions] = await Promise.all([
+    const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, scaling, versions, tierState,
+      slaTiers] = await Promise.all([
       getJSON("/reports/sla", { ...b, group_by: "none" }),
       getJSON("/reports/sla", { ...b, group_by: "model" }),
       getJSON("/reports/sla", { ...b, group_by: "node" }),
@@ -340,6 +364,8 @@
       getJSON("/reports/cost", { ...w, group_by: "tenant" }),
       getJSON("/dashboard/autoscale", { events: 20 }),
       getJSON("/dashboard/versions", { limit: 10 }),
+      getJSON("/admin/tiers"),
+      getJSON("/reports/sla", { ...w, group_by: "model,served" }),
     ]);
     while (plots.length) plots.pop().destroy();
     const xs = axis(r);
@@ -364,6 +390,7 @@
     states(hist);
     autoscalePanel(scaling);
     versionsPanel(versions);
+    tiersPanel(tierState, slaTiers);
     const total = slaTotal.data[0] || {};
     const sum = costTotal.summary || {};
     tiles([
