@@ -19,7 +19,10 @@ down (``lora_failed``, fleet/state.py).
   punished). A request without an adapter scores 1.0 everywhere (the scorer changes no ranking).
 * Hot adapters spread: a node that has the adapter but is *saturated* (its queue at
   ``saturated_waiting`` requests or more, or its KV cache at ``saturated_kv`` or more, or its
-  gateway-side requests at its concurrency limit) scores ``free_slot``, not ``running``: the load
+  gateway-side requests at its concurrency limit, or, with ``spread_on_slot_wait`` (off by
+  default: on the train seeds of benchmarks/lora_des.py it lowered TTFT p99 in some settings and
+  raised it in others, docs/benchmarks.md), running adapters hold every slot while other adapters
+  wait there for one) scores ``free_slot``, not ``running``: the load
   scorers then decide between it and a node with a free slot, so a popular adapter is loaded on a
   second node instead of queueing behind the first.
 
@@ -74,6 +77,7 @@ class LoraAffinityParams(BaseModel):
     unknown: float = Field(0.5, ge=0, le=1)
     saturated_waiting: int = Field(4, ge=1)      # queued requests at which a node counts as saturated
     saturated_kv: float = Field(0.9, gt=0, le=1)  # KV-cache use at which it does
+    spread_on_slot_wait: bool = False             # ... and when other adapters wait there for a slot
 
 
 def lora_state(adapter: str, node: NodeView) -> str:
@@ -103,7 +107,9 @@ class LoraAffinity:
         p = self.p
         return ((node.waiting is not None and node.waiting >= p.saturated_waiting)
                 or (node.kv_usage is not None and node.kv_usage >= p.saturated_kv)
-                or node.inflight_requests >= node.max_concurrency)
+                or node.inflight_requests >= node.max_concurrency
+                or (p.spread_on_slot_wait and node.max_lora is not None and len(node.lora_running) >= node.max_lora
+                    and not node.lora_waiting <= node.lora_running))
 
     def score(self, req: RouteRequest, node: NodeView) -> float:
         adapter = req.adapter
