@@ -81,8 +81,8 @@ def with_adapters(reqs: Sequence[PlannedRequest], adapters: int, zipf: float, se
                            getattr(r, "max_tokens", None)) for r, a in zip(reqs, picks, strict=True)]
 
 
-def run_one(profile: str, weight: float, spread: bool, *, w: Workload, nodes: int, adapters: int, zipf: float, max_lora: int,
-            load_s: float, rate: float, duration_s: float, seed: int) -> dict[str, Any]:
+def run_one(profile: str, weight: float, spread: bool, *, w: Workload, nodes: int, adapters: int, zipf: float,
+            max_lora: int, load_s: float, rate: float, duration_s: float, seed: int) -> dict[str, Any]:
     lora = LoraSpec(adapters=tuple(f"lora-{k:02d}" for k in range(adapters)), max_lora=max_lora, load_s=load_s)
     specs = [preset_spec(f"a100-{i}", "a100", [w.model], lora=lora) for i in range(nodes)]
     scorers = None
