@@ -56,18 +56,10 @@ SIM_OUTPUT_FIELD = "inferlb_sim_output_tokens"
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None,
-                 param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, code: str | int | None = None,
+                 param: str | None = None, type_: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-
-
-class _AdapterMissing(Exception):
-    """The request's LoRA adapter failed to load: vLLM's 404 (simulator/lora.py ``not_found_message``)."""
-
-    def __init__(self, adapter: str) -> None:
-        super().__init__(adapter)
-        self.adapter = adapter
+        self.status, self.message, self.code, self.param, self.type_ = status, message, code, param, type_
 
 
 class _Keep:
@@ -147,9 +139,7 @@ class EmulatedNode(NodeServer):
                     return await self._respond(request, body)
                 return await self._infer_v2(request, body)
             except _BadRequest as exc:
-                return self._error(exc.status, exc.message, code=exc.code, param=exc.param)
-            except _AdapterMissing as exc:
-                return self._error(404, not_found_message(exc.adapter), type_="NotFoundError", code=404)
+                return self._error(exc.status, exc.message, type_=exc.type_, code=exc.code, param=exc.param)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away (or the node was stopped): the generation ends here.
             self.stats.disconnects += 1
@@ -222,7 +212,7 @@ class EmulatedNode(NodeServer):
             return None
         if model in slots.spec.fail or model in self.faults.lora_fail:
             self.stats.faults_injected += 1
-            raise _AdapterMissing(model)
+            raise _BadRequest(404, not_found_message(model), code=404, type_="NotFoundError")   # vLLM's words
         ready = slots.acquire(model, self._clock.monotonic())
         if ready is None:
             slots.block(model)
