@@ -15,12 +15,14 @@ per model from the runner, the last ``events`` scaling decisions from ``scaling_
 then the last ``limit`` ended ones, default 10, at most 100, each with its last decision;
 ``enabled`` false with a ``reason`` when no model has versions;
 :func:`inferlb.rollout.panel.versions_panel` says the shape; when the database cannot be read
-the panel shows what this gateway knows). The cost-tiers panel reads ``/admin/tiers``
-(api/tiers.py) and ``/reports/sla?group_by=model,served``.
+the panel shows what this gateway knows) and ``GET /dashboard/lora`` (the LoRA adapters panel:
+each LoRA model's adapters and base, each node's running / waiting adapters, slots and adapters
+cooling down after a failed load; :func:`inferlb.observability.lora_panel.lora_panel` says the shape).
+The cost-tiers panel reads ``/admin/tiers`` (api/tiers.py) and ``/reports/sla?group_by=model,served``.
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
 follows the admin rule (``api/auth.py``, :func:`~inferlb.api.auth.require_admin`: ``/reports/*``,
-``/dashboard/node-states``, ``/dashboard/autoscale``, ``/dashboard/versions``). On a 401/403
+``/dashboard/node-states``, ``/dashboard/autoscale``, ``/dashboard/versions``, ``/dashboard/lora``). On a 401/403
 the page asks for the key once, keeps it in the tab's ``sessionStorage`` (never a cookie, so other
 sites cannot make the browser send it) and sends it as ``Authorization: Bearer`` on its fetches.
 """
@@ -36,10 +38,11 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from inferlb.api.auth import require_admin
-from inferlb.api.deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
+from inferlb.api.deps import AutoscalerDep, GatewayDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
 from inferlb.autoscale.panel import AUTOSCALE_OFF, autoscale_panel
 from inferlb.autoscale.store import recent_scaling_events
 from inferlb.errors import ClientError, InvalidRequest, StoreError
+from inferlb.observability.lora_panel import lora_panel
 from inferlb.rollout.panel import versions_panel
 from inferlb.rollout.store import ended_rollouts, last_rollout_events, running_rollouts
 
@@ -146,3 +149,10 @@ async def versions(manager: RolloutsDep, store: OptionalStoreDep, limit: str | N
         if pending is not None:
             last[r["id"]] = pending
     return versions_panel(manager.versions.describe(), live, stored, last, limit=n)
+
+
+@router.get("/dashboard/lora", dependencies=[Depends(require_admin)])
+async def lora(gw: GatewayDep) -> dict[str, Any]:
+    """Where each LoRA adapter runs or waits now, per node, and which node is out for which adapter."""
+    rt = gw.rt
+    return lora_panel(rt.fleet_cfg.models, rt.fleet.describe())

@@ -35,6 +35,7 @@ from inferlb.config.cluster import ClusterSettings
 from inferlb.config.disaggregation import DisaggregationConfig, NodeRole, disaggregation_problems
 from inferlb.config.discovery import DiscoveryConfig
 from inferlb.config.health import HealthConfig
+from inferlb.config.lora import LoraConfig, default_profile, lora_problems
 from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.rollout import RolloutConfig
@@ -120,6 +121,8 @@ class ModelConfig(_Strict):
     disaggregation: DisaggregationConfig | None = None
     # A model alias: each request goes to one of these models by its difficulty (config/tiers.py).
     tiers: TierPolicy | None = None
+    # Served as a LoRA adapter on a base model (config/lora.py); None: not an adapter.
+    lora: LoraConfig | None = None
 
 
 def _label_text(v: Any) -> Any:
@@ -330,6 +333,12 @@ class FleetConfig(_Strict):
         """Why this fleet's network policy refuses a node at ``url`` (config/netpolicy.py), or None."""
         return url_problem(url, self.network_policy, self._listeners)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_profile(cls, raw: Any) -> Any:
+        """A fleet with a LoRA model routes with ``lora-affinity`` unless told otherwise (config/lora.py)."""
+        return default_profile(raw) if isinstance(raw, dict) else raw
+
     @model_validator(mode="after")
     def _policy(self, info: ValidationInfo) -> FleetConfig:
         listeners = (info.context or {}).get("listeners", ())
@@ -378,7 +387,7 @@ class FleetConfig(_Strict):
                     _check_selector(f"models[{i}].versions[{j}].selector", f"serving {mc.name!r}", v.selector,
                                     serving, need_one=False)
         problem = (version_problems(self.models, self.nodes) or disaggregation_problems(self.models, self.nodes)
-                   or tier_problems(self.models, self.nodes))
+                   or tier_problems(self.models, self.nodes) or lora_problems(self.models))
         if problem is not None:
             raise _KeyPathError(*problem)
         for i, mc in enumerate(self.models):

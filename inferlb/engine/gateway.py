@@ -41,6 +41,7 @@ from inferlb.errors import (
     error_event,
 )
 from inferlb.routing.lifecycle import observe_decision
+from inferlb.routing.lora import adapter_failure
 from inferlb.routing.reward import observe_reward
 from inferlb.store.records import AttemptRecord, RequestRecord
 from inferlb.workflow.base import ExternalCall, Instance
@@ -323,6 +324,8 @@ class Gateway:
             observe_reward(rt.router, scope.decision, ok=False, stream=False, ttft_s=None, e2e_s=None,
                            tokens=0)
         kind = "retryable" if exc.retryable_under(rt.fleet_cfg.retry.retry_on_status) else "fatal"
+        if kind == "fatal" and isinstance(exc, UpstreamStatusError) and _adapter_failed(scope, node, exc):
+            kind = "retryable"    # that node lacks the adapter, not the request: another node may have it
         scope.deadline_cut = client_deadline
         attempt.outcome = kind
         attempt.http_status = status
@@ -573,3 +576,18 @@ class _Live:
     def __init__(self, resp: UpstreamResponse) -> None:
         self.resp = resp
         self.stopped: str | None = None
+
+
+def _adapter_failed(scope: RequestScope, node: str, exc: UpstreamStatusError) -> bool:
+    """Whether ``node``'s error answer says the request's LoRA adapter failed to load there
+    (routing/lora.py ``adapter_failure``); if so the node is marked for that adapter only, for the
+    model's ``lora.failure_cooldown_s`` (fleet/state.py ``adapter_failed``)."""
+    model = scope.rt.fleet.models.get(scope.model)
+    if model is None or model.lora is None:
+        return False
+    adapter = scope.upstream_model()
+    said = node_error(exc.body)
+    if not adapter_failure(exc.status, said["message"] if said is not None else None, adapter):
+        return False
+    scope.rt.fleet.adapter_failed(node, adapter, model.lora.failure_cooldown_s)
+    return True

@@ -157,14 +157,20 @@ class RequestScope:
 
     def upstream_model(self) -> str:
         """The model name the node is asked for: the version's ``upstream_name``, else the
-        model's, else the model's own name. The one place dispatch reads it from."""
-        v = self.version
+        model's LoRA ``adapter`` (config/lora.py), else its ``upstream_name``, else the model's own
+        name. The one place dispatch reads it from."""
+        return self.upstream_model_for(self.version)
+
+    def upstream_model_for(self, v: Version | None) -> str:
+        """:meth:`upstream_model` were ``v`` the request's version (routing asks it of a fallback version)."""
         if v is not None and v.upstream_name:
             return v.upstream_name
         # The request's own config first: a reload may have dropped the model since it started.
         name = self.model or self.record.model_requested
         m = self.rt.fleet_cfg.model(name) or self.rt.fleet.models.get(name)
-        return (m.upstream_name or m.name) if m is not None else self.record.model_requested
+        if m is None:
+            return self.record.model_requested
+        return (m.lora.adapter if m.lora is not None else None) or m.upstream_name or m.name
 
     def begin_attempt(self) -> AttemptRecord:
         """Start the next attempt against the node the last routing decision picked.

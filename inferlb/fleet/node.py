@@ -69,6 +69,8 @@ class NodeState:
     held: bool = False
     retired: bool = False
     rtt_ms: float | None = None           # EWMA of the readiness probe's time (health/isolation.py: observe)
+    # LoRA adapters that failed to load here → monotonic time their cool-down ends (Fleet.adapter_failed)
+    lora_failed: dict[str, float] = field(default_factory=dict)
 
     # The fleet that caches this node's routing view: told of every attribute set (see Fleet.views).
     _owner: ClassVar[Fleet | None] = None

@@ -33,7 +33,10 @@ What routing sees (:meth:`Fleet.views`):
   ``rtt_ms`` is the EWMA of the node's readiness-probe time (the ``rtt`` scorer reads it);
 * ``waiting`` / ``kv_usage`` come from the last fresh metrics sample; stale samples are unknown,
   and a node whose samples are all stale is shown saturated (``kv_usage`` 1, ``waiting`` at its
-  concurrency limit).
+  concurrency limit). ``lora_running`` / ``lora_waiting`` / ``max_lora`` come from the same fresh
+  sample (vLLM's ``vllm:lora_requests_info``; empty / None otherwise);
+* ``lora_failed``: the adapters that failed to load on the node (:meth:`Fleet.adapter_failed`)
+  until their cool-down ends, to the microsecond; the node stays routable for everything else.
 """
 
 from __future__ import annotations
@@ -214,11 +217,21 @@ class Fleet:
         stale = self.health.stale_after_s
         waiting: int | None = None
         kv: float | None = None
+        lora: dict[str, Any] | None = None
         until = math.inf
         if now < st.cooldown_until:
             until = st.cooldown_until
+        failed: frozenset[str] = frozenset()
+        if st.lora_failed:
+            live = {a: t for a, t in st.lora_failed.items() if t > now}
+            if len(live) < len(st.lora_failed):
+                object.__setattr__(st, "lora_failed", live)   # the spent ones: no rebuild needed for them
+            if live:
+                failed = frozenset(live)
+                until = min(until, min(live.values()))
         if st.load is not None and st.load.age(now) <= stale:
             waiting, kv = st.load.values.get("waiting"), st.load.values.get("kv_usage")
+            lora = st.load.values.get("lora")
             until = min(until, math.nextafter(st.load.taken_at + stale, math.inf))
         elif st.samples:
             newest = max(s.taken_at for s in st.samples.values())
@@ -237,7 +250,20 @@ class Fleet:
             inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
             waiting=waiting, kv_usage=kv, healthy=healthy, unhealthy_reason=reason,
             tokens_per_s=st.tokens_per_s, ttft_s=st.ttft_ewma, labels=self._labels[name], rtt_ms=st.rtt_ms,
+            lora_running=frozenset(lora["running"]) if lora else frozenset(),
+            lora_waiting=frozenset(lora["waiting"]) if lora else frozenset(),
+            max_lora=lora["max_lora"] if lora else None, lora_failed=failed,
         )
+
+    def adapter_failed(self, node: str, adapter: str, seconds: float) -> None:
+        """LoRA ``adapter`` failed to load on ``node``: routing skips the node for that adapter (and
+        for it only) for ``seconds`` (extends, never shortens); the audit trail gets a node event."""
+        st = self.nodes[node]
+        now = self.clock.monotonic()
+        until = max(st.lora_failed.get(adapter, 0.0), now + seconds)
+        st.lora_failed = {**st.lora_failed, adapter: until}
+        self.add_event(NodeEvent(node, st.state, st.state, f"LoRA adapter {adapter!r} failed to load",
+                                 round(self.clock.time(), 6), {"adapter": adapter, "cooldown_s": seconds}))
 
     def touch(self, node: str) -> None:
         """``node``'s live state changed in a way attribute sets do not show (a dict updated in
@@ -436,6 +462,8 @@ class Fleet:
                 "inflight_requests": st.inflight_requests, "inflight_tokens": st.inflight_tokens,
                 "capacity_tokens": st.cfg.capacity_tokens, "effective_capacity_tokens": v.capacity_tokens,
                 "waiting": v.waiting, "kv_usage": v.kv_usage, "requests_total": st.requests_total,
+                "lora": {"running": sorted(v.lora_running), "waiting": sorted(v.lora_waiting),
+                         "max_lora": v.max_lora, "failed": sorted(v.lora_failed)},
                 "failures_total": st.failures_total, "tokens_per_s": st.tokens_per_s,
                 "ttft_s": round(st.ttft_ewma, 6) if st.ttft_ewma is not None else None,
                 "ttft_baseline_s": st.ttft_baseline, "rtt_ms": st.rtt_ms, "labels": dict(st.cfg.labels),

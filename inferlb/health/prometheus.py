@@ -7,12 +7,19 @@ this module only knows which series mean what:
 
 * vLLM: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (summed over engines/models),
   KV-cache use from ``vllm:kv_cache_usage_perc`` (v1 engine) or the older
-  ``vllm:gpu_cache_usage_perc`` (both a 0..1 fraction despite the name; the fullest engine wins).
+  ``vllm:gpu_cache_usage_perc`` (both a 0..1 fraction despite the name; the fullest engine wins);
+  LoRA adapters from ``vllm:lora_requests_info``, a gauge whose value is the time it was last set
+  and whose labels ``running_lora_adapters`` / ``waiting_lora_adapters`` (comma-separated adapter
+  names) and ``max_lora`` are the state: vLLM sets a new label set each time the state changes,
+  so the page holds old ones too and the newest sample (largest value) wins. ``lora`` is
+  ``{"running": [...], "waiting": [...], "max_lora": int | None}`` (names sorted), None when the
+  page has no such gauge (a server started without ``--enable-lora``).
 * TGI: ``tgi_batch_current_size`` (running), ``tgi_queue_size`` (waiting); TGI exports no KV use.
 * SGLang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage`` (0..1).
 * DCGM exporter: per-GPU ``DCGM_FI_DEV_*`` fields, returned in the node agent's report shape.
 
-Server results: ``{"format", "running", "waiting", "kv_usage"}`` with None for what the page lacks.
+Server results: ``{"format", "running", "waiting", "kv_usage"}`` with None for what the page lacks
+(vLLM's also ``lora``).
 Which function parses which format is the one table of formats,
 :data:`inferlb.config.health.METRICS_PARSERS`, where a format of your own is added too.
 """
@@ -48,17 +55,45 @@ def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
+_LORA_INFO = "vllm:lora_requests_info"
+
+
+def _names(text: str | None) -> list[str]:
+    return sorted({n.strip() for n in (text or "").split(",") if n.strip()})
+
+
+def _lora(labels: dict[str, str] | None) -> dict[str, Any] | None:
+    """The LoRA state of a ``vllm:lora_requests_info`` sample's labels (see the module docstring)."""
+    if labels is None:
+        return None
+    raw = labels.get("max_lora", "").strip()
+    try:
+        max_lora: int | None = int(float(raw)) if raw else None
+    except ValueError:
+        max_lora = None
+    if max_lora is not None and max_lora < 0:
+        max_lora = None
+    return {"running": _names(labels.get("running_lora_adapters")),
+            "waiting": _names(labels.get("waiting_lora_adapters")), "max_lora": max_lora}
+
+
 class _Acc:
     """Sums and maxima by series name, ignoring NaN/Inf."""
 
     def __init__(self, text: str) -> None:
         self.sum: dict[str, float] = {}
         self.max: dict[str, float] = {}
+        self.lora: dict[str, str] | None = None     # the newest vllm:lora_requests_info sample's labels
+        lora_at = -math.inf
         seen_any = False
-        for name, _labels, value in series(text):
+        for name, labels, value in series(text):
             seen_any = True
             v = _finite(value)
             if v is None:
+                continue
+            if name == _LORA_INFO:
+                if v >= lora_at:
+                    self.lora, lora_at = labels, v
                 continue
             self.sum[name] = self.sum.get(name, 0.0) + v
             self.max[name] = max(self.max.get(name, v), v)
@@ -80,7 +115,7 @@ def parse_vllm(text: str) -> dict[str, Any]:
     a = _Acc(text)
     return {"format": "vllm", "running": a.count("vllm:num_requests_running"),
             "waiting": a.count("vllm:num_requests_waiting"),
-            "kv_usage": a.fraction("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")}
+            "kv_usage": a.fraction("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "lora": _lora(a.lora)}
 
 
 def parse_tgi(text: str) -> dict[str, Any]:

@@ -23,6 +23,10 @@ Every profile filters by ``node-selector`` after ``serves-model`` (a no-op unles
   a request with a session (``x-session-id`` / ``user``) or a prompt of at least one full block
   goes to its key's node in rendezvous-hash order, escaping to the next when that node is past
   (1 + ε) × the candidates' mean load (routing/affinity.py); others by score.
+- ``lora-affinity`` (the default of a fleet with a LoRA model, config/lora.py): token-aware's
+  filters plus ``lora-available``, its scorers plus lora-affinity ×2 (routing/lora.py: nodes
+  running the request's adapter first, then queued, then a free adapter slot; a saturated node
+  with the adapter counts as a free slot, so hot adapters spread); max-score.
 
 A profile may be customised in the fleet file (``routing.filters/scorers/picker/params``); a
 plugin's params given there are merged over the profile's own (key by key).
@@ -96,6 +100,8 @@ PROFILES: dict[str, ProfileSpec] = {
     # Its predicted-latency params: LEARNED_LATENCY (below).
     "learned": ProfileSpec((*_BASE, "has-capacity"), {"predicted-latency": 3.0, "outstanding-tokens": 1.0},
                            "softmax-bandit", sample=SAMPLE, params={"predicted-latency": LEARNED_LATENCY}),
+    "lora-affinity": ProfileSpec((*_BASE, "lora-available", "has-capacity"), {**_TOKEN_AWARE, "lora-affinity": 2.0},
+                                 sample=SAMPLE),
     "prefix-affinity": ProfileSpec((*_BASE, "has-capacity"), {**_TOKEN_AWARE, "rtt": 0.5}, "affinity",
                                    sample=SAMPLE),
 }

@@ -28,6 +28,7 @@ BUILTINS = Table("routing plugin", {
     "serves-model": f"{_P}:ServesModel",
     "has-capacity": f"{_P}:HasCapacity",
     "node-selector": f"{_R}.selector:NodeSelectorFilter",
+    "lora-available": f"{_R}.lora:LoraAvailable",
     # scorers
     "outstanding-tokens": f"{_P}:OutstandingTokens",
     "queue-depth": f"{_P}:QueueDepth",
@@ -37,6 +38,7 @@ BUILTINS = Table("routing plugin", {
     "decode-speed": f"{_P}:DecodeSpeed",
     "predicted-latency": "inferlb.routing.learned:PredictedLatency",
     "rtt": f"{_R}.rtt:Rtt",
+    "lora-affinity": f"{_R}.lora:LoraAffinity",
     # pickers
     "max-score": f"{_P}:MaxScore",
     "weighted-random": f"{_P}:WeightedRandom",

@@ -59,6 +59,11 @@ class NodeView:
     ``labels``: the node's labels from the fleet file (sorted pairs; the ``node-selector`` filter
     reads them); ``rtt_ms``: the gateway's EWMA of the node's readiness-probe time (None until a
     probe answered; the ``rtt`` scorer reads it).
+    ``lora_running`` / ``lora_waiting`` / ``max_lora``: the LoRA adapters of the requests the node
+    is running / has queued and its adapter slots, from vLLM's ``vllm:lora_requests_info`` (empty
+    and None when the node does not report it); ``lora_failed``: adapters that failed to load on
+    this node and are cooling down (the ``lora-available`` filter and ``lora-affinity`` scorer,
+    routing/lora.py, read them).
     """
 
     name: str
@@ -76,6 +81,10 @@ class NodeView:
     tokens_per_s: float | None = None          # learned decode speed (EWMA)
     ttft_s: float | None = None                # recent streamed time to first token (EWMA, seconds)
     rtt_ms: float | None = None                # probe round trip (EWMA), health/isolation.py
+    lora_running: frozenset[str] = frozenset()   # vllm:lora_requests_info running_lora_adapters
+    lora_waiting: frozenset[str] = frozenset()   # ... waiting_lora_adapters
+    max_lora: int | None = None                  # ... max_lora (None: not reported)
+    lora_failed: frozenset[str] = frozenset()    # adapters that failed to load here (cooling down)
 
 
 class NodeList(list[NodeView]):
@@ -114,7 +123,8 @@ class RouteRequest:
     the client's session (``x-session-id`` header, else the body's ``user``), None without one;
     ``selector``: the node labels the model requires (None: any node); ``only``: the nodes of the
     request's model version: when set, no other node is considered (the router's built-in
-    ``model-version`` filter, applied to the pool before sampling).
+    ``model-version`` filter, applied to the pool before sampling); ``adapter``: the LoRA adapter
+    the request names on the node (config/lora.py; None: the model is no adapter).
     """
 
     model: str
@@ -128,6 +138,7 @@ class RouteRequest:
     session: int | None = None
     selector: LabelSelector | None = None
     only: frozenset[str] | None = None
+    adapter: str | None = None
 
     @property
     def tokens(self) -> int:

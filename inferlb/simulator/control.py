@@ -69,7 +69,8 @@ class NodeControl:
 
     async def models(self, request: web.Request) -> web.Response:
         node = self.node
-        return web.Response(body=fmt.models_body(node.spec.models, "inferlb-sim"), content_type=_JSON)
+        return web.Response(body=fmt.models_body([*node.spec.models, *node.spec.adapters()], "inferlb-sim"),
+                            content_type=_JSON)
 
     async def get_stats(self, request: web.Request) -> web.Response:
         node = self.node
@@ -105,7 +106,7 @@ class NodeControl:
         text = render_metrics(node.spec.models[0], running=e["running"], waiting=e["waiting"],
                               kv_usage=e["kv_usage"], preemptions=e["preemptions"],
                               prompt_tokens=e["prompt_tokens"], generation_tokens=e["generation_tokens"],
-                              oom_crashes=e["oom_crashes"], metrics=node.metrics)
+                              oom_crashes=e["oom_crashes"], metrics=node.metrics, lora=node.lora_info())
         return web.Response(body=text.encode(), headers={"Content-Type": _PROM})
 
     async def get_gpu(self, request: web.Request) -> web.Response:

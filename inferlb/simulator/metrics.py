@@ -6,7 +6,8 @@ Contract: the metric names, types and labels are vLLM's (``vllm:num_requests_run
 ``vllm:generation_tokens_total``, ``vllm:request_success_total``, and the histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds``,
 ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``), each with the
-``model_name`` label, so a scraper written for real vLLM reads the emulator unchanged. Extra
+``model_name`` label, so a scraper written for real vLLM reads the emulator unchanged; a node with
+LoRA adapters also ``vllm:lora_requests_info`` (no ``model_name``, as vLLM's). Extra
 ``inferlb_sim_*`` series carry what vLLM cannot report (OOM crashes). The text is Prometheus
 exposition format 0.0.4, built by hand: no global registry, many nodes per process.
 
@@ -95,8 +96,12 @@ def _gauge(name: str, help_: str, labels: str, value: float, kind: str = "gauge"
 
 
 def render_metrics(model: str, *, running: int, waiting: int, kv_usage: float, preemptions: int,
-                   prompt_tokens: int, generation_tokens: int, oom_crashes: int, metrics: NodeMetrics) -> str:
-    """The ``/metrics`` text of one node serving ``model``."""
+                   prompt_tokens: int, generation_tokens: int, oom_crashes: int, metrics: NodeMetrics,
+                   lora: tuple[int, list[tuple[str, str, float]]] | None = None) -> str:
+    """The ``/metrics`` text of one node serving ``model``. ``lora``: ``(max_lora, [(running,
+    waiting, time set), ...])`` of a node with LoRA adapters: vLLM's ``vllm:lora_requests_info``,
+    one series per label set it set (comma-separated adapter names), its value the time it was set
+    (simulator/lora.py)."""
     lab = f'model_name="{model}"'
     out: list[str] = []
     out += _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", lab, running)
@@ -120,6 +125,12 @@ def render_metrics(model: str, *, running: int, waiting: int, kv_usage: float, p
          metrics.queue),
     ):
         out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram", *hist.lines(name, lab)]
+    if lora is not None:
+        max_lora, sets = lora
+        out += ["# HELP vllm:lora_requests_info Running stats on lora requests.",
+                "# TYPE vllm:lora_requests_info gauge"]
+        out += [f'vllm:lora_requests_info{{max_lora="{max_lora}",running_lora_adapters="{r}",'
+                f'waiting_lora_adapters="{w}"}} {at!r}' for r, w, at in sets]
     out += _gauge("inferlb_sim_oom_crashes_total", "OOM crashes of this emulated node (not a vLLM metric).",
                   lab, oom_crashes, "counter")
     return "\n".join(out) + "\n"

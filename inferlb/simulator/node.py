@@ -19,6 +19,11 @@ Contract:
   "loading" for the cold start). Other nodes give every request its own fixed-speed schedule.
 - Scrapers see what real nodes expose: ``GET /metrics`` (vLLM's Prometheus names,
   :mod:`.metrics`), ``GET /health``, and ``GET /sim/gpu`` (an NVML-like reading).
+- A node whose spec has ``lora`` serves its adapters under their names (:mod:`.lora`): a request
+  for one holds an adapter slot from arrival to the end of its answer, waits for a slot when all
+  are held, and waits ``load_s`` when its adapter is cold (before the engine sees it, so it is
+  in ``waiting_lora_adapters`` meanwhile); an adapter that fails to load (``lora.fail``, the
+  faults' ``lora_fail``) is answered 404 in vLLM's words.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from inferlb.simulator.control import NodeControl
 from inferlb.simulator.disagg import kv_leg, prefill_answer_params
 from inferlb.simulator.driver import BatchDriver, BatchSource, NodeCrashed, ScheduleSource, TokenSource
 from inferlb.simulator.latency import LatencyModel, TokenSchedule
+from inferlb.simulator.lora import not_found_message
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
 from inferlb.simulator.respond import HANG_CAP_S, write_stream, write_unary
 from inferlb.simulator.server import NodeServer
@@ -51,10 +57,10 @@ SIM_OUTPUT_FIELD = "inferlb_sim_output_tokens"
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None,
-                 param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, code: str | int | None = None,
+                 param: str | None = None, type_: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+        self.status, self.message, self.code, self.param, self.type_ = status, message, code, param, type_
 
 
 class _Keep:
@@ -88,7 +94,7 @@ class EmulatedNode(NodeServer):
         return web.Response(status=status, body=body, content_type=_JSON, headers=headers)
 
     def _error(self, status: int, message: str, *, type_: str = "invalid_request_error",
-               code: str | None = None, param: str | None = None,
+               code: str | int | None = None, param: str | None = None,
                headers: dict[str, str] | None = None) -> web.Response:
         return self._json(status, fmt.error_body(message, type_=type_, code=code, param=param), headers)
 
@@ -134,7 +140,7 @@ class EmulatedNode(NodeServer):
                     return await self._respond(request, body)
                 return await self._infer_v2(request, body)
             except _BadRequest as exc:
-                return self._error(exc.status, exc.message, code=exc.code, param=exc.param)
+                return self._error(exc.status, exc.message, type_=exc.type_, code=exc.code, param=exc.param)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away (or the node was stopped): the generation ends here.
             self.stats.disconnects += 1
@@ -194,10 +200,47 @@ class EmulatedNode(NodeServer):
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise _BadRequest(400, "model is required", param="model")
-        if model not in self.spec.models:
+        if model not in self.spec.models and model not in self.spec.adapters():
             raise _BadRequest(404, f"The model '{model}' does not exist", code="model_not_found",
                               param="model")
         return model
+
+    async def _hold_adapter(self, model: str) -> str | None:
+        """Hold ``model``'s adapter slot when it is an adapter (waiting for a free slot, then for its
+        load); returns the adapter to release when the answer ends, None for a base model."""
+        slots = self.lora_slots
+        if slots is None or model not in slots.spec.adapters:
+            return None
+        if model in slots.spec.fail or model in self.faults.lora_fail:
+            self.stats.faults_injected += 1
+            raise _BadRequest(404, not_found_message(model), code=404, type_="NotFoundError")   # vLLM's words
+        ready = slots.acquire(model, self._clock.monotonic())
+        if ready is None:
+            slots.block(model)
+            try:
+                while ready is None:
+                    event = asyncio.Event()
+                    self._lora_waiters.append(event)
+                    await event.wait()
+                    ready = slots.acquire(model, self._clock.monotonic())
+            finally:
+                slots.block(model, -1)
+        try:
+            wait = ready - self._clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)     # the adapter loads before its prefill can start
+        except BaseException:
+            self._release_adapter(model)
+            raise
+        return model
+
+    def _release_adapter(self, adapter: str | None) -> None:
+        if adapter is None or self.lora_slots is None:
+            return
+        self.lora_slots.release(adapter)
+        waiters, self._lora_waiters = self._lora_waiters, []
+        for event in waiters:
+            event.set()
 
     def _output_tokens(self, body: dict[str, Any]) -> tuple[int, bool]:
         """(tokens to generate, whether the client set the limit)."""
@@ -247,6 +290,17 @@ class EmulatedNode(NodeServer):
             # a finished sequence's full blocks, decoded ones included), so a next turn that resends
             # this answer hits them.
             finished = _Keep(self.prefix_cache, finished_sequence(prompt_text, fmt.answer_text(n), chat=chat))
+        adapter = await self._hold_adapter(model)
+        try:
+            return await self._write(request, body, chat=chat, model=model, n=n, limited=limited,
+                                     prompt_tokens=prompt_tokens, cached=cached, options=options, finished=finished,
+                                     leg=leg)
+        finally:
+            self._release_adapter(adapter)
+
+    async def _write(self, request: web.Request, body: dict[str, Any], *, chat: bool, model: str, n: int,
+                     limited: bool, prompt_tokens: int, cached: int, options: fmt.GenOptions, finished: _Keep | None,
+                     leg: str | None = None) -> web.StreamResponse:
         faults = self.faults
         if leg == "decode":
             # Pull the prompt's KV from the prefill node (off the engine's steps), then prefill only

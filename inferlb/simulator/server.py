@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import random
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from inferlb.simulator.batching import BatchCore
 from inferlb.simulator.driver import BatchDriver
+from inferlb.simulator.lora import AdapterSlots
 from inferlb.simulator.metrics import NodeMetrics
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache
 from inferlb.simulator.spec import FaultSpec, NodeSpec
@@ -59,6 +61,11 @@ class NodeServer:
         if spec.batching is not None:
             self.core = BatchCore(spec.batching)
             self.core.slow_factor_at = self.slow_factor
+        # LoRA adapter slots (simulator/lora.py) and the requests waiting for one to be released.
+        self.lora_slots: AdapterSlots | None = AdapterSlots(spec.lora) if spec.lora is not None else None
+        self._lora_waiters: list[asyncio.Event] = []
+        # vllm:lora_requests_info's label sets as they were last set (running, waiting) → time, newest last
+        self.lora_series: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.prefix_cache: PrefixCache | None = None
         if spec.prefix_cache:
             tokens = spec.prefix_cache_tokens or (spec.batching.kv_tokens if spec.batching is not None else 65_536)
@@ -198,6 +205,22 @@ class NodeServer:
         self.faults = self.spec.faults
         self.metrics = NodeMetrics()
         self._notify()
+
+    def lora_info(self) -> tuple[int, list[tuple[str, str, float]]] | None:
+        """``vllm:lora_requests_info`` now (:func:`~inferlb.simulator.metrics.render_metrics`): the
+        current label set is set to the current time; older ones keep theirs (as vLLM leaves them;
+        the 16 newest are kept). None without LoRA adapters."""
+        slots = self.lora_slots
+        if slots is None:
+            return None
+        running, waiting = slots.report(self._clock.monotonic())
+        key = (",".join(running), ",".join(waiting))
+        series = self.lora_series
+        series[key] = self._clock.time()
+        series.move_to_end(key)
+        while len(series) > 16:
+            series.popitem(last=False)
+        return slots.spec.max_lora, [(r, w, at) for (r, w), at in series.items()]
 
     def engine_state(self) -> dict[str, Any]:
         """The engine's gauges and counters (zeros and no KV for a fixed-speed node)."""

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from inferlb.simulator.disagg import KVTransferSpec
 from inferlb.simulator.latency import LatencyModel
+from inferlb.simulator.lora import LoraSpec
 
 __all__ = ["GET_LOAD_SHAPES", "BatchSpec", "FaultSpec", "GpuSpec", "NodeSpec", "demo_specs"]
 
@@ -53,6 +54,8 @@ class FaultSpec:
       (cold caches, CUDA-graph capture: what a health checker's slow start must absorb).
     - ``gpu_xid_errors`` / ``gpu_ecc_uncorrected`` / ``gpu_throttle``: what the NVML-like GPU
       reading (``GET /sim/gpu``) reports, for hardware-fault handling ahead of request failures.
+    - ``lora_fail``: LoRA adapters (of the spec's ``lora``) whose load fails from now on: a request
+      for one is answered as vLLM answers an adapter it cannot serve (404, :mod:`.lora`).
 
     A crash (``POST /sim/crash`` or :meth:`EmulatedNode.crash`) is an action, not a standing fault.
     """
@@ -74,6 +77,7 @@ class FaultSpec:
     gpu_xid_errors: int = 0
     gpu_ecc_uncorrected: int = 0
     gpu_throttle: bool = False
+    lora_fail: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status is not None and not 100 <= self.status <= 599:
@@ -116,6 +120,7 @@ class FaultSpec:
         """The JSON form (every field), as ``GET /sim/faults`` shows it."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["error_rates"] = {str(k): v for k, v in self.error_rates.items()}
+        out["lora_fail"] = list(self.lora_fail)
         return out
 
 
@@ -144,6 +149,10 @@ def _check_type(key: str, value: Any) -> Any:
                 raise ValueError(f"error_rates: {code!r} is not a status code") from None
             out[status] = _number(f"error_rates[{code}]", rate)
         return out
+    if key == "lora_fail":
+        if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+            raise ValueError("lora_fail must be a list of adapter names")
+        return tuple(value)
     if key in _BOOL_KEYS:
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be true or false")
@@ -235,6 +244,8 @@ class NodeSpec:
     (``{"load": N}``, what vllm-router reads).
     ``kv_transfer``: what pulling a prompt's KV cache from a prefill node costs this node on a
     disaggregated decode leg (:mod:`.disagg`).
+    ``lora``: the LoRA adapters the node can load, its adapter slots and load time (:mod:`.lora`);
+    None: it serves its base models only.
     """
 
     name: str
@@ -257,6 +268,7 @@ class NodeSpec:
     network_delay_s: float = 0.0
     get_load: Literal["sglang", "vllm-router"] = "sglang"
     kv_transfer: KVTransferSpec = field(default_factory=KVTransferSpec)
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
         if self.get_load not in GET_LOAD_SHAPES:
@@ -274,6 +286,10 @@ class NodeSpec:
         if self.stream_interval < 1:
             raise ValueError("stream_interval must be >= 1")
         self.latency()  # validates the timing numbers
+
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters this node can serve (none without ``lora``)."""
+        return self.lora.adapters if self.lora is not None else ()
 
     def latency(self) -> LatencyModel:
         """The timing model of this node."""

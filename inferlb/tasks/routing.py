@@ -12,6 +12,7 @@ from inferlb.engine.outcomes import fits_context, note_fallback
 from inferlb.engine.scope import RequestScope
 from inferlb.routing.disagg import pick_pair
 from inferlb.routing.types import NodeView, RouteRequest
+from inferlb.versions.table import Version
 
 __all__ = ["fallback", "select"]
 
@@ -44,6 +45,7 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
         prefix=scope.prefix,
         session=scope.session_key,
         selector=rt.fleet.models[scope.model].node_selector,
+        adapter=_adapter(scope),
     )
     views = rt.fleet.views()
     version = scope.version
@@ -53,14 +55,16 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
                             if version is not None else base, views)
     scope.pair = None
     # A version's requirements are the model's node_selector joined with its own (versions/table.py).
-    decision = rt.router.decide(replace(base, only=version.nodes, selector=version.selector)
+    decision = rt.router.decide(replace(base, only=version.nodes, selector=version.selector,
+                                        adapter=_adapter(scope, version))
                                 if version is not None else base, views)
     switched_from = None
     if decision.pick is None and version is not None and not scope.version_pinned \
             and not _any_up(views, version.nodes, base.exclude):
         mv = rt.versions.get(scope.model)
         for alt in mv.alternatives(version.name) if mv is not None else ():
-            d = rt.router.decide(replace(base, only=alt.nodes, selector=alt.selector), views)
+            d = rt.router.decide(replace(base, only=alt.nodes, selector=alt.selector,
+                                         adapter=_adapter(scope, alt)), views)
             if d.pick is not None:
                 switched_from, decision, version = scope.version, d, alt
                 scope.version = alt
@@ -124,6 +128,15 @@ def _select_pair(scope: RequestScope, cfg: DisaggregationConfig, req: RouteReque
     return {"ok": True, "node": node, "model": scope.model, "ranked": pair.decode.ranked, "version": version,
             "reason": f"picked: prefill {pair.prefill_node}, decode {node}" if pair.prefill_node is not None
             else f"picked: {node} serves it whole ({pair.reason})"}
+
+
+def _adapter(scope: RequestScope, version: Version | None = None) -> str | None:
+    """The LoRA adapter the request names on the node (config/lora.py): the name the node is
+    asked for under ``version`` (default: the scope's), when the model is served as an adapter."""
+    model = scope.rt.fleet.models[scope.model]
+    if model.lora is None:
+        return None
+    return scope.upstream_model_for(version if version is not None else scope.version)
 
 
 def _any_up(views: list[NodeView], nodes: frozenset[str], exclude: frozenset[str]) -> bool:

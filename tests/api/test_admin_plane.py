@@ -86,6 +86,7 @@ ROUTES: dict[tuple[str, str], Class] = {
     ("GET", "/dashboard/node-states"): "admin",
     ("GET", "/dashboard/autoscale"): "admin",
     ("GET", "/dashboard/versions"): "admin",
+    ("GET", "/dashboard/lora"): "admin",
 }
 
 

@@ -27,11 +27,27 @@ def page(name: str) -> str:
 
 
 def test_vllm_v1_sums_engines_and_takes_the_fullest_kv_cache() -> None:
-    assert parse_vllm(page("vllm_v1.prom")) == {"format": "vllm", "running": 12, "waiting": 3, "kv_usage": 0.6875}
+    assert parse_vllm(page("vllm_v1.prom")) == {"format": "vllm", "running": 12, "waiting": 3, "kv_usage": 0.6875,
+                                                "lora": None}
+
+
+def test_vllm_lora_info_takes_the_newest_label_set() -> None:
+    """vLLM sets a new label set of vllm:lora_requests_info (value: the time) each time its adapters
+    change; the page keeps the old ones: the largest value is the state now, not the last line."""
+    got = parse_vllm(page("vllm_lora.prom"))
+    assert got["lora"] == {"running": ["chat-lora", "sql-lora"], "waiting": ["summary-lora"], "max_lora": 4}
+    assert (got["running"], got["waiting"], got["kv_usage"]) == (3, 2, 0.125)
+
+
+def test_vllm_lora_info_with_odd_labels() -> None:
+    text = ('vllm:lora_requests_info{max_lora="x",running_lora_adapters=" a , ,b",waiting_lora_adapters=""} 5\n'
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} NaN\n')
+    assert parse_vllm(text)["lora"] == {"running": ["a", "b"], "waiting": [], "max_lora": None}
 
 
 def test_vllm_v0_reads_the_older_gpu_cache_name() -> None:
-    assert parse_vllm(page("vllm_v0.prom")) == {"format": "vllm", "running": 12, "waiting": 4, "kv_usage": 0.9125}
+    assert parse_vllm(page("vllm_v0.prom")) == {"format": "vllm", "running": 12, "waiting": 4, "kv_usage": 0.9125,
+                                                "lora": None}
 
 
 def test_tgi_and_sglang() -> None:
@@ -46,7 +62,8 @@ def test_llamacpp_server_metrics() -> None:
 
 
 def test_a_page_of_another_server_gives_unknowns_not_zeros() -> None:
-    assert parse_vllm(page("tgi.prom")) == {"format": "vllm", "running": None, "waiting": None, "kv_usage": None}
+    assert parse_vllm(page("tgi.prom")) == {"format": "vllm", "running": None, "waiting": None, "kv_usage": None,
+                                           "lora": None}
 
 
 @pytest.mark.parametrize("text", ["garbage {", "<html><body>502 Bad Gateway</body></html>", "\x00\x01"])

@@ -96,7 +96,7 @@ async def test_probe_metrics_agent_and_dcgm_samples(server: tuple[Fake, str]) ->
     s = await _collect(_prober(url, agent_url=url + "/gpu", dcgm_url=url + "/dcgm"))
     assert s["probe"].ok and s["probe"].status == 200 and s["probe"].latency_ms >= 0
     assert s["metrics"].ok and s["metrics"].values == {"format": "vllm", "running": 12, "waiting": 3,
-                                                       "kv_usage": 0.6875}
+                                                       "kv_usage": 0.6875, "lora": None}
     assert s["agent"].ok and s["agent"].values["nvml"] == "unavailable"
     assert s["dcgm"].ok and len(s["dcgm"].values["gpus"]) == 2
     assert fake.auth[:2] == ["Bearer node-secret"] * 2     # the node's own key (vLLM --api-key), never a client's

@@ -217,6 +217,33 @@
   // with their step and last decision. No model with versions: says so.
   const utc = (t) => (t == null ? "–" : new Date(t * 1000).toISOString().slice(0, 19).replace("T", " "));
 
+  // The LoRA adapters panel (GET /dashboard/lora): each LoRA model's adapters, then per node the
+  // adapters running and waiting there, its slots and the adapters cooling down after a failed load.
+  function loraPanel(data) {
+    const el = $("lora");
+    el.textContent = "";
+    const nodes = data.nodes || [];
+    dash.lora = { enabled: Boolean(data.enabled), models: (data.models || []).length, nodes: nodes.length };
+    if (!data.enabled) {
+      const off = document.createElement("div");
+      off.className = "empty";
+      off.id = "lora-off";
+      off.textContent = data.reason || "no LoRA model";
+      el.appendChild(off);
+      return;
+    }
+    const models = document.createElement("div");
+    models.id = "table-lora-models";
+    const perNode = document.createElement("div");
+    perNode.id = "table-lora-nodes";
+    el.append(models, perNode);
+    const list = (xs) => (xs && xs.length ? xs.join(", ") : "–");
+    table("table-lora-models", ["model", "adapters", "base", "failure cool-down"],
+      data.models.map((m) => [m.model, list(m.adapters), m.base ?? "–", `${m.failure_cooldown_s} s`]));
+    table("table-lora-nodes", ["node", "running", "waiting", "slots (max_lora)", "failed to load (cooling down)"],
+      nodes.map((n) => [n.node, list(n.running), list(n.waiting), n.max_lora ?? "not reported", list(n.failed)]));
+  }
+
   function versionsPanel(data) {
     const el = $("versions");
     el.textContent = "";
@@ -353,7 +380,7 @@
     // One call first: without a key (auth on) only it is refused, not nine (failures are rate-limited).
     const hist = await getJSON("/dashboard/node-states");
     const [all, byModel, byNode, costTenant, costModel, slaTotal, slaModelTotal, costTotal, scaling, versions, tierState,
-      slaTiers] = await Promise.all([
+      slaTiers, lora] = await Promise.all([
       getJSON("/reports/sla", { ...b, group_by: "none" }),
       getJSON("/reports/sla", { ...b, group_by: "model" }),
       getJSON("/reports/sla", { ...b, group_by: "node" }),
@@ -366,6 +393,7 @@
       getJSON("/dashboard/versions", { limit: 10 }),
       getJSON("/admin/tiers"),
       getJSON("/reports/sla", { ...w, group_by: "model,served" }),
+      getJSON("/dashboard/lora"),
     ]);
     while (plots.length) plots.pop().destroy();
     const xs = axis(r);
@@ -391,6 +419,7 @@
     autoscalePanel(scaling);
     versionsPanel(versions);
     tiersPanel(tierState, slaTiers);
+    loraPanel(lora);
     const total = slaTotal.data[0] || {};
     const sum = costTotal.summary || {};
     tiles([

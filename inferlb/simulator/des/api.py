@@ -24,8 +24,9 @@ __all__ = ["Controller", "NodeInfo", "PrefillHook", "RequestLike", "Window"]
 
 class RequestLike(Protocol):
     """What the simulation reads of a request (``PlannedRequest`` has these fields). Optional
-    fields, read when present: ``max_tokens`` (what the client declares; None: none) and
-    ``tenant``. ``output_tokens`` is the answer the model writes: only the node's engine reads it."""
+    fields, read when present: ``max_tokens`` (what the client declares; None: none),
+    ``tenant`` and ``adapter`` (the LoRA adapter it names, :mod:`.lora`). ``output_tokens`` is
+    the answer the model writes: only the node's engine reads it."""
 
     @property
     def t(self) -> float: ...

@@ -19,7 +19,8 @@ from inferlb.simulator.des.admission import ADMIT, QUEUE
 from inferlb.simulator.des.api import RequestLike
 from inferlb.simulator.des.engine import RUNNING, FastSeq
 from inferlb.simulator.des.feedback import Finished
-from inferlb.simulator.des.fleet import _UP, SimFleet
+from inferlb.simulator.des.fleet import _UP
+from inferlb.simulator.des.lora import SimLora
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.des.prefix import PrefixCaches
 from inferlb.simulator.des.results import FAILED, NO_NODE, OK, OUTCOMES, REJECTED, TIMEOUT
@@ -27,7 +28,7 @@ from inferlb.simulator.des.results import FAILED, NO_NODE, OK, OUTCOMES, REJECTE
 __all__ = ["SimRequests"]
 
 
-class SimRequests(SimFleet):
+class SimRequests(SimLora):
     """The request part of :class:`~.sim.Simulation`."""
 
     # ------------------------------------------------------------------ one request
@@ -88,8 +89,9 @@ class SimRequests(SimFleet):
                     prefix = block_hashes(info.text, blocks)
                 if info.session:
                     session = text_key(info.session)
+        adapter: str | None = getattr(r, "adapter", None)
         d = self.router.decide(RouteRequest(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
-                                            prefix=prefix, session=session), self._views)
+                                            prefix=prefix, session=session, adapter=adapter), self._views)
         name = d.pick
         if self.feedback is not None:
             self._decisions[i] = (d, r)
@@ -101,6 +103,14 @@ class SimRequests(SimFleet):
         if not core.fits_ever(prompt + output - 1):
             self._end(i, FAILED, node=node.index, reason="context over the node's KV cache")
             return
+        if adapter is not None and node.lora is not None and self._lora_hold(i, node, adapter):
+            # Waits for its adapter (load or slot, .lora): in flight on the node for the gateway already.
+            self._reqs_held[i] = r
+            node.inflight_requests += 1
+            node.inflight_tokens += prompt + budget
+            node.served += 1
+            self._dirty.add(node)
+            return
         self._advance(node, now)
         cached = self.prefill_cached(i, r, node) if self.prefill_cached is not None else 0
         seq = core.submit(prompt, output, now, cached=cached, tag=i)
@@ -109,6 +119,15 @@ class SimRequests(SimFleet):
         node.inflight_tokens += prompt + budget     # the gateway's count (Fleet.acquire): the budget it knows
         node.served += 1
         self._dirty.add(node)
+        self._schedule(node)
+
+    def _lora_start(self, i: int, node: DesNode) -> None:
+        r = self._reqs_held.pop(i)
+        now = self.now
+        self._advance(node, now)
+        cached = self.prefill_cached(i, r, node) if self.prefill_cached is not None else 0
+        seq = node.core.submit(r.prompt_tokens, self.results.output_tokens[i], now, cached=cached, tag=i)
+        self._live[i] = (seq, node)
         self._schedule(node)
 
     def _wake(self, node: DesNode, at: float) -> None:
@@ -165,6 +184,8 @@ class SimRequests(SimFleet):
             self._feed(i, node.name, FAILED, 0, None, None)
 
     def _leave(self, i: int, node: DesNode, seq: FastSeq, ok: bool) -> None:
+        if node.lora is not None:
+            self._lora_release(i, node)
         node.inflight_requests -= 1
         node.inflight_tokens -= seq.prompt + self._budgets[i]
         self._dirty.add(node)

@@ -22,16 +22,20 @@ Contract:
   :data:`RTT_ALPHA` on the newest probe time), fed at every scrape with the node's
   ``network_delay_s`` (what a readiness probe's time is on an otherwise idle network; the
   emulator's probe answers after that delay); None before the first scrape, as before the first
-  probe.
+  probe. A node whose spec has ``lora`` keeps its adapter slots (``lora``, the emulator's
+  :class:`~inferlb.simulator.lora.AdapterSlots`; :mod:`.lora`) and its view carries the last
+  scrape's ``vllm:lora_requests_info`` (running and waiting adapters) and its ``max_lora``.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 
 from inferlb.routing.types import NodeView
 from inferlb.simulator.des.engine import ABORTED, FAILED, FINISHED, RUNNING, CoreReport, FastCore, FastSeq
+from inferlb.simulator.lora import AdapterSlots
 from inferlb.simulator.spec import NodeSpec
 
 __all__ = ["RTT_ALPHA", "DesNode", "FixedCore", "NodeState"]
@@ -110,9 +114,9 @@ class FixedCore:
 class DesNode:
     """See the module docstring. ``index`` is the node's row in the run's node table."""
 
-    __slots__ = ("added_at", "core", "index", "inflight_requests", "inflight_tokens", "kv_usage", "models",
-                 "name", "ready_at", "removed_at", "rtt_ms", "served", "spec", "state", "tokens_per_s", "ttft_ewma",
-                 "view", "waiting", "wake")
+    __slots__ = ("added_at", "core", "index", "inflight_requests", "inflight_tokens", "kv_usage", "lora",
+                 "lora_due", "lora_queue", "lora_seen", "models", "name", "ready_at", "removed_at", "rtt_ms",
+                 "served", "spec", "state", "tokens_per_s", "ttft_ewma", "view", "waiting", "wake")
 
     def __init__(self, spec: NodeSpec, index: int, added_at: float, ready_at: float) -> None:
         self.spec = spec
@@ -133,6 +137,10 @@ class DesNode:
         self.rtt_ms: float | None = None
         self.served = 0
         self.wake: float | None = None      # the time of this node's live entry in the event heap
+        self.lora: AdapterSlots | None = AdapterSlots(spec.lora) if spec.lora is not None else None
+        self.lora_queue: deque[tuple[int, str]] = deque()     # rows waiting for an adapter slot
+        self.lora_due: list[tuple[float, int]] = []           # heap: rows waiting for their adapter's load
+        self.lora_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())   # last scrape
         self.view = self.build_view(added_at)
         f = spec.faults
         if f.slow_start_s > 0 and f.slow_start_factor > 1.0:
@@ -165,7 +173,10 @@ class DesNode:
                         max_concurrency=self.spec.max_concurrency, inflight_requests=self.inflight_requests,
                         inflight_tokens=self.inflight_tokens, waiting=self.waiting, kv_usage=self.kv_usage,
                         healthy=reason is None, unhealthy_reason=reason, tokens_per_s=self.tokens_per_s,
-                        ttft_s=self.ttft_ewma, rtt_ms=self.rtt_ms)
+                        ttft_s=self.ttft_ewma, rtt_ms=self.rtt_ms, lora_running=self.lora_seen[0],
+                        lora_waiting=self.lora_seen[1],
+                        max_lora=self.lora.spec.max_lora if self.lora is not None and self.waiting is not None
+                        else None)
 
     def learn(self, *, stream: bool, tokens: int, ttft_s: float | None, e2e_s: float) -> None:
         """``Fleet.report_success``'s decode-speed and TTFT EWMAs (inferlb/fleet/state.py)."""
@@ -186,6 +197,9 @@ class DesNode:
         """What a metrics scrape reads: the engine's queue length and KV use."""
         self.waiting = len(self.core.waiting)
         self.kv_usage = round(self.core.usage_at(now), 4)
+        if self.lora is not None:
+            running, waiting = self.lora.report(now)
+            self.lora_seen = (frozenset(running), frozenset(waiting))
         probe_ms = self.spec.network_delay_s * 1000.0
         rtt = self.rtt_ms
         self.rtt_ms = probe_ms if rtt is None else (1 - RTT_ALPHA) * rtt + RTT_ALPHA * probe_ms

@@ -43,6 +43,9 @@ Contract:
   hook's own, when it is a :class:`~.prefix.PrefixCaches`), the request is routed with the text's
   block hashes and its session's key, hashed as the gateway hashes them (engine/scope.py
   ``begin_request``).
+* LoRA adapters (:mod:`.lora`): a request's ``adapter`` field is routed as
+  ``RouteRequest.adapter``; on a node whose spec has ``lora`` it holds an adapter slot, loads a
+  cold adapter and waits for a free slot as the emulator's node does.
 * Network delay: a node's ``NodeSpec.network_delay_s`` (the round trip to an edge node) is added
   to the TTFT and e2e the client sees, and to the times the gateway learns from (its TTFT and
   decode-speed EWMAs, the feedback). The node starts the request at dispatch (the emulator starts
@@ -75,6 +78,7 @@ from inferlb.simulator.des.engine import FastSeq
 from inferlb.simulator.des.feedback import Feedback
 from inferlb.simulator.des.fleet import _READY, _WAKE
 from inferlb.simulator.des.lifecycle import SimRequests
+from inferlb.simulator.des.lora import LORA_DUE
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
 from inferlb.simulator.des.results import DesResults
@@ -145,6 +149,7 @@ class Simulation(SimRequests):
         self._window = Window(start)
         self._reqs: dict[int, RequestLike] = {}     # rows waiting in the gateway queue
         self.events = 0
+        self._lora_init()
         self._loading = True     # the initial fleet: one slot count at the end, not one per node
         for spec in specs:
             self.add_node(spec)
@@ -166,7 +171,7 @@ class Simulation(SimRequests):
             self._until(t)
             self.now = t
             self._arrive(r)
-        while (self._live or self._queued) and self.now < limit:   # the drain
+        while (self._live or self._queued or self._reqs_held) and self.now < limit:   # the drain
             nxt = self._next_at()
             if nxt == math.inf or nxt > limit:
                 break
@@ -188,7 +193,7 @@ class Simulation(SimRequests):
         adm = self.admission.next_timer()
         if adm is not None and adm < at:
             at = adm
-        if (self._live or self._queued) and self._next_scrape < at:
+        if (self._live or self._queued or self._reqs_held) and self._next_scrape < at:
             at = self._next_scrape
         if self._next_control < at:
             at = self._next_control
@@ -223,6 +228,8 @@ class Simulation(SimRequests):
                 if what == _WAKE:
                     if node.wake == at:
                         self._wake(node, at)
+                elif what == LORA_DUE:
+                    self._lora_due(node, at)
                 elif what == _READY:
                     if node.state == "starting":
                         node.state = "ready"

@@ -43,7 +43,7 @@ try {
     page.on("request", (r) => {
       const u = r.url();
       if (u.includes("/reports/") || u.includes("/dashboard/node-states") || u.includes("/dashboard/autoscale") ||
-          u.includes("/dashboard/versions")) {
+          u.includes("/dashboard/versions") || u.includes("/dashboard/lora")) {
         bearer.push(r.headers().authorization || "");
       }
     });
@@ -56,6 +56,7 @@ try {
   if (!(await page.evaluate(() => window.inferlbDashboard.needsKey))) {
     await page.waitForSelector("#autoscale canvas, #autoscale-off", { timeout });
     await page.waitForSelector("#versions .vr-row, #versions-off", { timeout });
+    await page.waitForSelector("#lora table, #lora-off", { timeout });
   }
   const keyStored = await page.evaluate(() => sessionStorage.getItem("inferlb.adminKey") !== null);
   const drawn = await page.evaluate(() => {
