@@ -15,7 +15,9 @@ per model from the runner, the last ``events`` scaling decisions from ``scaling_
 then the last ``limit`` ended ones, default 10, at most 100, each with its last decision;
 ``enabled`` false with a ``reason`` when no model has versions;
 :func:`inferlb.rollout.panel.versions_panel` says the shape; when the database cannot be read
-the panel shows what this gateway knows).
+the panel shows what this gateway knows) and ``GET /dashboard/kv-events`` (the KV-event index
+panel: the service's snapshot, inferlb/kvevents/service.py; ``enabled`` false with a ``reason``
+when the fleet file uses no KV events).
 
 Authentication: the page and its assets are public (they hold no data); every data route it calls
 follows the admin rule (``api/auth.py``, :func:`~inferlb.api.auth.require_admin`: ``/reports/*``,
@@ -31,7 +33,7 @@ import functools
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferlb.api.auth import require_admin
@@ -42,7 +44,7 @@ from inferlb.errors import ClientError, InvalidRequest, StoreError
 from inferlb.rollout.panel import versions_panel
 from inferlb.rollout.store import ended_rollouts, last_rollout_events, running_rollouts
 
-__all__ = ["ASSETS", "CSP", "MAX_EVENTS", "MAX_ROLLOUTS", "router"]
+__all__ = ["ASSETS", "CSP", "KV_EVENTS_OFF", "MAX_EVENTS", "MAX_ROLLOUTS", "router"]
 
 router = APIRouter()
 
@@ -108,6 +110,20 @@ def _bounded(name: str, value: str | None, *, default: int, maximum: int) -> int
     if not 1 <= n <= maximum:
         raise InvalidRequest(f"'{name}' must be an integer from 1 to {maximum}", param=name)
     return n
+
+
+KV_EVENTS_OFF = {"enabled": False, "reason": "no model or node has kv_events in the fleet file"}
+
+
+@router.get("/dashboard/kv-events", dependencies=[Depends(require_admin)])
+async def kv_events(request: Request) -> dict[str, Any]:
+    """The KV-event index panel: per publishing node its blocks and stream state, per model the
+    decisions that used the index or fell back (inferlb/kvevents/service.py ``snapshot``)."""
+    wiring = getattr(request.app.state, "kv_events", None)
+    if wiring is None:
+        return dict(KV_EVENTS_OFF)
+    snap: dict[str, Any] = wiring.service.snapshot()
+    return {"enabled": True, **snap}
 
 
 @router.get("/dashboard/autoscale", dependencies=[Depends(require_admin)])

@@ -34,6 +34,7 @@ from inferlb.config.autoscale import AutoscaleConfig
 from inferlb.config.cluster import ClusterSettings
 from inferlb.config.discovery import DiscoveryConfig
 from inferlb.config.health import HealthConfig
+from inferlb.config.kvevents import KVEventsModel, KVEventsNode, KVIndexConfig
 from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
 from inferlb.config.observability import ObservabilityConfig
 from inferlb.config.rollout import RolloutConfig
@@ -114,6 +115,8 @@ class ModelConfig(_Strict):
     node_selector: NodeSelector | None = None
     # Versions with weights and the nodes serving each (versions): sticky A/B and canaries.
     versions: list[VersionConfig] = Field(default_factory=list)
+    # Routing reads the engines' KV events for this model (config/kvevents.py); absent: off.
+    kv_events: KVEventsModel | None = None
 
 
 def _label_text(v: Any) -> Any:
@@ -146,6 +149,8 @@ class NodeConfig(_Strict):
     # How an https node is reached: its CA, the gateway's client certificate (mTLS), the name to
     # check (config/tls.py); unset: the fleet's node_tls, else the system CAs.
     tls: NodeTLS | None = None
+    # Where its engine publishes KV events (config/kvevents.py); absent: none.
+    kv_events: KVEventsNode | None = None
     _env_key: str | None = PrivateAttr(None)
 
     @model_validator(mode="before")
@@ -289,6 +294,7 @@ class FleetConfig(_Strict):
     network_policy: NetworkPolicy = NetworkPolicy()   # where node URLs may point (config/netpolicy.py)
     # The tls block of every https node that has none of its own (config/tls.py).
     node_tls: NodeTLS | None = None
+    kv_index: KVIndexConfig = KVIndexConfig()   # the KV-event-fed index's bounds (config/kvevents.py)
     # The gateway's own listeners, from the validation context (fleet_from_mapping's ``listeners``):
     # a node there would be the gateway itself.
     _listeners: tuple[Listener, ...] = PrivateAttr(())
@@ -335,6 +341,15 @@ class FleetConfig(_Strict):
                 if why is not None:
                     raise _KeyPathError(f"health.nodes.{name}.{key}",
                                         f"{redact_url(url)!r} refused by the network policy: {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> FleetConfig:
+        for i, mc in enumerate(self.models):
+            if mc.kv_events is not None and mc.kv_events.tokenizer == "model" and not mc.tokenizer:
+                raise _KeyPathError(f"models[{i}].kv_events.tokenizer",
+                                    f"model {mc.name!r}: tokenizer 'model' needs the model's tokenizer "
+                                    "(a tokenizer.json path); 'emulator' for emulated nodes")
         return self
 
     @model_validator(mode="after")

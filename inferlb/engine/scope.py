@@ -39,6 +39,7 @@ from inferlb.types import Clock
 from inferlb.versions.table import Version, VersionTable
 
 if TYPE_CHECKING:
+    from inferlb.kvevents.service import KVEventsService
     from inferlb.workflow.definition import ProcessDefinition
 
 __all__ = ["IncomingRequest", "RequestScope", "Runtime", "Snapshot", "begin_request", "build_runtime"]
@@ -99,6 +100,8 @@ class Runtime:
     # The output-length predictor (routing/length.py; routing.output_length), kept across reloads
     # (they replace the runtime's config, not its history); None: the declared budget is used.
     lengths: LengthPredictor | None = None
+    # The engines' KV events (inferlb/kvevents), kept across reloads; None: no model or node uses them.
+    kv: KVEventsService | None = None
 
 
 @dataclass(frozen=True)

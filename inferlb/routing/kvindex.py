@@ -229,9 +229,10 @@ class KVIndex:
 
     def batch(self, name: str, seq: int | None, ts: float | None, now: float) -> str | None:
         """A batch numbered ``seq`` (stamped ``ts`` by the engine) arrived at ``now``: updates the
-        node's stream state and returns ``"gap"`` when numbers were skipped (the caller replays,
-        or calls :meth:`gap_lost`), else None. A batch whose number is not past the last one
-        (a replayed duplicate) returns ``"old"``: the caller skips it."""
+        node's stream state and returns ``"gap"`` when numbers were skipped, a first batch past 0
+        included (the caller replays, then calls :meth:`resumed`, or calls :meth:`gap_lost`), else
+        None. A batch whose number is not past the last one (a replayed duplicate) returns
+        ``"old"``: the caller skips it."""
         nx = self.node(name)
         out: str | None = None
         if seq is not None and nx.last_seq is not None:
@@ -239,6 +240,8 @@ class KVIndex:
                 return "old"
             if seq != nx.last_seq + 1:
                 out = "gap"
+        elif seq is not None and seq > 0:
+            out = "gap"      # the first batch heard is not the publisher's first: 0 … seq - 1 were missed
         if seq is not None and out is None:
             nx.last_seq = seq
         nx.last_batch_at = now
