@@ -43,7 +43,7 @@ from inferlb.kvevents.wire import (
     decode_seq,
     indexable,
 )
-from inferlb.routing.kvindex import KVIndex, chain_keys, sim_token_ids
+from inferlb.routing.kvindex import KVIndex, chain_keys, sim_chain_keys, sim_token_ids
 from inferlb.types import Clock
 
 __all__ = ["Gap", "KVEventsService", "load_hf_tokenizer"]
@@ -151,7 +151,8 @@ class KVEventsService:
         elif tok is None or isinstance(tok, str):
             why = "no tokenizer"
         else:
-            keys = chain_keys(tok(text), mk.block_size, max_blocks=_MAX_BLOCKS)
+            keys = (sim_chain_keys(text, mk.block_size, max_blocks=_MAX_BLOCKS) if tok is sim_token_ids
+                    else chain_keys(tok(text), mk.block_size, max_blocks=_MAX_BLOCKS))
             if not keys:
                 why = "no full block"
         if why is None:

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ROOT_KEY", "SIM_CHARS_PER_TOKEN", "KVIndex", "NodeIndex", "chain_keys", "sim_token_ids"]
+__all__ = ["ROOT_KEY", "SIM_CHARS_PER_TOKEN", "KVIndex", "NodeIndex", "chain_keys", "sim_chain_keys", "sim_token_ids"]
 
 ROOT_KEY = 0                  # the parent key of a chain's first block
 SIM_CHARS_PER_TOKEN = 4       # the emulator's tokens: 4 characters each
@@ -88,6 +88,36 @@ def chain_keys(token_ids: Sequence[int], block_size: int, parent: int = ROOT_KEY
         digest = blake(data, digest_size=8).digest()
         out.append(int.from_bytes(digest, "little"))
         prev = digest
+    return out
+
+
+_CHAINS: dict[tuple[int, str], int] = {}   # (parent key, block text) → key, for sim_chain_keys
+_MAX_CHAINS = 1 << 18
+
+
+def sim_chain_keys(text: str, block_size: int, max_blocks: int | None = None) -> list[int]:
+    """The keys of the full ``4 × block_size``-character blocks of ``text`` (what the emulator's
+    cache holds and publishes: :func:`chain_keys` of each block's :func:`sim_token_ids`),
+    memoised by block: a conversation that resends its history costs a dict lookup a block
+    already seen instead of its tokens and a hash (the last :data:`_MAX_CHAINS` blocks are
+    remembered). Unlike ``chain_keys(sim_token_ids(text))`` it never counts a block whose last
+    token is cut short by the end of the text (a partial block the emulator does not cache)."""
+    memo = _CHAINS
+    if len(memo) > _MAX_CHAINS:
+        memo.clear()
+    width = block_size * SIM_CHARS_PER_TOKEN
+    n = len(text) // width
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    out: list[int] = []
+    parent = ROOT_KEY
+    for i in range(n):
+        block = text[i * width:(i + 1) * width]
+        key = memo.get((parent, block))
+        if key is None:
+            key = memo[(parent, block)] = chain_keys(sim_token_ids(block), block_size, parent)[0]
+        out.append(key)
+        parent = key
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlb.routing.kvindex import KVIndex, chain_keys, sim_token_ids
+from inferlb.routing.kvindex import KVIndex, chain_keys, sim_chain_keys, sim_token_ids
 
 TOKENS = list(range(100, 164))          # 4 blocks of 16
 
@@ -86,3 +86,15 @@ def test_emulated_tokens_align_with_text_blocks() -> None:
     assert chain_keys(ids, 16) == chain_keys(sim_token_ids(text[:64]), 16)
     with pytest.raises(ValueError):
         KVIndex(max_blocks=0)
+
+
+def test_the_memoised_emulated_chain_is_the_chain_of_the_emulated_tokens() -> None:
+    texts = ["q" * 64, "conversation turn one. " * 40, "conversation turn one. " * 40 + "and a reply " * 30]
+    for text in (t[:len(t) // 4 * 4] for t in texts):       # whole tokens: the two agree
+        for size in (16, 4):
+            assert sim_chain_keys(text, size) == chain_keys(sim_token_ids(text), size)
+    assert sim_chain_keys("q" * 63, 16) == [] != chain_keys(sim_token_ids("q" * 63), 16)   # a cut last token
+    for text in texts:
+        for size in (16, 4):
+            assert sim_chain_keys(text, size) == chain_keys(sim_token_ids(text), size)
+    assert sim_chain_keys(texts[2], 16, max_blocks=3) == chain_keys(sim_token_ids(texts[2]), 16)[:3]

@@ -1,10 +1,9 @@
 """The event-fed prefix index in the discrete-event simulation: the nodes' prefix caches publish
 their KV events (inferlb/simulator/prefix_cache.py ``sink``), which reach the gateway's index
 (:class:`~inferlb.routing.kvindex.KVIndex`, the one the gateway runs) ``lag_s`` later; routing
-reads the index as the gateway does (the request's tokens by
-:func:`~inferlb.routing.kvindex.sim_token_ids`, chained by
-:func:`~inferlb.routing.kvindex.chain_keys`), and falls back to the gateway-side hash when the
-index says a node's stream is stale.
+reads the index as the gateway does (the request's emulated tokens, chained:
+:func:`~inferlb.routing.kvindex.sim_chain_keys`), and falls back to the gateway-side hash when
+the index says a node's stream is stale.
 
 Contract of :class:`KVFeed`:
 
@@ -29,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from inferlb.routing.kvindex import KVIndex, chain_keys, sim_token_ids
+from inferlb.routing.kvindex import KVIndex, sim_chain_keys
 from inferlb.simulator.prefix_cache import BLOCK_TOKENS, RemovedEvent, StoredEvent
 
 __all__ = ["KVFeed"]
@@ -77,7 +76,7 @@ class KVFeed:
     def route_inputs(self, text: str, names: Iterable[str], now: float
                      ) -> tuple[tuple[tuple[str, int], ...] | None, int, str | None]:
         self.advance(now)
-        keys = chain_keys(sim_token_ids(text), BLOCK_TOKENS, max_blocks=_MAX_BLOCKS)
+        keys = sim_chain_keys(text, BLOCK_TOKENS, max_blocks=_MAX_BLOCKS)
         names = list(names)
         if not keys:
             return None, 0, "no full block"
