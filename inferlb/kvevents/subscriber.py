@@ -13,6 +13,8 @@ Contract of :class:`Subscriptions` (the runner of every node's subscriber):
   ``replay_timeout_s``; what came back closes the gap (:meth:`KVEventsService.close_gap`: filled,
   or the node is cleared and stale). ZeroMQ reconnects a SUB socket by itself; a stream that goes
   quiet while requests are sent to its node is caught by the index's silence rule.
+* A message that fails in an unexpected way is logged and resets the node's view (stale, as a
+  lost connection) instead of ending the subscription.
 * Nothing here sleeps for time to pass: the sockets are awaited (``zmq.asyncio``).
 """
 
@@ -83,9 +85,14 @@ class NodeSubscriber(Background):
         try:
             while not self.stopping:
                 frames = await sub.recv_multipart()
-                gap = self.service.on_message(self.node, frames)
-                if gap is not None:
-                    await self._close(gap)
+                try:
+                    gap = self.service.on_message(self.node, frames)
+                    if gap is not None:
+                        await self._close(gap)
+                except Exception:   # one bad message must not end the node's subscription
+                    log.exception("kv events of %s: a message could not be applied; the node's view is reset",
+                                  self.node)
+                    self.service.disconnected(self.node)
         finally:
             sub.close(linger=0)
 
