@@ -123,3 +123,16 @@ def test_a_reload_forgets_a_node_that_left_and_voids_a_moved_endpoint() -> None:
     assert s.route_inputs("m", TEXT, ["a"])[2] == "a: disconnected"
     snap = s.snapshot()
     assert snap["nodes"]["a"]["endpoint"] == "tcp://127.0.0.1:6000" and snap["nodes"]["a"]["stale"] == "disconnected"
+
+
+async def test_the_dashboard_panel_says_when_the_feature_is_off() -> None:
+    from types import SimpleNamespace
+
+    from inferlb.api.dashboard import KV_EVENTS_OFF, kv_events
+
+    off = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()))
+    assert await kv_events(off) == KV_EVENTS_OFF  # type: ignore[arg-type]
+    s = KVEventsService(_cfg(), clock=ManualClock())
+    on = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(kv_events=SimpleNamespace(service=s))))
+    panel = await kv_events(on)  # type: ignore[arg-type]
+    assert panel["enabled"] is True and set(panel["nodes"]) == {"a", "b"} and panel["nodes"]["b"]["replay"] is True

@@ -4,7 +4,8 @@
 // 0 = off; default 60). When everything is drawn, window.inferlbDashboard.ready is true and
 // .charts says how many series and points each chart got (the browser test reads it), and
 // .autoscale what the autoscaling panel showed (enabled, models, events), .versions what the
-// versions and rollouts panel showed (enabled, models, rollouts).
+// versions and rollouts panel showed (enabled, models, rollouts), .kvEvents what the KV-event
+// index panel showed (enabled, nodes).
 // With authentication on, the data routes want the admin key: on a 401/403 the page shows its
 // sign-in form (.needsKey is true), keeps the key in this tab's sessionStorage and sends it as
 // "Authorization: Bearer" on every fetch.
