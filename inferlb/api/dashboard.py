@@ -33,11 +33,11 @@ import functools
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from inferlb.api.auth import require_admin
-from inferlb.api.deps import AutoscalerDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
+from inferlb.api.deps import AutoscalerDep, KVEventsDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
 from inferlb.autoscale.panel import AUTOSCALE_OFF, autoscale_panel
 from inferlb.autoscale.store import recent_scaling_events
 from inferlb.errors import ClientError, InvalidRequest, StoreError
@@ -116,10 +116,9 @@ KV_EVENTS_OFF = {"enabled": False, "reason": "no model or node has kv_events in 
 
 
 @router.get("/dashboard/kv-events", dependencies=[Depends(require_admin)])
-async def kv_events(request: Request) -> dict[str, Any]:
+async def kv_events(wiring: KVEventsDep) -> dict[str, Any]:
     """The KV-event index panel: per publishing node its blocks and stream state, per model the
     decisions that used the index or fell back (inferlb/kvevents/service.py ``snapshot``)."""
-    wiring = getattr(request.app.state, "kv_events", None)
     if wiring is None:
         return dict(KV_EVENTS_OFF)
     snap: dict[str, Any] = wiring.service.snapshot()

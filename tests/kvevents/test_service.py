@@ -130,9 +130,7 @@ async def test_the_dashboard_panel_says_when_the_feature_is_off() -> None:
 
     from inferlb.api.dashboard import KV_EVENTS_OFF, kv_events
 
-    off = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()))
-    assert await kv_events(off) == KV_EVENTS_OFF  # type: ignore[arg-type]
+    assert await kv_events(None) == KV_EVENTS_OFF
     s = KVEventsService(_cfg(), clock=ManualClock())
-    on = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(kv_events=SimpleNamespace(service=s))))
-    panel = await kv_events(on)  # type: ignore[arg-type]
+    panel = await kv_events(SimpleNamespace(service=s))  # type: ignore[arg-type]
     assert panel["enabled"] is True and set(panel["nodes"]) == {"a", "b"} and panel["nodes"]["b"]["replay"] is True
