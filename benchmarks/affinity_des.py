@@ -71,6 +71,7 @@ from inferlb.bench.loadgen.sessions import prompt_text, session_plan
 from inferlb.bench.loadgen.workload import PlannedRequest, Workload, load_workload, plan
 from inferlb.routing.profiles import PROFILES, build_router
 from inferlb.simulator.des.closed import ClosedLoop, Session
+from inferlb.simulator.des.kvfeed import KVFeed
 from inferlb.simulator.des.prefix import PrefixCaches, PromptInfo
 from inferlb.simulator.des.sim import Simulation
 from inferlb.simulator.openai_format import answer_text
@@ -143,7 +144,7 @@ def _p50(xs: list[float]) -> float:
 
 def run_affinity(spec: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedRequest] | None, w: Workload, *,
                  seed: int, duration_s: float, decoded: bool = True,
-                 sessions: Sequence[Session] | None = None) -> dict[str, Any]:
+                 sessions: Sequence[Session] | None = None, kv_feed: KVFeed | None = None) -> dict[str, Any]:
     """One seeded DES run of ``reqs`` (open loop) or of ``sessions`` (closed loop:
     :class:`~inferlb.simulator.des.closed.ClosedLoop`, no turn sent at or after ``duration_s``; then
     ``reqs`` is ignored) routed by ``spec`` (``profile[:k=v+...]``) with per-node prefix caches
@@ -151,15 +152,19 @@ def run_affinity(spec: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedReq
     :func:`~.des_report.des_summary` plus the cache and TTFT figures, the achieved arrival rate
     (``achieved_rps``: measured arrivals ÷ the measured window) and, closed loop, the turns not
     sent (``abandoned`` after a turn that was not ok, ``cut`` past the window) and the ideal hit
-    rate of the turns this run sent."""
+    rate of the turns this run sent. ``kv_feed``: the caches publish KV events into it and routing
+    reads its index (benchmarks/kv_events_des.py)."""
     profile, params = _target(spec)
     router = build_router(profile, seed=seed, params={"affinity": params} if params else None)
-    caches = PrefixCaches(des_prompt, decoded=decoded)
+    caches = PrefixCaches(des_prompt, decoded=decoded, sink_of=kv_feed.sink_for if kv_feed is not None else None)
     t0 = time.perf_counter()
     extra: dict[str, Any] = {}
     if sessions is not None:
         closed = ClosedLoop(specs, router=router, seed=seed, model=w.model, timeout_s=w.timeout_s,
                             prefill_cached=caches)
+        if kv_feed is not None:
+            closed.kv_feed = kv_feed
+            kv_feed.clock = lambda: closed.now
         res = closed.run_sessions(sessions, stop_s=duration_s)
         reqs = closed.requests
         extra = {"abandoned": closed.abandoned, "cut": closed.cut,
@@ -169,6 +174,9 @@ def run_affinity(spec: str, specs: Sequence[NodeSpec], reqs: Sequence[PlannedReq
             raise ValueError("reqs or sessions")
         sim = Simulation(specs, router=router, seed=seed, model=w.model, timeout_s=w.timeout_s,
                          prefill_cached=caches)
+        if kv_feed is not None:
+            sim.kv_feed = kv_feed
+            kv_feed.clock = lambda: sim.now
         res = sim.run(reqs)
     wall = time.perf_counter() - t0
     s = des_summary(res, w, duration_s=duration_s)

@@ -58,6 +58,7 @@ from inferlb.errors import ClientError, ConfigError, StoreError, error_body
 from inferlb.fleet.netguard import check_fleet_names
 from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
+from inferlb.kvevents.wiring import KVEventsWiring, uses_kv_events
 from inferlb.learned.loop import LearnedLoop
 from inferlb.learned.metrics import LearnedCollector
 from inferlb.live.fleet_admin import config_version
@@ -222,6 +223,13 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                            end=functools.partial(request_end, audit=writer.submit, obs=obs, versions=window.observe,
                                                  tiers=tier_router.observe),
                            admission_cls=SharedAdmission if clustered else AdmissionController)
+        # The engines' KV events (inferlb/kvevents): one subscription a publishing node, the index routing reads.
+        kv: KVEventsWiring | None = None
+        if uses_kv_events(fleet_cfg):
+            kv = KVEventsWiring.build(fleet_cfg, clock=clock, registry=obs.registry)
+            rt.kv = kv.service
+            await kv.start()
+        state.kv_events = kv
         state.admission = rt.admission
         try:   # learned tier models (learned.enabled) start from the audit trail's outcomes
             warmed = await asyncio.to_thread(warm_from_audit, tier_router, fleet_cfg, engine)
@@ -267,6 +275,13 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             await learned.start()
         def swapped(snap: Snapshot) -> None:
             state.process = snap.process
+            kv_now: KVEventsWiring | None = state.kv_events
+            if kv_now is not None:
+                kv_now.follow(snap.rt.fleet_cfg)
+            elif uses_kv_events(snap.rt.fleet_cfg):   # a reload turned the feature on
+                kv_now = state.kv_events = KVEventsWiring.build(snap.rt.fleet_cfg, clock=clock, registry=obs.registry)
+                kv_now.start_soon()
+            snap.rt.kv = kv_now.service if kv_now is not None else None
             if cluster is not None:   # the other replicas compare it (config conflicts)
                 cluster.config_hash = config_hash(snap.rt.fleet_cfg, (snap.process.path, live.health_process.path))
 
@@ -321,6 +336,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             if learned is not None:
                 await learned.close()
             await upstream.close()
+            if state.kv_events is not None:
+                await state.kv_events.close()
             if cluster is not None:
                 await cluster.stop()      # shares handed back at once, the lease released
             await admission.stop()

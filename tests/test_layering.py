@@ -41,7 +41,7 @@ FLOORS: dict[str, int] = {
     "inferlb.fleet": 5,
     # 6 features a request consults on its way
     "inferlb.admission": 6, "inferlb.versions": 6, "inferlb.health": 6, "inferlb.observability": 6,
-    "inferlb.cluster": 6, "inferlb.tiers": 6,
+    "inferlb.cluster": 6, "inferlb.tiers": 6, "inferlb.kvevents": 6,
     # 7 the request path: gateway, scope, upstream, SSE relay, request end
     "inferlb.engine": 7,
     # 8 features that run beside the request path and change what it uses

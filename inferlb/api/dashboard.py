@@ -15,7 +15,9 @@ per model from the runner, the last ``events`` scaling decisions from ``scaling_
 then the last ``limit`` ended ones, default 10, at most 100, each with its last decision;
 ``enabled`` false with a ``reason`` when no model has versions;
 :func:`inferlb.rollout.panel.versions_panel` says the shape; when the database cannot be read
-the panel shows what this gateway knows) and ``GET /dashboard/lora`` (the LoRA adapters panel:
+the panel shows what this gateway knows), ``GET /dashboard/kv-events`` (the KV-event index
+panel: the service's snapshot, inferlb/kvevents/service.py; ``enabled`` false with a ``reason``
+when the fleet file uses no KV events) and ``GET /dashboard/lora`` (the LoRA adapters panel:
 each LoRA model's adapters and base, each node's running / waiting adapters, slots and adapters
 cooling down after a failed load; :func:`inferlb.observability.lora_panel.lora_panel` says the shape).
 The cost-tiers panel reads ``/admin/tiers`` (api/tiers.py) and ``/reports/sla?group_by=model,served``.
@@ -38,7 +40,7 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from inferlb.api.auth import require_admin
-from inferlb.api.deps import AutoscalerDep, GatewayDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
+from inferlb.api.deps import AutoscalerDep, GatewayDep, KVEventsDep, ObservabilityDep, OptionalStoreDep, RolloutsDep
 from inferlb.autoscale.panel import AUTOSCALE_OFF, autoscale_panel
 from inferlb.autoscale.store import recent_scaling_events
 from inferlb.errors import ClientError, InvalidRequest, StoreError
@@ -46,7 +48,7 @@ from inferlb.observability.lora_panel import lora_panel
 from inferlb.rollout.panel import versions_panel
 from inferlb.rollout.store import ended_rollouts, last_rollout_events, running_rollouts
 
-__all__ = ["ASSETS", "CSP", "MAX_EVENTS", "MAX_ROLLOUTS", "router"]
+__all__ = ["ASSETS", "CSP", "KV_EVENTS_OFF", "MAX_EVENTS", "MAX_ROLLOUTS", "router"]
 
 router = APIRouter()
 
@@ -115,6 +117,19 @@ def _bounded(name: str, value: str | None, *, default: int, maximum: int) -> int
     if not 1 <= n <= maximum:
         raise InvalidRequest(f"'{name}' must be an integer from 1 to {maximum}", param=name)
     return n
+
+
+KV_EVENTS_OFF = {"enabled": False, "reason": "no model or node has kv_events in the fleet file"}
+
+
+@router.get("/dashboard/kv-events", dependencies=[Depends(require_admin)])
+async def kv_events(wiring: KVEventsDep) -> dict[str, Any]:
+    """The KV-event index panel: per publishing node its blocks and stream state, per model the
+    decisions that used the index or fell back (inferlb/kvevents/service.py ``snapshot``)."""
+    if wiring is None:
+        return dict(KV_EVENTS_OFF)
+    snap: dict[str, Any] = wiring.service.snapshot()
+    return {"enabled": True, **snap}
 
 
 @router.get("/dashboard/autoscale", dependencies=[Depends(require_admin)])

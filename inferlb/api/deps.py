@@ -24,13 +24,15 @@ from inferlb.cluster.service import ClusterService
 from inferlb.config.settings import Settings
 from inferlb.engine.gateway import Gateway
 from inferlb.health.monitor import HealthMonitor
+from inferlb.kvevents.wiring import KVEventsWiring
 from inferlb.live.manager import LiveConfig
 from inferlb.observability.hub import Observability
 from inferlb.rollout.manager import RolloutManager
 from inferlb.store import StoreHandle
 from inferlb.store.events import EventWriter
 
-__all__ = ["AdmissionDep", "AutoscalerDep", "ClusterDep", "EventsDep", "GatewayDep", "Lifecycle", "LifecycleDep",
+__all__ = ["AdmissionDep", "AutoscalerDep", "ClusterDep", "EventsDep", "GatewayDep", "KVEventsDep", "Lifecycle",
+           "LifecycleDep",
            "LiveDep", "MonitorDep", "ObservabilityDep", "OptionalStoreDep", "RolloutsDep", "SettingsDep", "StoreDep",
            "get_admission", "get_gateway", "get_rollouts", "get_settings", "get_store"]
 
@@ -105,5 +107,6 @@ MonitorDep = Annotated[HealthMonitor | None, Depends(_optional("monitor"))]
 LiveDep = Annotated[LiveConfig | None, Depends(_optional("live"))]
 AutoscalerDep = Annotated[AutoscaleRunner | None, Depends(_optional("autoscaler"))]
 ClusterDep = Annotated[ClusterService | None, Depends(_optional("cluster"))]   # None: one replica alone
+KVEventsDep = Annotated[KVEventsWiring | None, Depends(_optional("kv_events"))]   # None: no KV events used
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]
 RolloutsDep = Annotated[RolloutManager, Depends(get_rollouts)]

@@ -35,6 +35,7 @@ from inferlb.config.cluster import ClusterSettings
 from inferlb.config.disaggregation import DisaggregationConfig, NodeRole, disaggregation_problems
 from inferlb.config.discovery import DiscoveryConfig
 from inferlb.config.health import HealthConfig
+from inferlb.config.kvevents import KVEventsModel, KVEventsNode, KVIndexConfig
 from inferlb.config.lora import LoraConfig, default_profile, lora_problems
 from inferlb.config.netpolicy import Listener, NetworkPolicy, redact_url, url_problem
 from inferlb.config.observability import ObservabilityConfig
@@ -123,6 +124,8 @@ class ModelConfig(_Strict):
     tiers: TierPolicy | None = None
     # Served as a LoRA adapter on a base model (config/lora.py); None: not an adapter.
     lora: LoraConfig | None = None
+    # Routing reads the engines' KV events for this model (config/kvevents.py); absent: off.
+    kv_events: KVEventsModel | None = None
 
 
 def _label_text(v: Any) -> Any:
@@ -157,6 +160,8 @@ class NodeConfig(_Strict):
     tls: NodeTLS | None = None
     # Which leg of a disaggregated request it runs (config/disaggregation.py): prefill, decode, both.
     role: NodeRole = "both"
+    # Where its engine publishes KV events (config/kvevents.py); absent: none.
+    kv_events: KVEventsNode | None = None
     _env_key: str | None = PrivateAttr(None)
 
     @model_validator(mode="before")
@@ -302,6 +307,7 @@ class FleetConfig(_Strict):
     network_policy: NetworkPolicy = NetworkPolicy()   # where node URLs may point (config/netpolicy.py)
     # The tls block of every https node that has none of its own (config/tls.py).
     node_tls: NodeTLS | None = None
+    kv_index: KVIndexConfig = KVIndexConfig()   # the KV-event-fed index's bounds (config/kvevents.py)
     # The gateway's own listeners, from the validation context (fleet_from_mapping's ``listeners``):
     # a node there would be the gateway itself.
     _listeners: tuple[Listener, ...] = PrivateAttr(())
@@ -354,6 +360,15 @@ class FleetConfig(_Strict):
                 if why is not None:
                     raise _KeyPathError(f"health.nodes.{name}.{key}",
                                         f"{redact_url(url)!r} refused by the network policy: {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> FleetConfig:
+        for i, mc in enumerate(self.models):
+            if mc.kv_events is not None and mc.kv_events.tokenizer == "model" and not mc.tokenizer:
+                raise _KeyPathError(f"models[{i}].kv_events.tokenizer",
+                                    f"model {mc.name!r}: tokenizer 'model' needs the model's tokenizer "
+                                    "(a tokenizer.json path); 'emulator' for emulated nodes")
         return self
 
     @model_validator(mode="after")

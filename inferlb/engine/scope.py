@@ -41,6 +41,7 @@ from inferlb.types import Clock
 from inferlb.versions.table import Version, VersionTable
 
 if TYPE_CHECKING:
+    from inferlb.kvevents.service import KVEventsService
     from inferlb.workflow.definition import ProcessDefinition
 
 __all__ = ["IncomingRequest", "RequestScope", "Runtime", "Snapshot", "begin_request", "build_runtime"]
@@ -103,6 +104,8 @@ class Runtime:
     lengths: LengthPredictor | None = None
     # Model aliases with tiers (tiers/router.py): guard, learned model and counts, kept across reloads.
     tiers: TierRouter | None = None
+    # The engines' KV events (inferlb/kvevents), kept across reloads; None: no model or node uses them.
+    kv: KVEventsService | None = None
 
 
 @dataclass(frozen=True)

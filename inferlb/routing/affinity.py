@@ -23,6 +23,15 @@ from inferlb.routing.types import NodeView, RouteRequest
 
 __all__ = ["Affinity", "AffinityParams", "affinity_key", "load_bound"]
 
+
+def _kv_hits(req: RouteRequest) -> dict[str, int] | None:
+    """The request's KV-index hits by node when some node holds a leading block, else None
+    (no index, or no node holds any: the key's own order decides, as without an index)."""
+    kv = req.kv_hits
+    if kv is None or not any(h for _, h in kv):
+        return None
+    return dict(kv)
+
 _MAX_NAMES = 100_000      # node-name hashes kept (a fleet's names; cleared past it)
 _DETAIL_ESCAPED = 4       # over-bound nodes listed in the audit detail (all are counted)
 
@@ -88,6 +97,12 @@ class Affinity:
     node HRW put first, and the nodes skipped for load with their load and bound; when the pick
     is not the key's own node because of the load bound, ``escape`` (``from``, ``to`` and a
     ``why`` sentence).
+
+    **KV index.** When the request carries ``kv_hits`` (an event-fed index, routing/kvindex.py,
+    says some candidate holds its leading blocks), the order is by blocks held, most first, then
+    the key's HRW order (``affinity`` = ``kv-index``); the load bound applies the same way. The
+    detail's ``kv_index`` says whether the index was used, the blocks held by the best nodes, or
+    the fallback's reason (``req.kv_fallback``: then the order is the gateway-side hash's).
     """
 
     type_name = "affinity"
@@ -113,6 +128,17 @@ class Affinity:
 
     def preselect(self, req: RouteRequest, pool: list[NodeView], k: int) -> list[NodeView] | None:
         found = affinity_key(req, self.p)
+        hits = _kv_hits(req)
+        if hits is not None:
+            # The nodes the KV index says hold the most leading blocks first, then the key's HRW order.
+            held = sorted((i for i, n in enumerate(pool) if hits.get(n.name, 0) > 0),
+                          key=lambda i: -hits.get(pool[i].name, 0))[:k]
+            if found is not None and len(held) < k:
+                weights = hrw_weights(self._hashes(pool), found[1])
+                taken = set(held)
+                rest = heapq.nlargest(k, (i for i in range(len(pool)) if i not in taken), key=weights.__getitem__)
+                held.extend(rest[:k - len(held)])
+            return [pool[i] for i in held]
         if found is None:
             return None
         key = found[1]
@@ -144,15 +170,34 @@ class Affinity:
     def rank_detail(self, req: RouteRequest, scored: list[tuple[NodeView, float]],
                     rng: random.Random) -> tuple[list[str], dict[str, Any]]:
         found = affinity_key(req, self.p)
-        if found is None:
+        hits = _kv_hits(req)
+        if found is None and hits is None:
             why = "no session id and no full prompt block" if self.p.session else "no full prompt block"
-            return self.rank(scored, rng), {"affinity": "none", "reason": why}
-        kind, key, blocks = found
+            detail: dict[str, Any] = {"affinity": "none", "reason": why}
+            if req.kv_fallback is not None:
+                detail["kv_index"] = {"used": False, "fallback": req.kv_fallback}
+            return self.rank(scored, rng), detail
         if not scored:
-            return [], {"affinity": kind, "reason": "no candidate"}
+            return [], {"affinity": "kv-index" if hits is not None else found[0] if found else "none",
+                        "reason": "no candidate"}
         nodes = [n for n, _ in scored]
-        weights = hrw_weights(self._hashes(nodes), key)
-        order = sorted(range(len(nodes)), key=weights.__getitem__, reverse=True)
+        if hits is not None:
+            # Longest cached prefix first (the engines' own word, through their KV events); among
+            # equals the key's HRW order (so a new prefix still lands where its key belongs), else
+            # the profile's score.
+            kind = "kv-index"
+            if found is not None:
+                key, blocks = found[1], found[2]
+                w = hrw_weights(self._hashes(nodes), key)
+                order = sorted(range(len(nodes)), key=lambda i: (hits.get(nodes[i].name, 0), w[i]), reverse=True)
+            else:
+                key, blocks = 0, 0
+                order = sorted(range(len(nodes)), reverse=True,
+                               key=lambda i: (hits.get(nodes[i].name, 0), scored[i][1], rng.random()))
+        else:
+            kind, key, blocks = found   # type: ignore[misc]
+            weights = hrw_weights(self._hashes(nodes), key)
+            order = sorted(range(len(nodes)), key=weights.__getitem__, reverse=True)
         total = sum(n.inflight_requests for n in nodes)
         eps, floor = self.p.epsilon, self.p.min_bound
         # load_bound, inlined: the per-candidate part is one multiply
@@ -174,11 +219,19 @@ class Affinity:
                         escaped.append({"node": n.name, "inflight": n.inflight_requests,
                                         "bound": max(ceil(per_cap * n.capacity_tokens), floor)})
         first = nodes[order[0]].name
-        detail: dict[str, Any] = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": first,
-                                  "epsilon": eps, "min_bound": floor, "candidates_inflight": total,
-                                  "escaped": escaped, "escaped_total": skipped}
+        detail = {"affinity": kind, "key": f"{key:016x}"[:12], "hrw_first": first,
+                  "epsilon": eps, "min_bound": floor, "candidates_inflight": total,
+                  "escaped": escaped, "escaped_total": skipped}
         if kind == "prefix":
             detail["blocks"] = blocks
+        if hits is not None:
+            best = sorted(((hits.get(n.name, 0), n.name) for n in nodes), reverse=True)[:_DETAIL_ESCAPED]
+            detail["kv_index"] = {"used": True, "blocks": req.kv_blocks,
+                                  "held": {name: h for h, name in best if h > 0}}
+        elif req.kv_hits is not None:
+            detail["kv_index"] = {"used": True, "blocks": req.kv_blocks, "held": {}}
+        elif req.kv_fallback is not None:
+            detail["kv_index"] = {"used": False, "fallback": req.kv_fallback}
         if skipped and under:
             # The key's own node was passed over for load alone (bounded-load rule): say so in
             # words; the request-end metrics count these (inferlb_routing_affinity_escapes_total).

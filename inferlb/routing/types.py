@@ -125,6 +125,11 @@ class RouteRequest:
     request's model version: when set, no other node is considered (the router's built-in
     ``model-version`` filter, applied to the pool before sampling); ``adapter``: the LoRA adapter
     the request names on the node (config/lora.py; None: the model is no adapter).
+
+    ``kv_hits``: per candidate node, how many of the prompt's leading token blocks its engine holds
+    by its KV events (:mod:`.kvindex`), of ``kv_blocks`` full blocks; None when no event-fed index
+    applies, and then ``kv_fallback`` says why (no index for the model, no tokenizer, a stale
+    stream), None when the model has no KV events at all.
     """
 
     model: str
@@ -139,6 +144,9 @@ class RouteRequest:
     selector: LabelSelector | None = None
     only: frozenset[str] | None = None
     adapter: str | None = None
+    kv_hits: tuple[tuple[str, int], ...] | None = None
+    kv_blocks: int = 0
+    kv_fallback: str | None = None
 
     @property
     def tokens(self) -> int:

@@ -15,7 +15,7 @@ import random
 import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -27,6 +27,9 @@ from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache
 from inferlb.simulator.spec import FaultSpec, NodeSpec
 from inferlb.simulator.stats import NodeStats
 from inferlb.types import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from inferlb.simulator.kv_publisher import KVPublisher
 
 __all__ = ["NodeServer"]
 
@@ -67,9 +70,18 @@ class NodeServer:
         # vllm:lora_requests_info's label sets as they were last set (running, waiting) → time, newest last
         self.lora_series: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.prefix_cache: PrefixCache | None = None
+        # The prefix cache's KV events in vLLM's format over ZeroMQ (kv_publisher.py; needs pyzmq, msgspec).
+        self.kv_publisher: KVPublisher | None = None
         if spec.prefix_cache:
             tokens = spec.prefix_cache_tokens or (spec.batching.kv_tokens if spec.batching is not None else 65_536)
-            self.prefix_cache = PrefixCache(max(1, tokens // BLOCK_TOKENS))
+            if spec.kv_events_port is not None:
+                from inferlb.simulator.kv_publisher import KVPublisher
+
+                port = spec.kv_events_port
+                self.kv_publisher = KVPublisher(port=port, replay_port=port + 1 if port else 0,
+                                                clock=self._clock.time)
+            self.prefix_cache = PrefixCache(max(1, tokens // BLOCK_TOKENS),
+                                            sink=self.kv_publisher.sink if self.kv_publisher is not None else None)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -126,6 +138,8 @@ class NodeServer:
             raise
         self.host, self.port = host, sock.getsockname()[1]
         self._runner = runner
+        if self.kv_publisher is not None:
+            await self.kv_publisher.start()
         self._loading_until = self._clock.monotonic() + self.spec.startup_s
 
     async def stop(self) -> None:
@@ -139,6 +153,8 @@ class NodeServer:
             self._driver = None
         self._abort_live()
         await runner.cleanup()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.stop()
 
     def stop_soon(self) -> None:
         """Stop after the current handler has answered (``refuse`` from the control endpoint)."""

@@ -237,6 +237,9 @@ class NodeSpec:
     ``prefix_cache``: keep a prefix cache (:mod:`.prefix_cache`) of ``prefix_cache_tokens`` tokens
     (default: the engine's ``kv_tokens``, or 65,536 on a fixed-speed node); a request whose
     leading blocks are cached prefills only the rest. Off by default.
+    ``kv_events_port``: publish the prefix cache's KV events in vLLM's format over ZeroMQ
+    (:mod:`.kv_publisher`: PUB bound on 127.0.0.1 at this port, 0 a free one, and its replay
+    ROUTER on the next port, or a free one); None (default): no events. Needs ``prefix_cache``.
     ``network_delay_s``: the round trip between the gateway and this node (an edge node far away):
     every request, probes included, waits this long before the node handles it.
     ``get_load``: the shape of ``GET /get_load`` (:mod:`.control`), for the peer router in front:
@@ -265,6 +268,7 @@ class NodeSpec:
     preset: str | None = None
     prefix_cache: bool = False
     prefix_cache_tokens: int | None = None
+    kv_events_port: int | None = None
     network_delay_s: float = 0.0
     get_load: Literal["sglang", "vllm-router"] = "sglang"
     kv_transfer: KVTransferSpec = field(default_factory=KVTransferSpec)
@@ -275,6 +279,8 @@ class NodeSpec:
             raise ValueError(f"get_load must be one of {', '.join(GET_LOAD_SHAPES)}")
         if not (math.isfinite(self.network_delay_s) and self.network_delay_s >= 0):
             raise ValueError("network_delay_s must be a finite number >= 0")
+        if self.kv_events_port is not None and not (self.prefix_cache and 0 <= self.kv_events_port <= 65534):
+            raise ValueError("kv_events_port needs prefix_cache and a port 0-65534 (0: a free one)")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 16:
             raise ValueError("prefix_cache_tokens must be >= 16 (one block)")
         if not self.name or not self.models:

@@ -49,6 +49,14 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     )
     views = rt.fleet.views()
     version = scope.version
+    kv = rt.kv
+    if kv is not None and rt.router.prefix_blocks:
+        # The engines' KV events (inferlb/kvevents): the blocks each candidate holds, or why not.
+        only = version.nodes if version is not None else None
+        names = [v.name for v in views if scope.model in v.models and v.healthy and v.name not in base.exclude
+                 and (only is None or v.name in only)]
+        hits, blocks, why = kv.route_inputs(scope.model, scope.prompt_text, names)
+        base = replace(base, kv_hits=hits, kv_blocks=blocks, kv_fallback=why)
     mc = rt.fleet_cfg.model(scope.model) or rt.fleet.models.get(scope.model)
     if mc is not None and mc.disaggregation is not None:
         return _select_pair(scope, mc.disaggregation, replace(base, only=version.nodes, selector=version.selector)
@@ -85,6 +93,8 @@ def select(scope: RequestScope, data: Mapping[str, Any], params: Mapping[str, An
     rec.decisions.append(entry)
     rec.routed_at = round(rt.clock.time(), 6)
     node = decision.pick
+    if kv is not None and node is not None:
+        kv.sent(node, base.kv_blocks)
     if node is None:
         reasons = sorted({f"{e.node}: {e.reason}" for e in decision.eliminated})
         return {"ok": False, "node": None, "model": scope.model, "ranked": [],

@@ -105,6 +105,7 @@ class Stack:
         self.node_urls: dict[str, str] = {}
         self.sim: Child | None = None
         self.gateway: Child | None = None
+        self.admin_url: str | None = None
         self._n = 0
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
@@ -159,7 +160,9 @@ class Stack:
         gdir.mkdir(parents=True, exist_ok=True)
         fleet_file = gdir / "fleet.yaml"
         fleet_file.write_text(yaml.safe_dump(fleet, sort_keys=False))
-        genv = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port), INFERLB_ADMIN_PORT=str(free_port()),
+        admin = free_port()
+        self.admin_url = f"http://127.0.0.1:{admin}"    # the admin listener (dashboard data, /admin)
+        genv = _env(INFERLB_HOST="127.0.0.1", INFERLB_PORT=str(port), INFERLB_ADMIN_PORT=str(admin),
                     INFERLB_DATABASE_URL=f"sqlite:///{gdir / 'audit.db'}", INFERLB_JOURNAL_DIR=str(gdir / "journal"),
                     INFERLB_LOG_LEVEL="WARNING", **(env or {}))
         genv.pop("INFERLB_REDIS_URL", None)    # the benchmark's gateway keeps its state in-process

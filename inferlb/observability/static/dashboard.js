@@ -5,7 +5,7 @@
 // .charts says how many series and points each chart got (the browser test reads it), and
 // .autoscale what the autoscaling panel showed (enabled, models, events), .versions what the
 // versions and rollouts panel showed (enabled, models, rollouts), .tiers what the cost-tiers panel
-// showed (aliases, tiers, tripped).
+// showed (aliases, tiers, tripped), .kvEvents what the KV-event index panel showed (enabled, nodes).
 // With authentication on, the data routes want the admin key: on a 401/403 the page shows its
 // sign-in form (.needsKey is true), keeps the key in this tab's sessionStorage and sends it as
 // "Authorization: Bearer" on every fetch.
@@ -324,6 +324,28 @@
       "cost since start", "guard"], rows, "no model alias has tiers");
   }
 
+  // The KV-event index panel (GET /dashboard/kv-events): per model the decisions that used the
+  // engines' KV events or fell back to the gateway-side hash; per publishing node its indexed
+  // blocks and its stream's state (fresh, or why stale). Not configured: says so.
+  function kvEventsPanel(data) {
+    const el = $("kv-events");
+    dash.kvEvents = { enabled: Boolean(data.enabled), nodes: Object.keys(data.nodes || {}).length };
+    if (!data.enabled) {
+      el.innerHTML = `<div class="empty" id="kv-events-off">${esc(data.reason || "KV events are off")}</div>`;
+      return;
+    }
+    const models = Object.entries(data.models || {}).map(([m, v]) =>
+      [m, v.tokenizer, fmt.n(v.used), fmt.n(v.fallback), v.tokenizer_problem || ""]);
+    const nodes = Object.entries(data.nodes || {}).map(([n, v]) =>
+      [n, fmt.n(v.blocks), v.stale ? `stale: ${v.stale}` : "fresh", fmt.n(v.batches),
+       `${fmt.n(v.gaps_replayed)} / ${fmt.n(v.gaps_lost)}`, fmt.n(v.errors)]);
+    el.innerHTML = '<div id="kv-events-models"></div><div id="kv-events-nodes"></div>';
+    table("kv-events-models", ["model", "tokenizer", "index used", "fell back", "tokenizer problem"], models,
+      "no model reads KV events");
+    table("kv-events-nodes", ["node", "blocks", "stream", "batches", "gaps replayed / lost", "bad messages"], nodes,
+      "no node publishes KV events");
+  }
+
   function states(hist) {
     const el = $("chart-states");
     el.textContent = "";
@@ -420,6 +442,7 @@
     versionsPanel(versions);
     tiersPanel(tierState, slaTiers);
     loraPanel(lora);
+    kvEventsPanel(await getJSON("/dashboard/kv-events"));
     const total = slaTotal.data[0] || {};
     const sum = costTotal.summary || {};
     tiles([

@@ -25,6 +25,7 @@ from inferlb.simulator.des.admission import Admission
 from inferlb.simulator.des.api import Controller, NodeInfo, PrefillHook, RequestLike, Window
 from inferlb.simulator.des.engine import FastSeq
 from inferlb.simulator.des.feedback import Feedback
+from inferlb.simulator.des.kvfeed import KVFeed
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.des.prefix import PromptInfo
 from inferlb.simulator.des.results import DesResults, NodeRecord
@@ -47,6 +48,7 @@ class SimFleet:
     control_every_s: float
     prefill_cached: PrefillHook | None
     prompt_of: Callable[[RequestLike], PromptInfo | None] | None
+    kv_feed: KVFeed | None
     feedback: Feedback | None
     lengths: LengthPredictor | None
     default_max_tokens: int

@@ -82,17 +82,27 @@ class SimRequests(SimLora):
         prefix: tuple[int, ...] = ()
         session: int | None = None
         blocks = self.router.prefix_blocks
+        kv_hits: tuple[tuple[str, int], ...] | None = None
+        kv_blocks = 0
+        kv_fallback: str | None = None
+        feed = self.kv_feed
         if blocks and self.prompt_of is not None:
             info = self.prompt_of(r)
             if info is not None:
                 if info.text:
                     prefix = block_hashes(info.text, blocks)
+                    if feed is not None:
+                        kv_hits, kv_blocks, kv_fallback = feed.route_inputs(
+                            info.text, (v.name for v in self._views), now)
                 if info.session:
                     session = text_key(info.session)
         adapter: str | None = getattr(r, "adapter", None)
         d = self.router.decide(RouteRequest(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
-                                            prefix=prefix, session=session, adapter=adapter), self._views)
+                                            prefix=prefix, session=session, adapter=adapter, kv_hits=kv_hits,
+                                            kv_blocks=kv_blocks, kv_fallback=kv_fallback), self._views)
         name = d.pick
+        if feed is not None and name is not None:
+            feed.sent(name, kv_blocks, now)
         if self.feedback is not None:
             self._decisions[i] = (d, r)
         if name is None:

@@ -39,7 +39,7 @@ from typing import Any
 
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.openai_format import answer_text
-from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, finished_sequence
+from inferlb.simulator.prefix_cache import BLOCK_TOKENS, PrefixCache, RemovedEvent, StoredEvent, finished_sequence
 
 __all__ = ["PrefixCaches", "PromptInfo", "PromptOf"]
 
@@ -58,9 +58,11 @@ PromptOf = Callable[[Any], "PromptInfo | None"]
 class PrefixCaches:
     """One :class:`PrefixCache` per node that has one; see the module docstring."""
 
-    def __init__(self, prompt_of: PromptOf, *, decoded: bool = True) -> None:
+    def __init__(self, prompt_of: PromptOf, *, decoded: bool = True,
+                 sink_of: Callable[[str], Callable[[StoredEvent | RemovedEvent], None]] | None = None) -> None:
         self._prompt_of = prompt_of
         self.decoded = decoded
+        self.sink_of = sink_of     # a node's KV-event sink (simulator/des/kvfeed.py), None: no events
         self._running: dict[int, tuple[PrefixCache, str]] = {}   # row → (its node's cache, its prompt)
         self._last: tuple[object, PromptInfo | None] | None = None
         self._caches: dict[str, tuple[DesNode, PrefixCache]] = {}
@@ -87,7 +89,8 @@ class PrefixCaches:
         if got is not None:
             self._retired.append(got[1])
         tokens = spec.prefix_cache_tokens or (spec.batching.kv_tokens if spec.batching is not None else 65_536)
-        cache = PrefixCache(max(1, tokens // BLOCK_TOKENS))
+        sink = self.sink_of(node.name) if self.sink_of is not None else None
+        cache = PrefixCache(max(1, tokens // BLOCK_TOKENS), sink=sink)
         self._caches[node.name] = (node, cache)
         return cache
 

@@ -77,6 +77,7 @@ from inferlb.simulator.des.api import Controller, PrefillHook, RequestLike, Wind
 from inferlb.simulator.des.engine import FastSeq
 from inferlb.simulator.des.feedback import Feedback
 from inferlb.simulator.des.fleet import _READY, _WAKE
+from inferlb.simulator.des.kvfeed import KVFeed
 from inferlb.simulator.des.lifecycle import SimRequests
 from inferlb.simulator.des.lora import LORA_DUE
 from inferlb.simulator.des.node import DesNode
@@ -125,6 +126,8 @@ class Simulation(SimRequests):
         if prompt_of is None and isinstance(prefill_cached, PrefixCaches):
             prompt_of = prefill_cached.prompt
         self.prompt_of = prompt_of
+        # The event-fed prefix index (simulator/des/kvfeed.py), None: routing hashes the prompt only.
+        self.kv_feed: KVFeed | None = None
         self.feedback = feedback
         if feedback is not None and not feedback.tick_s > 0:
             raise ValueError("feedback.tick_s must be > 0")
