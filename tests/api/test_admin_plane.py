@@ -87,6 +87,7 @@ ROUTES: dict[tuple[str, str], Class] = {
     ("GET", "/dashboard/autoscale"): "admin",
     ("GET", "/dashboard/versions"): "admin",
     ("GET", "/dashboard/lora"): "admin",
+    ("GET", "/dashboard/kv-events"): "admin",
 }
 
 
