@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                       "ttft_p99": sum(x["ttft_s"]["p99"] for x in rows) / len(rows)}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "live.json"
-            cmd = [sys.executable, "-m", "inferlb", "bench", "compare", "--fleet", fleet, "--workload", a.workload,
+            cmd = [sys.executable, "-m", "inferlb.cli", "bench", "compare", "--fleet", fleet, "--workload", a.workload,
                    "--rate", f"{rate:.4f}", "--duration", str(a.duration), "--seed", str(a.seed),
                    "--targets", ",".join(targets), "--json", str(out), "--quiet", "--workdir", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), check=False)
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{lv.get('e2e_p99', float('nan')):.2f} s goodput {lv.get('goodput', float('nan')):.2f}")
         for key in ("e2e_p99", "goodput"):
             o = c[f"order_{key}"]
-            print(f"  order by {key}: DES {' < '.join(o['des'])}; live {' < '.join(o['live'])}: "
+            print(f"  best first by {key}: DES {', '.join(o['des'])}; live {', '.join(o['live'])}: "
                   f"{'same' if c[f'same_{key}'] else 'DIFFERENT'}", flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps({"workload": a.workload, "duration": a.duration, "cells": cells}, indent=1))
