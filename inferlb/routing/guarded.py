@@ -21,7 +21,9 @@ decision (``learned.arm``) for the reward to find when the request ends.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from inferlb.errors import ConfigError
 from inferlb.routing.explain import LearnedInfo
@@ -34,6 +36,8 @@ from inferlb.routing.reward import RewardBandit, RewardParams
 from inferlb.routing.types import Decision, Filter, NodeView, Picker, RouteRequest, Scorer
 
 __all__ = ["GuardedRouter", "make_guarded"]
+
+_P = TypeVar("_P", bound=BaseModel)
 
 
 class GuardedRouter(Router):
@@ -147,26 +151,23 @@ def make_guarded(profile: str, filters: list[Filter], scorers: list[tuple[Scorer
     params raise ConfigError (so does a reward arm that is not a built-in profile without a predictor)."""
     bandit, arms = _reward(reward, fallback, sample)
     if lifecycle is None:
-        try:
-            params = LifecycleParams.model_validate(predictor or {})
-        except Exception as exc:
-            errs = getattr(exc, "errors", None)
-            first = errs()[0] if callable(errs) else {"msg": str(exc), "loc": ()}
-            raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})",
-                              path="routing.predictor") from exc
-        lifecycle = PredictorLifecycle(params, clock=clock)
+        lifecycle = PredictorLifecycle(_params(LifecycleParams, predictor, "routing.predictor"), clock=clock)
     return GuardedRouter(profile, filters, scorers, picker, rng, sample, fallback=fallback, lifecycle=lifecycle,
                          reward=bandit, arms=arms)
 
 
-def _reward(raw: dict[str, Any] | None, fallback: Router, sample: int) -> tuple[RewardBandit | None, dict[str, Router]]:
+def _params(model: type[_P], raw: dict[str, Any] | None, path: str) -> _P:
+    """``raw`` validated as ``model``; its first problem as a ConfigError at ``path``."""
     try:
-        p = RewardParams.model_validate(raw or {})
+        return model.model_validate(raw or {})
     except Exception as exc:
         errs = getattr(exc, "errors", None)
         first = errs()[0] if callable(errs) else {"msg": str(exc), "loc": ()}
-        raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})",
-                          path="routing.reward") from exc
+        raise ConfigError(f"{first['msg']} ({'.'.join(str(x) for x in first['loc'])})", path=path) from exc
+
+
+def _reward(raw: dict[str, Any] | None, fallback: Router, sample: int) -> tuple[RewardBandit | None, dict[str, Router]]:
+    p = _params(RewardParams, raw, "routing.reward")
     if not p.enabled:
         return None, {}
     arms: dict[str, Router] = {}
