@@ -62,9 +62,10 @@ def register(sub: Any) -> None:
     d.add_argument("--admission", choices=["gateway", "off"], default="gateway",
                    help="the gateway's admission rules (default policy), or none")
     d.add_argument("--max-inflight", type=int, default=None, help="gateway-wide cap (default: none)")
-    d.add_argument("--output-length", choices=["off", "mean", "p50", "p90"], default="off",
+    d.add_argument("--output-length", choices=["off", "mean", "p50", "p90"], default="mean",
                    help="route on the output-length predictor's estimate (that statistic), trained from the "
-                        "completions, instead of the declared max_tokens / 256 (default: off)")
+                        "completions, as the gateway does by default (routing.output_length); off: the "
+                        "declared max_tokens / 256 (default: mean)")
     d.add_argument("--json", action="store_true", help="print the figures as JSON")
     d.set_defaults(handler=des_command)
 

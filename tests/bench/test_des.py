@@ -91,7 +91,7 @@ def test_sim_des_command(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--presets: unknown h200" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_sim_des_routes_on_the_predictor_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sim_des_routes_on_the_predictor_as_the_gateway_does(capsys: pytest.CaptureFixture[str]) -> None:
     from inferlb.cli.main import main
 
     argv = ["sim", "des", "--workload", "heavy-tail-mixed", "--nodes", "3", "--rate", "8", "--duration", "30",
@@ -100,5 +100,7 @@ def test_sim_des_routes_on_the_predictor_when_asked(capsys: pytest.CaptureFixtur
     s = json.loads(capsys.readouterr().out)
     cal = s["output_length"]
     assert cal["budget"] == "p50" and cal["n"] > 100 and cal["learned"] > 50
-    assert main(argv) == 0
+    assert main(argv) == 0                               # the default, as the gateway's routing.output_length
+    assert json.loads(capsys.readouterr().out)["output_length"]["budget"] == "mean"
+    assert main([*argv, "--output-length", "off"]) == 0  # the declared budgets
     assert "output_length" not in json.loads(capsys.readouterr().out)
