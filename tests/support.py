@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 from inferlb.app import create_app
@@ -187,3 +188,13 @@ def need_real_engine() -> None:
     if os.environ.get("INFERLB_REQUIRE_ENGINE") == "1":
         pytest.fail(f"INFERLB_REQUIRE_ENGINE=1 but {why}")
     pytest.skip(why)
+
+
+async def audit_of(client: httpx.AsyncClient, app: Any, rid: str) -> dict[str, Any]:
+    """The audit record of request ``rid`` through ``GET /audit/requests/{id}``, once the
+    writer has flushed what it holds."""
+    await app.state.store.writer.flush_once(force=True)
+    r = await client.get(f"/audit/requests/{rid}")
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body

@@ -28,8 +28,8 @@ Contract:
   ``slo_ttft_s`` / ``slo_e2e_s``, else 0) or ``e2e-per-token`` (seconds per output token: the
   answer's length, which no arm chooses, divided out). A request that did not complete costs
   ``failure_cost`` (``e2e``/``e2e-per-token``: ``failure_cost_s``; ``slo``: 1).
-* :meth:`RewardBandit.status` is JSON: per arm its pulls, effective count, mean cost and share
-  of recent choices, for ``/admin/routing`` and the audit.
+* :meth:`RewardBandit.status` is JSON: per arm its pulls, effective count and posterior of the
+  mean cost (learned/metrics.py exports the pulls and means as Prometheus figures).
 
 Pure: no clock, no I/O.
 """
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -96,11 +95,6 @@ class RewardBandit:
         self.p = params or RewardParams(enabled=True)
         self.arms = [_Arm(name) for name in self.p.arms]
         self._index = {a.name: i for i, a in enumerate(self.arms)}
-        self.recent: list[int] = [0] * len(self.arms)   # choices since the last status read
-
-    @property
-    def names(self) -> list[str]:
-        return [a.name for a in self.arms]
 
     def _pooled(self) -> tuple[float, float]:
         n = sum(a.n for a in self.arms)
@@ -132,7 +126,6 @@ class RewardBandit:
                 draws.append(rng.gauss(mean, sd))
             i = min(range(len(draws)), key=draws.__getitem__)
         self.arms[i].pulls += 1
-        self.recent[i] += 1
         return self.arms[i].name
 
     def cost(self, *, ok: bool, stream: bool, ttft_s: float | None, e2e_s: float | None, tokens: int) -> float:
@@ -144,7 +137,7 @@ class RewardBandit:
             missed = e2e_s > p.slo_e2e_s or (stream and (ttft_s is None or ttft_s > p.slo_ttft_s))
             return 1.0 if missed else 0.0
         if not ok or e2e_s is None:
-            return p.failure_cost_s if p.objective == "e2e" else p.failure_cost_s / max(1, tokens or 1)
+            return p.failure_cost_s if p.objective == "e2e" else p.failure_cost_s / max(1, tokens)
         if p.objective == "e2e-per-token":
             return e2e_s / max(1, tokens)
         return e2e_s
@@ -163,20 +156,13 @@ class RewardBandit:
         return True
 
     def status(self) -> dict[str, Any]:
-        total = sum(self.recent) or 1
         arms: list[dict[str, Any]] = []
         for i, a in enumerate(self.arms):
             mean, sd = self.posterior(i)
             arms.append({"arm": a.name, "pulls": a.pulls, "observed": a.observed,
                                 "effective_n": round(a.n, 1), "mean_cost": round(mean, 6),
-                                "sd_of_mean": round(sd, 6), "recent_share": round(self.recent[i] / total, 4)})
-        self.recent = [0] * len(self.arms)
+                                "sd_of_mean": round(sd, 6)})
         return {"objective": self.p.objective, "arms": arms}
-
-    def shares(self, choices: Sequence[str]) -> dict[str, float]:
-        """Share of each arm in ``choices`` (a helper for reports)."""
-        n = len(choices) or 1
-        return {name: sum(1 for c in choices if c == name) / n for name in self.names}
 
 
 def observe_reward(router: Any, decision: Any, *, ok: bool, stream: bool, ttft_s: float | None,

@@ -16,7 +16,7 @@ import pytest
 
 from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.spec import FaultSpec
-from tests.support import fast_specs, fleet_for, running_gateway, settings_for
+from tests.support import audit_of, fast_specs, fleet_for, running_gateway, settings_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
 
@@ -31,13 +31,6 @@ async def stack(tmp: Path, *, profile: str = "round-robin", n: int = 3, **specs:
                 httpx.AsyncClient(base_url=base, timeout=10) as client:
             yield sim, client, app
 
-
-async def audit_of(client: httpx.AsyncClient, app: Any, rid: str) -> dict[str, Any]:
-    await app.state.store.writer.flush_once(force=True)
-    r = await client.get(f"/audit/requests/{rid}")
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
 
 
 def sse_events(text: str) -> list[str]:

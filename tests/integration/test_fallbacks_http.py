@@ -17,7 +17,7 @@ from openai import AsyncOpenAI, BadRequestError
 from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.spec import NodeSpec
-from tests.support import running_gateway, settings_for
+from tests.support import audit_of, running_gateway, settings_for
 
 # Node → the model it serves. "m" has a small context; "tiny" is no larger (skipped); "long" fits.
 SERVES = {"n0": "m", "n1": "m", "n2": "backup", "n3": "long", "n4": "tiny"}
@@ -49,13 +49,6 @@ async def stack(tmp: Path) -> AsyncIterator[tuple[SimFleet, AsyncOpenAI, httpx.A
             sdk = AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, http_client=http)
             yield sim, sdk, http, app
 
-
-async def audit_of(http: httpx.AsyncClient, app: Any, rid: str) -> dict[str, Any]:
-    await app.state.store.writer.flush_once(force=True)
-    r = await http.get(f"/audit/requests/{rid}")
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
 
 
 async def test_a_prompt_over_the_context_window_goes_to_the_first_fallback_that_fits(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 from inferlb.config.settings import Settings
 from inferlb.simulator.emulator import SimFleet
 from inferlb.simulator.spec import NodeSpec
-from tests.support import running_gateway
+from tests.support import audit_of, running_gateway
 
 SERVES = {"s0": "small", "l0": "large"}
 HARD = ("Prove the theorem below, then write the integral as code.\n```python\ndef f(x):\n    return x\n```\n"
@@ -54,13 +54,6 @@ async def stack(tmp: Path) -> AsyncIterator[tuple[AsyncOpenAI, httpx.AsyncClient
             sdk = AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, http_client=http)
             yield sdk, http, app, urls
 
-
-async def audit_of(http: httpx.AsyncClient, app: Any, rid: str) -> dict[str, Any]:
-    await app.state.store.writer.flush_once(force=True)
-    r = await http.get(f"/audit/requests/{rid}")
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
 
 
 async def test_an_alias_sends_easy_requests_to_the_cheap_tier_and_hard_ones_to_the_strong(tmp_path: Path) -> None:
