@@ -59,7 +59,9 @@ async def test_deadline_cut_and_abandoned_attempts_leave_every_node_healthy(tmp_
                         break
             for node in sim.nodes.values():   # every cut attempt's connection is closed by the gateway
                 await node.wait_until(lambda s: s.live == 0, timeout=5)
-            assert sum(node.stats.requests_total for node in sim.nodes.values()) >= 12
+            # Cut attempts did reach the nodes: the four 300 ms deadlines and the two quitters at least
+            # (a 5 or 8 ms deadline may expire before dispatch on a loaded machine).
+            assert sum(node.stats.requests_total for node in sim.nodes.values()) >= 6
             ejected = [ev for ev in fleet.queued_events() if ev.to_state == "ejected"]
             assert ejected == []
             for st in fleet.nodes.values():
