@@ -5,8 +5,10 @@ Contract: reads the app's observability hub (``ObservabilityDep``, an
 the OpenAI envelope when metrics are disabled in the fleet file. The handler is ``async``: the
 scrape-time gauges read the fleet's live counters, which only the event loop mutates, so reading
 them on the loop gives a consistent snapshot (a scrape costs well under a millisecond per node).
-Who may read it: :func:`~inferlb.api.auth.require_metrics_reader` (open while auth is
-off and no ``INFERLB_METRICS_TOKEN`` is set; else that token or the admin key).
+With ``serve --workers N`` the answering worker merges every worker's metrics
+(server/worker_metrics.py: counters summed, gauges per ``worker``). Who may read it:
+:func:`~inferlb.api.auth.require_metrics_reader` (open while auth is off and no
+``INFERLB_METRICS_TOKEN`` is set; else that token or the admin key).
 """
 
 from __future__ import annotations
@@ -36,5 +38,9 @@ class MetricsDisabled(ClientError):
 async def metrics(request: Request, obs: ObservabilityDep) -> Response:
     if obs is None or obs.metrics is None:
         raise MetricsDisabled()
-    body, content_type = obs.exposition(request.headers.get("accept"))
+    workers = getattr(request.app.state, "worker_metrics", None)
+    if workers is not None:   # serve --workers N: every worker's, summed (server/worker_metrics.py)
+        body, content_type = await workers.exposition(request.headers.get("accept"))
+    else:
+        body, content_type = obs.exposition(request.headers.get("accept"))
     return Response(body, media_type=content_type)
