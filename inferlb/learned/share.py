@@ -118,6 +118,9 @@ class PredictorShare:
     async def start(self) -> None:
         """Take the stored snapshot (module docstring) before the first turn."""
         await self._install(force=True)
+        if self.installs:
+            log.info("learned routing: started from the cluster's predictor v%d (%d answers learned, snapshot %d)",
+                     self.lc.version, self.lc.learned, self.installed_seq)
 
     async def turn(self) -> int:
         """This replica's part of one training turn; returns the answers trained here."""
