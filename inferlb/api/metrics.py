@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferlb.api.auth import require_metrics_reader
-from inferlb.api.deps import ObservabilityDep
+from inferlb.api.deps import ObservabilityDep, WorkerMetricsDep
 from inferlb.errors import ClientError
 
 __all__ = ["MetricsDisabled", "router"]
@@ -35,10 +35,9 @@ class MetricsDisabled(ClientError):
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request, obs: ObservabilityDep) -> Response:
+async def metrics(request: Request, obs: ObservabilityDep, workers: WorkerMetricsDep) -> Response:
     if obs is None or obs.metrics is None:
         raise MetricsDisabled()
-    workers = getattr(request.app.state, "worker_metrics", None)
     if workers is not None:   # serve --workers N: every worker's, summed (server/worker_metrics.py)
         body, content_type = await workers.exposition(request.headers.get("accept"))
     else:
