@@ -406,7 +406,9 @@ class ClusterService:
                 await self._read_health()    # what changed while nobody listened
                 backoff = 0.1
                 while not self._stopping:
-                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    # No timeout: the loop wakes only for a message (a 1 s timeout woke an idle
+                    # replica every second for nothing); stop() cancels it, a closed connection raises.
+                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=None)
                     if msg is not None and msg.get("type") == "message":
                         self._on_message(msg.get("data"))
             except asyncio.CancelledError:

@@ -186,11 +186,15 @@ class PredictorShare:
                 self.received += 1
 
     async def _maybe_publish(self, now: float) -> None:
-        state = state_of(self.lc.model)
-        if state is None or now - self._last_publish < self.publish_every_s:
+        model = self.lc.model
+        # (version, seen) first: an idle trainer's turns must not copy the model's matrices
+        mark = (int(getattr(model, "version", 0) or 0), int(getattr(model, "seen", 0) or 0))
+        if model is None or mark == self._published_at or not mark[1]:
             return
-        mark = (int(state["version"]), int(state["seen"]))
-        if mark == self._published_at or not state["seen"]:
+        if now - self._last_publish < self.publish_every_s:
+            return
+        state = state_of(model)
+        if state is None:
             return
         body = json.dumps({"predictor": state, "state": self.lc.state, "reason": self.lc.reason})
         try:
