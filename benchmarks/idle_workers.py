@@ -3,7 +3,8 @@
 ::
 
     python -m benchmarks.idle_workers [--idle-s 60] [--settle-s 15] [--workers 2] [--rounds 2]
-                                      [--profile token-aware] [--variant NAME=TREE[,VAR=VALUE...] ...]
+                                      [--profile token-aware] [--scrapes 0]
+                                      [--variant NAME=TREE[,VAR=VALUE...] ...]
 
 Starts three simulated nodes (inferlb/simulator, in this process: their CPU is not counted), then
 for each round and each variant, interleaved (A, B, A, B …: the shared machine's load drifts), one
@@ -13,7 +14,8 @@ rounds), the CPU of each process (the sum over its threads of ``/proc/PID/task/T
 nanoseconds: :func:`benchmarks.idle_memory.idle_cpu_ms_per_s`) over ``--idle-s`` seconds without
 traffic, in ms of CPU per second. A variant is a checkout (``PYTHONPATH``: the code before and
 after a change, side by side in one run) and environment variables; by default this checkout.
-One JSON line per run, then a table.
+With ``--scrapes N``, then 40 requests and N scrapes of ``/metrics`` over the port: the CPU of
+every process together per scrape, and its size. One JSON line per run, then a table.
 """
 
 from __future__ import annotations
@@ -90,11 +92,13 @@ def _one_run(urls: dict[str, str], tree: Path, env_extra: dict[str, str], args: 
                 assert proc.poll() is None and time.monotonic() < end, (t / "log").read_text()[-3000:]
                 with contextlib.suppress(httpx.HTTPError):
                     r = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-                    if r.status_code == 200 and len(_children(proc.pid)) == args.workers:
+                    if r.status_code == 200 and (args.workers == 1 or len(_children(proc.pid)) == args.workers):
                         break
                 time.sleep(0.2)
             time.sleep(args.settle_s)
-            pids = {"supervisor": proc.pid, **{f"w{i}": p for i, p in enumerate(_children(proc.pid))}}
+            # --workers 1: one process, no supervisor (what the default runs)
+            pids = ({"w0": proc.pid} if args.workers == 1 else
+                    {"supervisor": proc.pid, **{f"w{i}": p for i, p in enumerate(_children(proc.pid))}})
             c0 = {k: _cpu_s(p) for k, p in pids.items()}
             t0 = time.monotonic()
             time.sleep(args.idle_s)
@@ -105,6 +109,8 @@ def _one_run(urls: dict[str, str], tree: Path, env_extra: dict[str, str], args: 
                 a, b = c0[k], c1[k]
                 if a is not None and b is not None:
                     out[k] = round((b - a) * 1000 / dt, 2)
+            if args.scrapes:
+                out["scrape"] = _scrapes(port, pids, args.scrapes)
             return out
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -113,6 +119,24 @@ def _one_run(urls: dict[str, str], tree: Path, env_extra: dict[str, str], args: 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _scrapes(port: int, pids: dict[str, int], n: int) -> dict[str, Any]:
+    """After 40 requests (so the request series exist): ``n`` scrapes of ``/metrics`` over the port,
+    each on a fresh connection (either worker answers); CPU of every process together per scrape."""
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(40):
+        httpx.post(base + "/v1/chat/completions", timeout=30,
+                   json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    c0 = [_cpu_s(p) for p in pids.values()]
+    size = series = 0
+    for _ in range(n):
+        r = httpx.get(base + "/metrics", timeout=30)
+        size = len(r.content)
+        series = sum(1 for line in r.text.splitlines() if line and not line.startswith("#"))
+    c1 = [_cpu_s(p) for p in pids.values()]
+    cpu = sum(b - a for a, b in zip(c0, c1, strict=True) if a is not None and b is not None)
+    return {"cpu_ms_per_scrape": round(cpu * 1000 / n, 2), "bytes": size, "series": series}
 
 
 def _variant(text: str) -> tuple[str, Path, dict[str, str]]:
@@ -129,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", default="token-aware")
+    ap.add_argument("--scrapes", type=int, default=0, help="after the idle window: this many /metrics scrapes")
     ap.add_argument("--variant", action="append", type=_variant,
                     help="NAME=TREE[,VAR=VALUE...]: a checkout and its environment (repeatable; default: "
                          "this checkout as it is)")
@@ -156,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nidle CPU, ms/s over {args.idle_s:g} s ({args.workers} workers, {args.rounds} rounds interleaved)")
     print(f"{'variant':<14} {'supervisor':>22} {'each worker':>28}")
     for name, runs in results.items():
-        sup = ", ".join(f"{x['supervisor']:.2f}" for x in runs)
-        ws = ", ".join("/".join(f"{v:.2f}" for k, v in sorted(x.items()) if k != "supervisor") for x in runs)
+        sup = ", ".join(f"{x['supervisor']:.2f}" if "supervisor" in x else "-" for x in runs)
+        ws = ", ".join("/".join(f"{v:.2f}" for k, v in sorted(x.items()) if k.startswith("w")) for x in runs)
         print(f"{name:<14} {sup:>22} {ws:>28}")
     return 0
 
