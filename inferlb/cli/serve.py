@@ -162,9 +162,9 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
     if peers is not None:
         from inferlb.server.worker_metrics import WorkerMetrics
 
-        def local() -> bytes | None:
+        def local() -> list[Any] | None:    # this worker's families, as its /metrics collects them
             obs = getattr(app.state, "observability", None)
-            return None if obs is None or obs.metrics is None else obs.exposition(None)[0]
+            return None if obs is None or obs.metrics is None else list(obs.registry.collect())
 
         siblings = app.state.worker_metrics = WorkerMetrics(peers[0], peers[1], peers[2], local)
         await siblings.start()

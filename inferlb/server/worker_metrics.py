@@ -3,17 +3,20 @@ scrape answers for all of them.
 
 Contract of :class:`WorkerMetrics` (one per worker, built by the worker's ``serve``):
 
-* **Each worker serves its own exposition** (Prometheus text format) on a Unix socket
-  ``w<i>.sock`` in the supervisor's run directory (mode 0700: only the gateway's user may connect;
-  nothing else is asked of a client, which connects and reads to end-of-file). It is rendered on
-  the event loop, as ``/metrics`` is (api/metrics.py: the scrape-time gauges read live counters).
-* **The worker that takes the scrape** asks every sibling at once (each within ``timeout_s``),
-  parses the expositions with prometheus_client's parser and merges them with its own:
+* **Each worker serves its own metrics** on a Unix socket ``w<i>.sock`` in the supervisor's run
+  directory (mode 0700: only the gateway's user may connect; nothing else is asked of a client,
+  which connects and reads to end-of-file): its registry's families as collected, in JSON
+  (``[[name, type, help, unit, [[sample, labels, value], ...]], ...]``), not the text format,
+  because parsing text with prometheus_client's pure-Python parser was most of a merged scrape's
+  cost (docs/benchmarks.md). They are collected on the event loop, as ``/metrics`` does
+  (api/metrics.py: the scrape-time gauges read live counters).
+* **The worker that takes the scrape** asks every sibling at once (each within ``timeout_s``)
+  and merges what they sent with its own families:
   counters, histograms, summaries and untyped series are **summed** over the workers, label set by
   label set; gauges (info metrics included) keep one series per worker with a ``worker`` label
   (``w0`` …): a gauge's sum means something for some (in-flight) and nothing for others (a start
   time, a state flag), so the reader sums where it should (``sum without (worker) (...)``). The
-  ``*_created`` gauges of counters and histograms are left out: a sum has no one creation time.
+  ``_created`` samples of counters and histograms are left out: a sum has no one creation time.
   Then it renders the result in the format the scraper asked for (text or OpenMetrics).
 * **A sibling that does not answer** (replaced, stopped, stuck past ``timeout_s``, or not started
   yet) is left out of the sums and reported, never a failed scrape: ``inferlb_workers_up{worker}``
@@ -29,17 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["WorkerMetrics", "merge_expositions", "socket_path"]
+__all__ = ["Family", "WorkerMetrics", "families_of", "merge_expositions", "socket_path"]
 
 log = logging.getLogger("inferlb")
 
@@ -51,37 +54,58 @@ def socket_path(run_dir: Path, index: int) -> Path:
     return run_dir / f"w{index}.sock"
 
 
-def merge_expositions(parts: Sequence[tuple[str, Iterable[Metric]]]) -> list[Metric]:
-    """The families of ``parts`` ((worker name, its parsed families) in worker order) merged as
-    the module docstring says, in the order they first appear."""
+#: one family as exchanged: (name, type, help, unit, [(sample name, labels, value), ...])
+Family = tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]
+
+
+def families_of(metrics: Iterable[Metric]) -> list[Family]:
+    """Collected families as exchanged (the ``_created`` samples of summed types left out)."""
+    out: list[Family] = []
+    for m in metrics:
+        summed = m.type not in _PER_WORKER
+        out.append((m.name, m.type, m.documentation, m.unit,
+                    [(x.name, dict(x.labels), float(x.value)) for x in m.samples
+                     if not (summed and x.name.endswith("_created"))]))
+    return out
+
+
+def _decode(body: bytes) -> list[Family] | None:
+    """A sibling's families; None when they are not what :func:`families_of` makes (its problem)."""
+    try:
+        raw = json.loads(body)
+        return [(str(n), str(t), str(d), str(u), [(str(sn), {str(k): str(v) for k, v in lab.items()}, float(val))
+                                                  for sn, lab, val in samples])
+                for n, t, d, u, samples in raw]
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def merge_expositions(parts: Sequence[tuple[str, Iterable[Family]]]) -> list[Metric]:
+    """The families of ``parts`` ((worker name, its families) in worker order) merged as the module
+    docstring says, in the order they first appear."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for worker, parsed in parts:
-        for fam in parsed:
-            if fam.type == "gauge" and fam.name.endswith("_created"):
-                continue
-            out = families.get(fam.name)
+    for worker, fams in parts:
+        for name, typ, doc, unit, samples in fams:
+            out = families.get(name)
             if out is None:
-                out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
-                values[fam.name] = {}
-            acc = values[fam.name]
+                try:
+                    out = Metric(name, doc, typ, unit if unit and name.endswith("_" + unit) else "")
+                except ValueError:     # a type or name this prometheus_client does not know
+                    continue
+                families[name] = out
+                values[name] = {}
+            acc = values[name]
             per_worker = out.type in _PER_WORKER
-            for s in fam.samples:
-                labels = {**s.labels, "worker": worker} if per_worker else s.labels
-                key = (s.name, tuple(sorted(labels.items())))
-                acc[key] = s.value if per_worker else acc.get(key, 0.0) + s.value
+            for sample, labels, v in samples:
+                if per_worker:
+                    labels = {**labels, "worker": worker}
+                key = (sample, tuple(sorted(labels.items())))
+                acc[key] = v if per_worker else acc.get(key, 0.0) + v
     for name, out in families.items():
         for (sample, pairs), v in values[name].items():
             out.add_sample(sample, dict(pairs), v)
     return list(families.values())
-
-
-def _parse(text: str) -> list[Metric] | None:
-    """The families of one exposition; None when it does not parse (that worker's problem)."""
-    try:
-        return list(text_string_to_metric_families(text))
-    except Exception:
-        return None
 
 
 class _Families:
@@ -95,18 +119,16 @@ class _Families:
 
 
 class WorkerMetrics:
-    """See the module docstring. ``local()`` is this worker's exposition in the text format (None
-    while its app has not started)."""
+    """See the module docstring. ``local()`` is this worker's registry's families as collected
+    (None while its app has not started)."""
 
-    def __init__(self, index: int, count: int, run_dir: Path, local: Callable[[], bytes | None], *,
+    def __init__(self, index: int, count: int, run_dir: Path, local: Callable[[], Iterable[Metric] | None], *,
                  timeout_s: float = 2.0) -> None:
         self.index, self.count, self.run_dir = index, count, run_dir
         self.local = local
         self.timeout_s = timeout_s
         self.errors = [0] * count          # failed reads of each sibling by this worker
         self._server: asyncio.Server | None = None
-        self._own = CollectorRegistry(auto_describe=False)
-        self._own.register(self)
 
     @property
     def path(self) -> Path:
@@ -121,9 +143,9 @@ class WorkerMetrics:
                 c.add_metric([f"w{i}"], float(n))
         yield c
 
-    def _text(self) -> bytes | None:
-        body = self.local()
-        return None if body is None else body + generate_latest(self._own)
+    def _families(self) -> list[Family] | None:
+        metrics = self.local()
+        return None if metrics is None else families_of([*metrics, *self.collect()])
 
     # ------------------------------------------------------------------ this worker's socket
 
@@ -134,9 +156,9 @@ class WorkerMetrics:
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                body = self._text()
-                if body:
-                    writer.write(body)
+                fams = self._families()
+                if fams is not None:
+                    writer.write(json.dumps(fams).encode())
                     await writer.drain()
             except (ConnectionError, OSError):
                 pass
@@ -162,7 +184,7 @@ class WorkerMetrics:
 
     # ------------------------------------------------------------------ a scrape of the port
 
-    async def _read(self, index: int) -> str | None:
+    async def _read(self, index: int) -> bytes | None:
         try:
             async with asyncio.timeout(self.timeout_s):
                 reader, writer = await asyncio.open_unix_connection(str(socket_path(self.run_dir, index)))
@@ -172,23 +194,23 @@ class WorkerMetrics:
                     writer.close()
         except (OSError, TimeoutError):
             return None
-        return body.decode("utf-8", "replace") if body else None
+        return body or None
 
     async def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """Every worker's metrics merged (module docstring), in the format ``accept`` asks for."""
         siblings = [i for i in range(self.count) if i != self.index]
-        texts = await asyncio.gather(*(self._read(i) for i in siblings))
-        parsed: dict[int, list[Metric]] = {}
-        for i, text in zip(siblings, texts, strict=True):
-            fams = _parse(text) if text is not None else None
+        bodies = await asyncio.gather(*(self._read(i) for i in siblings))
+        got: dict[int, list[Family]] = {}
+        for i, body in zip(siblings, bodies, strict=True):
+            fams = _decode(body) if body is not None else None
             if fams is None:
                 self.errors[i] += 1
             else:
-                parsed[i] = fams
-        own = self._text()     # after the count above: this scrape's failures are in it
-        if own is not None and (mine := _parse(own.decode())) is not None:
-            parsed[self.index] = mine
-        parts = [(f"w{i}", parsed[i]) for i in sorted(parsed)]
+                got[i] = fams
+        mine = self._families()     # after the count above: this scrape's failures are in it
+        if mine is not None:
+            got[self.index] = mine
+        parts = [(f"w{i}", got[i]) for i in sorted(got)]
         merged = merge_expositions(parts)
         answered = {name for name, _ in parts}
         up = GaugeMetricFamily("inferlb_workers_up", "1 for each worker whose metrics this scrape sums, else 0",

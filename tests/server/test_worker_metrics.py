@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,8 +29,7 @@ def _samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 
 async def test_the_answering_worker_sums_counters_labels_gauges_and_reports_a_missing_one(tmp_path: Path) -> None:
     regs = [_registry(i) for i in range(3)]
-    workers = [WorkerMetrics(i, 3, tmp_path, (lambda r=r: generate_latest(r)), timeout_s=5.0)  # type: ignore[misc]
-               for i, r in enumerate(regs)]
+    workers = [WorkerMetrics(i, 3, tmp_path, r.collect, timeout_s=5.0) for i, r in enumerate(regs)]
     for w in workers:
         await w.start()
     try:
@@ -69,7 +68,7 @@ async def test_the_answering_worker_sums_counters_labels_gauges_and_reports_a_mi
 
 
 async def test_a_worker_not_started_yet_is_down_not_an_error_page(tmp_path: Path) -> None:
-    ready = WorkerMetrics(0, 2, tmp_path, lambda: generate_latest(_registry(0)))
+    ready = WorkerMetrics(0, 2, tmp_path, _registry(0).collect)
     starting = WorkerMetrics(1, 2, tmp_path, lambda: None)     # its app has no metrics yet
     await ready.start()
     await starting.start()
@@ -84,3 +83,24 @@ async def test_a_worker_not_started_yet_is_down_not_an_error_page(tmp_path: Path
     finally:
         await ready.close()
         await starting.close()
+
+
+async def test_a_sibling_that_sends_garbage_is_reported_not_a_failed_scrape(tmp_path: Path) -> None:
+    import asyncio
+
+    from inferlb.server.worker_metrics import socket_path
+
+    async def garbage(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b'[["x", "counter", "", "", [["x_total", {}, "not a number"]]]')
+        w.close()
+
+    server = await asyncio.start_unix_server(garbage, path=str(socket_path(tmp_path, 1)))
+    me = WorkerMetrics(0, 2, tmp_path, _registry(0).collect)
+    try:
+        s = _samples((await me.exposition(None))[0])
+        assert s[("inferlb_workers_up", (("worker", "w1"),))] == 0
+        assert s[("inferlb_workers_scrape_errors_total", (("worker", "w1"),))] == 1
+        assert s[("t_requests_total", (("status", "200"),))] == 10
+    finally:
+        server.close()
+        await server.wait_closed()
