@@ -85,10 +85,18 @@ async def test_metrics_and_the_learned_predictor_are_one_for_the_port(tmp_path: 
                 return _requests(await _scrape(gw)) == sent
 
             await _until(f"/metrics counting the {sent} requests", counted, 30.0)
-            for _ in range(6):            # whichever worker answers, the same sum
+            whole = 0
+            for _ in range(30):           # whichever worker answers, the same sum
                 m = await _scrape(gw)
-                assert _requests(m) == sent, m.get("inferlb_requests_total")
-                assert _per_worker(m, "inferlb_workers_up") == {"w0": 1.0, "w1": 1.0}
+                up = _per_worker(m, "inferlb_workers_up")
+                if up == {"w0": 1.0, "w1": 1.0}:
+                    assert _requests(m) == sent, m.get("inferlb_requests_total")
+                    whole += 1
+                    if whole == 6:
+                        break
+                else:    # a sibling slower than the scrape's 2 s on a loaded machine: reported, left out
+                    assert sorted(up.values()) == [0.0, 1.0] and _requests(m) < sent, (up, _requests(m))
+            assert whole == 6, whole
 
             async def both_learned_all() -> bool:
                 learned = _per_worker(await _scrape(gw), "inferlb_routing_predictor_learned")
@@ -105,13 +113,19 @@ async def test_metrics_and_the_learned_predictor_are_one_for_the_port(tmp_path: 
 
             async def replaced_and_up() -> bool:
                 nonlocal seen_down
-                m = await _scrape(gw)    # a 200 every time, whoever is gone
+                try:
+                    m = await _scrape(gw)    # a 200 every time it answers, whoever is gone
+                except httpx.TransportError:
+                    # a connection the kernel queued at the dead worker's socket is reset
+                    # (docs/replicas.md, "A worker that dies"): not an answer of /metrics
+                    return False
                 up = _per_worker(m, "inferlb_workers_up")
                 seen_down = seen_down or 0.0 in up.values()
                 kids = _children(gw.proc.pid)
                 return victim not in kids and len(kids) == 2 and up == {"w0": 1.0, "w1": 1.0}
 
             await _until("the killed worker replaced and back in /metrics", replaced_and_up, 60.0)
+            assert seen_down      # while it was being replaced, the survivor reported it down (it takes seconds)
 
             async def replacement_has_the_model() -> bool:
                 learned = _per_worker(await _scrape(gw), "inferlb_routing_predictor_learned")
