@@ -61,6 +61,7 @@ from inferlb.health.probe import Prober
 from inferlb.kvevents.wiring import KVEventsWiring, uses_kv_events
 from inferlb.learned.loop import LearnedLoop
 from inferlb.learned.metrics import LearnedCollector
+from inferlb.learned.share import PredictorShare
 from inferlb.live.fleet_admin import config_version
 from inferlb.live.manager import LiveConfig
 from inferlb.live.startup import Checked, check_files
@@ -271,7 +272,16 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
         learned = state.learned_loop = None
         if rt.learner is not None:
             obs.registry.register(LearnedCollector(rt.learner, lambda: state.gateway.rt.router))
-            learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit)
+            # in a cluster one replica trains and the others install its snapshots (learned/share.py)
+            share = None if cluster is None else PredictorShare(
+                rt.learner, redis=cluster.redis, key=cluster.key, channel=cluster.channel, me=cluster.id,
+                leader=cluster.leader, clock=clock)
+            if cluster is not None and share is not None:
+                cluster.subscribe("learned", share.notify)
+                cluster.subscribe("learned-obs", share.notify)
+                cluster.parts["learned"] = share.status
+            learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit,
+                                                       share=share)
             await learned.start()
         def swapped(snap: Snapshot) -> None:
             state.process = snap.process

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +87,16 @@ class Limiter:
     def __init__(self, burst_s: float = 60.0) -> None:
         self.burst_s = burst_s
         self.buckets: dict[tuple[str, str], TokenBucket] = {}
+        # called when a bucket is made: the Redis sync parks while there is none (admission/service.py)
+        self.on_new: Callable[[], None] | None = None
 
     def _bucket(self, key: str, kind: str, limit: float, now: float) -> TokenBucket:
         b = self.buckets.get((key, kind))
         if b is None or b.rate != float(limit) / 60.0:
             b = TokenBucket(limit, now, self.burst_s)
             self.buckets[(key, kind)] = b
+            if self.on_new is not None:
+                self.on_new()
         return b
 
     def check_and_take(self, key: str, *, rpm: int | None, tpm: int | None, tokens: int, now: float

@@ -28,12 +28,14 @@ from inferlb.kvevents.wiring import KVEventsWiring
 from inferlb.live.manager import LiveConfig
 from inferlb.observability.hub import Observability
 from inferlb.rollout.manager import RolloutManager
+from inferlb.server.worker_metrics import WorkerMetrics
 from inferlb.store import StoreHandle
 from inferlb.store.events import EventWriter
 
 __all__ = ["AdmissionDep", "AutoscalerDep", "ClusterDep", "EventsDep", "GatewayDep", "KVEventsDep", "Lifecycle",
            "LifecycleDep",
            "LiveDep", "MonitorDep", "ObservabilityDep", "OptionalStoreDep", "RolloutsDep", "SettingsDep", "StoreDep",
+           "WorkerMetricsDep",
            "get_admission", "get_gateway", "get_rollouts", "get_settings", "get_store"]
 
 
@@ -108,5 +110,7 @@ LiveDep = Annotated[LiveConfig | None, Depends(_optional("live"))]
 AutoscalerDep = Annotated[AutoscaleRunner | None, Depends(_optional("autoscaler"))]
 ClusterDep = Annotated[ClusterService | None, Depends(_optional("cluster"))]   # None: one replica alone
 KVEventsDep = Annotated[KVEventsWiring | None, Depends(_optional("kv_events"))]   # None: no KV events used
+# serve --workers N: this worker's view of its siblings' metrics (server/worker_metrics.py); None: one process
+WorkerMetricsDep = Annotated[WorkerMetrics | None, Depends(_optional("worker_metrics"))]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]
 RolloutsDep = Annotated[RolloutManager, Depends(get_rollouts)]

@@ -30,9 +30,11 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +61,8 @@ def register(sub: Any) -> None:
     # Internal: how the supervisor starts a worker (server/workers.py); not for operators.
     s.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     s.add_argument("--worker-fds", dest="worker_fds", help=argparse.SUPPRESS)
+    s.add_argument("--worker-run-dir", dest="worker_run_dir", type=Path, help=argparse.SUPPRESS)
+    s.add_argument("--worker-count", dest="worker_count", type=int, help=argparse.SUPPRESS)
     # uvicorn re-raises the Ctrl-C it handled after a graceful shutdown: a normal stop.
     s.set_defaults(handler=_serve_command, ctrl_c_status=0)
 
@@ -81,7 +85,11 @@ def _serve_command(args: argparse.Namespace) -> int:
     if args.worker is not None:
         from inferlb.server.workers import parse_fds
 
-        run_loop(serve_gateway(settings, watch=args.watch, inherited=parse_fds(args.worker_fds or "")))
+        peers = None
+        if args.worker_run_dir is not None and args.worker_count:
+            peers = (args.worker, args.worker_count, args.worker_run_dir)
+        run_loop(serve_gateway(settings, watch=args.watch, inherited=parse_fds(args.worker_fds or ""),
+                               peers=peers))
         return 0
     n = settings.worker_count()
     if n > 1:
@@ -114,11 +122,14 @@ def preflight(settings: Settings) -> Settings:
 
 
 async def serve_gateway(settings: Settings, banner: str | None = None, *, watch: bool = False,
-                        node_launcher: Any = None, inherited: list[int | None] | None = None) -> None:
+                        node_launcher: Any = None, inherited: list[int | None] | None = None,
+                        peers: tuple[int, int, Path] | None = None) -> None:
     """Serve the gateway until it stops; ``banner`` is printed once it listens. SystemExit(1) when
     it never started (the port was taken, say). ``inherited``: a worker's descriptors from its
     supervisor (server/workers.py): the public socket, the admin socket or None, the orphan pipe;
-    the worker serves on those instead of binding its own, and stops when the pipe closes."""
+    the worker serves on those instead of binding its own, and stops when the pipe closes.
+    ``peers``: a worker's (index, worker count, the supervisor's run directory): ``/metrics``
+    answers for every worker (server/worker_metrics.py)."""
     from inferlb.app import create_app, default_processes_dir
     from inferlb.live.triggers import run_triggers
     from inferlb.server import build_server
@@ -147,6 +158,16 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
         sock.close()
         raise
     app = create_app(settings, node_launcher=node_launcher)
+    siblings = None
+    if peers is not None:
+        from inferlb.server.worker_metrics import WorkerMetrics
+
+        def local() -> list[Any] | None:    # this worker's families, as its /metrics collects them
+            obs = getattr(app.state, "observability", None)
+            return None if obs is None or obs.metrics is None else list(obs.registry.collect())
+
+        siblings = app.state.worker_metrics = WorkerMetrics(peers[0], peers[1], peers[2], local)
+        await siblings.start()
     # httptools with header/body timeouts and header limits; SIGTERM drains; the admin listener (server).
     server = build_server(app, settings, admin=admin, tls=tls, admin_sock=admin_sock)
     if tls.public is not None:
@@ -172,7 +193,11 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
     triggers = asyncio.ensure_future(run_triggers(
         app, started=lambda: bool(server.started), stopping=lambda: bool(server.should_exit), watch=watch,
         config=settings.config, processes_dir=settings.processes_dir or default_processes_dir()))
-    await server.serve(sockets=[sock])
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if siblings is not None:
+            await siblings.close()
     if unwatch is not None:
         unwatch()
     triggers.cancel()
@@ -187,12 +212,16 @@ def _fd(fd: int | None) -> int:
     return fd
 
 
-def worker_argv(index: int, fds: tuple[int | None, ...], *, watch: bool = False) -> list[str]:
+def worker_argv(index: int, fds: tuple[int | None, ...], *, watch: bool = False, run_dir: Path | None = None,
+                count: int = 0) -> list[str]:
     """Worker ``index``'s command line: this interpreter, ``serve --worker I --worker-fds ...``
-    (and ``--watch``); every setting travels in the environment (:func:`worker_env`), never here."""
+    (with the supervisor's run directory and the worker count: the workers' metrics sockets;
+    and ``--watch``); every setting travels in the environment (:func:`worker_env`), never here."""
     from inferlb.server.workers import fds_arg
 
     argv = [sys.executable, "-m", "inferlb.cli.main", "serve", "--worker", str(index), "--worker-fds", fds_arg(fds)]
+    if run_dir is not None and count:
+        argv += ["--worker-run-dir", str(run_dir), "--worker-count", str(count)]
     return [*argv, "--watch"] if watch else argv
 
 
@@ -230,6 +259,7 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
     admin_sock: socket.socket | None = None
     public: dict[int, socket.socket] = {}    # worker index -> the public socket its process has
     coordinator: Coordinator | None = None
+    run_dir = Path(tempfile.mkdtemp(prefix="inferlb-run-"))    # 0700: the workers' metrics sockets
     try:
         admin = admin_address(settings)
         if admin is not None:
@@ -273,7 +303,7 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
                     own.close()
 
             fds = (own.fileno(), admin_fd)
-            argv = worker_argv(i, (*fds, orphan_fd), watch=watch)
+            argv = worker_argv(i, (*fds, orphan_fd), watch=watch, run_dir=run_dir, count=n)
             env = worker_env(settings, i, port=port, admin_port=admin_port, replica_base=replica_base,
                              redis_url=url)
             return WorkerSpec(i, argv, env, tuple(f for f in fds if f is not None), on_exit=release)
@@ -289,3 +319,4 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
             admin_sock.close()
         if coordinator is not None:
             coordinator.close()
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -40,7 +40,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,11 +124,19 @@ class ClusterService:
         self.health_received = 0
         self.wants_sent = 0
         self.wants_received = 0
+        # other features' messages on the channel (learned/share.py): type -> handler, on the loop
+        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
+        # other features' parts of :meth:`status` (``learned``: learned/share.py): name -> status
+        self.parts: dict[str, Callable[[], dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ keys
 
     def _k(self, *parts: str) -> str:
         return self.prefix + "cluster:" + ":".join(parts)
+
+    def key(self, *parts: str) -> str:
+        """A key of the cluster's (``<prefix>cluster:<parts>``), for other features' shared state."""
+        return self._k(*parts)
 
     @property
     def channel(self) -> str:
@@ -194,6 +202,13 @@ class ClusterService:
 
     def leader(self) -> bool:
         return self.election.leader()
+
+    def subscribe(self, kind: str, handler: Callable[[dict[str, Any]], None]) -> None:
+        """Hand the channel's messages of type ``kind`` that other replicas publish (``{"t": kind,
+        "from": <replica id>, ...}``) to ``handler``, on the event loop; it must not block. Messages
+        missed while the listener reconnects are not replayed: a subscriber reads its state again
+        itself (learned/share.py falls back on a bounded period)."""
+        self._handlers[kind] = handler
 
     def wake(self) -> None:
         self._wake.set()
@@ -391,7 +406,9 @@ class ClusterService:
                 await self._read_health()    # what changed while nobody listened
                 backoff = 0.1
                 while not self._stopping:
-                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    # No timeout: the loop wakes only for a message (a 1 s timeout woke an idle
+                    # replica every second for nothing); stop() cancels it, a closed connection raises.
+                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=None)
                     if msg is not None and msg.get("type") == "message":
                         self._on_message(msg.get("data"))
             except asyncio.CancelledError:
@@ -419,6 +436,11 @@ class ClusterService:
         elif msg.get("t") == "want":
             self.wants_received += 1
             self.wake()
+        elif (handler := self._handlers.get(str(msg.get("t")))) is not None:
+            try:
+                handler(msg)
+            except Exception:
+                log.exception("cluster message %r failed", msg.get("t"))
 
     # ------------------------------------------------------------------ what operators see
 
@@ -433,6 +455,7 @@ class ClusterService:
             "config": {"hash": self.config_hash, "replicas": self.replicas, "conflict": self.conflict},
             "health": {"sent": self.health.sent, "received": self.health_received, "applied": self.health.applied},
             "election": self.election.status(),
+            **{name: part() for name, part in self.parts.items()},
         }
 
 

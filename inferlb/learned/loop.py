@@ -31,7 +31,10 @@ logged and the next one comes):
   configured one (routing/predictor_state.py), else ignored with a ``restore_ignored`` event
   saying why (routing then starts from the untrained model, as without a saved one); the state is
   saved after each installed retrain, every ``save_interval_s`` and at :meth:`close`. A database
-  that is away only costs a log line: routing never waits on it.
+  that is away only costs a log line: routing never waits on it;
+* in a cluster (``share``, learned/share.py: workers of one host, replicas on one Redis) one
+  replica trains, the trainer the election chose: the others send it their answers and install its
+  snapshots; only it retrains and saves (:meth:`leads`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from sqlalchemy.engine import Engine
 from inferlb.background import Periodic
 from inferlb.errors import StoreError
 from inferlb.learned.audit import LearnedAttempt, learned_attempts
+from inferlb.learned.share import PredictorShare
 from inferlb.learned.store import load_saved_predictor, save_predictor
 from inferlb.node_types import NodeEvent
 from inferlb.routing.explain import context_of
@@ -118,8 +122,10 @@ def _rounded(x: float) -> float | None:
 
 class LearnedLoop:
     def __init__(self, lifecycle: PredictorLifecycle, *, clock: Clock, engine: Engine | None,
-                 record: Callable[[list[NodeEvent]], None] | None = None) -> None:
+                 record: Callable[[list[NodeEvent]], None] | None = None, share: PredictorShare | None = None
+                 ) -> None:
         self.lc = lifecycle
+        self.share = share   # a cluster's one trainer and its snapshots (learned/share.py); None: alone
         self.clock = clock
         self.engine = engine
         self.record = record
@@ -136,6 +142,11 @@ class LearnedLoop:
         self._replace_untrained = False   # True once the saved row proved unusable: any save helps then
         self.window = self._open_window()
 
+    def leads(self) -> bool:
+        """True where this process trains: alone, or the cluster's trainer (learned/share.py). Only
+        the trainer retrains from the audit trail and saves."""
+        return self.share is None or self.share.leads()
+
     @property
     def _persist(self) -> bool:
         return self.engine is not None and self.lc.p.persist
@@ -144,12 +155,14 @@ class LearnedLoop:
         if not self._timer.started:
             if self._persist:
                 await self.restore()
+            if self.share is not None:   # the cluster's newest snapshot, newer than the database's
+                await self.share.start()
             self._timer.start()
 
     async def close(self) -> None:
         if self._timer.started:
             await self._timer.stop()
-            if self._persist:
+            if self._persist and self.leads():
                 await self.save()
 
     async def restore(self) -> dict[str, Any] | None:
@@ -208,12 +221,18 @@ class LearnedLoop:
     async def _turn(self) -> None:
         # A failing turn is logged by the timer and the next one comes; routing falls back by itself.
         p = self.lc.p
-        self.turn()
+        if self.share is not None:
+            await self.share.turn()
+            self.publish()
+        else:
+            self.turn()
+        leads = self.leads()
         due = self.clock.monotonic() >= self._next_retrain
         if p.retrain_interval_s > 0 and self.engine is not None and due:
             self._next_retrain = self.clock.monotonic() + p.retrain_interval_s
-            await self.retrain()
-        if p.save_interval_s > 0 and self._persist and self.clock.monotonic() >= self._next_save:
+            if leads:
+                await self.retrain()
+        if p.save_interval_s > 0 and self._persist and self.clock.monotonic() >= self._next_save and leads:
             self._next_save = self.clock.monotonic() + p.save_interval_s
             await self.save()
 

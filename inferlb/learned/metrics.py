@@ -4,8 +4,8 @@
   (warming / active / drifted / faulted), 0 for the others; ``active`` is 1 exactly while the
   learned profile routes, the others mean ``token-aware`` decides (routing/lifecycle.py);
 * ``inferlb_routing_predictor_mape{target}``: rolling prequential MAPE (ttft, tpot, both);
-* ``inferlb_routing_predictor_version``, ``inferlb_routing_predictor_pending`` (answers queued
-  for training);
+* ``inferlb_routing_predictor_version``, ``inferlb_routing_predictor_learned`` (answers the
+  active predictor learned), ``inferlb_routing_predictor_pending`` (answers queued for training);
 * counters ``inferlb_routing_predictor_fallback_decisions_total``,
   ``inferlb_routing_predictor_faults_total`` (unusable predictions), ``inferlb_routing_explored_total``
   (decisions where the bandit explored), ``inferlb_routing_predictor_transitions_total``;
@@ -52,6 +52,9 @@ class LearnedCollector(Collector):
         yield mape
         yield GaugeMetricFamily("inferlb_routing_predictor_version", "Version of the active latency predictor",
                                 value=float(lc.version))
+        yield GaugeMetricFamily("inferlb_routing_predictor_learned",
+                                "Answers the active latency predictor learned (in a cluster: the trainer's, "
+                                "learned/share.py)", value=float(lc.learned))
         yield GaugeMetricFamily("inferlb_routing_predictor_pending", "Answers queued for the predictor's training",
                                 value=float(len(lc.pending)))
         for name, doc, v in (

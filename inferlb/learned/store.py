@@ -3,8 +3,9 @@
 One row per predictor ``name`` (the learned profile's is ``routing:learned``): its type, version,
 when it was saved (epoch µs) and its state as JSON (routing/predictor_state.py). Written by the
 feedback loop (learned/loop.py) after a retrain, every ``save_interval_s`` and at shutdown;
-read once at start-up. Replicas that share the database share the row: the last one saved wins,
-and a replica that starts takes the newest. Synchronous (call through ``asyncio.to_thread`` from
+read once at start-up. Replicas that share the database share the row: in a cluster only the
+trainer saves (learned/share.py); replicas that each learn alone overwrite each other's (the last
+one saved wins); a replica that starts takes the newest. Synchronous (call through ``asyncio.to_thread`` from
 async code); database errors become StoreError.
 """
 

@@ -12,6 +12,7 @@
   the gateway had not measured yet (their prediction is the prior's) train but are not counted;
 * :meth:`install`: a retrained model (a higher version) replaces the current one;
   :meth:`restore`: a saved one (learned/loop.py, at start-up) keeps its own version;
+  :meth:`follow`: one another process trained (learned/share.py) keeps its version and state;
 * :meth:`fault`: a decision found the predictor's answer unusable (NaN, ≤ 0).
 
 States (each change queued as an event, :meth:`take_events`, and counted):
@@ -249,6 +250,19 @@ class PredictorLifecycle:
         configured untrained one), so versions go on from where the saved one was."""
         self.version = 0
         self.install(model, reason, evidence, kind="restored")
+
+    def follow(self, model: LatencyPredictor, state: str, reason: str) -> None:
+        """Make ``model``, trained by another process (the cluster's trainer, learned/share.py),
+        the active predictor with its own version, in the ``state`` that process judged it
+        (warming / active / drifted / faulted; another value is ignored). Queues no event and
+        counts no transition: the trainer records those once for the cluster."""
+        self.model = model
+        self.version = int(getattr(model, "version", 0) or 0)
+        self.learned = int(getattr(model, "seen", 0) or 0)
+        self.faults_in_a_row = 0
+        self._ok_in_a_row = 0
+        if state in ("warming", "active", "drifted", "faulted"):
+            self.state, self.reason = state, reason
 
     def note(self, kind: str, reason: str, evidence: dict[str, Any] | None = None) -> None:
         """Queue an event that changes no state (a saved predictor ignored, say)."""

@@ -24,7 +24,13 @@ application on the inherited sockets. Contract of this module:
   the retry budget and health state (ejections, 429 cool-downs) are shared by the existing cluster
   protocol over a local transport, with no Redis server to run; with ``INFERLB_REDIS_URL`` set the
   workers use that Redis, and so join the replicas of other hosts. Node overrides, rollouts and
-  tenant keys are shared through the one database, as between replicas.
+  tenant keys are shared through the one database, as between replicas; the learned latency
+  predictor through the cluster too (learned/share.py: the elected worker trains, the others
+  install its snapshots).
+* **One /metrics.** The supervisor makes a run directory (``inferlb-run-*``, 0700) and passes it
+  with the worker count (``--worker-run-dir``, ``--worker-count``); each worker serves its metrics
+  on ``w<i>.sock`` there, and the one that takes a scrape merges its siblings'
+  (server/worker_metrics.py).
 * **Audit.** Each worker journals into its own directory ``<journal_dir>/w<i>``; a replacement
   worker has the same index, so it recovers the WAL its predecessor left (store/wal.py recovers
   every segment no live process holds) before it serves.

@@ -60,3 +60,30 @@ async def test_a_queued_request_wakes_the_tick_loop_until_the_queue_is_empty() -
             r.end(h)
     finally:
         await svc.stop()
+
+
+async def test_the_redis_sync_parks_until_a_bucket_exists() -> None:
+    """With a Redis URL the bucket sync runs every ``redis_sync_s`` only while some RPM/TPM bucket
+    exists (1 µs here: a loop that did not park would turn on nearly every pass)."""
+    from tests.admission.conftest import REDIS_URL
+
+    r = make_rig({"redis_sync_s": 1e-6})
+    r.ctl.env = r.ctl.env.model_copy(update={"redis_url": REDIS_URL, "limits": "auto"})
+    svc = AdmissionService(r.ctl, None)
+    await svc.start()
+    try:
+        assert svc.sync is not None
+        loop = next(x for x in svc._loops if x.name == "inferlb-admission-redis-sync")
+        await _spin()
+        assert loop.turns == 0 and not r.ctl.limiter.buckets
+        r.add_key(rpm=600)
+        s, a = r.admit("k", key="key_1")                       # makes the key's RPM bucket
+        assert a["admitted"] and r.ctl.limiter.buckets
+        for _ in range(10_000):                                 # bounded: it must sync soon (real Redis)
+            if svc.sync.syncs or svc.sync.failures:
+                break
+            await asyncio.sleep(0.001)
+        assert loop.turns > 0 and (svc.sync.syncs or svc.sync.failures)
+        r.end(s)
+    finally:
+        await svc.stop()
