@@ -50,6 +50,7 @@ from inferlb.routing.plugins import (
     healthy_and_serving,
     token_aware_totals,
 )
+from inferlb.routing.memo import MIN_POOL, FilterMemo, per_view
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.selector import NodeSelectorFilter
 from inferlb.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer
@@ -164,6 +165,11 @@ class Router:
             return [f.apply for f in fs]
 
         self._apply_by = {(exact, sel): applies(exact, sel) for exact in (False, True) for sel in (False, True)}
+        # Decisions over a whole pool (unsampled) keep their filter stage from one decision to the
+        # next when every filter judges a node by its own view alone (routing/memo.py: the same
+        # result); the picker may then read the survivors' names from the memo (``rank_names``).
+        self._memo = FilterMemo() if all(per_view(a) for fs in self._apply_by.values() for a in fs) else None
+        self._rank_names = getattr(picker, "rank_names", None) if self._rank_views is not None else None
         self._batch = [_batch_of(s) for s, _ in scorers]
         self._keys = (*(s.type_name for s, _ in scorers), "total")
         self._weigh = _weigher([w for _, w in scorers], self._total_w)
@@ -234,15 +240,23 @@ class Router:
                     live.append(n)
             for e in eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
-        for apply in self._apply_by[exact, req.selector is not None]:
-            if not live:
-                break
-            live, out = apply(req, live)
-            if out:
-                eliminated.extend(out)
-                for e in out:
-                    by = e.by
-                    counts[by] = counts.get(by, 0) + 1
+        memo = self._memo if sampled is None and not exclude and len(nodes) >= MIN_POOL else None
+        if memo is not None:
+            applies = self._apply_by[exact, req.selector is not None]
+            live, d.eliminated, by_filter = memo.filter(req, nodes, applies,
+                                                        (req.model, exact, req.selector, id(applies)))
+            for by, c in by_filter.items():
+                counts[by] = counts.get(by, 0) + c
+        else:
+            for apply in self._apply_by[exact, req.selector is not None]:
+                if not live:
+                    break
+                live, out = apply(req, live)
+                if out:
+                    eliminated.extend(out)
+                    for e in out:
+                        by = e.by
+                        counts[by] = counts.get(by, 0) + 1
         if not live:
             return d
         if live is nodes and not own:
@@ -260,11 +274,14 @@ class Router:
                 totals = self._weigh(cols)
                 d._set_scores(self._keys, live, cols, totals)
             if rank_views is not None:
-                d.ranked = rank_views(live, self.rng)
+                d.ranked = self._rank_names(memo.names(), self.rng) if memo is not None and self._rank_names \
+                    else rank_views(live, self.rng)
                 return d
             scored = list(zip(live, totals, strict=True))
         elif rank_views is not None:
-            d._set_zero_scores(self._keys, live, rank_views(live, self.rng))
+            ranked = self._rank_names(memo.names(), self.rng) if memo is not None and self._rank_names \
+                else rank_views(live, self.rng)
+            d._set_zero_scores(self._keys, live, ranked)
             return d
         else:
             d._set_zero_scores(self._keys, live)

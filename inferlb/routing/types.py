@@ -496,7 +496,9 @@ class Picker(Protocol):
     draw (None: draw at random); it must be deterministic for a request, pool and k. A picker
     that ranks from the views alone, never reading the scores (``round-robin``), may define
     ``rank_views(nodes, rng) -> ranked`` (names of ``nodes`` only): the router then calls it
-    instead of ``rank`` and builds no (node, score) pairs.
+    instead of ``rank`` and builds no (node, score) pairs. Such a picker may also define
+    ``rank_names(names, rng) -> ranked``, the same from the candidates' names in order (the router
+    calls it when its filter memo holds them, routing/memo.py; the list is never changed after).
     """
 
     type_name: str
