@@ -20,9 +20,7 @@ order), the same counts by filter (in order of first appearance).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from itertools import compress
-from operator import is_not
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferlb.routing.plugins import Healthy, ServesModel, healthy_and_serving
@@ -56,6 +54,8 @@ class FilterMemo:
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
         self._pool: list[NodeView] = []
+        # The kept views and eliminations handed out: never changed in place once handed out (a
+        # patch copies them first), so a decision may keep them.
         self._live: list[NodeView] = []
         self._elim: list[Elimination] = []
         self._counts: dict[str, int] = {}
@@ -64,22 +64,21 @@ class FilterMemo:
 
     def filter(self, req: RouteRequest, pool: list[NodeView], applies: Sequence[_Apply], key: tuple[Any, ...]
                ) -> tuple[list[NodeView], list[Elimination], dict[str, int]]:
-        """``applies`` run over ``pool`` (see the module docstring): the kept views (a list of the
-        caller's own), the eliminations (the caller's own list) and the count by filter (not to be
-        changed). ``key``: what else the verdicts depend on (the model, the selector ...)."""
+        """``applies`` run over ``pool`` (see the module docstring): the kept views, the
+        eliminations (the caller's own list) and the count by filter. ``pool`` must be the
+        caller's own copy, never changed afterwards (the memo keeps it); the kept views and the
+        counts are the memo's, shared with later decisions: not to be changed. ``key``: what
+        else the verdicts depend on (the model, the selector ...)."""
         prev = self._pool
         n = len(pool)
         if key == self._key and n == len(prev) and self._kpos is not None:
             # The probes: a pool with nothing in common with the last (a fresh snapshot) skips the diff.
             if pool[0] is prev[0] or pool[n // 2] is prev[n // 2] or pool[-1] is prev[-1]:
-                # (``count(False)``: False is the common item and compares by identity; True would not.)
-                flags = list(map(is_not, pool, prev))
-                changed = n - flags.count(False)
-                if changed == 0:
-                    return list(self._live), list(self._elim), self._counts
-                if changed <= MAX_CHANGED and self._patch(req, pool, prev, compress(range(n), flags), applies):
-                    self._pool = list(pool)
-                    return list(self._live), list(self._elim), self._counts
+                changed: list[int] = []
+                if _diff(pool, prev, 0, n, changed) and (not changed or self._patch(req, pool, prev, changed,
+                                                                                    applies)):
+                    self._pool = pool
+                    return self._live, list(self._elim), self._counts
         return self._fresh(req, pool, applies, key)
 
     def names(self) -> list[str]:
@@ -90,13 +89,14 @@ class FilterMemo:
             names = self._names = [v.name for v in self._live]
         return names
 
-    def _patch(self, req: RouteRequest, pool: list[NodeView], prev: list[NodeView], changed: Iterable[int],
+    def _patch(self, req: RouteRequest, pool: list[NodeView], prev: list[NodeView], changed: list[int],
                applies: Sequence[_Apply]) -> bool:
-        """Patch the kept lists for the views at positions ``changed``; False (the lists then
-        half patched: the caller starts afresh) when a verdict is not the same as before."""
+        """Patch the kept lists (copies of them) for the views at positions ``changed``; False
+        (the memo then half patched: the caller starts afresh) when a verdict is not the same."""
         kpos = self._kpos
         assert kpos is not None
-        live, elim = self._live, self._elim
+        live: list[NodeView] | None = None
+        elim: list[Elimination] | None = None
         for i in changed:
             new, old = pool[i], prev[i]
             if new.name != old.name:
@@ -112,11 +112,15 @@ class FilterMemo:
             if where >= 0:
                 if out or not kept:
                     return False
+                if live is None:
+                    live = self._live = list(self._live)
                 live[where] = new
             else:
                 j = -1 - where
-                if kept or len(out) != 1 or out[0].by != elim[j].by:
+                if kept or len(out) != 1 or out[0].by != self._elim[j].by:
                     return False
+                if elim is None:
+                    elim = self._elim = list(self._elim)
                 elim[j] = out[0]
         return True
 
@@ -134,12 +138,30 @@ class FilterMemo:
         for e in elim:
             by = e.by
             counts[by] = counts.get(by, 0) + 1
-        if live is pool:
-            live = list(pool)
-        self._key, self._pool, self._live, self._elim, self._counts = key, list(pool), live, elim, counts
+        self._key, self._pool, self._live, self._elim, self._counts = key, pool, live, elim, counts
         self._names = None
         self._kpos = _positions(pool, live, elim)
-        return list(live), list(elim), counts
+        return live, list(elim), counts
+
+
+def _diff(pool: list[NodeView], prev: list[NodeView], lo: int, hi: int, out: list[int]) -> bool:
+    """Append to ``out`` the positions in [lo, hi) whose view in ``pool`` is not the one in
+    ``prev``; False as soon as more than :data:`MAX_CHANGED` are found.
+
+    By halves: a list comparison tests each pair by identity first, in C, and stops at the first
+    pair that differs, so the halves without a change cost a pointer test per node; where a view
+    was rebuilt, the comparison calls its ``__eq__`` once per level. A rebuilt view equal to the
+    one before in every field counts as unchanged (the memo keeps the earlier, equal, object):
+    the filters would give it the same verdict."""
+    if pool[lo:hi] == prev[lo:hi]:
+        return True
+    if hi - lo <= 8:
+        for i in range(lo, hi):
+            if pool[i] is not prev[i] and pool[i] != prev[i]:
+                out.append(i)
+        return len(out) <= MAX_CHANGED
+    mid = (lo + hi) // 2
+    return _diff(pool, prev, lo, mid, out) and _diff(pool, prev, mid, hi, out)
 
 
 def _positions(pool: list[NodeView], live: list[NodeView], elim: list[Elimination]) -> list[int] | None:

@@ -226,8 +226,8 @@ class Router:
         serves ``req.model`` (drawn from an exact NodeList pool)."""
         # The candidate names are read from the views when first needed (the caller's list is
         # copied, a pointer per node, since the decision keeps it).
-        d = Decision._lazy(self.name, nodes if own else list(nodes), self.picker.type_name, offered, sampled,
-                           counts)
+        snap = nodes if own else list(nodes)
+        d = Decision._lazy(self.name, snap, self.picker.type_name, offered, sampled, counts)
         eliminated = d.eliminated
         live = nodes
         exclude = req.exclude
@@ -243,7 +243,8 @@ class Router:
         memo = self._memo if sampled is None and not exclude and len(nodes) >= MIN_POOL else None
         if memo is not None:
             applies = self._apply_by[exact, req.selector is not None]
-            live, d.eliminated, by_filter = memo.filter(req, nodes, applies,
+            # The memo keeps the decision's own copy of the pool (never changed: the candidates').
+            live, d.eliminated, by_filter = memo.filter(req, snap, applies,
                                                         (req.model, exact, req.selector, id(applies)))
             for by, c in by_filter.items():
                 counts[by] = counts.get(by, 0) + c

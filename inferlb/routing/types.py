@@ -171,6 +171,22 @@ def _round4(x: float) -> float:
     return round(x, 4)
 
 
+_SCALES = tuple(10.0 ** k for k in range(10))   # exact doubles
+
+
+def _round_to(x: float, nd: int) -> float:
+    """``round(x, nd)`` for ``0 ≤ nd ≤ 9``, the same float: :func:`_round4`'s argument holds for
+    any of these scales, since ``10^nd`` is an exact double and the bound on the product's error
+    depends on the product's size alone (tests/routing/test_routing_differential.py)."""
+    s = _SCALES[nd]
+    y = x * s
+    if -1099511627776.0 < y < 1099511627776.0:
+        r = round(y)
+        if r and -0.49 < y - r < 0.49:
+            return r / s
+    return round(x, nd)
+
+
 class Elimination:
     """Why ``node`` was not a candidate: the filter (``by``) and the reason, in words.
 

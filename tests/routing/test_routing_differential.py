@@ -208,3 +208,24 @@ def test_the_audit_copys_fast_rounding_equals_round() -> None:
     xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20_000)]   # any bits
     for x in xs:
         assert repr(_round4(x)) == repr(round(x, 4)), x
+
+
+@pytest.mark.parametrize("nd", [3, 4, 6, 7])
+def test_the_learned_records_fast_rounding_equals_round(nd: int) -> None:
+    """``_round_to`` (the learned record's fast ``round(x, nd)``), as ``_round4`` above: the same
+    float for values at, near and far from a tie at ``nd`` places, and for any bits."""
+    import struct
+
+    from inferlb.routing.types import _round_to
+
+    rng = random.Random(nd)
+    scale = 10 ** nd
+    xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, 5 / scale / 10, -5 / scale / 10, 0.5, 1.0, -1.0,
+          2.0 ** 40 / scale, -(2.0 ** 40) / scale, 1e300]
+    xs += [rng.random() for _ in range(50_000)]
+    xs += [rng.uniform(-30.0, 30.0) for _ in range(20_000)]
+    xs += [rng.uniform(-1e5, 1e5) for _ in range(10_000)]
+    xs += [k / (2 * scale) + rng.choice((0.0, 1e-17, -1e-17, 1e-13)) for k in range(-30_000, 30_000)]
+    xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(10_000)]
+    for x in xs:
+        assert repr(_round_to(x, nd)) == repr(round(x, nd)), x
