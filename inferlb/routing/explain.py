@@ -72,8 +72,8 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
         "tpot_us": [None if (t := n.tokens_per_s) is None or not t > 0 else int(1e6 / t) for n in nodes],
         "ttft_us": [None if (x := n.ttft_s) is None or not x < 1e12 else int(x * 1e6) for n in nodes],
         "weight": [n.weight for n in nodes],
-        "pred_ttft_us": [None if p is None or not (x := p[0]) < 1e12 else int(x * 1e6) for p in preds],
-        "pred_tpot_ns": [None if p is None or not (x := p[1]) < 1e9 else int(x * 1e9) for p in preds],
+        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else int(a * 1e6) for p in preds],
+        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else int(b * 1e9) for p in preds],
         "p": probs,
     }
 

@@ -49,7 +49,7 @@ def per_view(apply: _Apply) -> bool:
 class FilterMemo:
     """One router's memo (not thread-safe, as the router is not). See the module docstring."""
 
-    __slots__ = ("_counts", "_elim", "_key", "_kpos", "_live", "_names", "_pool")
+    __slots__ = ("_counts", "_elim", "_indexed", "_key", "_kpos", "_live", "_names", "_pool")
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
@@ -60,6 +60,7 @@ class FilterMemo:
         self._elim: list[Elimination] = []
         self._counts: dict[str, int] = {}
         self._kpos: list[int] | None = None    # per pool position: index in _live, or -1 - index in _elim
+        self._indexed = False                  # _kpos computed for the present _pool
         self._names: list[str] | None = None
 
     def filter(self, req: RouteRequest, pool: list[NodeView], applies: Sequence[_Apply], key: tuple[Any, ...]
@@ -71,9 +72,12 @@ class FilterMemo:
         else the verdicts depend on (the model, the selector ...)."""
         prev = self._pool
         n = len(pool)
-        if key == self._key and n == len(prev) and self._kpos is not None:
-            # The probes: a pool with nothing in common with the last (a fresh snapshot) skips the diff.
-            if pool[0] is prev[0] or pool[n // 2] is prev[n // 2] or pool[-1] is prev[-1]:
+        # The probes: a pool with nothing in common with the last (a fresh snapshot) skips the diff.
+        if key == self._key and n == len(prev) and n and (
+                pool[0] is prev[0] or pool[n // 2] is prev[n // 2] or pool[-1] is prev[-1]):
+            if not self._indexed:   # where each verdict is: only once a pool comes back (not per fresh pass)
+                self._kpos, self._indexed = _positions(prev, self._live, self._elim), True
+            if self._kpos is not None:
                 changed: list[int] = []
                 if _diff(pool, prev, 0, n, changed) and (not changed or self._patch(req, pool, prev, changed,
                                                                                     applies)):
@@ -139,8 +143,7 @@ class FilterMemo:
             by = e.by
             counts[by] = counts.get(by, 0) + 1
         self._key, self._pool, self._live, self._elim, self._counts = key, pool, live, elim, counts
-        self._names = None
-        self._kpos = _positions(pool, live, elim)
+        self._names, self._kpos, self._indexed = None, None, False
         return live, list(elim), counts
 
 

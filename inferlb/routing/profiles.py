@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferlb.errors import ConfigError
+from inferlb.routing.memo import MIN_POOL, FilterMemo, per_view
 from inferlb.routing.plugins import (
     DecodeSpeed,
     Healthy,
@@ -50,7 +51,6 @@ from inferlb.routing.plugins import (
     healthy_and_serving,
     token_aware_totals,
 )
-from inferlb.routing.memo import MIN_POOL, FilterMemo, per_view
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.selector import NodeSelectorFilter
 from inferlb.routing.types import Decision, Elimination, Filter, NodeView, Picker, RouteRequest, Scorer

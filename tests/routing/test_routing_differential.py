@@ -191,12 +191,12 @@ def test_the_simulation_gives_the_same_results_with_either_core() -> None:
 
 
 def test_the_audit_copys_fast_rounding_equals_round() -> None:
-    """``_round4`` (the audit copy's fast ``round(x, 4)``) gives the very same float, sign of zero,
-    ties, NaN and infinities included."""
+    """``_round_row4`` (the audit copy's fast ``round(x, 4)`` over a score row) gives the very
+    same floats, sign of zero, ties, NaN and infinities included."""
     import struct
     import sys
 
-    from inferlb.routing.types import _round4
+    from inferlb.routing.types import _round_row4
 
     rng = random.Random(11)
     xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, -1e-320, sys.float_info.max, 1e300, -1e300,
@@ -206,13 +206,15 @@ def test_the_audit_copys_fast_rounding_equals_round() -> None:
     xs += [rng.uniform(-1e9, 1e9) for _ in range(20_000)]
     xs += [k / 20000 + rng.choice((0.0, 1e-17, -1e-17)) for k in range(-40_000, 40_000)]   # at and near ties
     xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20_000)]   # any bits
-    for x in xs:
-        assert repr(_round4(x)) == repr(round(x, 4)), x
+    keys = ("a", "b", "c", "d", "e")
+    for j in range(0, len(xs) - 4, 5):
+        row = xs[j:j + 5]
+        assert repr(_round_row4(keys, row)) == repr({k: round(x, 4) for k, x in zip(keys, row, strict=True)}), row
 
 
 @pytest.mark.parametrize("nd", [3, 4, 6, 7])
 def test_the_learned_records_fast_rounding_equals_round(nd: int) -> None:
-    """``_round_to`` (the learned record's fast ``round(x, nd)``), as ``_round4`` above: the same
+    """``_round_to`` (the learned record's fast ``round(x, nd)``), as ``_round_row4`` above: the same
     float for values at, near and far from a tie at ``nd`` places, and for any bits."""
     import struct
 
