@@ -175,8 +175,12 @@ class OnlineLinear:
         return e
 
     def predict(self, row: Sequence[float]) -> Prediction:
-        logs = np.clip(np.asarray(row, dtype=float) @ self.w, _LOG_MIN, _LOG_MAX)
-        return Prediction(float(math.exp(logs[0])), float(math.exp(logs[1])))
+        la, lb = (np.asarray(row, dtype=float) @ self.w).tolist()
+        lo, hi = _LOG_MIN, _LOG_MAX
+        # np.clip's selection on two numbers, without its call (NaN stays NaN, as with np.clip).
+        la = lo if la < lo else hi if la > hi else la
+        lb = lo if lb < lo else hi if lb > hi else lb
+        return Prediction(math.exp(la), math.exp(lb))
 
     # ------------------------------------------------------------------ learning
 

@@ -231,3 +231,23 @@ def test_the_learned_records_fast_rounding_equals_round(nd: int) -> None:
     xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(10_000)]
     for x in xs:
         assert repr(_round_to(x, nd)) == repr(round(x, nd)), x
+
+
+def test_a_prediction_is_clipped_as_with_np_clip() -> None:
+    """``OnlineLinear.predict`` clips its two log-predictions without ``np.clip``: the same floats
+    for trained weights, NaN rows and rows that overflow."""
+    import numpy as np
+
+    from inferlb.routing.features import N_FEATURES
+    from inferlb.routing.predictor import _LOG_MAX, _LOG_MIN, Observed, OnlineLinear
+
+    rng = random.Random(3)
+    m = OnlineLinear()
+    rows = [[rng.uniform(-20, 20) for _ in range(N_FEATURES)] for _ in range(2000)]
+    for r in rows[:300]:
+        m.update(r, Observed(rng.uniform(0.01, 2), rng.uniform(0.001, 0.1)))
+    rows += [[math.nan] * N_FEATURES, [1e308] * N_FEATURES, [-1e308] * N_FEATURES]
+    for r in rows:
+        logs = np.clip(np.asarray(r, dtype=float) @ m.w, _LOG_MIN, _LOG_MAX)
+        p = m.predict(r)
+        assert repr((p.ttft_s, p.tpot_s)) == repr((float(math.exp(logs[0])), float(math.exp(logs[1]))))
