@@ -403,7 +403,9 @@ class RoundRobin:
     are built for it); ``rank`` is the same over scored pairs. Both visit every candidate, so
     the cost is linear in the fleet: one pass for the names, one sort (nearly free when the
     names come in order, as a fleet file's usually do; skipped when they are the very names of
-    the previous call), one rotation."""
+    the previous call), one rotation. ``rank_names`` starts from the names: the router's filter
+    memo (routing/memo.py) hands over the same list while the candidates stay the same, so the
+    rotation alone is left."""
 
     type_name = "round-robin"
     Params = NoParams

@@ -128,6 +128,11 @@ class Router:
     Model versions: when ``req.only`` is set (the nodes of the request's version), the pool is
     cut to those nodes first, before sampling (so a canary served by 1 node of 100 is always in
     the sample), and the nodes left out are counted under ``model-version`` in the decision.
+
+    A decision over a whole pool (``round-robin``, or a sample that found no candidate) whose
+    filters each judge a node by its own view keeps its filter stage for the next one
+    (routing/memo.py): only the views that are new objects since the last decision are filtered
+    again, with the same result as a full pass.
     """
 
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]],
