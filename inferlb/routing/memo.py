@@ -5,7 +5,8 @@ filters over the whole pool on every decision, though between two decisions a ga
 differs in a node or two: ``Fleet.views()`` rebuilds only the views of nodes whose state changed
 and hands the others back as the same objects. :class:`FilterMemo` keeps the previous pool, its
 survivors and its eliminations; the next decision finds the positions whose view is another
-object (one C-level pass of identity tests), runs the filters on those views alone, and patches
+object (by halves, with list comparisons: identity first, in C; see :func:`_diff`), runs the
+filters on those views alone, and patches
 the kept lists where a node's verdict is the same as before (kept again, or eliminated again by
 the same filter). Anything else (a verdict that changed, another model or length, more than
 :data:`MAX_CHANGED` changed views, a pool where nothing is the same) runs the filters as usual.
@@ -14,8 +15,9 @@ Valid only for filters that judge each node by its own view and the request alon
 verdict on a node does not depend on the other nodes (``healthy``, ``serves-model``: see
 :data:`PER_VIEW_FILTERS`); ``has-capacity`` looks at every candidate and is not one of them.
 The result is the one the filters would give: the same views kept in the same order (the
-current views' objects), the same eliminations in the same order (filter by filter, in pool
-order), the same counts by filter (in order of first appearance).
+current views' objects, or for a view rebuilt equal in every field, the earlier equal one), the
+same eliminations in the same order (filter by filter, in pool order), the same counts by filter
+(in order of first appearance).
 """
 
 from __future__ import annotations
