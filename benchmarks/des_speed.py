@@ -12,6 +12,12 @@ the same process just before, the cost of one decision of the same router over a
 stop being fed once the simulation has run ``--max-seconds`` of wall time (the run then drains and
 the figure covers the requests fed, said so in the output).
 
+``--count`` runs the simulation alone inside ``functools.reduce`` (the plan and the fleet are
+made before) and prints its events and end time, for an instruction count of the simulation on a
+busy machine: ``valgrind --tool=callgrind --collect-atstart=no --toggle-collect=functools_reduce
+--callgrind-out-file=/dev/null python -m benchmarks.des_speed --count --requests 5000``
+(``PYTHONHASHSEED=0``), then "Collected" ÷ the requests.
+
 ``--baseline-tree DIR --rounds R`` compares two trees in the same run instead: an exported copy of
 another commit (``git archive <commit> inferlb benchmarks | tar -x -C DIR``: each tree runs its own
 ``benchmarks/des_speed.py``) and this one, each run in a fresh
@@ -108,6 +114,19 @@ def run(nodes: int, requests: int, rate: float, profile: str, workload: str, max
     }
 
 
+def count(nodes: int, requests: int, rate: float, profile: str, workload: str, seed: int = 1) -> int:
+    """The ``--count`` run (see the module docstring)."""
+    import functools
+
+    w = load_workload(workload)
+    reqs = plan(w, seed=seed, rate=rate, duration_s=requests / rate * 1.2 + 1, max_requests=requests)
+    sim = Simulation(fleet(nodes), profile=profile, seed=seed, timeout_s=w.timeout_s)
+    res = functools.reduce(lambda acc, _: sim.run(reqs), [0], None)
+    assert res is not None
+    print(f"events {sim.events} end {res.end_s}")
+    return 0
+
+
 _SAME = ("requests_simulated", "events", "outcomes", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s")
 
 
@@ -155,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--baseline-tree", default=None, help="compare with another tree's inferlb/ (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="with --baseline-tree: runs per tree")
+    ap.add_argument("--count", action="store_true", help="the simulation alone in functools.reduce (see above)")
     a = ap.parse_args(argv)
     if a.baseline_tree:
         return compare(a)
+    if a.count:
+        return count(a.nodes, a.requests, a.rate, a.profile, a.workload, a.seed)
     out = run(a.nodes, a.requests, a.rate, a.profile, a.workload, a.max_seconds, a.seed)
     for k, v in out.items():
         print(f"{k:28} {v}")

@@ -19,7 +19,19 @@ A profile named ``learned+active`` is ``learned`` with its predictor usable from
 decision (``routing.predictor.min_samples`` 0: every decision predicts its 16 candidates, runs the
 bandit and explains itself); plain ``learned`` is what a fresh gateway runs until the predictor
 has learned: the ``token-aware`` fallback plus the pick's prediction.
-Percentiles in µs. With ``--baseline-tree DIR`` (an exported copy of another commit's tree, e.g.
+Percentiles in µs.
+
+``--count KIND --decisions N`` (KIND ``select``, ``decide`` or ``fleet``) makes N decisions of
+one profile at ``--sizes`` nodes inside ``functools.reduce`` and prints nothing else, for an
+instruction count of that loop alone (the setup and warm-up are left out) on a busy machine:
+``valgrind --tool=callgrind --collect-atstart=no --toggle-collect=functools_reduce
+--callgrind-out-file=/dev/null python -m benchmarks.routing_cost --count select --decisions 200
+--profiles round-robin --sizes 1000`` (``PYTHONHASHSEED=0``), then "Collected" ÷ N. ``select``:
+a fleet of that workload, one node's load changed before each decision (as above), views +
+decide + audit copy; ``decide``: 8 fresh snapshots of plain lists, cycled; ``fleet``: the load
+change and ``Fleet.views()`` alone (what ``select`` costs outside routing).
+
+With ``--baseline-tree DIR`` (an exported copy of another commit's tree, e.g.
 ``git archive <commit> inferlb | tar -x -C DIR``) each round runs the baseline and this tree in
 fresh subprocesses one after the other (``PYTHONPATH`` set to each), so both see the same load;
 the figures are pooled over the rounds. The load average is printed before and after.
@@ -133,6 +145,72 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
     return {"decide_cpu": d_cpu, "decide_wall": d_wall, "select_cpu": s_cpu, "select_wall": s_wall}
 
 
+def count(profile: str, n: int, decisions: int, kind: str, seed: int = 1) -> None:
+    """The ``--count`` loop (see the module docstring)."""
+    import functools
+
+    from inferlb.config.settings import fleet_from_mapping
+    from inferlb.fleet.state import Fleet
+    from inferlb.routing.profiles import build_router
+    from inferlb.routing.types import NodeView, RouteRequest
+    from inferlb.types import SystemClock
+
+    rng = random.Random(seed)
+    name, active = (profile[:-len("+active")], True) if profile.endswith("+active") else (profile, False)
+    raw = {"models": [{"name": "m0"}, {"name": "m1"}],
+           "nodes": [{"name": f"node{i:04d}", "url": f"http://10.0.{i // 250}.{i % 250 + 1}:8000",
+                      "models": ["m0", "m1"] if i % 3 == 0 else ["m0"],
+                      "capacity_tokens": rng.choice([16384, 32768, 65536, 131072])} for i in range(n)],
+           "routing": {"profile": name}}
+    fleet = Fleet(fleet_from_mapping(raw), SystemClock())
+    for st in fleet.nodes.values():
+        st.inflight_requests = rng.randint(0, 40)
+        st.inflight_tokens = rng.randint(0, st.cfg.capacity_tokens // 2)
+        st.tokens_per_s = rng.choice([None, rng.uniform(20, 120)])
+        if rng.random() < 0.05:
+            st.state, st.reason, st.ejected_until = "ejected", "5 consecutive failures", time.monotonic() + 1e6
+    names = list(fleet.nodes)
+    router = build_router(name, seed=seed, predictor={"min_samples": 0} if active else None)
+    req = RouteRequest(model="m0", prompt_tokens=400, output_tokens=256, priority="standard")
+    for _ in range(300):
+        router.decide(req, fleet.views()).to_json()
+    steps = [names[rng.randrange(len(names))] for _ in range(decisions)]
+    snaps: list[list[Any]] = []
+    if kind == "decide":
+        vr = random.Random(seed)
+        for _ in range(8):
+            views = []
+            for j in range(n):
+                cap = vr.choice([16384, 32768, 65536, 131072])
+                healthy = vr.random() >= 0.05
+                views.append(NodeView(
+                    name=f"node{j:04d}", models=frozenset({"m0", "m1"} if j % 3 == 0 else {"m0"}),
+                    capacity_tokens=cap, max_concurrency=64, weight=vr.choice([1.0, 2.0]),
+                    inflight_requests=vr.randint(0, 40), inflight_tokens=vr.randint(0, cap // 2),
+                    waiting=vr.choice([None, vr.randint(0, 8)]), kv_usage=vr.choice([None, vr.random()]),
+                    healthy=healthy, unhealthy_reason=None if healthy else "ejected for 12.0s more",
+                    tokens_per_s=vr.choice([None, vr.uniform(20, 120)])))
+            snaps.append(views)
+        for j in range(50):
+            router.decide(req, snaps[j % 8])
+
+    def step(acc: None, i: int) -> None:
+        if kind == "decide":
+            router.decide(req, snaps[i % 8])
+            return acc
+        node = steps[i]
+        fleet.acquire(node, 656)
+        if i % 2:
+            fleet.release(node, 656)
+        if kind == "fleet":
+            fleet.views()
+        else:
+            router.decide(req, fleet.views()).to_json()
+        return acc
+
+    functools.reduce(step, range(decisions), None)
+
+
 def _worker(a: argparse.Namespace) -> int:
     if a.gc == "off":
         gc.disable()
@@ -163,9 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc", choices=("on", "off"), default="on")
     ap.add_argument("--baseline-tree", default=None, help="a directory holding another tree's inferlb/")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--count", choices=("select", "decide", "fleet"), default=None,
+                    help="run --decisions decisions for an instruction count (see above)")
+    ap.add_argument("--decisions", type=int, default=200)
     a = ap.parse_args(argv)
     if a.worker:
         return _worker(a)
+    if a.count:
+        count(a.profiles.split(",")[0], int(a.sizes.split(",")[0]), a.decisions, a.count, a.seed)
+        return 0
     trees = [("this", _TREE)]
     if a.baseline_tree:
         trees.insert(0, ("baseline", Path(a.baseline_tree).resolve()))

@@ -32,7 +32,7 @@ from typing import Any
 
 from inferlb.routing.features import features
 from inferlb.routing.predictor import Prediction
-from inferlb.routing.types import NodeView, RouteRequest
+from inferlb.routing.types import NodeView, RouteRequest, _round_to
 
 __all__ = ["CTX_KEYS", "CTX_NODES", "Context", "LearnedInfo", "context_of"]
 
@@ -47,15 +47,11 @@ CTX_KEYS = ("node", "inflight_requests", "inflight_tokens", "capacity_tokens", "
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
-    return None if x is None else round(x, nd)
+    return None if x is None else _round_to(x, nd)
 
 
 def _us(x: float | None) -> int | None:
     return None if x is None or not x < 1e12 else int(x * 1e6)
-
-
-def _ns(x: float) -> int | None:
-    return None if not x < 1e9 else int(x * 1e9)
 
 
 def _permille(xs: list[float]) -> list[int | None]:
@@ -64,6 +60,7 @@ def _permille(xs: list[float]) -> list[int | None]:
 
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
          ) -> dict[str, list[Any]]:
+    # _us and _ns written out in the columns (the same values; a call per cell cost more than the cell).
     return {
         "node": [n.name for n in nodes],
         "inflight_requests": [n.inflight_requests for n in nodes],
@@ -73,10 +70,10 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
         "waiting": [n.waiting for n in nodes],
         "kv_permille": [None if (k := n.kv_usage) is None else int(k * 1000) for n in nodes],
         "tpot_us": [None if (t := n.tokens_per_s) is None or not t > 0 else int(1e6 / t) for n in nodes],
-        "ttft_us": [_us(n.ttft_s) for n in nodes],
+        "ttft_us": [None if (x := n.ttft_s) is None or not x < 1e12 else int(x * 1e6) for n in nodes],
         "weight": [n.weight for n in nodes],
-        "pred_ttft_us": [None if p is None else _us(p[0]) for p in preds],
-        "pred_tpot_ns": [None if p is None else _ns(p[1]) for p in preds],
+        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else int(a * 1e6) for p in preds],
+        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else int(b * 1e9) for p in preds],
         "p": probs,
     }
 

@@ -211,19 +211,22 @@ class PredictedLatency:
             if req.output_tokens < cut:
                 reserved = self._reserved(req, nodes, preds)
         bp = self.p.prefill_interference
+        # min() and max() of two written out: the same floats (every term is finite here), no calls.
         for i, (a, b) in enumerate(preds):
             own = a + b * rest
             if others is not None:
                 own += beta * others[i]
             if bp > 0:
-                own += bp * a * max(0, nodes[i].inflight_requests)
+                own += bp * a * (k if (k := nodes[i].inflight_requests) > 0 else 0)
             s = (e2e_budget - own) / e2e_budget
             if ttft_budget is not None:
-                s = min(s, (ttft_budget - a) / ttft_budget)
+                t = (ttft_budget - a) / ttft_budget
+                s = t if t < s else s
             if reserved is not None:
                 s -= reserved[i]
             slack.append(s)
-            scores.append(min(1.0, max(0.0, 0.5 + 0.5 * s)))
+            x = 0.5 + 0.5 * s
+            scores.append((x if x < 1.0 else 1.0) if x > 0.0 else 0.0)
         self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
 
@@ -233,7 +236,7 @@ class PredictedLatency:
         the class docstring): 0 on the slower candidates and below the reserve."""
         r = self.p.reserve
         w = self.p.reserve_weight
-        fast = (1.0 + self.p.reserve_fast) * min(b for _, b in preds)
+        fast = (1.0 + self.p.reserve_fast) * min([b for _, b in preds])
         d = max(0, req.tokens)
         out: list[float] = []
         for n, (_, b) in zip(nodes, preds, strict=True):
@@ -241,7 +244,7 @@ class PredictedLatency:
             if b > fast or cap <= 0:
                 out.append(0.0)
                 continue
-            over = (max(0, n.inflight_tokens) + d - (1.0 - r) * cap) / (r * cap)
+            over = ((t if (t := n.inflight_tokens) > 0 else 0) + d - (1.0 - r) * cap) / (r * cap)
             out.append(w * (over if over < 1.0 else 1.0) if over > 0.0 else 0.0)
         return out
 
@@ -255,8 +258,8 @@ class PredictedLatency:
         learned = None if fixed is not None else getattr(model, "tpot_elasticity", None)
         out: list[float] = []
         for n, (_, tpot) in zip(nodes, preds, strict=True):
-            t = max(0, n.inflight_tokens)
-            k = max(0, n.inflight_requests)
+            t = n.inflight_tokens
+            k = n.inflight_requests
             if t <= 0 or k <= 0 or d <= 0:
                 out.append(0.0)
                 continue
@@ -268,7 +271,7 @@ class PredictedLatency:
                 except Exception:   # a user's predictor: no learned response, no interference term
                     e = 0.0
                 e = min(2.0, e) if e > 0 else 0.0   # NaN and negative → 0
-            out.append(tpot * e * d / (t + d) * min(k * o, t))
+            out.append(tpot * e * d / (t + d) * (t if t < (ko := k * o) else ko))
         return out
 
 
@@ -314,17 +317,21 @@ class SoftmaxBandit:
 
     def probabilities(self, req: RouteRequest | None, scored: Sequence[tuple[NodeView, float]]) -> list[float]:
         """The exact probability of each scored node being picked."""
-        n = len(scored)
-        if n == 0:
+        if not scored:
             return []
-        eps = self.epsilon_for(req)
-        best = max(s for _, s in scored)
-        ties = [s >= best for _, s in scored]
+        return self._probabilities(self.epsilon_for(req), [s for _, s in scored])[0]
+
+    def _probabilities(self, eps: float, totals: list[float]) -> tuple[list[float], float, list[float]]:
+        """:meth:`probabilities` from the totals alone, with the best total and the softmax terms."""
+        best = max(totals)
+        ties = [s >= best for s in totals]
         k = sum(ties)
         t = self.p.temperature
-        ex = [math.exp((s - best) / t) for _, s in scored]
+        exp = math.exp
+        ex = [exp((s - best) / t) for s in totals]
         z = sum(ex)
-        return [(1 - eps) * (1.0 / k if tie else 0.0) + eps * e / z for tie, e in zip(ties, ex, strict=True)]
+        keep = 1 - eps
+        return [keep * (1.0 / k if tie else 0.0) + eps * e / z for tie, e in zip(ties, ex, strict=True)], best, ex
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
         return self.rank_for(None, scored, rng)
@@ -334,14 +341,12 @@ class SoftmaxBandit:
         if not scored:
             self.last = None
             return []
-        probs = self.probabilities(req, scored)
         eps = self.epsilon_for(req)
-        best = max(s for _, s in scored)
-        greedy = [i for i, (_, s) in enumerate(scored) if s >= best]
+        totals = [s for _, s in scored]
+        probs, best, ex = self._probabilities(eps, totals)
+        greedy = [i for i, s in enumerate(totals) if s >= best]
         explore = eps > 0 and rng.random() < eps
         if explore:
-            t = self.p.temperature
-            ex = [math.exp((s - best) / t) for _, s in scored]
             x = rng.random() * sum(ex)
             i = len(ex) - 1
             for j, e in enumerate(ex):
@@ -352,6 +357,8 @@ class SoftmaxBandit:
         else:
             i = greedy[int(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
         pick = scored[i][0].name
-        rest = sorted((x for j, x in enumerate(scored) if j != i), key=lambda x: -x[1])
+        # The rest by score, best first, equal scores in the order given (a stable sort on −score).
+        neg = [-s for s in totals]
+        order = sorted(range(len(totals)), key=neg.__getitem__)
         self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
-        return [pick] + [n.name for n, _ in rest]
+        return [pick, *[scored[j][0].name for j in order if j != i]]

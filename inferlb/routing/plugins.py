@@ -403,7 +403,9 @@ class RoundRobin:
     are built for it); ``rank`` is the same over scored pairs. Both visit every candidate, so
     the cost is linear in the fleet: one pass for the names, one sort (nearly free when the
     names come in order, as a fleet file's usually do; skipped when they are the very names of
-    the previous call), one rotation."""
+    the previous call), one rotation. ``rank_names`` starts from the names: the router's filter
+    memo (routing/memo.py) hands over the same list while the candidates stay the same, so the
+    rotation alone is left."""
 
     type_name = "round-robin"
     Params = NoParams
@@ -419,12 +421,17 @@ class RoundRobin:
     def rank_views(self, nodes: list[NodeView], rng: Any) -> list[str]:
         return self._rotate([n.name for n in nodes])
 
+    def rank_names(self, names: list[str], rng: Any) -> list[str]:
+        """``rank_views`` from the candidates' names (in the views' order; a list the caller
+        never changes: the router's filter memo hands the same one over while the candidates stay)."""
+        return self._rotate(names)
+
     def _rotate(self, names: list[str]) -> list[str]:
         if not names:
             return []
-        # The same names as last time (compared by identity first: the views' own strings, so
-        # this is a pointer check per node) sort the same: keep that order.
-        if names == self._last_in:
+        # The same names as last time (the very list, or compared by identity first: the views'
+        # own strings, so this is a pointer check per node) sort the same: keep that order.
+        if names is self._last_in or names == self._last_in:
             order = self._last_sorted
         else:
             order = sorted(names)

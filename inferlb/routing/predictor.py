@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import mul
 from typing import Any, Protocol
 
 import numpy as np
@@ -131,23 +132,26 @@ class OnlineLinear:
     def predict_nodes(self, req: RouteRequest, nodes: Sequence[NodeView]) -> list[tuple[float, float]]:
         """Predicted (TTFT, TPOT) seconds per node, in order."""
         rp = request_part(req)
-        a = sum(x * c for x, c in zip(rp, self._wr[0], strict=True))
-        b = sum(x * c for x, c in zip(rp, self._wr[1], strict=True))
+        wa, wb = self._wr
+        a = sum(map(mul, rp, wa))     # the products summed as before, without a generator's frames
+        b = sum(map(mul, rp, wb))
         cache = self._node_cache
         if len(cache) > _CACHE_MAX:
             cache.clear()
         out: list[tuple[float, float]] = []
         lo, hi, exp = _LOG_MIN, _LOG_MAX, math.exp
         miss: list[int] = []
-        for i, n in enumerate(nodes):
-            hit = cache.get(id(n))
+        get = cache.get
+        for n in nodes:
+            hit = get(id(n))
             if hit is not None and hit[0] is n:
                 la, lb = a + hit[1], b + hit[2]
-                # NaN kept as NaN (a broken model must show), ±inf clipped
-                out.append((exp(min(hi, max(lo, la))) if la == la else la,
-                            exp(min(hi, max(lo, lb))) if lb == lb else lb))
+                # Clipped to [lo, hi]: min(hi, max(lo, x)) without the calls (the same float for a
+                # number; NaN kept as NaN: a broken model must show; ±inf clipped).
+                out.append((exp(la if lo < la < hi else (lo if la <= lo else hi)) if la == la else la,
+                            exp(lb if lo < lb < hi else (lo if lb <= lo else hi)) if lb == lb else lb))
             else:
-                miss.append(i)
+                miss.append(len(out))
                 out.append((0.0, 0.0))
         if miss:
             parts = (np.array([node_part(nodes[i]) for i in miss]) @ self._wn).tolist()
@@ -171,8 +175,12 @@ class OnlineLinear:
         return e
 
     def predict(self, row: Sequence[float]) -> Prediction:
-        logs = np.clip(np.asarray(row, dtype=float) @ self.w, _LOG_MIN, _LOG_MAX)
-        return Prediction(float(math.exp(logs[0])), float(math.exp(logs[1])))
+        la, lb = (np.asarray(row, dtype=float) @ self.w).tolist()
+        lo, hi = _LOG_MIN, _LOG_MAX
+        # np.clip's selection on two numbers, without its call (NaN stays NaN, as with np.clip).
+        la = lo if la < lo else hi if la > hi else la
+        lb = lo if lb < lo else hi if lb > hi else lb
+        return Prediction(math.exp(la), math.exp(lb))
 
     # ------------------------------------------------------------------ learning
 

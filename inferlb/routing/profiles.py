@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferlb.errors import ConfigError
+from inferlb.routing.memo import MIN_POOL, FilterMemo, per_view
 from inferlb.routing.plugins import (
     DecodeSpeed,
     Healthy,
@@ -127,6 +128,11 @@ class Router:
     Model versions: when ``req.only`` is set (the nodes of the request's version), the pool is
     cut to those nodes first, before sampling (so a canary served by 1 node of 100 is always in
     the sample), and the nodes left out are counted under ``model-version`` in the decision.
+
+    A decision over a whole pool (``round-robin``, or a sample that found no candidate) whose
+    filters each judge a node by its own view keeps its filter stage for the next one
+    (routing/memo.py): only the views that are new objects since the last decision are filtered
+    again, with the same result as a full pass.
     """
 
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]],
@@ -164,6 +170,11 @@ class Router:
             return [f.apply for f in fs]
 
         self._apply_by = {(exact, sel): applies(exact, sel) for exact in (False, True) for sel in (False, True)}
+        # Decisions over a whole pool (unsampled) keep their filter stage from one decision to the
+        # next when every filter judges a node by its own view alone (routing/memo.py: the same
+        # result); the picker may then read the survivors' names from the memo (``rank_names``).
+        self._memo = FilterMemo() if all(per_view(a) for fs in self._apply_by.values() for a in fs) else None
+        self._rank_names = getattr(picker, "rank_names", None) if self._rank_views is not None else None
         self._batch = [_batch_of(s) for s, _ in scorers]
         self._keys = (*(s.type_name for s, _ in scorers), "total")
         self._weigh = _weigher([w for _, w in scorers], self._total_w)
@@ -220,8 +231,8 @@ class Router:
         serves ``req.model`` (drawn from an exact NodeList pool)."""
         # The candidate names are read from the views when first needed (the caller's list is
         # copied, a pointer per node, since the decision keeps it).
-        d = Decision._lazy(self.name, nodes if own else list(nodes), self.picker.type_name, offered, sampled,
-                           counts)
+        snap = nodes if own else list(nodes)
+        d = Decision._lazy(self.name, snap, self.picker.type_name, offered, sampled, counts)
         eliminated = d.eliminated
         live = nodes
         exclude = req.exclude
@@ -234,15 +245,24 @@ class Router:
                     live.append(n)
             for e in eliminated:
                 counts[e.by] = counts.get(e.by, 0) + 1
-        for apply in self._apply_by[exact, req.selector is not None]:
-            if not live:
-                break
-            live, out = apply(req, live)
-            if out:
-                eliminated.extend(out)
-                for e in out:
-                    by = e.by
-                    counts[by] = counts.get(by, 0) + 1
+        memo = self._memo if sampled is None and not exclude and len(nodes) >= MIN_POOL else None
+        if memo is not None:
+            applies = self._apply_by[exact, req.selector is not None]
+            # The memo keeps the decision's own copy of the pool (never changed: the candidates').
+            live, d.eliminated, by_filter = memo.filter(req, snap, applies,
+                                                        (req.model, exact, req.selector, id(applies)))
+            for by, c in by_filter.items():
+                counts[by] = counts.get(by, 0) + c
+        else:
+            for apply in self._apply_by[exact, req.selector is not None]:
+                if not live:
+                    break
+                live, out = apply(req, live)
+                if out:
+                    eliminated.extend(out)
+                    for e in out:
+                        by = e.by
+                        counts[by] = counts.get(by, 0) + 1
         if not live:
             return d
         if live is nodes and not own:
@@ -260,11 +280,14 @@ class Router:
                 totals = self._weigh(cols)
                 d._set_scores(self._keys, live, cols, totals)
             if rank_views is not None:
-                d.ranked = rank_views(live, self.rng)
+                d.ranked = self._rank_names(memo.names(), self.rng) if memo is not None and self._rank_names \
+                    else rank_views(live, self.rng)
                 return d
             scored = list(zip(live, totals, strict=True))
         elif rank_views is not None:
-            d._set_zero_scores(self._keys, live, rank_views(live, self.rng))
+            ranked = self._rank_names(memo.names(), self.rng) if memo is not None and self._rank_names \
+                else rank_views(live, self.rng)
+            d._set_zero_scores(self._keys, live, ranked)
             return d
         else:
             d._set_zero_scores(self._keys, live)

@@ -6,7 +6,7 @@ it returns a :class:`Decision` whose ``to_json()`` goes into the audit record ve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Protocol, TypeVar
 
@@ -153,22 +153,43 @@ class RouteRequest:
         return self.prompt_tokens + self.output_tokens
 
 
-def _round4(x: float) -> float:
-    """``round(x, 4)``, the same float (sign of zero included), cheaper for most scores.
+_SCALES = tuple(10.0 ** k for k in range(10))   # exact doubles
 
-    ``round(x, 4)`` converts through a correctly rounded decimal string, which costs more than the
-    rest of a decision's audit copy. For a finite ``x`` with ``|x · 10⁴| < 2⁴⁰`` the product
-    ``y = fl(x · 10⁴)`` is within 2⁻¹³ of the exact one, so when ``y`` is within 0.49 of an
-    integer ``r`` (far from a tie) the exact product rounds to ``r`` too, and ``r / 10⁴`` (one
-    correctly rounded division of exact operands) is the double nearest to the decimal
-    ``r·10⁻⁴``: what ``round`` returns. Near a tie, for a zero result (its sign) and for anything
-    else, ``round`` itself answers (tests/routing/test_routing_differential.py holds them equal)."""
-    y = x * 10000.0
+
+def _round_to(x: float, nd: int) -> float:
+    """``round(x, nd)`` for ``0 ≤ nd ≤ 9``, the same float (sign of zero included), cheaper for most values.
+
+    ``round(x, nd)`` converts through a correctly rounded decimal string, which costs more than the
+    rest of a decision's audit copy. ``10^nd`` is an exact double; for a finite ``x`` with
+    ``|x · 10^nd| < 2⁴⁰`` the product ``y = fl(x · 10^nd)`` is within 2⁻¹³ of the exact one, so
+    when ``y`` is within 0.49 of an integer ``r`` (far from a tie) the exact product rounds to
+    ``r`` too, and ``r / 10^nd`` (one correctly rounded division of exact operands) is the double
+    nearest to the decimal ``r·10^-nd``: what ``round`` returns. Near a tie, for a zero result
+    (its sign) and for anything else, ``round`` itself answers
+    (tests/routing/test_routing_differential.py holds them equal)."""
+    s = _SCALES[nd]
+    y = x * s
     if -1099511627776.0 < y < 1099511627776.0:
         r = round(y)
         if r and -0.49 < y - r < 0.49:
-            return r / 10000.0
-    return round(x, 4)
+            return r / s
+    return round(x, nd)
+
+
+def _round_row4(keys: tuple[str, ...], row: Iterable[float]) -> dict[str, float]:
+    """``{key: round(x, 4)}`` over ``zip(keys, row)`` (strict): the audit copy's score rows. The
+    loop body is :func:`_round_to` at 4 places written out, since a call per score cost about as
+    much as the score (tests/routing/test_routing_differential.py holds it equal to ``round``)."""
+    out: dict[str, float] = {}
+    for k, x in zip(keys, row, strict=True):
+        y = x * 10000.0
+        if -1099511627776.0 < y < 1099511627776.0:
+            r = round(y)
+            if r and -0.49 < y - r < 0.49:
+                out[k] = r / 10000.0
+                continue
+        out[k] = round(x, 4)
+    return out
 
 
 class Elimination:
@@ -420,19 +441,22 @@ class Decision:
                 # Only the best few rows: read them from the columns, not the whole table.
                 live, cols, totals = self._score_source(src)
                 assert totals is not None
-                where = {n.name: i for i, n in enumerate(live)}
+                # Each name's last place among the live nodes (as a name → row table would hold
+                # it): a reversed list of names searched, cheaper than that table for a few names.
+                rev = [n.name for n in reversed(live)]
+                last = len(rev) - 1
                 for n in top:
-                    i = where.get(n)
-                    if i is not None:
+                    if n in rev:
+                        i = last - rev.index(n)
                         row = [c[i] for c in cols]
                         row.append(totals[i])
-                        scores[n] = {k: _round4(v) for k, v in zip(keys, row, strict=True)}
+                        scores[n] = _round_row4(keys, row)
             else:
                 rows = self.score_rows
                 for n in top:
                     r = rows.get(n)
                     if r is not None:
-                        scores[n] = {k: _round4(v) for k, v in zip(keys, r, strict=True)}
+                        scores[n] = _round_row4(keys, r)
         cand_src = self._cand_src
         if cand_src is not None:
             cand_total = len(cand_src)
@@ -496,7 +520,9 @@ class Picker(Protocol):
     draw (None: draw at random); it must be deterministic for a request, pool and k. A picker
     that ranks from the views alone, never reading the scores (``round-robin``), may define
     ``rank_views(nodes, rng) -> ranked`` (names of ``nodes`` only): the router then calls it
-    instead of ``rank`` and builds no (node, score) pairs.
+    instead of ``rank`` and builds no (node, score) pairs. Such a picker may also define
+    ``rank_names(names, rng) -> ranked``, the same from the candidates' names in order (the router
+    calls it when its filter memo holds them, routing/memo.py; the list is never changed after).
     """
 
     type_name: str

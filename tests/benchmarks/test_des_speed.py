@@ -28,3 +28,9 @@ def test_speed_benchmark_compares_two_trees_and_checks_they_agree(capsys: pytest
     assert rc == 0, out
     assert "round 1 baseline" in out and "round 1 this" in out and "load average before" in out
     assert "same simulation in both trees (events, outcomes, latency percentiles): yes" in out
+
+
+def test_the_count_mode_runs_the_simulation_and_says_how_far(capsys: pytest.CaptureFixture[str]) -> None:
+    assert des_speed.main(["--count", "--requests", "200", "--nodes", "12"]) == 0
+    events, end = capsys.readouterr().out.split()[1::2]
+    assert int(events) >= 200 and float(end) > 0

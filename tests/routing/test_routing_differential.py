@@ -191,12 +191,12 @@ def test_the_simulation_gives_the_same_results_with_either_core() -> None:
 
 
 def test_the_audit_copys_fast_rounding_equals_round() -> None:
-    """``_round4`` (the audit copy's fast ``round(x, 4)``) gives the very same float, sign of zero,
-    ties, NaN and infinities included."""
+    """``_round_row4`` (the audit copy's fast ``round(x, 4)`` over a score row) gives the very
+    same floats, sign of zero, ties, NaN and infinities included."""
     import struct
     import sys
 
-    from inferlb.routing.types import _round4
+    from inferlb.routing.types import _round_row4
 
     rng = random.Random(11)
     xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, -1e-320, sys.float_info.max, 1e300, -1e300,
@@ -206,5 +206,48 @@ def test_the_audit_copys_fast_rounding_equals_round() -> None:
     xs += [rng.uniform(-1e9, 1e9) for _ in range(20_000)]
     xs += [k / 20000 + rng.choice((0.0, 1e-17, -1e-17)) for k in range(-40_000, 40_000)]   # at and near ties
     xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20_000)]   # any bits
+    keys = ("a", "b", "c", "d", "e")
+    for j in range(0, len(xs) - 4, 5):
+        row = xs[j:j + 5]
+        assert repr(_round_row4(keys, row)) == repr({k: round(x, 4) for k, x in zip(keys, row, strict=True)}), row
+
+
+@pytest.mark.parametrize("nd", [3, 4, 6, 7])
+def test_the_learned_records_fast_rounding_equals_round(nd: int) -> None:
+    """``_round_to`` (the learned record's fast ``round(x, nd)``), as ``_round_row4`` above: the same
+    float for values at, near and far from a tie at ``nd`` places, and for any bits."""
+    import struct
+
+    from inferlb.routing.types import _round_to
+
+    rng = random.Random(nd)
+    scale = 10 ** nd
+    xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, 5 / scale / 10, -5 / scale / 10, 0.5, 1.0, -1.0,
+          2.0 ** 40 / scale, -(2.0 ** 40) / scale, 1e300]
+    xs += [rng.random() for _ in range(50_000)]
+    xs += [rng.uniform(-30.0, 30.0) for _ in range(20_000)]
+    xs += [rng.uniform(-1e5, 1e5) for _ in range(10_000)]
+    xs += [k / (2 * scale) + rng.choice((0.0, 1e-17, -1e-17, 1e-13)) for k in range(-30_000, 30_000)]
+    xs += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(10_000)]
     for x in xs:
-        assert repr(_round4(x)) == repr(round(x, 4)), x
+        assert repr(_round_to(x, nd)) == repr(round(x, nd)), x
+
+
+def test_a_prediction_is_clipped_as_with_np_clip() -> None:
+    """``OnlineLinear.predict`` clips its two log-predictions without ``np.clip``: the same floats
+    for trained weights, NaN rows and rows that overflow."""
+    import numpy as np
+
+    from inferlb.routing.features import N_FEATURES
+    from inferlb.routing.predictor import _LOG_MAX, _LOG_MIN, Observed, OnlineLinear
+
+    rng = random.Random(3)
+    m = OnlineLinear()
+    rows = [[rng.uniform(-20, 20) for _ in range(N_FEATURES)] for _ in range(2000)]
+    for r in rows[:300]:
+        m.update(r, Observed(rng.uniform(0.01, 2), rng.uniform(0.001, 0.1)))
+    rows += [[math.nan] * N_FEATURES, [1e308] * N_FEATURES, [-1e308] * N_FEATURES]
+    for r in rows:
+        logs = np.clip(np.asarray(r, dtype=float) @ m.w, _LOG_MIN, _LOG_MAX)
+        p = m.predict(r)
+        assert repr((p.ttft_s, p.tpot_s)) == repr((float(math.exp(logs[0])), float(math.exp(logs[1]))))
