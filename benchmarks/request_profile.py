@@ -21,7 +21,12 @@ shared out over its components in proportion to its samples. So the µs per requ
 the measured CPU of the gateway, split by where its threads were found running; the kernel time a
 thread spends in a system call counts for the frame that made it. A sampler sees a thread that is
 runnable but descheduled as running: on a loaded machine that adds noise, not a bias toward one
-component. Needs ``py-spy`` (``pip install py-spy``; ptrace rights on the gateway, root here).
+component, except where the thread itself wakes another: a socket write that wakes a node or
+the client, or a queue put that wakes an audit thread, can hand the CPU to the woken process on
+the spot, and the sampler then sees the waker "running" at that line. ``--pin`` (default on with
+two or more CPUs) puts the gateway on the last CPU and the nodes and the load generator on the
+others, so their wake-ups do not preempt it; its own threads still share its CPU. Needs
+``py-spy`` (``pip install py-spy``; ptrace rights on the gateway, root here).
 
 ``ab``: two gateways started side by side on the same nodes, ``A`` from ``ROOT_A`` and ``B`` from
 ``ROOT_B`` (each ``PYTHONPATH``; the same tree twice with different ``--a-env``/``--b-env`` settings
@@ -40,6 +45,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -187,14 +193,29 @@ def _start_gateway(bench: _Bench, label: str, root: Path, env_extra: dict[str, s
     return url, child
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Put every thread of process ``pid`` on ``cpus`` (threads it starts later inherit it)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def _cpu_split() -> tuple[set[int], set[int]] | None:
+    """(the gateway's CPU, everyone else's) for ``--pin``; None with fewer than two CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[-1]}, set(cpus[:-1])) if len(cpus) >= 2 else None
+
+
 def _cell(urls: list[str], *, n: int, concurrency: int, stream: bool, warmup: int, max_tokens: int,
-          max_seconds: float, watch: dict[str, int], model: str) -> dict[str, Any]:
+          max_seconds: float, watch: dict[str, int], model: str, cpus: set[int] | None = None) -> dict[str, Any]:
     spec = LoadSpec(urls=urls, n=n, concurrency=concurrency, stream=stream, max_tokens=max_tokens, model=model,
                     warmup=warmup, max_seconds=max_seconds, watch=watch)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(repo_root())
     r = subprocess.run([PY, "-m", "inferlb.bench.cell", "--spec", json.dumps(asdict(spec))], capture_output=True,
-                       text=True, timeout=2 * max_seconds + 180, env=env, check=False)
+                       text=True, timeout=2 * max_seconds + 180, env=env, check=False,
+                       preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     if r.returncode != 0 or not r.stdout.strip():
         raise RuntimeError(f"load generator failed (rc {r.returncode}): {r.stderr[-1500:]}")
     out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -220,9 +241,9 @@ def _streams(which: str) -> list[bool]:
 
 
 def _profile_cell(args: argparse.Namespace, bench: _Bench, url: str, child: Child, stream: bool,
-                  spy: str) -> dict[str, Any]:
-    common = dict(concurrency=args.concurrency, stream=stream, max_tokens=args.max_tokens,
-                  max_seconds=args.max_seconds, model=bench.model)
+                  spy: str, others: set[int] | None) -> dict[str, Any]:
+    common: dict[str, Any] = dict(concurrency=args.concurrency, stream=stream, max_tokens=args.max_tokens,
+                                  max_seconds=args.max_seconds, model=bench.model, cpus=others)
     _cell([url], n=max(200, 4 * args.concurrency), warmup=0, watch={}, **common)   # warm-up
     raw_path = bench.dir / f"spy-{'stream' if stream else 'json'}.txt"
     spy_proc = subprocess.Popen([spy, "record", "--pid", str(child.pid), "--rate", str(args.rate), "--nonblocking",
@@ -311,10 +332,16 @@ def run_profile(args: argparse.Namespace) -> dict[str, Any]:
         bench = _bench(args, wd)
         try:
             url, child = _start_gateway(bench, "profile", repo_root(), _env_pairs(args.env))
-            cells = [_profile_cell(args, bench, url, child, s, spy) for s in _streams(args.stream)]
+            split = _cpu_split() if args.pin else None
+            if split is not None:
+                pin(child.pid, split[0])
+                for pid in bench.node_pids:
+                    pin(pid, split[1])
+            others = split[1] if split is not None else None
+            cells = [_profile_cell(args, bench, url, child, s, spy, others) for s in _streams(args.stream)]
         finally:
             bench.close()
-    return {"command": "profile", "concurrency": args.concurrency, "cells": cells}
+    return {"command": "profile", "concurrency": args.concurrency, "pinned": split is not None, "cells": cells}
 
 
 # ---------------------------------------------------------------------------------------- A/B
@@ -360,7 +387,7 @@ def _render_ab(o: dict[str, Any]) -> str:
     for stream in (False, True):
         ratios = sorted(r["b_over_a"] for r in o["rows"] if r["stream"] is stream)
         if ratios:
-            lines.append(f"\n{'stream' if stream else 'non-stream'}: B/A median {ratios[len(ratios) // 2]:.3f} "
+            lines.append(f"\n{'stream' if stream else 'non-stream'}: B/A median {statistics.median(ratios):.3f} "
                          f"(range {ratios[0]:.3f}–{ratios[-1]:.3f}, {len(ratios)} rounds)")
     return "\n".join(lines)
 
@@ -396,6 +423,8 @@ def _parser() -> argparse.ArgumentParser:
         if name == "profile":
             p.add_argument("--rate", type=int, default=200, help="py-spy samples per second (200)")
             p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the gateway (repeatable)")
+            p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                           help="gateway on the last CPU, nodes and load generator on the others (on)")
         else:
             p.add_argument("--a", required=True, help="checkout root of gateway A")
             p.add_argument("--b", required=True, help="checkout root of gateway B")
