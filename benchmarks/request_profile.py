@@ -6,6 +6,8 @@
                                                  [--rate 200] [--fake-server PATH] [--json OUT]
     python -m benchmarks.request_profile ab --a ROOT_A --b ROOT_B [--a-env K=V ...] [--b-env K=V ...]
                                             [--rounds 3] [--n 3000] [--concurrency 32] [--stream both]
+    python -m benchmarks.request_profile compare --a ROOT_A --b ROOT_B [--levels 16,64] [--n 2000]
+                                                 [--peers direct,floor,vllm-router,sglang-router]
 
 Both start the benchmark's three nodes (the peer bench's ``fake_openai_server.py``, 20 ms TTFT +
 2 ms/token, 32 tokens, as ``inferlb bench overhead`` does) and ``inferlb serve`` (compiled
@@ -34,6 +36,13 @@ measures a setting), and one generator alternating its requests between them, so
 machine at the same moments; the order of the two URLs flips every round (the generator's
 round-robin starts with the first). Each gateway's CPU per request it served, and B/A.
 
+``compare``: the end state side by side in one run: ``direct`` (no gateway), the Python floor, the
+Rust routers (``round_robin``) and two inferlb builds (``A`` and ``B`` as for ``ab``), started as
+``inferlb bench overhead`` starts them, cell by cell (every target of a (concurrency, stream) cell
+back to back, so all see the same machine): gateway CPU ms per request, the latency added over
+``direct`` of the same cell (p50 / p99), and each inferlb build's CPU over the floor's and over
+vllm-router's.
+
 Every load phase is bounded in count and time; every child is stopped by PID.
 """
 
@@ -59,7 +68,7 @@ import yaml
 
 from inferlb.bench.cell import LoadSpec
 from inferlb.bench.loadgen.procs import Child, free_port, wait_http, workdir
-from inferlb.bench.overhead import PY, BenchConfig, _Bench, _Log, repo_root
+from inferlb.bench.overhead import PY, BenchConfig, Target, _Bench, _cell_rows, _Log, repo_root
 
 __all__ = ["COMPONENTS", "classify", "main", "parse_raw", "thread_cpu"]
 
@@ -228,6 +237,8 @@ def _bench(args: argparse.Namespace, wd: Path) -> _Bench:
     cfg = BenchConfig(max_tokens=args.max_tokens, max_seconds=args.max_seconds)
     if args.fake_server is not None:
         cfg.fake_server = args.fake_server
+    if getattr(args, "floor_proxy", None) is not None:
+        cfg.floor_proxy = args.floor_proxy
     bench = _Bench(cfg, wd, _Log(args.quiet))
     bench.start_nodes()
     return bench
@@ -392,6 +403,60 @@ def _render_ab(o: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------- compare
+
+
+def run_compare(args: argparse.Namespace) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    with workdir(args.workdir) as wd:
+        bench = _bench(args, wd)
+        bench.cfg.n = args.n
+        try:
+            targets = [t for t in (bench.start_target(m) for m in args.peers.split(",") if m) if t is not None]
+            for label, root, env in (("inferlb-A", args.a, args.a_env), ("inferlb-B", args.b, args.b_env)):
+                url, child = _start_gateway(bench, label, Path(root).resolve(), _env_pairs(env))
+                targets.append(Target(label, [url], child))
+            for c in (int(x) for x in args.levels.split(",")):
+                for stream in _streams(args.stream):
+                    for t in targets:
+                        out = bench.load(t, c, stream)
+                        results.append(out)
+                        cpu = (out["cpu_s_per_1k"] or {}).get("gateway")
+                        bench.log(f"{t.mode:>14} c={c:<3} {'stream' if stream else 'json  '} n={out['n_done']} "
+                                  f"err={out['errors']} e2e p50={out['e2e_ms']['p50']:.1f} "
+                                  f"p99={out['e2e_ms']['p99']:.1f} cpu={cpu if cpu is None else round(cpu, 2)} s/1k")
+        finally:
+            bench.close()
+        notes = bench.notes
+    return {"command": "compare", "a": args.a, "b": args.b, "a_env": args.a_env, "b_env": args.b_env,
+            "rows": _cell_rows(results), "notes": notes}
+
+
+def _render_compare(o: dict[str, Any]) -> str:
+    rows = o["rows"]
+    lines = [f"A = {o['a']} {' '.join(o['a_env'])}".rstrip(), f"B = {o['b']} {' '.join(o['b_env'])}".rstrip(), "",
+             "| c | stream | target | requests | errors | gateway CPU ms/req | added p50 ms | added p99 ms |",
+             "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cpu = r["gateway_cpu_s_per_1k"]
+        a50, a99 = r["added_p50_ms"], r["added_p99_ms"]
+        lines.append(f"| {r['concurrency']} | {'yes' if r['stream'] else 'no'} | {r['mode']} | {r['n']} | "
+                     f"{r['errors']} | {'' if cpu is None else f'{cpu:.2f}'} | "
+                     f"{'' if a50 is None else f'{a50:+.1f}'} | {'' if a99 is None else f'{a99:+.1f}'} |")
+    lines += ["", "| c | stream | build | ÷ floor | ÷ vllm-router | ÷ sglang-router |", "|---:|---|---|---:|---:|---:|"]
+    cells = sorted({(r["concurrency"], r["stream"]) for r in rows})
+    for c, s in cells:
+        cpu = {r["mode"]: r["gateway_cpu_s_per_1k"] for r in rows if (r["concurrency"], r["stream"]) == (c, s)}
+        for build in ("inferlb-A", "inferlb-B"):
+            mine = cpu.get(build)
+            if mine is None:
+                continue
+            ratio = [f"{mine / cpu[p]:.1f}×" if cpu.get(p) else "" for p in ("floor", "vllm-router", "sglang-router")]
+            lines.append(f"| {c} | {'yes' if s else 'no'} | {build} | " + " | ".join(ratio) + " |")
+    lines += [f"\nnote: {n}" for n in o["notes"]]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------- CLI
 
 
@@ -409,7 +474,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.request_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    for name in ("profile", "ab"):
+    for name in ("profile", "ab", "compare"):
         p = sub.add_parser(name)
         p.add_argument("--n", type=int, default=3000, help="measured requests per cell (3000)")
         p.add_argument("--concurrency", type=int, default=16 if name == "profile" else 32)
@@ -426,6 +491,11 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                            help="gateway on the last CPU, nodes and load generator on the others (on)")
         else:
+            if name == "compare":
+                p.add_argument("--levels", default="16,64", help="concurrency levels (16,64)")
+                p.add_argument("--floor-proxy", type=Path, default=None, help="the peer bench's floor_proxy.py")
+                p.add_argument("--peers", default="direct,floor,vllm-router,sglang-router",
+                               help="the other targets, started as `inferlb bench overhead` starts them")
             p.add_argument("--a", required=True, help="checkout root of gateway A")
             p.add_argument("--b", required=True, help="checkout root of gateway B")
             p.add_argument("--a-env", action="append", default=[], help="KEY=VALUE for A (repeatable)")
@@ -437,13 +507,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        out = run_profile(args) if args.command == "profile" else run_ab(args)
+        out = {"profile": run_profile, "ab": run_ab, "compare": run_compare}[args.command](args)
     except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as exc:
         print(f"request_profile: error: {exc}", file=sys.stderr)
         return 2
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(out, indent=2, default=str))
-    print(_render_profile(out["cells"]) if args.command == "profile" else _render_ab(out))
+    if args.command == "profile":
+        print(_render_profile(out["cells"]))
+    else:
+        print(_render_ab(out) if args.command == "ab" else _render_compare(out))
     return 0
 
 
