@@ -342,7 +342,8 @@ def run_profile(args: argparse.Namespace) -> dict[str, Any]:
     with workdir(args.workdir) as wd:
         bench = _bench(args, wd)
         try:
-            url, child = _start_gateway(bench, "profile", repo_root(), _env_pairs(args.env))
+            root = Path(args.root).resolve() if args.root else repo_root()
+            url, child = _start_gateway(bench, "profile", root, _env_pairs(args.env))
             split = _cpu_split() if args.pin else None
             if split is not None:
                 pin(child.pid, split[0])
@@ -352,7 +353,8 @@ def run_profile(args: argparse.Namespace) -> dict[str, Any]:
             cells = [_profile_cell(args, bench, url, child, s, spy, others) for s in _streams(args.stream)]
         finally:
             bench.close()
-    return {"command": "profile", "concurrency": args.concurrency, "pinned": split is not None, "cells": cells}
+    return {"command": "profile", "root": str(root), "concurrency": args.concurrency, "pinned": split is not None,
+            "cells": cells}
 
 
 # ---------------------------------------------------------------------------------------- A/B
@@ -488,6 +490,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "profile":
             p.add_argument("--rate", type=int, default=200, help="py-spy samples per second (200)")
             p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the gateway (repeatable)")
+            p.add_argument("--root", default=None, help="checkout whose inferlb is profiled (this one)")
             p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                            help="gateway on the last CPU, nodes and load generator on the others (on)")
         else:
