@@ -234,7 +234,8 @@ def _cell(urls: list[str], *, n: int, concurrency: int, stream: bool, warmup: in
 
 
 def _bench(args: argparse.Namespace, wd: Path) -> _Bench:
-    cfg = BenchConfig(max_tokens=args.max_tokens, max_seconds=args.max_seconds)
+    cfg = BenchConfig(max_tokens=args.max_tokens, max_seconds=args.max_seconds, ttft_ms=args.ttft_ms,
+                      tpot_ms=args.tpot_ms)
     if args.fake_server is not None:
         cfg.fake_server = args.fake_server
     if getattr(args, "floor_proxy", None) is not None:
@@ -482,6 +483,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--concurrency", type=int, default=16 if name == "profile" else 32)
         p.add_argument("--stream", choices=["both", "yes", "no"], default="both")
         p.add_argument("--max-tokens", type=int, default=32)
+        p.add_argument("--ttft-ms", type=float, default=20.0, help="fake nodes' time to first token (20)")
+        p.add_argument("--tpot-ms", type=float, default=2.0, help="fake nodes' time per output token (2)")
         p.add_argument("--max-seconds", type=float, default=40.0, help="cap on each load phase (40)")
         p.add_argument("--fake-server", type=Path, default=None, help="the peer bench's fake_openai_server.py")
         p.add_argument("--workdir", type=Path, default=None, help="keep logs, samples and audit DBs here")
