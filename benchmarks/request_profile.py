@@ -378,9 +378,11 @@ def run_ab(args: argparse.Namespace) -> dict[str, Any]:
                                 max_seconds=args.max_seconds, model=bench.model)
                     half = out["n_done"] / 2   # the generator's round-robin: each served half
                     a_ms, b_ms = out["cpu_s"]["A"] * 1e3 / half, out["cpu_s"]["B"] * 1e3 / half
+                    by_url = out.get("e2e_ms_by_url") or [out["e2e_ms"], out["e2e_ms"]]
+                    ea, eb = (by_url[0], by_url[1]) if rnd % 2 == 0 else (by_url[1], by_url[0])
                     row = {"stream": stream, "round": rnd + 1, "first": "A" if rnd % 2 == 0 else "B",
                            "n": out["n_done"], "a_ms": a_ms, "b_ms": b_ms, "b_over_a": b_ms / a_ms,
-                           "e2e_p50_ms": out["e2e_ms"]["p50"], "busy": out["system_busy_frac"]}
+                           "a_e2e_ms": ea, "b_e2e_ms": eb, "busy": out["system_busy_frac"]}
                     rows.append(row)
                     bench.log(f"{'stream' if stream else 'json  '} round {rnd + 1}: A {a_ms:.3f} ms, "
                               f"B {b_ms:.3f} ms, B/A {b_ms / a_ms:.3f}")
@@ -392,12 +394,15 @@ def run_ab(args: argparse.Namespace) -> dict[str, Any]:
 
 def _render_ab(o: dict[str, Any]) -> str:
     lines = [f"A = {o['a']} {' '.join(o['a_env'])}".rstrip(), f"B = {o['b']} {' '.join(o['b_env'])}".rstrip(), "",
-             "| stream | round | first URL | requests | A ms/req | B ms/req | B/A | machine busy |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+             "| stream | round | first URL | requests | A ms/req | B ms/req | B/A | A e2e p50 / p99 ms "
+             "| B e2e p50 / p99 ms | machine busy |",
+             "|---|---:|---|---:|---:|---:|---:|---|---|---:|"]
     for r in o["rows"]:
         busy = f"{r['busy']:.2f}" if r["busy"] is not None else "?"
+        ea, eb = r["a_e2e_ms"], r["b_e2e_ms"]
         lines.append(f"| {'yes' if r['stream'] else 'no'} | {r['round']} | {r['first']} | {r['n']} | "
-                     f"{r['a_ms']:.3f} | {r['b_ms']:.3f} | {r['b_over_a']:.3f} | {busy} |")
+                     f"{r['a_ms']:.3f} | {r['b_ms']:.3f} | {r['b_over_a']:.3f} | {ea['p50']:.1f} / {ea['p99']:.1f} | "
+                     f"{eb['p50']:.1f} / {eb['p99']:.1f} | {busy} |")
     for stream in (False, True):
         ratios = sorted(r["b_over_a"] for r in o["rows"] if r["stream"] is stream)
         if ratios:
