@@ -10,6 +10,7 @@ Contract:
   spaces commits at least that far apart, fewer fsyncs for more latency; ``wal_commit_linger_s``
   > 0 lets a group that no request is waiting on gather entries that long before its commit, and
   a request that awaits its start entry (its answer's first byte is ready) ends the linger at once,
+  as does a streamed request's start entry (its first byte follows the node's first token),
   so the linger saves fsyncs while the nodes work and never delays a first byte by more than
   ``wal_commit_interval_s`` and one commit);
   only then does a record count as handed over and join the database queue. After a crash (even
@@ -103,6 +104,11 @@ class AuditWriter(WriterState):
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._wal_starts.append((record.request_id, start_entry(record)))
         self._wal_waiters.append(fut)
+        if record.stream:
+            # A stream's first byte comes after the node's first token, not its whole answer: a
+            # group holding one commits as soon as the interval allows (no linger), so streams
+            # keep the first-byte latency they had without it (docs/benchmarks.md).
+            self._wal_urgent.set()
         if self._wal_loop is None:   # not started (tests of the writer alone): commit inline
             task = asyncio.ensure_future(self._commit_wal())
             self._inline.add(task)
