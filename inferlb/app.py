@@ -181,6 +181,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                              flush_interval_s=settings.audit_flush_interval_s, clock=clock,
                              db_timeout_s=settings.audit_db_timeout_s,
                              wal_commit_interval_s=settings.audit_wal_commit_interval_s,
+                             wal_commit_linger_s=settings.audit_wal_commit_linger_s,
                              max_records=settings.audit_max_records, max_bytes=settings.audit_max_bytes,
                              on_full=settings.audit_on_full)
         await writer.start()

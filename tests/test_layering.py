@@ -23,11 +23,12 @@ IO_LIBS = {"aiohttp", "httpx", "sqlalchemy", "socket", "asyncio", "requests", "u
 
 #: part of ``inferlb`` → floor. A module may import from its own floor and below, never above.
 FLOORS: dict[str, int] = {
-    # 1 ground: the shared vocabulary (the exception tree, clocks, node samples and events, waits),
+    # 1 ground: the shared vocabulary (the exception tree, clocks, node samples and events, waits,
+    #   the hot paths' JSON codec),
     #   the one loader of every extension point's "module:attr" table, and the one background
     #   runner every loop starts, stops and reports through
     "inferlb": 1, "inferlb.errors": 1, "inferlb.types": 1, "inferlb.node_types": 1, "inferlb.wakeup": 1,
-    "inferlb.plugins": 1, "inferlb.background": 1,
+    "inferlb.plugins": 1, "inferlb.background": 1, "inferlb.jsoncodec": 1,
     # 2 the routing core: pure, I/O-free (filters, scorers, pickers, profiles, the learned model, OPE)
     "inferlb.routing": 2,
     # 3 configuration: INFERLB_* settings and the fleet-file schema, one module per feature's config;

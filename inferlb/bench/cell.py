@@ -100,6 +100,9 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
         "error_kinds": dict(sorted(errs.items(), key=lambda kv: -kv[1])[:5]),
         "wall_s": wall, "rps": done / wall if wall > 0 else float("nan"),
         "e2e_ms": pcts((r.e2e for r in ok), 1e3),
+        # per base URL (request i went to urls[i % len(urls)]): two gateways measured in one run
+        "e2e_ms_by_url": [pcts((r.e2e for r in ok if r.i % len(spec.urls) == k), 1e3)
+                          for k in range(len(spec.urls))] if len(spec.urls) > 1 else None,
         "ttft_ms": pcts((r.ttft for r in ok if r.ttft is not None), 1e3) if spec.stream else None,
         "cpu_s": cpu_s,
         "cpu_s_per_1k": {k: (v * 1000.0 / done if v is not None and done else None)

@@ -11,7 +11,6 @@ upstream request (the TCP close is how a model server learns to abort).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from inferlb.errors import (
     error_body,
     error_event,
 )
+from inferlb.jsoncodec import dumps
 from inferlb.routing.lifecycle import observe_decision
 from inferlb.routing.lora import adapter_failure
 from inferlb.routing.reward import observe_reward
@@ -62,7 +62,7 @@ def _error_response(result: dict[str, Any], request_id: str) -> Response:
     headers = {"x-request-id": request_id}
     if result.get("retry_after_s"):
         headers["retry-after"] = str(max(1, round(float(result["retry_after_s"]))))
-    return Response(json.dumps({"error": result["error"]}), status_code=int(result["http_status"]),
+    return Response(dumps({"error": result["error"]}), status_code=int(result["http_status"]),
                     media_type=_JSON, headers=headers)
 
 
@@ -200,7 +200,7 @@ class Gateway:
             opts = dict(body.get("stream_options") or {})
             opts["include_usage"] = True
             body["stream_options"] = opts
-        return json.dumps(body, separators=(",", ":")).encode()
+        return dumps(body)
 
     async def _dispatch(self, scope: RequestScope, req: IncomingRequest
                         ) -> _Committed | tuple[dict[str, Any], bytes | None]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferlb.errors import UpstreamProtocolError
+from inferlb.jsoncodec import loads
 
 __all__ = [
     "DONE",
@@ -69,7 +70,7 @@ def check_payload(payload: bytes) -> None:
 
 def _loads(payload: bytes) -> Any:
     try:
-        return json.loads(payload)
+        return loads(payload)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UpstreamProtocolError(f"malformed JSON: {exc}") from exc
 
@@ -138,7 +139,7 @@ def _carries_no_token(payload: bytes) -> bool:
     if b'"finish_reason"' not in payload or _FINISH_NULL.search(payload) is not None:
         return False
     try:
-        doc = json.loads(payload)
+        doc = loads(payload)
     except ValueError:
         return False
     choices = doc.get("choices") if isinstance(doc, dict) else None
@@ -157,7 +158,7 @@ def _carries_no_token(payload: bytes) -> bool:
 def _no_choices(payload: bytes) -> bool:
     """True for a usage-only chunk (``"choices": []``), which the client did not ask for."""
     try:
-        doc = json.loads(payload)
+        doc = loads(payload)
     except ValueError:
         return False
     return isinstance(doc, dict) and doc.get("choices") == []

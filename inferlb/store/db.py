@@ -8,6 +8,8 @@ Contract:
   ``foreign_keys=ON`` on every new connection. PostgreSQL uses psycopg 3: ``postgresql://`` and
   ``postgres://`` are rewritten to ``postgresql+psycopg://``; connections are pre-pinged so a
   restarted server does not fail the first batch after it returns.
+* JSON columns are written by :func:`inferlb.jsoncodec.dumps` (orjson: the audit row's
+  ``decision``, ``tags`` and ``workflow_path`` on every record; the same document as ``json.dumps``).
 * Every database call is bounded: PostgreSQL gets ``connect_timeout`` (unless the URL sets one),
   a server-side ``statement_timeout`` (added to any ``options`` the URL carries) and TCP
   keepalives; SQLite gets ``busy_timeout``. A server that accepts and then never answers is not
@@ -30,6 +32,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from inferlb.errors import StoreError
+from inferlb.jsoncodec import dumps
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
@@ -124,6 +127,11 @@ def pg_connect_params(engine: Engine) -> dict[str, Any]:
     return params
 
 
+def _json_text(value: Any) -> str:
+    """A JSON column's text (SQLAlchemy's ``json_serializer`` hook)."""
+    return dumps(value).decode()
+
+
 def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = _PG_CONNECT_TIMEOUT_S,
                 statement_timeout_ms: int = _PG_STATEMENT_TIMEOUT_MS,
                 busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> Engine:
@@ -133,7 +141,7 @@ def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = 
     timeout), ``busy_timeout_ms`` to SQLite.
     """
     u = normalize_url(url)
-    kwargs: dict[str, Any] = {"echo": echo, "future": True}
+    kwargs: dict[str, Any] = {"echo": echo, "future": True, "json_serializer": _json_text}
     backend = u.get_backend_name()
     if backend == "sqlite":
         memory = _sqlite_in_memory(u)

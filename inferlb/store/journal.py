@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from inferlb.jsoncodec import dumps
 from inferlb.store.records import RequestRecord
 
 __all__ = ["QUARANTINE_FILE", "Journal", "Spool", "dump_record", "load_record"]
@@ -45,7 +46,7 @@ T = TypeVar("T")
 
 def dump_record(record: RequestRecord) -> bytes:
     """One journal line. ``default=str`` so an odd value in ``decision``/``tags`` cannot stop spooling."""
-    return json.dumps(record.to_json(), separators=(",", ":"), default=str).encode("ascii") + b"\n"
+    return dumps(record.to_json(), default=str) + b"\n"
 
 
 def load_record(line: bytes) -> RequestRecord | None:
@@ -249,7 +250,7 @@ class Journal(Spool[RequestRecord]):
         lines = []
         for rec, error in items:
             entry: dict[str, Any] = {"error": error, "record": rec.to_json()}
-            lines.append(json.dumps(entry, separators=(",", ":"), default=str).encode("ascii") + b"\n")
+            lines.append(dumps(entry, default=str) + b"\n")
         with self._lock:
             fd = os.open(self.directory / QUARANTINE_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:

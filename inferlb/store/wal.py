@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferlb.jsoncodec import dumps
 from inferlb.store.journal import _fsync_dir, _write_all
 from inferlb.store.records import RequestRecord
 from inferlb.store.rows import UNKNOWN_OUTCOME
@@ -55,12 +56,12 @@ def start_entry(record: RequestRecord) -> bytes:
     doc = {"k": "s", "id": record.request_id, "t": record.received_at, "e": record.endpoint,
            "m": record.model_requested, "tn": record.tenant, "st": record.stream, "en": record.engine,
            "pv": record.process_version, "cv": record.config_version}
-    return json.dumps(doc, separators=(",", ":"), default=str).encode("ascii") + b"\n"
+    return dumps(doc, default=str) + b"\n"
 
 
 def _finished_entry(record: RequestRecord) -> bytes:
     doc = {"k": "f", "r": record.to_json()}
-    return json.dumps(doc, separators=(",", ":"), default=str).encode("ascii") + b"\n"
+    return dumps(doc, default=str) + b"\n"
 
 
 @dataclass

@@ -7,7 +7,12 @@ Contract:
   (:mod:`~inferlb.store.wal`). A journal task group-commits what arrived (one ``write`` +
   ``fsync`` in the journal thread, never on the event loop: a commit starts when the previous one
   ended, so everything that arrived meanwhile shares its fsync; ``wal_commit_interval_s`` > 0 also
-  spaces commits at least that far apart, fewer fsyncs for more latency);
+  spaces commits at least that far apart, fewer fsyncs for more latency; ``wal_commit_linger_s``
+  > 0 lets a group that no request is waiting on gather entries that long before its commit, and
+  a request that awaits its start entry (its answer's first byte is ready) ends the linger at once,
+  as does a streamed request's start entry (its first byte follows the node's first token),
+  so the linger saves fsyncs while the nodes work and never delays a first byte by more than
+  ``wal_commit_interval_s`` and one commit);
   only then does a record count as handed over and join the database queue. After a crash (even
   SIGKILL) :meth:`start` recovers every finished record and marks every started-but-unfinished
   request ``unknown_outcome`` (such a row never replaces a real one).
@@ -45,6 +50,8 @@ import contextlib
 import itertools
 import logging
 import math
+from collections.abc import Awaitable, Generator
+from typing import Any
 
 from inferlb.background import Background
 from inferlb.errors import AuditUnavailable, StoreError
@@ -79,11 +86,12 @@ class AuditWriter(WriterState):
         self._idle.clear()
         self._wal_wake.set()
 
-    def journal_start(self, record: RequestRecord) -> asyncio.Future[bool] | None:
-        """Queue ``record``'s start entry for the write-ahead log; returns a future that resolves
-        once the entry is durable (True) or could not be written (False), or None when there is
-        nothing to wait for. Never blocks: the caller awaits the future only before its response's
-        first byte, so the group commit overlaps the work at the node.
+    def journal_start(self, record: RequestRecord) -> Awaitable[bool] | None:
+        """Queue ``record``'s start entry for the write-ahead log; returns an awaitable that
+        resolves once the entry is durable (True) or could not be written (False), or None when
+        there is nothing to wait for. Never blocks: the caller awaits it only before its response's
+        first byte, so the group commit overlaps the work at the node; awaiting it before the entry
+        is durable ends the group's linger (``wal_commit_linger_s``).
 
         Raises AuditUnavailable when the request cannot be audited and ``on_full`` is ``closed``.
         """
@@ -96,13 +104,18 @@ class AuditWriter(WriterState):
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._wal_starts.append((record.request_id, start_entry(record)))
         self._wal_waiters.append(fut)
+        if record.stream:
+            # A stream's first byte comes after the node's first token, not its whole answer: a
+            # group holding one commits as soon as the interval allows (no linger), so streams
+            # keep the first-byte latency they had without it (docs/benchmarks.md).
+            self._wal_urgent.set()
         if self._wal_loop is None:   # not started (tests of the writer alone): commit inline
             task = asyncio.ensure_future(self._commit_wal())
             self._inline.add(task)
             task.add_done_callback(self._inline.discard)
         else:
             self._wal_wake.set()
-        return fut
+        return _Durable(fut, self._wal_urgent)
 
     async def begin(self, record: RequestRecord) -> None:
         """:meth:`journal_start`, then wait until the start entry is durable.
@@ -183,6 +196,7 @@ class AuditWriter(WriterState):
         self._wake.set()
         self._work.set()
         self._wal_wake.set()
+        self._wal_urgent.set()
         for bg in (self._wal_loop, self._flush_loop):
             if bg is not None:   # signalled above: each may finish its turn until the deadline
                 await bg.stop(grace_s=max(0.0, deadline - loop.time()))
@@ -223,12 +237,19 @@ class AuditWriter(WriterState):
         last = -math.inf
         while not self._closing:
             await self._wal_wake.wait()
+            if self._wal_linger_s > 0 and not self._wal_urgent.is_set() and not self._closing:
+                # Nobody waits on this group yet (the nodes are still working on its requests): let
+                # it gather what arrives for up to the linger; a request whose first byte is ready
+                # ends it (_Durable). One fsync then covers several requests' entries.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wal_urgent.wait(), self._wal_linger_s)
             # At most one commit per interval: an idle log commits at once (latency = one fsync),
             # a busy one gathers a group for each fsync.
             wait = last + self._wal_commit_interval_s - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
             self._wal_wake.clear()
+            self._wal_urgent.clear()
             last = loop.time()
             try:
                 await self._commit_wal()
@@ -369,3 +390,19 @@ class AuditWriter(WriterState):
         for _ in items:
             self._pending.popleft()
         self._release(items)
+
+
+class _Durable:
+    """The start entry's commit as :meth:`AuditWriter.journal_start` returns it: awaiting it while
+    the entry is not yet durable tells the journal task that a request waits (ends the linger)."""
+
+    __slots__ = ("_fut", "_urgent")
+
+    def __init__(self, fut: asyncio.Future[bool], urgent: asyncio.Event) -> None:
+        self._fut = fut
+        self._urgent = urgent
+
+    def __await__(self) -> Generator[Any, None, bool]:
+        if not self._fut.done():
+            self._urgent.set()
+        return self._fut.__await__()

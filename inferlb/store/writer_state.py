@@ -71,6 +71,7 @@ class WriterState:
         retry_max_s: float = 30.0,
         db_timeout_s: float = 10.0,
         wal_commit_interval_s: float = 0.0,
+        wal_commit_linger_s: float = 0.0,
         wal_segment_bytes: int = 4 * 1024 * 1024,
         max_records: int = 100_000,
         max_bytes: int = 256 * 1024 * 1024,
@@ -92,6 +93,7 @@ class WriterState:
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
         self._wal_commit_interval_s = max(0.0, wal_commit_interval_s)
+        self._wal_linger_s = max(0.0, wal_commit_linger_s)
         self._max_records, self._max_bytes, self._on_full = max_records, max_bytes, on_full
         self._pending: collections.deque[_Item] = collections.deque()
         # Waiting for the next group commit of the write-ahead log.
@@ -99,6 +101,7 @@ class WriterState:
         self._wal_finished: list[RequestRecord] = []
         self._wal_waiters: list[asyncio.Future[bool]] = []
         self._wal_wake = asyncio.Event()
+        self._wal_urgent = asyncio.Event()   # a request waits on the next group (its first byte is ready)
         self._wal_lock = asyncio.Lock()
         self._wal_loop: Background | None = None   # the journal's group commits (started by start())
         self._inline: set[asyncio.Future[None]] = set()   # commits run inline before the background task runs

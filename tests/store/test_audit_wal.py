@@ -403,3 +403,43 @@ async def test_a_spool_error_is_cleared_when_the_database_takes_the_records(
     assert b["journal_error"] is None and b["healthy"] and w.accepting()
     monkeypatch.undo()
     await w.close()
+
+
+async def test_a_linger_gathers_start_entries_until_a_request_waits_on_one(
+    engine: Engine, tmp_path: Path, make_record: MakeRecord
+) -> None:
+    """``wal_commit_linger_s``: entries nobody waits on gather (no commit, however long the
+    linger), and the first request that awaits its entry ends the linger: one fsync for all."""
+    w = AuditWriter(engine, journal_dir=tmp_path / "j", clock=ManualClock(), wal_commit_linger_s=3600)
+    await w.start()
+    try:
+        fsyncs = w._wal.fsyncs
+        records = [make_record(i) for i in range(5)]
+        for r in records:
+            r.stream = False                     # a stream's entry does not linger (the next test)
+        pending = [w.journal_start(r) for r in records]
+        for _ in range(20):
+            await asyncio.sleep(0)               # the journal task runs, and lingers
+        assert len(w._wal_starts) == 5 and w._wal.fsyncs == fsyncs
+        durable = [await asyncio.wait_for(p, 30) for p in pending if p is not None]
+        assert durable == [True] * 5
+        assert w._wal.fsyncs == fsyncs + 1       # one group commit for the five
+    finally:
+        await w.close()
+
+
+async def test_a_streamed_requests_start_entry_is_not_held_by_the_linger(
+    engine: Engine, tmp_path: Path, make_record: MakeRecord
+) -> None:
+    """A stream's first byte follows the node's first token: its group commits without lingering."""
+    w = AuditWriter(engine, journal_dir=tmp_path / "j", clock=ManualClock(), wal_commit_linger_s=3600)
+    await w.start()
+    try:
+        rec = make_record(1)
+        rec.stream = True
+        pending = w.journal_start(rec)
+        assert pending is not None
+        assert w._wal_urgent.is_set()            # the journal task will not linger on this group
+        assert await asyncio.wait_for(pending, 30) is True
+    finally:
+        await w.close()
