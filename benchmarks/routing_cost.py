@@ -70,13 +70,31 @@ def _stats(ns: list[int]) -> dict[str, float]:
             "max": s[-1] / 1e3, "mean": sum(s) / len(s) / 1e3}
 
 
-def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
-    """Per-decision CPU and wall nanoseconds for ``decide`` and ``select`` (see the module docstring)."""
+def _loaded_fleet(rng: random.Random, n: int, profile: str) -> Any:
+    """A Fleet of ``n`` nodes under ``profile`` with random in-flight load, 5 % ejected (one rng order)."""
     from inferlb.config.settings import fleet_from_mapping
     from inferlb.fleet.state import Fleet
+    from inferlb.types import SystemClock
+
+    raw = {"models": [{"name": "m0"}, {"name": "m1"}],
+           "nodes": [{"name": f"node{i:04d}", "url": f"http://10.0.{i // 250}.{i % 250 + 1}:8000",
+                      "models": ["m0", "m1"] if i % 3 == 0 else ["m0"],
+                      "capacity_tokens": rng.choice([16384, 32768, 65536, 131072])} for i in range(n)],
+           "routing": {"profile": profile}}
+    fleet = Fleet(fleet_from_mapping(raw), SystemClock())
+    for st in fleet.nodes.values():
+        st.inflight_requests = rng.randint(0, 40)
+        st.inflight_tokens = rng.randint(0, st.cfg.capacity_tokens // 2)
+        st.tokens_per_s = rng.choice([None, rng.uniform(20, 120)])
+        if rng.random() < 0.05:
+            st.state, st.reason, st.ejected_until = "ejected", "5 consecutive failures", time.monotonic() + 1e6
+    return fleet
+
+
+def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
+    """Per-decision CPU and wall nanoseconds for ``decide`` and ``select`` (see the module docstring)."""
     from inferlb.routing.profiles import build_router
     from inferlb.routing.types import NodeView, RouteRequest
-    from inferlb.types import SystemClock
 
     rng = random.Random(seed)
 
@@ -115,18 +133,7 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
         d_cpu.append(c1 - c0)
         d_wall.append(w1 - w0)
 
-    raw = {"models": [{"name": "m0"}, {"name": "m1"}],
-           "nodes": [{"name": f"node{i:04d}", "url": f"http://10.0.{i // 250}.{i % 250 + 1}:8000",
-                      "models": ["m0", "m1"] if i % 3 == 0 else ["m0"],
-                      "capacity_tokens": rng.choice([16384, 32768, 65536, 131072])} for i in range(n)],
-           "routing": {"profile": name}}
-    fleet = Fleet(fleet_from_mapping(raw), SystemClock())
-    for st in fleet.nodes.values():
-        st.inflight_requests = rng.randint(0, 40)
-        st.inflight_tokens = rng.randint(0, st.cfg.capacity_tokens // 2)
-        st.tokens_per_s = rng.choice([None, rng.uniform(20, 120)])
-        if rng.random() < 0.05:
-            st.state, st.reason, st.ejected_until = "ejected", "5 consecutive failures", time.monotonic() + 1e6
+    fleet = _loaded_fleet(rng, n, name)
     names = list(fleet.nodes)
     router = make_router()
     for _ in range(min(500, iters)):
@@ -149,26 +156,12 @@ def count(profile: str, n: int, decisions: int, kind: str, seed: int = 1) -> Non
     """The ``--count`` loop (see the module docstring)."""
     import functools
 
-    from inferlb.config.settings import fleet_from_mapping
-    from inferlb.fleet.state import Fleet
     from inferlb.routing.profiles import build_router
     from inferlb.routing.types import NodeView, RouteRequest
-    from inferlb.types import SystemClock
 
     rng = random.Random(seed)
     name, active = (profile[:-len("+active")], True) if profile.endswith("+active") else (profile, False)
-    raw = {"models": [{"name": "m0"}, {"name": "m1"}],
-           "nodes": [{"name": f"node{i:04d}", "url": f"http://10.0.{i // 250}.{i % 250 + 1}:8000",
-                      "models": ["m0", "m1"] if i % 3 == 0 else ["m0"],
-                      "capacity_tokens": rng.choice([16384, 32768, 65536, 131072])} for i in range(n)],
-           "routing": {"profile": name}}
-    fleet = Fleet(fleet_from_mapping(raw), SystemClock())
-    for st in fleet.nodes.values():
-        st.inflight_requests = rng.randint(0, 40)
-        st.inflight_tokens = rng.randint(0, st.cfg.capacity_tokens // 2)
-        st.tokens_per_s = rng.choice([None, rng.uniform(20, 120)])
-        if rng.random() < 0.05:
-            st.state, st.reason, st.ejected_until = "ejected", "5 consecutive failures", time.monotonic() + 1e6
+    fleet = _loaded_fleet(rng, n, name)
     names = list(fleet.nodes)
     router = build_router(name, seed=seed, predictor={"min_samples": 0} if active else None)
     req = RouteRequest(model="m0", prompt_tokens=400, output_tokens=256, priority="standard")
