@@ -194,7 +194,7 @@ def format_table(summary: dict[str, dict[str, dict[str, Any]]], rows: list[dict[
             lines.append("  ".join(f"{v!s:>10}" for v in vals))
     for g in rows:
         v = g["value"]
-        shown = ("-" if v is None else f"{v * 100:.2f} %" if "SLO" in g["goal"] else f"{v:.0f} s"
+        shown = ("-" if v is None else f"{v * 100:.2f} %" if g["goal"].startswith("SLO") else f"{v:.0f} s"
                  if "round" in g["goal"] else f"{v:.3f}")
         word = "met" if g["met"] else "n/a (reactive below the SLO goal)" if g["met"] is None else "NOT met"
         lines.append(f"goal {g['shape']}: {g['goal']}: {shown} — {word}")
