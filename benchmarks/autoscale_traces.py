@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from inferlb.bench.autoscale_backtest import BacktestOptions
-from inferlb.bench.autoscale_traces import SHAPES, cell, format_table, summarise_cells, verdicts
+from inferlb.bench.autoscale_shapes import SHAPES
+from inferlb.bench.autoscale_traces import cell, format_table, summarise_cells, verdicts
 
 __all__ = ["SPLITS", "main"]
 

@@ -36,7 +36,7 @@ from inferlb.bench.autoscale_backtest import DAY_S, BacktestOptions, Trace, run_
 from inferlb.bench.autoscale_shapes import SHAPES, Shape, make_shape
 from inferlb.bench.loadgen.workload import Workload, load_workload
 
-__all__ = ["SHAPES", "cell", "format_table", "shape_trace", "summarise_cells", "traces_workload", "verdicts"]
+__all__ = ["cell", "format_table", "shape_trace", "summarise_cells", "traces_workload", "verdicts"]
 
 SLO_GOAL = 0.99
 FLASH_SLO_GOAL = 0.98
