@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.autoscale_traces [--split test|train] [--seeds 11,12] [--shapes diurnal,...]
 [--policies reactive,predictive,oracle] [--peak 4] [--target-utilisation U] [--headroom H]
-[--scale-down-stabilisation S] [--burst-factor B|off] [--jobs 1] [--cells FILE.jsonl]
+[--scale-down-stabilisation S] [--burst-factor B|off] [--reactive-targets 0.8,0.85] [--jobs 1] [--cells FILE.jsonl]
 [--plot docs/autoscale-traces.png] [--json]``
 
 Every (shape, seed, policy) cell is one discrete-event backtest
@@ -10,7 +10,9 @@ Every (shape, seed, policy) cell is one discrete-event backtest
 printed per shape and policy, means over the seeds: SLO attainment (and its worst seed), SLO
 over the shape's events (flash crowds, steps, bumps), GPU-hours, the offline optimum, the ratio
 to it and to reactive's, the longest lag from an event beyond the replicas in place to its first
-scale-up; then the goals per shape for ``predictive``, met or not.
+scale-up; then the goals per shape for ``predictive``, met or not. ``--reactive-targets`` adds
+``reactive`` runs at other target utilisations (``reactive@U``): the points that "GPU-hours ≤
+reactive's at equal SLO" interpolates between (:func:`inferlb.bench.autoscale_traces.reactive_at`).
 
 **Seeds are split**: ``train`` seeds (1, 2) are the only ones any setting was tuned on;
 ``test`` seeds (11, 12) are the ones reported (docs/benchmarks.md says which was run).
@@ -57,9 +59,10 @@ def _key(shape: str, seed: int, policy: str, settings: dict[str, Any]) -> str:
 
 
 def _run(args: tuple[str, int, str, BacktestOptions, float, float]) -> dict[str, Any]:
-    shape, seed, policy, opts, peak, cap = args
+    shape, seed, label, opts, peak, cap = args
     t0 = time.process_time()
-    out = cell(shape, seed, policy, opts, peak=peak, capacity_tokens_s=cap)
+    out = cell(shape, seed, label.partition("@")[0], opts, peak=peak, capacity_tokens_s=cap)
+    out["policy"] = label
     out["cpu_s"] = round(time.process_time() - t0, 1)
     return out
 
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--headroom", type=float)
     ap.add_argument("--scale-down-stabilisation", dest="scale_down_stabilisation_s", type=float)
     ap.add_argument("--burst-factor", dest="burst_factor", default=None, help="a factor, or off")
+    ap.add_argument("--reactive-targets", dest="reactive_targets", default="",
+                    help="comma-separated target utilisations of extra reactive runs (reactive@U)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--cells", type=Path, help="a JSON-lines file of finished cells (appended, reused)")
     ap.add_argument("--plot", type=Path, help="write the per-shape chart (PNG) here")
@@ -98,10 +103,16 @@ def main(argv: list[str] | None = None) -> int:
             if line.strip():
                 row = json.loads(line)
                 done[row["key"]] = row["cell"]
-    todo = [(sh, sd, po) for sh in shapes for sd in seeds for po in policies
+    labels = policies + [f"reactive@{float(u):g}" for u in _list(a.reactive_targets)]
+
+    def opts_of(label: str) -> BacktestOptions:
+        _, _, u = label.partition("@")
+        return replace(opts, target_utilisation=float(u)) if u else opts
+
+    todo = [(sh, sd, po) for sh in shapes for sd in seeds for po in labels
             if _key(sh, sd, po, settings) not in done]
     t0 = time.perf_counter()
-    work = [(sh, sd, po, opts, a.peak, a.cap) for sh, sd, po in todo]
+    work = [(sh, sd, po, opts_of(po), a.peak, a.cap) for sh, sd, po in todo]
     results: list[dict[str, Any]] = []
 
     def keep(c: dict[str, Any]) -> None:
@@ -121,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for wk in work:
             keep(_run(wk))
-    results = [done[_key(sh, sd, po, settings)] for sh in shapes for sd in seeds for po in policies]
+    results = [done[_key(sh, sd, po, settings)] for sh in shapes for sd in seeds for po in labels]
     summary = summarise_cells(results)
     rows = verdicts(summary, interval_s=opts.interval_s)
     wall = time.perf_counter() - t0

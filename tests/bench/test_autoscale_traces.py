@@ -9,7 +9,14 @@ import math
 import pytest
 
 from inferlb.bench.autoscale_shapes import DAY_S, SHAPES, make_shape
-from inferlb.bench.autoscale_traces import format_table, shape_trace, summarise_cells, traces_workload, verdicts
+from inferlb.bench.autoscale_traces import (
+    format_table,
+    reactive_at,
+    shape_trace,
+    summarise_cells,
+    traces_workload,
+    verdicts,
+)
 
 
 def grid(shape_name: str, seed: int, step: float = 60.0) -> list[float]:
@@ -85,9 +92,21 @@ def test_the_goals_per_shape_follow_the_stated_rules() -> None:
     assert rows[("step", "GPU-h <= reactive's at equal SLO")]["met"] is False  # both hold the SLO
     assert rows[("flash", "SLO >= reactive's and >= 98 %")]["met"] is True
     assert rows[("flash", "every crowd's first scale-up within one round")]["met"] is False   # 130 > 120
-    # reactive below the goal, predictive above it: not at equal SLO, said as n/a
-    cells[2] = _cell("step", 11, "reactive", 0.97, 100.0, 100.0)
+    # a second reactive run at another target: predictive's SLO (99.3 %) lies between reactive's
+    # 99.0 % (110 GPU-h) and 99.6 % (130 GPU-h): 120 interpolated at 99.3 %, predictive's own
+    cells[2] = _cell("step", 11, "reactive", 0.990, 110.0, 100.0)
+    cells.append(_cell("step", 11, "reactive@0.7", 0.996, 130.0, 100.0))
     rows2 = {(r["shape"], r["goal"]): r for r in verdicts(summarise_cells(cells), interval_s=60.0)}
-    assert rows2[("step", "GPU-h <= reactive's at equal SLO")]["met"] is None
+    eq = rows2[("step", "GPU-h <= reactive's at equal SLO")]
+    assert eq["met"] is True and eq["value"] == pytest.approx(1.0)   # 110 + 20 × 0.3 / 0.6 = 120
     text = format_table(summarise_cells(cells), verdicts(summarise_cells(cells), interval_s=60.0))
-    assert "goal step: GPU-h <= reactive's at equal SLO: 1.200 — n/a (reactive below the SLO goal)" in text
+    assert "goal step: GPU-h <= reactive's at equal SLO: 1.000 — met" in text
+
+
+def test_reactive_at_equal_slo_rules() -> None:
+    pts = [(0.98, 100.0), (0.99, 120.0)]
+    assert reactive_at(0.985, 105.0, pts) == (True, 110.0)          # interpolated, cheaper
+    assert reactive_at(0.985, 115.0, pts) == (False, 110.0)         # interpolated, dearer
+    assert reactive_at(0.995, 119.0, pts) == (True, None)           # more SLO for less: dominates
+    assert reactive_at(0.975, 101.0, pts) == (False, None)          # less SLO for more: dominated
+    assert reactive_at(0.995, 125.0, pts) == (None, None)           # outside, no dominance: not judged
