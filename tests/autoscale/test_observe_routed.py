@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from inferlb.autoscale.capacity import Capacity
 from inferlb.autoscale.forecast import make_forecaster
-from inferlb.autoscale.observe import audit_observer
+from inferlb.autoscale.observe import Observation, audit_observer
 from inferlb.autoscale.policy import Autoscaler
 from inferlb.config.autoscale import AutoscaleConfig
 from tests.autoscale.conftest import T0, TOKENS, seasonal_records, seed
@@ -28,7 +28,11 @@ def test_a_pool_the_router_sends_a_small_share_is_sized_for_that_share(engine: E
                   {"model": "m", "gpu": "l4", "min": 0, "max": 40, "cold_start_s": 60, "price_per_hour": 0.8}]})
     observe = audit_observer(engine, cfg, node_gpu=lambda: nodes, slos=[])
     now = T0 + 7200
-    history, _ = asyncio.run(observe(now))
+
+    async def once() -> Observation:
+        return await observe(now)
+
+    history, _ = asyncio.run(once())
     last_hour = [r for r in records if r.received_at >= now - 3600]
     sent = {gpu: sum(TOKENS for r in last_hour if nodes[str(r.node)] == gpu) / 3600 for gpu in ("h100", "l4")}
     assert history.routed[("m", "h100")] == pytest.approx(sent["h100"])
