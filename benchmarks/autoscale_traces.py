@@ -1,7 +1,7 @@
 """Autoscaling on six trace shapes × held-out seeds against the offline optimum (issue 22, item 7).
 
 ``python -m benchmarks.autoscale_traces [--split test|train] [--seeds 11,12] [--shapes diurnal,...]
-[--policies reactive,predictive,oracle] [--peak 4] [--target-utilisation U] [--headroom H]
+[--shape-seeds SHAPE=S1,S2] [--policies reactive,predictive,oracle] [--peak 4] [--target-utilisation U] [--headroom H]
 [--scale-down-stabilisation S] [--burst-factor B|off] [--reactive-targets 0.8,0.85] [--jobs 1] [--cells FILE.jsonl]
 [--plot docs/autoscale-traces.png] [--json]``
 
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.autoscale_traces", description=__doc__.split("\n")[0])
     ap.add_argument("--split", choices=sorted(SPLITS), default="test")
     ap.add_argument("--seeds", help="comma-separated seeds (default: the split's)")
+    ap.add_argument("--shape-seeds", dest="shape_seeds", action="append", default=[],
+                    help="SHAPE=S1,S2: that shape's seeds instead (repeatable)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--policies", default="reactive,predictive,oracle")
     ap.add_argument("--peak", type=float, default=4.0, help="the shapes' peak, requests/s")
@@ -109,7 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         _, _, u = label.partition("@")
         return replace(opts, target_utilisation=float(u)) if u else opts
 
-    todo = [(sh, sd, po) for sh in shapes for sd in seeds for po in labels
+    own: dict[str, list[int]] = {}
+    for item in a.shape_seeds:
+        name, _, raw = item.partition("=")
+        own[_list(name, SHAPES)[0]] = [int(x) for x in _list(raw)]
+
+    def seeds_of(shape: str) -> list[int]:
+        return own.get(shape, seeds)
+
+    todo = [(sh, sd, po) for sh in shapes for sd in seeds_of(sh) for po in labels
             if _key(sh, sd, po, settings) not in done]
     t0 = time.perf_counter()
     work = [(sh, sd, po, opts_of(po), a.peak, a.cap) for sh, sd, po in todo]
@@ -132,15 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for wk in work:
             keep(_run(wk))
-    results = [done[_key(sh, sd, po, settings)] for sh in shapes for sd in seeds for po in labels]
+    results = [done[_key(sh, sd, po, settings)] for sh in shapes for sd in seeds_of(sh) for po in labels]
     summary = summarise_cells(results)
     rows = verdicts(summary, interval_s=opts.interval_s)
     wall = time.perf_counter() - t0
     if a.json:
-        print(json.dumps({"settings": settings, "seeds": seeds, "summary": summary, "goals": rows}, indent=1,
+        print(json.dumps({"settings": settings, "seeds": seeds, "shape_seeds": own, "summary": summary, "goals": rows},
+                         indent=1,
                          default=str))
     else:
-        print(f"seeds {seeds} ({a.split if not a.seeds else 'given'}), settings {settings}, "
+        print(f"seeds {seeds} ({a.split if not a.seeds else 'given'}; own: {own}), settings {settings}, "
               f"{len(todo)} cell(s) run in {wall:.0f} s")
         print(format_table(summary, rows))
     if a.plot is not None:
