@@ -76,7 +76,11 @@ def plot_traces(cells: Sequence[dict[str, Any]], summary: dict[str, dict[str, di
     replicas (starting + ready) of each policy over the first seed's days (top), and GPU-hours ÷
     the offline optimum per policy, means over the seeds, labelled with the SLO attainment (bottom)."""
     plt = pyplot()
-    shapes = list(summary)
+    order = ("diurnal", "weekly", "step", "flash", "sine", "noisy")
+    shapes = sorted(summary, key=lambda n: order.index(n) if n in order else len(order))
+    colour: dict[str, str] = {}
+    for c in cells:                     # one colour per policy, the same in both rows
+        colour.setdefault(c["policy"], f"C{len(colour)}")
     fig, axes = plt.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 6.5), squeeze=False)
     for k, shape in enumerate(shapes):
         top, bottom = axes[0][k], axes[1][k]
@@ -84,13 +88,13 @@ def plot_traces(cells: Sequence[dict[str, Any]], summary: dict[str, dict[str, di
         for c in cells:
             if c["shape"] == shape and c["seed"] == seeds[0]:
                 xs = [(t - c["start_s"]) / 86_400 for t, _ in c["replicas_series"]]
-                top.plot(xs, [n for _, n in c["replicas_series"]], lw=0.7, label=c["policy"])
+                top.plot(xs, [n for _, n in c["replicas_series"]], lw=0.7, label=c["policy"], color=colour[c["policy"]])
         top.set_title(f"{shape} (seed {seeds[0]})", fontsize=9)
         top.set_xlabel("day", fontsize=8)
         top.grid(True, alpha=0.3)
-        pols = list(summary[shape])
+        pols = sorted(summary[shape], key=lambda p: list(colour).index(p) if p in colour else len(colour))
         vals = [summary[shape][p]["x_optimum"] for p in pols]
-        bars = bottom.bar(range(len(pols)), vals, color=[f"C{i}" for i in range(len(pols))])
+        bars = bottom.bar(range(len(pols)), vals, color=[colour.get(p, "C9") for p in pols])
         for b, p in zip(bars, pols, strict=True):
             bottom.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{summary[shape][p]['slo'] * 100:.1f}%",
                         ha="center", va="bottom", fontsize=7)
