@@ -18,7 +18,7 @@ reactive's at equal SLO" interpolates between (:func:`inferlb.bench.autoscale_tr
 ``test`` seeds (11, 12) are the ones reported (docs/benchmarks.md says which was run).
 ``--cells FILE.jsonl`` appends each finished cell as one JSON line and reuses the cells already
 in it with the same settings (a run cut short resumes). Bounded run time: at ``--peak 4`` one seed
-of the six shapes is ~3.6 M requests, ~4 min of CPU per policy (Holt-Winters' fits add ~5 min to
+of the six shapes is ~3.5 M requests, ~4.5 min of CPU per policy (Holt-Winters' fits add ~5 min to
 ``predictive``); ``--jobs N`` runs N cells at once; ``--shape-seeds`` gives a shape its own seeds
 (docs/benchmarks.md, "Autoscaling on six trace shapes", ran the 7-day shapes on one test seed).
 """
