@@ -15,7 +15,9 @@ the next :class:`PlannerState`; a backtest calls it exactly as ``autoscale/plan`
 3. **Allocation**, when ``routed`` (tokens/s the router sent each pool over
    ``routed_share_s``) has traffic for the model: each pool is sized **for its own share**
    (``needed × routed[pool] / Σ routed``), ``ceil(share / capacity)`` clamped to its
-   ``[min, max]`` (the router decides where demand goes; the planner does not move it). Without
+   ``[min, max]`` (the router decides where demand goes; the planner does not move it: a pool the
+   router sent nothing is held at its ``min``, so a pool meant to take traffic needs ``min`` ≥ 1
+   or the router's share before it grows). Without
    it: every pool starts at its ``min``; the rest is filled on the cheapest pool per token first
    (price / capacity per replica), each up to its ``max``. Pools whose capacity is unknown are
    left as they are (said in ``reason``). A model still short at every ``max`` is flagged
