@@ -2,14 +2,20 @@
 
 Learned from the audit trail: the store (``autoscale/capacity_query.py``) turns the requests into
 **node-buckets**, one per node and time bucket: tokens served (prompt + completion, the unit the
-forecasts and the cost ledger use), requests eligible for the SLO and those within it. Then, per
-pool, pure and deterministic (:func:`learn_capacity`):
+forecasts and the cost ledger use), requests eligible for the SLO and those within it, and the
+node's **saturation signals** in that bucket (requests that waited in a queue; when the source
+has them, the peak KV-cache use and the peak in-flight against the node's limit). Then, per pool,
+pure and deterministic (:func:`learn_capacity`):
 
 * a bucket **held** the SLO when its attainment ≥ ``slo_target`` (0.99), **broke** it otherwise;
   buckets with fewer than ``min_requests`` eligible requests say nothing and are skipped;
-* breaks at a rate below the median held rate are not load's doing (a failing node, a slow
-  client) and are ignored; the lowest remaining break rate is where the pool saturates;
-* **learned**: the highest held rate below that saturation rate, when the pool has saturated;
+* capacity is learned **only from saturation**: a bucket broke *by load* when it broke AND was
+  saturated (:attr:`NodeBucket.saturated`: ≥ ``QUEUED_SHARE`` of its requests queued, KV-cache
+  use ≥ ``KV_SATURATED``, or in-flight at the node's limit). A break without saturation (a slow
+  client, a failing node, a long prompt on an idle node) never lowers the capacity: it is counted
+  and said in ``detail``;
+* **learned**: the highest held rate below the lowest load-break rate (or, when none held below
+  it, that rate × its attainment: what it served within the SLO);
 * otherwise the pool never ran out of capacity in the window, so the highest held rate is only a
   **lower bound**: the configured prior (``pools[].tokens_per_s``) is used when larger, and the
   source says which (``prior`` / ``lower-bound``);
@@ -18,12 +24,14 @@ pool, pure and deterministic (:func:`learn_capacity`):
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Capacity", "NodeBucket", "learn_capacity"]
+__all__ = ["KV_SATURATED", "QUEUED_SHARE", "Capacity", "NodeBucket", "learn_capacity"]
+
+QUEUED_SHARE = 0.05      # a bucket is saturated when at least this share of its requests queued
+KV_SATURATED = 0.95      # ... or its peak KV-cache use reached this (vLLM preempts near a full cache)
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,23 @@ class NodeBucket:
     # both (ms per output token = ok_ms / ok_tokens), for comparing GPU types at the same load.
     ok_ms: float = 0.0
     ok_tokens: int = 0
+    # Saturation signals: requests that waited in a queue (the gateway's admission queue, or the
+    # node's own waiting queue); peak KV-cache use in [0, 1] and peak in-flight with the node's
+    # limit, None where the source does not have them (the audit trail has only the queue).
+    queued: int = 0
+    kv_peak: float | None = None
+    inflight_peak: int | None = None
+    inflight_limit: int | None = None
+
+    @property
+    def saturated(self) -> bool:
+        """The node ran out of room in this bucket (see the module docstring)."""
+        if self.eligible and self.queued >= max(1.0, QUEUED_SHARE * self.eligible):
+            return True
+        if self.kv_peak is not None and self.kv_peak >= KV_SATURATED:
+            return True
+        return (self.inflight_peak is not None and self.inflight_limit is not None and self.inflight_limit > 0
+                and self.inflight_peak >= self.inflight_limit)
 
     @property
     def rate(self) -> float:
@@ -85,31 +110,32 @@ def learn_capacity(buckets: Iterable[NodeBucket], priors: Mapping[tuple[str, str
         prior = priors.get(key)
         rows = by_pool.get(key, [])
         held = sorted(b.rate for b in rows if (b.attainment or 0.0) >= slo_target)
-        broke = sorted(b.rate for b in rows if (b.attainment or 0.0) < slo_target)
-        if held:
-            median = statistics.median(held)
-            load_breaks = [r for r in broke if r >= median]
-            if load_breaks:
-                limit = load_breaks[0]
-                below = [r for r in held if r < limit]
-                if below:
-                    out[key] = Capacity(model, gpu, below[-1], "learned",
-                                        f"SLO held up to {_fmt(below[-1])} tokens/s per node, broke at "
-                                        f"{_fmt(limit)}", len(rows))
-                    continue
+        broke = [b for b in rows if (b.attainment or 0.0) < slo_target]
+        load_breaks = sorted((b.rate, b.attainment or 0.0) for b in broke if b.saturated)
+        ignored = len(broke) - len(load_breaks)
+        why = (f"; {ignored} SLO break(s) without saturation ignored" if ignored else "")
+        if load_breaks:
+            limit, att = load_breaks[0]
+            below = [r for r in held if r < limit]
+            value = below[-1] if below else limit * att
+            out[key] = Capacity(model, gpu, value, "learned",
+                                f"saturated and broke the SLO at {_fmt(limit)} tokens/s per node; "
+                                + (f"held up to {_fmt(value)}" if below else f"{_fmt(value)} of it within the SLO")
+                                + why, len(rows))
+        elif held:
             top = held[-1]
             if prior is not None and prior > top:
                 out[key] = Capacity(model, gpu, prior, "prior",
                                     f"never saturated (SLO held up to {_fmt(top)} tokens/s per node): "
-                                    f"configured {_fmt(prior)} used", len(rows))
+                                    f"configured {_fmt(prior)} used{why}", len(rows))
             else:
                 out[key] = Capacity(model, gpu, top, "lower-bound",
                                     f"never saturated: SLO held up to {_fmt(top)} tokens/s per node "
-                                    f"(a lower bound)", len(rows))
+                                    f"(a lower bound){why}", len(rows))
         elif prior is not None:
-            why = (f"SLO never held in {len(rows)} bucket(s)" if rows else "no traffic observed")
-            out[key] = Capacity(model, gpu, prior, "prior", f"{why}: configured {_fmt(prior)} used", len(rows))
+            seen = (f"SLO never held in {len(rows)} bucket(s), never saturated" if rows else "no traffic observed")
+            out[key] = Capacity(model, gpu, prior, "prior", f"{seen}: configured {_fmt(prior)} used", len(rows))
         else:
             out[key] = Capacity(model, gpu, None, "unknown",
-                                "no bucket held the SLO and no tokens_per_s is configured", len(rows))
+                                "no bucket held the SLO or saturated, and no tokens_per_s is configured", len(rows))
     return out

@@ -12,7 +12,9 @@ Contract:
   requests eligible for the SLO (client errors excluded) and those within it, by the SLO rule of
   the SLA report (:mod:`.sla`: ``e2e_max_s``, and ``ttft_max_s`` for streamed answers). Models
   without an SLO count every ``ok`` request as within it. And the measured speed: Σ e2e ms and
-  Σ completion tokens of the ok requests with both (``ok_ms`` / ``ok_tokens``).
+  Σ completion tokens of the ok requests with both (``ok_ms`` / ``ok_tokens``). And the one
+  saturation signal the audit trail holds: requests that waited ≥ :data:`QUEUED_MS` in the
+  gateway's admission queue (``queued``; :attr:`~.capacity.NodeBucket.saturated`).
 * Aggregation happens in the database (``GROUP BY``), identically on SQLite and PostgreSQL, so a
   week of audit rows is one grouped scan of the ``received_at`` index, not rows shipped to Python.
   Database errors become :class:`~inferlb.errors.StoreError`.
@@ -34,7 +36,9 @@ from inferlb.store.read import run_query
 from inferlb.store.schema import REQUESTS
 from inferlb.store.sla import CLIENT_STATUSES
 
-__all__ = ["SeriesData", "load_series", "node_buckets", "slo_condition"]
+__all__ = ["QUEUED_MS", "SeriesData", "load_series", "node_buckets", "slo_condition"]
+
+QUEUED_MS = 100.0   # a request that waited this long in the admission queue found its node full
 
 
 @dataclass(frozen=True)
@@ -126,8 +130,9 @@ def node_buckets(engine: Engine, *, since: float, until: float, bucket_s: float,
     timed = and_(t.status == "ok", t.e2e_ms.is_not(None), t.completion_tokens > 0)
     ok_ms = func.sum(case((timed, t.e2e_ms), else_=0.0)).label("ok_ms")
     ok_tokens = func.sum(case((timed, t.completion_tokens), else_=0)).label("ok_tokens")
+    queued = func.sum(case((t.queue_wait_ms >= QUEUED_MS, 1), else_=0)).label("queued")
     stmt = (select(t.node, t.model_served, b, func.count().label("n"), func.sum(_tokens()).label("tok"), ok_slo,
-                   ok_ms, ok_tokens)
+                   ok_ms, ok_tokens, queued)
             .where(t.received_at_us >= round(since * 1e6), t.received_at_us < round(until * 1e6),
                    t.node.is_not(None), t.model_served.is_not(None), t.status.not_in(sorted(CLIENT_STATUSES)))
             .group_by(t.node, t.model_served, b)
@@ -136,7 +141,7 @@ def node_buckets(engine: Engine, *, since: float, until: float, bucket_s: float,
     def fetch(conn: Connection) -> list[NodeBucket]:
         return [NodeBucket(r["model_served"], node_gpu.get(r["node"], "unknown"), r["node"], bucket_s,
                            int(r["tok"] or 0), int(r["n"]), int(r["in_slo"] or 0), int(r["b"]) * step_us / 1e6,
-                           float(r["ok_ms"] or 0.0), int(r["ok_tokens"] or 0))
+                           float(r["ok_ms"] or 0.0), int(r["ok_tokens"] or 0), int(r["queued"] or 0))
                 for r in conn.execute(stmt).mappings()]
 
     return run_query(engine, fetch)

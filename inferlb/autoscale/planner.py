@@ -7,11 +7,21 @@ the next :class:`PlannerState`; a backtest calls it exactly as ``autoscale/plan`
    the next round's replicas would be (``cold_start_s + interval_s``: what is removed now cannot
    come back sooner), never below the load observed now (a forecast that undershoots the present
    would be a scale-down on a wrong guess), times ``1 + headroom``.
+   **Burst path**: when ``recent`` (the load of the last round alone, queue backlog included)
+   is above ``burst_factor`` × what the replicas in place (starting or ready) serve at capacity,
+   demand is at least ``recent`` in this round (``reason`` says ``burst``), without waiting for
+   the step to close and the forecaster to see it.
 2. **Needed** = demand / ``target_utilisation`` tokens/s.
-3. **Allocation**: every pool starts at its ``min``; the rest is filled on the cheapest pool per
-   token first (price / capacity per replica), each up to its ``max``. Pools whose capacity is
-   unknown are left as they are (said in ``reason``). A model still short at every ``max`` is
-   flagged ``short``.
+3. **Allocation**, when ``routed`` (tokens/s the router sent each pool over
+   ``routed_share_s``) has traffic for the model: each pool is sized **for its own share**
+   (``needed × routed[pool] / Σ routed``), ``ceil(share / capacity)`` clamped to its
+   ``[min, max]`` (the router decides where demand goes; the planner does not move it: a pool the
+   router sent nothing is held at its ``min``, so a pool meant to take traffic needs ``min`` ≥ 1
+   or the router's share before it grows). Without
+   it: every pool starts at its ``min``; the rest is filled on the cheapest pool per token first
+   (price / capacity per replica), each up to its ``max``. Pools whose capacity is unknown are
+   left as they are (said in ``reason``). A model still short at every ``max`` is flagged
+   ``short``.
 4. **Scale-down stabilisation** (the Kubernetes HPA's rule): a pool goes down only to the highest
    recommendation of the last ``scale_down_stabilisation_s``; up at once.
 5. **Cost cap**: while the plan costs more per hour than ``cost_cap_per_hour``, one replica is taken
@@ -47,6 +57,8 @@ class PoolDecision:
     capacity_tokens_s: float | None   # one replica at SLO
     price_per_hour: float
     reason: str
+    share: float | None = None   # the pool's share of the routed demand; None: cheapest-first
+    burst: bool = False          # the burst path set the demand this round
 
     @property
     def key(self) -> PoolKey:
@@ -60,7 +72,8 @@ class PoolDecision:
         return {"model": self.model, "gpu": self.gpu, "current": self.current, "desired": self.desired,
                 "recommended": self.recommended, "demand_tokens_s": round(self.demand_tokens_s, 3),
                 "capacity_tokens_s": None if self.capacity_tokens_s is None else round(self.capacity_tokens_s, 3),
-                "price_per_hour": self.price_per_hour, "reason": self.reason}
+                "price_per_hour": self.price_per_hour, "reason": self.reason,
+                "share": None if self.share is None else round(self.share, 6), "burst": self.burst}
 
 
 @dataclass(frozen=True)
@@ -97,10 +110,21 @@ def _per_token(price: float, cap: float | None) -> float:
     return price / cap if cap else math.inf
 
 
+def _burst(cfg: AutoscaleConfig, model: str, recent: Mapping[str, float] | None,
+           known: list[tuple[PoolConfig, float | None]], current: Mapping[PoolKey, int]) -> float | None:
+    """The last round's load when it is beyond what the replicas in place serve (the burst path), else None."""
+    if cfg.burst_factor is None or recent is None or model not in recent:
+        return None
+    load = float(recent[model])
+    serving = sum(int(current.get((p.model, p.gpu), 0)) * float(c or 0.0) for p, c in known)
+    return load if load > cfg.burst_factor * serving else None
+
+
 def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast], observed: Mapping[str, float],
          capacity: Mapping[PoolKey, Capacity], current: Mapping[PoolKey, int], step_s: float,
-         gpu_prices: Mapping[str, float] | None = None,
-         state: PlannerState | None = None) -> tuple[Plan, PlannerState]:
+         gpu_prices: Mapping[str, float] | None = None, state: PlannerState | None = None,
+         recent: Mapping[str, float] | None = None,
+         routed: Mapping[PoolKey, float] | None = None) -> tuple[Plan, PlannerState]:
     """The plan for every configured pool (see the module docstring) and the state to pass next time."""
     prices = gpu_prices or {}
     state = state or PlannerState()
@@ -115,26 +139,46 @@ def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast],
         steps = max(1, math.ceil(lead_s / step_s))
         now_load = float(observed.get(model, 0.0))
         peak = fc.peak(steps) if fc is not None else now_load
-        demand = max(peak, now_load) * (1.0 + cfg.headroom)
-        needed = demand / cfg.target_utilisation
+        base = max(peak, now_load)
         known = [(p, capacity[(p.model, p.gpu)].tokens_per_s) for p in pools
                  if capacity.get((p.model, p.gpu)) is not None and capacity[(p.model, p.gpu)].tokens_per_s]
+        burst = _burst(cfg, model, recent, known, current)
+        if burst is not None and burst > base:
+            base = burst
+        demand = base * (1.0 + cfg.headroom)
+        needed = demand / cfg.target_utilisation
+        how = "burst: the last round" if burst is not None and burst >= base else (fc.method if fc else "observed")
         alloc: dict[PoolKey, int] = {}
         reasons: dict[PoolKey, str] = {}
+        shares: dict[PoolKey, float] = {}
         for p in pools:
             key = (p.model, p.gpu)
             cur = int(current.get(key, 0))
             if key not in {(q.model, q.gpu) for q, _ in known}:
                 alloc[key] = min(max(cur, p.min), p.max)
                 reasons[key] = "capacity unknown: kept (set pools[].tokens_per_s or let traffic teach it)"
-        remaining = needed - sum(p.min * float(c or 0.0) for p, c in known)
-        for p, c in sorted(known, key=lambda pc: (_per_token(pool_price(pc[0], prices), pc[1]), pc[0].gpu)):
-            cap = float(c or 0.0)
-            extra = 0 if remaining <= 0 else min(p.max - p.min, math.ceil(remaining / cap - 1e-9))
-            alloc[(p.model, p.gpu)] = p.min + extra
-            remaining -= extra * cap
-            reasons[(p.model, p.gpu)] = (f"demand {demand:,.0f} tokens/s ({fc.method if fc else 'observed'}) "
-                                         f"/ target {cfg.target_utilisation:g} → {needed:,.0f} tokens/s")
+        head = f"demand {demand:,.0f} tokens/s ({how}) / target {cfg.target_utilisation:g} → {needed:,.0f} tokens/s"
+        sent = {(p.model, p.gpu): max(0.0, float((routed or {}).get((p.model, p.gpu), 0.0))) for p in pools}
+        total_sent = sum(sent.values())
+        short = 0.0
+        if total_sent > 0:
+            for p, c in known:
+                key = (p.model, p.gpu)
+                shares[key] = sent[key] / total_sent
+                want = needed * shares[key]
+                n = math.ceil(want / float(c or 1.0) - 1e-9)
+                alloc[key] = min(max(n, p.min), p.max)
+                short += max(0.0, want - alloc[key] * float(c or 0.0))
+                reasons[key] = f"{head}; routed share {shares[key] * 100:.1f} % → {want:,.0f} tokens/s"
+            remaining = short
+        else:
+            remaining = needed - sum(p.min * float(c or 0.0) for p, c in known)
+            for p, c in sorted(known, key=lambda pc: (_per_token(pool_price(pc[0], prices), pc[1]), pc[0].gpu)):
+                cap = float(c or 0.0)
+                extra = 0 if remaining <= 0 else min(p.max - p.min, math.ceil(remaining / cap - 1e-9))
+                alloc[(p.model, p.gpu)] = p.min + extra
+                remaining -= extra * cap
+                reasons[(p.model, p.gpu)] = head
         if remaining > 1e-9 and known:
             notes.append(f"{model}: short by {remaining:,.0f} tokens/s with every pool at max")
             for p, _ in known:
@@ -144,7 +188,8 @@ def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast],
             cap_obj = capacity.get(key)
             decisions[key] = PoolDecision(
                 model, p.gpu, int(current.get(key, 0)), alloc[key], alloc[key], demand,
-                cap_obj.tokens_per_s if cap_obj is not None else None, pool_price(p, prices), reasons[key])
+                cap_obj.tokens_per_s if cap_obj is not None else None, pool_price(p, prices), reasons[key],
+                shares.get(key), burst is not None and burst >= base)
 
     # Scale-down stabilisation (HPA): the highest recommendation inside the window.
     window = cfg.scale_down_stabilisation_s

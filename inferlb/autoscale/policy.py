@@ -29,12 +29,19 @@ __all__ = ["Autoscaler", "LoadHistory"]
 
 @dataclass(frozen=True)
 class LoadHistory:
-    """Observed load per model: one value per step (tokens/s), oldest first, the last step ending at ``end``."""
+    """Observed load per model: one value per step (tokens/s), oldest first, the last step ending at ``end``.
+
+    ``recent``: per model, tokens/s of the last round alone (its arrivals, plus the queue's backlog
+    when the observer sees it), what the planner's burst path compares with the replicas in place;
+    ``routed``: per pool (model, gpu), tokens/s the router sent it over ``routed_share_s``, what
+    each pool is sized from. Either may be empty (no burst path; cheapest-first allocation)."""
 
     step_s: float
     end: float
     tokens: Mapping[str, Sequence[float]]
     arrivals: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    recent: Mapping[str, float] = field(default_factory=dict)
+    routed: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
     def last(self, model: str) -> float:
         s = self.tokens.get(model) or ()
@@ -86,5 +93,6 @@ class Autoscaler:
             raise RuntimeError("observe() a history before plan()")
         out, self.state = plan(self.cfg, now=now, forecasts=self.forecasts,
                                observed={m: h.last(m) for m in self.models}, capacity=capacity,
-                               current=current, step_s=h.step_s, gpu_prices=self.gpu_prices, state=self.state)
+                               current=current, step_s=h.step_s, gpu_prices=self.gpu_prices, state=self.state,
+                               recent=h.recent or None, routed=h.routed or None)
         return out

@@ -85,6 +85,7 @@ class BacktestOptions:
     target_utilisation: float | None = None          # None: the AutoscaleConfig default
     headroom: float | None = None
     scale_down_stabilisation_s: float | None = None
+    burst_factor: float | None = 1.0                 # the planner's burst path (None: off)
     capacity_tokens_s: float | None = None           # None: calibrate
     calibrate_nodes: int = 8
     calibrate_s: float = 1800.0
@@ -105,6 +106,7 @@ class BacktestOptions:
             v = getattr(self, key)
             if v is not None:
                 raw[key] = v
+        raw["burst_factor"] = self.burst_factor
         return AutoscaleConfig.model_validate(raw)
 
 
@@ -197,8 +199,11 @@ def _forecaster(policy: str, opts: BacktestOptions, truth: list[float], ctl: lis
 
 
 def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trace | None = None,
-                 capacity: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One policy over ``opts.days`` (module docstring): the figures and the per-round series."""
+                 capacity: dict[str, Any] | None = None,
+                 windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """One policy over ``opts.days`` (module docstring): the figures and the per-round series.
+    ``windows`` (start, end), run seconds: the "burst" requests are those arriving inside one
+    (instead of the workload's own bursts), for traces whose events the caller knows."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     start = round(opts.warmup_days * DAY_S / opts.step_s) * opts.step_s
@@ -224,7 +229,7 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     t1 = time.perf_counter()
     res = sim.run(trace.requests(start), until=None)
     wall = time.perf_counter() - t1
-    out = summarise(res, w, ctl, opts, start=start, end=end)
+    out = summarise(res, w, ctl, opts, start=start, end=end, windows=windows)
     s0, s1 = round(start / opts.step_s), round(end / opts.step_s)
     opt = offline_optimum(truth[s0:s1], cap, step_s=opts.step_s, cold_start_s=opts.cold_start_s,
                           min_replicas=opts.min_replicas, max_replicas=opts.max_replicas, ready_at_start=len(specs))
@@ -263,7 +268,7 @@ def _cold(res: DesResults, start: float, window_s: float, good: list[bool]) -> d
 
 
 def summarise(res: DesResults, w: Workload, ctl: ScalerController, opts: BacktestOptions, *, start: float,
-              end: float) -> dict[str, Any]:
+              end: float, windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     s = des_summary(res, w, price_per_hour={opts.preset: opts.price_per_hour})
     ok = 0
     slo_t, slo_e = w.slo.ttft_s, w.slo.e2e_s
@@ -281,6 +286,8 @@ def summarise(res: DesResults, w: Workload, ctl: ScalerController, opts: Backtes
         for d in range(int(start // a.period_s) - 1, int(end // a.period_s) + 1):
             bursts.extend((b0, b1) for b0, b1, _ in a.bursts(d))
         bursts.sort()
+    if windows is not None:
+        bursts = sorted(windows)
     ramp_cache: dict[int, bool] = {}
     for i in range(len(res.t)):
         t = res.t[i]
@@ -310,6 +317,7 @@ def summarise(res: DesResults, w: Workload, ctl: ScalerController, opts: Backtes
         "cold": _cold(res, start, opts.cold_window_s, good),
         "replicas": {"max": max((r.desired for r in ctl.rounds), default=0),
                      "mean_held": gpu_h / max(1e-9, (res.end_s - start) / 3600.0)},
+        "up_times": [e["t"] for e in ups], "burst_rounds": ctl.bursts,
         "forecasts": ctl.forecasts, "forecast_fallbacks": ctl.fallbacks,
         "fallback_reasons": ctl.fallback_reasons,
         "ttft_s": s["ttft_s"], "e2e_s": s["e2e_s"], "start_s": start, "end_s": res.end_s,

@@ -15,6 +15,11 @@ is one autoscaler round, as ``processes/autoscale.bpmn`` runs it in the gateway
   functions of the history, so between two closes the gateway's per-round forecast is the same
   one: it is kept, not recomputed). A forecast that fell back (too little history, a library
   missing) is counted and its reason kept (:attr:`fallbacks`).
+* **burst input** (``LoadHistory.recent``): every round, the tokens/s of the round's own
+  arrivals plus the backlog waiting in the nodes' queues (waiting requests × the round's mean
+  tokens per request, to be served within one round); the planner's burst path sizes for it in
+  this round when it is beyond the replicas in place (:attr:`bursts` counts those rounds).
+  ``LoadHistory.routed``: the pool's tokens/s of the last closed step (one pool: a share of 1).
 * **plan**: :meth:`Autoscaler.plan` every round, with ``current`` = the pool's nodes that are
   starting or ready (what the local actuator counts: draining nodes are not), and the capacity
   model given (one replica's tokens/s at SLO).
@@ -92,7 +97,9 @@ class ScalerController:
         self.fallbacks = 0
         self.fallback_reasons: dict[str, int] = {}
         self.forecasts = 0
+        self.bursts = 0
         self._observed = False
+        self._recent = 0.0
 
     # -------------------------------------------------------------- the initial fleet
 
@@ -118,7 +125,12 @@ class ScalerController:
     def __call__(self, sim: Simulation) -> None:
         now = sim.now
         w = sim.take_window()
-        self._tokens += w.prompt_tokens + w.output_tokens
+        tokens = w.prompt_tokens + w.output_tokens
+        self._tokens += tokens
+        span = max(w.end - w.start, 1e-9)
+        waiting = sum(n.waiting for n in sim.nodes_info() if n.state == "ready")
+        per_request = tokens / w.arrivals if w.arrivals else 0.0
+        self._recent = (tokens + waiting * per_request) / span
         closed = False
         while now >= self.step_end - 1e-9:
             # A round every control_every_s (a divisor of step_s): the window ends at the step's end.
@@ -130,11 +142,14 @@ class ScalerController:
                 self.on_step(len(self.series))
         if closed or not self._observed:
             self._forecast(now)
+        else:
+            self.scaler.observe(self._history(now))
         info = {n.name: n for n in sim.nodes_info()}
         self.ours = [n for n in self.ours if n in info and info[n].state in ("starting", "ready")]
         before = len(self.ours)
         plan = self.scaler.plan(now=now, current={(self.model, self.gpu): before}, capacity=self.capacity)
         want = min(max(plan.desired()[(self.model, self.gpu)], self.pool.min), self.pool.max)
+        self.bursts += any(d.burst for d in plan.pools)
         if want > before:
             added = []
             for _ in range(want - before):
@@ -157,9 +172,14 @@ class ScalerController:
                                     f.method if f is not None else None, ready * self.capacity_tokens_s,
                                     states.count("starting"), ready, states.count("draining"), want))
 
+    def _history(self, now: float) -> LoadHistory:
+        last = self.series[-1] if self.series else 0.0
+        return LoadHistory(self.step_s, now, {self.model: self.series[self.first:]},
+                           recent={self.model: self._recent}, routed={(self.model, self.gpu): last})
+
     def _forecast(self, now: float) -> None:
         self.first = max(0, len(self.series) - self._keep)
-        self.scaler.observe(LoadHistory(self.step_s, now, {self.model: self.series[self.first:]}))
+        self.scaler.observe(self._history(now))
         out = self.scaler.forecast()
         self.forecasts += 1
         self._observed = True

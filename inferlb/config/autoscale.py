@@ -116,6 +116,12 @@ class AutoscaleConfig(_Strict):
     scale_down_stabilisation_s: float = Field(300.0, ge=0)
     cost_cap_per_hour: float | None = Field(None, gt=0)
     slo_target: float = Field(0.99, gt=0, le=1)     # a bucket "held the SLO" at this attainment
+    # The burst path (autoscale/planner.py): when the last round's load is above this × what the
+    # replicas in place serve, the plan sizes for it in the same round; None turns it off.
+    burst_factor: float | None = Field(1.0, gt=0)
+    # Pools sized from the demand the router sends each (autoscale/planner.py): the share of a
+    # model's tokens each pool served over this window; 0 turns it off (cheapest-first instead).
+    routed_share_s: float = Field(3600.0, ge=0)
     pools: list[PoolConfig] = Field(default_factory=list)
     actuator: ActuatorConfig = ActuatorConfig()
 

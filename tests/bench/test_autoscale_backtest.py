@@ -58,6 +58,7 @@ def step_load(rate_lo: float, rate_hi: float) -> list[PlannedRequest]:
 def test_controller_scales_up_with_cold_start_and_drains_before_removing() -> None:
     cfg = AutoscaleConfig.model_validate({
         "interval_s": 60, "step_s": 300, "season_s": 86_400, "scale_down_stabilisation_s": 300,
+        "burst_factor": None,    # the forecast path alone (the burst path: the test below)
         "pools": [{"model": "sim-llm", "gpu": "l4", "min": 1, "max": 10, "cold_start_s": 240}]})
     scaler = Autoscaler(cfg, make_forecaster("reactive"))
     ctl = ScalerController(scaler, model="sim-llm", gpu="l4", capacity_tokens_s=CAP, start=0.0,
@@ -82,7 +83,7 @@ def test_controller_scales_up_with_cold_start_and_drains_before_removing() -> No
         assert all(t >= n.ready_at for t in served), n.name
     # the fall: nodes drained (removed only once idle, newest first), never below min
     removed = [n for n in res.nodes if n.removed_at is not None]
-    assert removed and all(n.removed_at >= 7200 + 300 for n in removed)
+    assert removed and all((n.removed_at or 0.0) >= 7200 + 300 for n in removed)
     assert min(r.desired for r in ctl.rounds) >= 1 and res.nodes[index[specs[0].name]].removed_at is None
     downs = [e for e in ctl.events if e["action"] == "down"]
     assert downs and downs[0]["nodes"][0] == late[-1].name
@@ -90,8 +91,40 @@ def test_controller_scales_up_with_cold_start_and_drains_before_removing() -> No
         for name in e["nodes"]:
             k = index[name]
             ends = [res.t[i] + res.e2e[i] for i in range(len(res.t)) if res.node[i] == k and not math.isnan(res.e2e[i])]
-            assert res.nodes[k].removed_at >= max(ends, default=0.0) - 1e-9   # never under a request
+            assert (res.nodes[k].removed_at or -1.0) >= max(ends, default=0.0) - 1e-9   # never under a request
     assert res.counts()["failed"] == 0
+
+
+def test_the_burst_path_scales_up_within_one_round_of_the_jump() -> None:
+    """Issue 22, item 7, in virtual time: the load jumps ×8 at 3600 s, mid-step (steps of 300 s).
+    With the burst path the first scale-up comes at most two rounds after the jump (the first
+    round whose whole window lies in it: within one round), sized for the round's load and the
+    backlog queued on the node; without it, only once the step that shows the jump has closed."""
+    first: dict[bool, float] = {}
+    for burst in (True, False):
+        cfg = AutoscaleConfig.model_validate({
+            "interval_s": 60, "step_s": 300, "season_s": 86_400, "scale_down_stabilisation_s": 300,
+            "burst_factor": 1.0 if burst else None,
+            "pools": [{"model": "sim-llm", "gpu": "l4", "min": 1, "max": 10, "cold_start_s": 240}]})
+        ctl = ScalerController(Autoscaler(cfg, make_forecaster("reactive")), model="sim-llm", gpu="l4",
+                               capacity_tokens_s=CAP, start=0.0,
+                               make_spec=lambda name: preset_spec(name, "l4", ["sim-llm"], max_num_seqs=4))
+        sim = Simulation(ctl.initial(0.0), seed=1, timeout_s=60, controller=ctl, control_every_s=60)
+        # shifted by 30 s: the jump falls inside a round's window, not on its edge
+        sim.run([PlannedRequest(r.t + 30, r.prompt_tokens, r.output_tokens, model=r.model, stream=r.stream,
+                                max_tokens=r.max_tokens) for r in step_load(0.5, 4.0)])
+        ups = [e for e in ctl.events if e["action"] == "up"]
+        first[burst] = ups[0]["t"]
+        if burst:
+            assert ctl.bursts >= 1
+            # within one round the replicas asked for serve the jump's load at capacity (4 req/s ×
+            # 300 tokens = 1200 tokens/s = 4 replicas); the forecast path adds the target's margin
+            # (5.7 → 6) once the step has closed
+            assert max(e["after"] for e in ups if e["t"] <= 3630 + 2 * 60) * CAP >= 4.0 * 300
+            assert max(r.desired for r in ctl.rounds) >= 6
+    jump = 3630.0
+    assert jump < first[True] <= jump + 2 * 60
+    assert first[False] >= 3600 + 300         # the step [3600, 3900) closes at 3900
 
 
 # -- too little history: reactive, and said ----------------------------------------------------------
