@@ -28,7 +28,7 @@ the client, or a queue put that wakes an audit thread, can hand the CPU to the w
 the spot, and the sampler then sees the waker "running" at that line. ``--pin`` (default on with
 two or more CPUs) puts the gateway on the last CPU and the nodes and the load generator on the
 others, so their wake-ups do not preempt it; its own threads still share its CPU. Needs
-``py-spy`` (``pip install py-spy``; ptrace rights on the gateway, root here).
+``py-spy`` (``pip install -e ".[profile]"``; ptrace rights on the gateway, root here).
 
 ``ab``: two gateways started side by side on the same nodes, ``A`` from ``ROOT_A`` and ``B`` from
 ``ROOT_B`` (each ``PYTHONPATH``; the same tree twice with different ``--a-env``/``--b-env`` settings
