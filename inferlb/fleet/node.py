@@ -2,8 +2,10 @@
 
 A plain mutable record: the gateway's counters, the health state machine's fields (moved only by
 :meth:`Fleet.transition <inferlb.fleet.state.Fleet.transition>`), the cost share, probe and metric
-samples, the outlier interval's measures. Every attribute set tells the owning fleet, so its
-routing snapshot rebuilds this node's view (see :meth:`Fleet.views <inferlb.fleet.state.Fleet.views>`).
+samples, the outlier interval's measures. Every attribute set that the routing view reads tells the
+owning fleet, so its routing snapshot rebuilds this node's view, or only patches its in-flight counts
+(:data:`COUNT_FIELDS`); a set of a field the view does not read (:data:`VIEW_BLIND`) tells nobody
+(see :meth:`Fleet.views <inferlb.fleet.state.Fleet.views>`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ from inferlb.node_types import Sample
 if TYPE_CHECKING:
     from inferlb.fleet.state import Fleet
 
-__all__ = ["NodeState"]
+__all__ = ["COUNT_FIELDS", "VIEW_BLIND", "NodeState"]
+
+# The routing view (Fleet._view) reads none of these fields: setting one leaves the node's view as
+# it is. tests/fleet/test_views_incremental.py checks each of them against a full rebuild.
+VIEW_BLIND = frozenset({
+    "requests_total", "failures_total", "since", "since_wall", "consecutive_failures", "backoff",
+    "ejected_until", "price_per_hour", "share", "half_open_successes", "probe_failures",
+    "probe_successes", "hw_baseline", "hw_findings", "hw_at", "iv_requests", "iv_successes", "iv_ttft",
+    "iv_tpot", "ttft_baseline", "ttft_intervals", "tpot_baseline", "tpot_intervals", "held", "retired",
+})
+# The view copies these two as they are: setting one patches the view's counts (no rebuild).
+COUNT_FIELDS = frozenset({"inflight_requests", "inflight_tokens"})
 
 
 @dataclass
@@ -78,8 +91,10 @@ class NodeState:
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         owner = self._owner
-        if owner is not None:
-            if name == "state":
+        if owner is not None and name not in VIEW_BLIND:
+            if name in COUNT_FIELDS:
+                owner._counts.add(self.cfg.name)
+            elif name == "state":
                 owner._rebuild_all = True   # panic mode reads every node's state
             else:
                 owner._dirty.add(self.cfg.name)

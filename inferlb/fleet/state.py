@@ -94,7 +94,10 @@ class Fleet:
         self._model_pos: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
         self._by_model: dict[str, list[NodeView]] = {}
         self._dirty: set[str] = set()
+        self._counts: set[str] = set()                  # only in-flight counts changed: patched (_patch)
         self._rebuild_all = True
+        self._out: NodeList | None = None               # the snapshot handed out last; None once it is stale
+        self._own: set[str] = set()                     # models whose _by_model list no hand-out holds
         self._panic: set[str] = set()
         self._expiry: list[tuple[float, str]] = []      # heap: when a view changes with time alone
         self._expires: dict[str, float] = {}
@@ -118,6 +121,7 @@ class Fleet:
         self._pos = {name: i for i, name in enumerate(self._names)}
         self._ramping.intersection_update(self.nodes)
         self._dirty.intersection_update(self.nodes)
+        self._counts.intersection_update(self.nodes)
         self._rebuild_all = True
 
     # ------------------------------------------------------------------ routing snapshots
@@ -143,11 +147,18 @@ class Fleet:
     def views(self) -> NodeList:
         """The routing snapshot: one :class:`NodeView` per node (configured order), and by model.
 
-        Kept incrementally: a node's view is rebuilt only when one of its fields was set (every
-        :class:`NodeState` attribute set marks it; :meth:`touch` for in-place changes), when a
-        timer of its own runs out (a 429 cooldown, its metrics going stale), or on every call
-        while it ramps up in slow start; a state change anywhere rebuilds all (panic mode reads
-        every node's state). The lists returned are the caller's own copies.
+        Kept incrementally: a node's view is rebuilt only when a field it reads was set (every
+        :class:`NodeState` attribute set marks it, but those of
+        :data:`~inferlb.fleet.node.VIEW_BLIND`; :meth:`touch` for in-place changes), when a timer
+        of its own runs out (a 429 cooldown, its metrics going stale, an adapter's cool-down), or
+        on every call while it ramps up in slow start; a change of in-flight counts alone patches
+        the view's two counts (:meth:`_patch`); a state change anywhere rebuilds all (panic mode
+        reads every node's state). A rebuilt view equal to the one before is not replaced, so
+        unchanged nodes keep their view objects (routing/memo.py finds them by identity).
+
+        Shared, never changed: the list, its ``by_model`` dict and lists are never written once
+        returned (copy on write), and while nothing changed the same snapshot is returned again.
+        A caller must not change them either (copy first).
         """
         now = self.clock.monotonic()
         if self._rebuild_all:
@@ -162,12 +173,22 @@ class Fleet:
                     dirty.add(name)
             if self._ramping:
                 dirty.update(self._ramping)
+            counts = self._counts
+            if counts:
+                for name in counts:
+                    if name not in dirty:
+                        self._patch(name)
+                counts.clear()
             if dirty:
                 for name in list(dirty):
                     self._rebuild(name, now)
                 dirty.clear()   # a rebuild may set a field (slow start over): that node is current
-        # Exact (every view of a model's list serves it) unless panic mode narrowed some views' models.
-        return NodeList(self._views, {m: list(v) for m, v in self._by_model.items()}, exact=not self._panic)
+        out = self._out
+        if out is None:
+            # Exact (every view of a model's list serves it) unless panic mode narrowed some views' models.
+            out = self._out = NodeList(self._views, dict(self._by_model), exact=not self._panic)
+            self._own = set()   # every model list is now the hand-out's too: copied before a write
+        return out
 
     def _rebuild_everything(self, now: float) -> None:
         self._rebuild_all = False
@@ -182,13 +203,41 @@ class Fleet:
                 self._model_pos[name].append((m, len(lst)))
                 lst.append(self._views[i])
         self._dirty.clear()
+        self._counts.clear()
+        self._out, self._own = None, set(self._by_model)
 
     def _rebuild(self, name: str, now: float) -> None:
         v = self._view(name, self.nodes[name], now)
+        if v != self._views[self._pos[name]]:
+            self._put(name, v)
+
+    def _patch(self, name: str) -> None:
+        """``name``'s view with the node's in-flight counts, all else as it was: valid because
+        every other input of the view marks the node dirty (rebuilt instead) when it changes."""
+        st = self.nodes[name]
+        o = self._views[self._pos[name]]
+        if o.inflight_requests == st.inflight_requests and o.inflight_tokens == st.inflight_tokens:
+            return
+        self._put(name, NodeView(
+            name=o.name, models=o.models, capacity_tokens=o.capacity_tokens, max_concurrency=o.max_concurrency,
+            weight=o.weight, inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
+            waiting=o.waiting, kv_usage=o.kv_usage, healthy=o.healthy, unhealthy_reason=o.unhealthy_reason,
+            labels=o.labels, tokens_per_s=o.tokens_per_s, ttft_s=o.ttft_s, rtt_ms=o.rtt_ms,
+            lora_running=o.lora_running, lora_waiting=o.lora_waiting, max_lora=o.max_lora,
+            lora_failed=o.lora_failed))
+
+    def _put(self, name: str, v: NodeView) -> None:
+        """Set ``name``'s view in the working lists, copying a model's list first when a hand-out
+        holds it (the top list never is: a NodeList is a copy of it)."""
         self._views[self._pos[name]] = v
-        by_model = self._by_model
+        by_model, own = self._by_model, self._own
         for m, i in self._model_pos[name]:
-            by_model[m][i] = v
+            lst = by_model[m]
+            if m not in own:
+                lst = by_model[m] = list(lst)
+                own.add(m)
+            lst[i] = v
+        self._out = None
 
     def _view(self, name: str, st: NodeState, now: float) -> NodeView:
         """Build ``name``'s view at ``now`` and note when time alone would change it."""
