@@ -147,7 +147,11 @@ async def test_dashboard_renders_seeded_history_in_chromium(node: str, db_url: s
         assert result["inked"][chart] > 2000, (chart, result["inked"])
     assert f"rounds {seed.ROUNDS}" in result["autoscaleStatus"] and "actuator dry-run" in result["autoscaleStatus"]
     rows = result["scalingRows"]
-    assert len(rows) == 11 and rows[0].startswith("2026-01-01 02:00:00 qwen-14b a100 4 → 3"), rows
+    # newest first: the last round's two events (llama-3-8b's h100 pool, sized for the share the
+    # router sent it, held; qwen-14b scaled down), then the older ones
+    assert len(rows) == 11 and all(r.startswith("2026-01-01 02:00:00") for r in rows[:2]), rows
+    assert any(r.startswith("2026-01-01 02:00:00 qwen-14b a100 4 → 3") for r in rows[:2]), rows
+    assert not rows[2].startswith("2026-01-01 02:00:00"), rows
     assert all(("dry_run" in r or "held" in r) and "seasonal-naive" in r for r in rows), rows
     assert result["autoscaleOff"] is None
     # the versions panel: llama-3-8b's bar at the running rollout's first step, the rollouts table
