@@ -70,6 +70,24 @@ def _stats(ns: list[int]) -> dict[str, float]:
             "max": s[-1] / 1e3, "mean": sum(s) / len(s) / 1e3}
 
 
+def _random_views(rng: random.Random, n: int) -> list[Any]:
+    """``n`` random NodeViews (5 % unhealthy) for the ``decide`` loops: no view shared with another call."""
+    from inferlb.routing.types import NodeView
+
+    out = []
+    for i in range(n):
+        cap = rng.choice([16384, 32768, 65536, 131072])
+        healthy = rng.random() >= 0.05
+        out.append(NodeView(
+            name=f"node{i:04d}", models=frozenset({"m0", "m1"} if i % 3 == 0 else {"m0"}),
+            capacity_tokens=cap, max_concurrency=64, weight=rng.choice([1.0, 2.0]),
+            inflight_requests=rng.randint(0, 40), inflight_tokens=rng.randint(0, cap // 2),
+            waiting=rng.choice([None, rng.randint(0, 8)]), kv_usage=rng.choice([None, rng.random()]),
+            healthy=healthy, unhealthy_reason=None if healthy else "ejected for 12.0s more",
+            tokens_per_s=rng.choice([None, rng.uniform(20, 120)])))
+    return out
+
+
 def _loaded_fleet(rng: random.Random, n: int, profile: str) -> Any:
     """A Fleet of ``n`` nodes under ``profile`` with random in-flight load, 5 % ejected (one rng order)."""
     from inferlb.config.settings import fleet_from_mapping
@@ -94,23 +112,9 @@ def _loaded_fleet(rng: random.Random, n: int, profile: str) -> Any:
 def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
     """Per-decision CPU and wall nanoseconds for ``decide`` and ``select`` (see the module docstring)."""
     from inferlb.routing.profiles import build_router
-    from inferlb.routing.types import NodeView, RouteRequest
+    from inferlb.routing.types import RouteRequest
 
     rng = random.Random(seed)
-
-    def make_views() -> list[Any]:
-        out = []
-        for i in range(n):
-            cap = rng.choice([16384, 32768, 65536, 131072])
-            healthy = rng.random() >= 0.05
-            out.append(NodeView(
-                name=f"node{i:04d}", models=frozenset({"m0", "m1"} if i % 3 == 0 else {"m0"}),
-                capacity_tokens=cap, max_concurrency=64, weight=rng.choice([1.0, 2.0]),
-                inflight_requests=rng.randint(0, 40), inflight_tokens=rng.randint(0, cap // 2),
-                waiting=rng.choice([None, rng.randint(0, 8)]), kv_usage=rng.choice([None, rng.random()]),
-                healthy=healthy, unhealthy_reason=None if healthy else "ejected for 12.0s more",
-                tokens_per_s=rng.choice([None, rng.uniform(20, 120)])))
-        return out
 
     req = RouteRequest(model="m0", prompt_tokens=400, output_tokens=256, priority="standard")
     cpu = time.thread_time_ns
@@ -121,7 +125,7 @@ def measure(profile: str, n: int, iters: int, seed: int = 1) -> dict[str, Any]:
         return build_router(name, seed=seed, predictor={"min_samples": 0} if active else None)
 
     router = make_router()
-    snaps = [make_views() for _ in range(8)]
+    snaps = [_random_views(rng, n) for _ in range(8)]
     for i in range(min(500, iters)):
         router.decide(req, snaps[i % 8])
     d_cpu, d_wall = [], []
@@ -157,7 +161,7 @@ def count(profile: str, n: int, decisions: int, kind: str, seed: int = 1) -> Non
     import functools
 
     from inferlb.routing.profiles import build_router
-    from inferlb.routing.types import NodeView, RouteRequest
+    from inferlb.routing.types import RouteRequest
 
     rng = random.Random(seed)
     name, active = (profile[:-len("+active")], True) if profile.endswith("+active") else (profile, False)
@@ -172,18 +176,7 @@ def count(profile: str, n: int, decisions: int, kind: str, seed: int = 1) -> Non
     if kind == "decide":
         vr = random.Random(seed)
         for _ in range(8):
-            views = []
-            for j in range(n):
-                cap = vr.choice([16384, 32768, 65536, 131072])
-                healthy = vr.random() >= 0.05
-                views.append(NodeView(
-                    name=f"node{j:04d}", models=frozenset({"m0", "m1"} if j % 3 == 0 else {"m0"}),
-                    capacity_tokens=cap, max_concurrency=64, weight=vr.choice([1.0, 2.0]),
-                    inflight_requests=vr.randint(0, 40), inflight_tokens=vr.randint(0, cap // 2),
-                    waiting=vr.choice([None, vr.randint(0, 8)]), kv_usage=vr.choice([None, vr.random()]),
-                    healthy=healthy, unhealthy_reason=None if healthy else "ejected for 12.0s more",
-                    tokens_per_s=vr.choice([None, vr.uniform(20, 120)])))
-            snaps.append(views)
+            snaps.append(_random_views(vr, n))
         for j in range(50):
             router.decide(req, snaps[j % 8])
 
