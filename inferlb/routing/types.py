@@ -180,8 +180,14 @@ def _round_row4(keys: tuple[str, ...], row: Iterable[float]) -> dict[str, float]
     """``{key: round(x, 4)}`` over ``zip(keys, row)`` (strict): the audit copy's score rows. The
     loop body is :func:`_round_to` at 4 places written out, since a call per score cost about as
     much as the score (tests/routing/test_routing_differential.py holds it equal to ``round``)."""
+    vals = row if isinstance(row, (list, tuple)) else list(row)
+    if len(vals) != len(keys):
+        raise ValueError(f"{len(keys)} score keys for a row of {len(vals)}")
     out: dict[str, float] = {}
-    for k, x in zip(keys, row, strict=True):
+    # An index loop: zip(strict=True) parses its keyword on every call, a cost per score row.
+    for j in range(len(keys)):
+        k = keys[j]
+        x = vals[j]
         y = x * 10000.0
         if -1099511627776.0 < y < 1099511627776.0:
             r = round(y)
@@ -446,11 +452,14 @@ class Decision:
                 rev = [n.name for n in reversed(live)]
                 last = len(rev) - 1
                 for n in top:
-                    if n in rev:
+                    # One search per name (``in`` then ``index`` searched twice).
+                    try:
                         i = last - rev.index(n)
-                        row = [c[i] for c in cols]
-                        row.append(totals[i])
-                        scores[n] = _round_row4(keys, row)
+                    except ValueError:
+                        continue
+                    row = [c[i] for c in cols]
+                    row.append(totals[i])
+                    scores[n] = _round_row4(keys, row)
             else:
                 rows = self.score_rows
                 for n in top:
