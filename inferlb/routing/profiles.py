@@ -314,27 +314,28 @@ def _batch_of(s: Scorer) -> Callable[[RouteRequest, list[NodeView]], list[float]
 def _weigher(ws: list[float], total_w: float) -> Callable[[list[list[float]]], list[float]]:
     """Per node, the weighted total of the scorer columns divided by ``total_w``. The sum runs in
     scorer order from 0.0, ``((0.0 + c0·w0) + c1·w1) + …``, so every total is the same float
-    whatever the number of scorers (the comprehensions below only unroll that loop)."""
-    if len(ws) == 1:
-        (w0,) = ws
-        return lambda cols: [(0.0 + a * w0) / total_w for a in cols[0]]
-    if len(ws) == 2:
-        w0, w1 = ws
-        return lambda cols: [(0.0 + a * w0 + b * w1) / total_w for a, b in zip(*cols, strict=True)]
-    if len(ws) == 3:
-        w0, w1, w2 = ws
-        return lambda cols: [(0.0 + a * w0 + b * w1 + c * w2) / total_w for a, b, c in zip(*cols, strict=True)]
-    if len(ws) == 4:
-        w0, w1, w2, w3 = ws
-        return lambda cols: [(0.0 + a * w0 + b * w1 + c * w2 + e * w3) / total_w
-                             for a, b, c, e in zip(*cols, strict=True)]
-
-    def weigh(cols: list[list[float]]) -> list[float]:
-        totals = [0.0] * len(cols[0])
-        for col, w in zip(cols, ws, strict=True):
-            totals = [t + c * w for t, c in zip(totals, col, strict=True)]
-        return [t / total_w for t in totals]
-
+    whatever the number of scorers: one comprehension over the columns, written as source for
+    this many scorers (as :mod:`dataclasses` writes its methods), instead of a pass per scorer.
+    A product by a weight of 1 and the division by a total of 1 are left out: ``x · 1`` and
+    ``x / 1`` are ``x`` itself for every float (−0.0, infinities and NaN included), and an int
+    score meets ``0.0 +`` first, which converts it as ``· 1.0`` would. The columns must be of one
+    length (ValueError otherwise, as ``zip(strict=True)`` raises)."""
+    n = len(ws)
+    if n == 0:
+        return lambda cols: []
+    terms = "".join(f" + a{j}" if ws[j] == 1.0 else f" + a{j} * w{j}" for j in range(n))
+    total = f"(0.0{terms})" if total_w == 1.0 else f"(0.0{terms}) / total_w"
+    cs = ", ".join(f"c{j}" for j in range(n))
+    a_s = ", ".join(f"a{j}" for j in range(n))
+    check = "".join(f"    if len(c{j}) != len(c0):\n        raise ValueError('score columns of unequal length')\n"
+                    for j in range(1, n))
+    src = (f"def weigh(cols):\n    {cs}, = cols\n{check}"
+           + (f"    return [{total} for a0 in c0]\n" if n == 1 else f"    return [{total} for {a_s} in zip({cs})]\n"))
+    env: dict[str, Any] = {f"w{j}": w for j, w in enumerate(ws)}
+    env["total_w"] = total_w
+    code: dict[str, Any] = {}
+    exec(src, env, code)   # our own source: the number of scorers, nothing from config
+    weigh: Callable[[list[list[float]]], list[float]] = code["weigh"]
     return weigh
 
 
