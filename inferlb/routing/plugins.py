@@ -364,17 +364,25 @@ class WeightedRandom:
         pass
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
-        pool = [(n.name, max(s, 1e-6)) for n, s in scored]
+        # Names and weights in two lists: each draw sums the weights left (``sum`` over the list,
+        # in order: the same float as over (name, weight) pairs) and walks them subtracting, the
+        # first to bring x to ≤ 0 taken, else the last (x NaN included).
+        names = [n.name for n, _ in scored]
+        ws = [1e-6 if s < 1e-6 else s for _, s in scored]   # max(s, 1e-6) (NaN kept, as max keeps it)
         out: list[str] = []
-        while pool:
-            total = sum(w for _, w in pool)
-            x = rng.random() * total
-            for i, (name, w) in enumerate(pool):
+        r = rng.random
+        while ws:
+            x = r() * sum(ws)
+            i = 0
+            for w in ws:
                 x -= w
-                if x <= 0 or i == len(pool) - 1:
-                    out.append(name)
-                    pool.pop(i)
+                if x <= 0:
                     break
+                i += 1
+            else:
+                i -= 1
+            out.append(names.pop(i))
+            del ws[i]
         return out
 
 
