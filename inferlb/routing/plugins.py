@@ -317,6 +317,11 @@ class StaticWeight:
     def score(self, req: RouteRequest, node: NodeView) -> float:
         return min(1.0, node.weight / self.p.max_weight)
 
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        m = self.p.max_weight
+        # ``x if x < 1.0 else 1.0`` is min(1.0, x) without the call (NaN gives 1.0 in both).
+        return [x if (x := n.weight / m) < 1.0 else 1.0 for n in nodes]
+
 
 class LeastRequests:
     """1 / (1 + in-flight requests): least-connections as a scorer. Reads ``inflight_requests``."""
