@@ -154,6 +154,10 @@ class RouteRequest:
 
 
 _SCALES = tuple(10.0 ** k for k in range(10))   # exact doubles
+# 1.5 · 2⁵²: for |y| < 2⁵¹, ``(y + _NEAREST) - _NEAREST`` is the integer nearest to ``y`` (ties
+# to even, as ``round(y)``), as a float: the sum lies in [2⁵², 2⁵³), where doubles are the
+# integers, so it is rounded there once, and the difference is exact. No call, unlike ``round(y)``.
+_NEAREST = 6755399441055744.0
 
 
 def _round_to(x: float, nd: int) -> float:
@@ -164,13 +168,14 @@ def _round_to(x: float, nd: int) -> float:
     ``|x · 10^nd| < 2⁴⁰`` the product ``y = fl(x · 10^nd)`` is within 2⁻¹³ of the exact one, so
     when ``y`` is within 0.49 of an integer ``r`` (far from a tie) the exact product rounds to
     ``r`` too, and ``r / 10^nd`` (one correctly rounded division of exact operands) is the double
-    nearest to the decimal ``r·10^-nd``: what ``round`` returns. Near a tie, for a zero result
-    (its sign) and for anything else, ``round`` itself answers
+    nearest to the decimal ``r·10^-nd``: what ``round`` returns. ``r`` is found without a call
+    (:data:`_NEAREST`; the same integer ``round(y)`` gives). Near a tie, for a zero result (its
+    sign) and for anything else, ``round`` itself answers
     (tests/routing/test_routing_differential.py holds them equal)."""
     s = _SCALES[nd]
     y = x * s
     if -1099511627776.0 < y < 1099511627776.0:
-        r = round(y)
+        r = (y + 6755399441055744.0) - 6755399441055744.0
         if r and -0.49 < y - r < 0.49:
             return r / s
     return round(x, nd)
@@ -190,11 +195,43 @@ def _round_row4(keys: tuple[str, ...], row: Iterable[float]) -> dict[str, float]
         x = vals[j]
         y = x * 10000.0
         if -1099511627776.0 < y < 1099511627776.0:
-            r = round(y)
+            r = (y + 6755399441055744.0) - 6755399441055744.0   # round(y), as a float (_NEAREST)
             if r and -0.49 < y - r < 0.49:
                 out[k] = r / 10000.0
                 continue
         out[k] = round(x, 4)
+    return out
+
+
+def _json_rows4(keys: tuple[str, ...], cols: list[list[float]], totals: list[float],
+                at: list[tuple[str, int]]) -> dict[str, dict[str, float]]:
+    """The audit copy's score rows of a few nodes, read from the columns: ``{name: _round_row4(keys,
+    (c[i] for c in cols, then totals[i]))}`` for each ``(name, i)`` of ``at``, the same dicts in
+    the same order, in one call (a call and a list per row cost about as much as its scores)."""
+    if len(keys) != len(cols) + 1:
+        raise ValueError(f"{len(keys)} score keys for {len(cols)} score columns and the total")
+    out: dict[str, dict[str, float]] = {}
+    kc = list(zip(keys[:-1], cols, strict=True))
+    last = keys[-1]
+    for name, i in at:
+        row: dict[str, float] = {}
+        for k, c in kc:
+            x = c[i]
+            y = x * 10000.0
+            if -1099511627776.0 < y < 1099511627776.0:
+                r = (y + 6755399441055744.0) - 6755399441055744.0   # round(y), as a float (_NEAREST)
+                if r and -0.49 < y - r < 0.49:
+                    row[k] = r / 10000.0
+                    continue
+            row[k] = round(x, 4)
+        x = totals[i]
+        y = x * 10000.0
+        if -1099511627776.0 < y < 1099511627776.0 and (r := (y + 6755399441055744.0) - 6755399441055744.0) \
+                and -0.49 < y - r < 0.49:
+            row[last] = r / 10000.0
+        else:
+            row[last] = round(x, 4)
+        out[name] = row
     return out
 
 
@@ -451,15 +488,14 @@ class Decision:
                 # it): a reversed list of names searched, cheaper than that table for a few names.
                 rev = [n.name for n in reversed(live)]
                 last = len(rev) - 1
+                at: list[tuple[str, int]] = []
                 for n in top:
                     # One search per name (``in`` then ``index`` searched twice).
                     try:
-                        i = last - rev.index(n)
+                        at.append((n, last - rev.index(n)))
                     except ValueError:
                         continue
-                    row = [c[i] for c in cols]
-                    row.append(totals[i])
-                    scores[n] = _round_row4(keys, row)
+                scores = _json_rows4(keys, cols, totals, at)
             else:
                 rows = self.score_rows
                 for n in top:

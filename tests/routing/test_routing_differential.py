@@ -196,7 +196,7 @@ def test_the_audit_copys_fast_rounding_equals_round() -> None:
     import struct
     import sys
 
-    from inferlb.routing.types import _round_row4
+    from inferlb.routing.types import _json_rows4, _round_row4
 
     rng = random.Random(11)
     xs = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-320, -1e-320, sys.float_info.max, 1e300, -1e300,
@@ -210,6 +210,14 @@ def test_the_audit_copys_fast_rounding_equals_round() -> None:
     for j in range(0, len(xs) - 4, 5):
         row = xs[j:j + 5]
         assert repr(_round_row4(keys, row)) == repr({k: round(x, 4) for k, x in zip(keys, row, strict=True)}), row
+    # The few rows read from the columns (the audit copy of a scored decision): the same dicts.
+    for j in range(0, len(xs) - 19, 20):
+        block = xs[j:j + 20]
+        cols, totals = [block[c::5] for c in range(4)], block[4::5]
+        at = [(f"n{i}", i) for i in (3, 0, 2)]
+        want = {name: {k: round(x, 4) for k, x in zip(keys, [*(c[i] for c in cols), totals[i]], strict=True)}
+                for name, i in at}
+        assert repr(_json_rows4(keys, cols, totals, at)) == repr(want), block
 
 
 @pytest.mark.parametrize("nd", [3, 4, 6, 7])
