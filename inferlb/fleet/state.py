@@ -185,8 +185,9 @@ class Fleet:
                 dirty.clear()   # a rebuild may set a field (slow start over): that node is current
         out = self._out
         if out is None:
-            # Exact (every view of a model's list serves it) unless panic mode narrowed some views' models.
-            out = self._out = NodeList(self._views, dict(self._by_model), exact=not self._panic)
+            # Exact (every view of a model's list serves it) unless panic mode narrowed some views' models;
+            # fixed: neither the list nor a model's list is written once handed out (_put copies first).
+            out = self._out = NodeList(self._views, dict(self._by_model), exact=not self._panic, fixed=True)
             self._own = set()   # every model list is now the hand-out's too: copied before a write
         return out
 

@@ -193,11 +193,17 @@ class Router:
         self.scores_when_read = False
 
     def decide(self, req: RouteRequest, nodes: list[NodeView]) -> Decision:
-        """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried")."""
+        """Filter, score, rank. Nodes in ``req.exclude`` are eliminated first ("already tried").
+
+        ``nodes`` (and a NodeList's ``by_model`` lists) are never changed here. The decision
+        keeps the pool it considered: a copy of the caller's list, or the list itself when it
+        is the router's own (cut to ``req.only``) or a :class:`~inferlb.routing.types.NodeList`
+        whose maker promises it never changes (``fixed``)."""
         pool: list[NodeView] = nodes
         counts: dict[str, int] = {}
         by_model = getattr(nodes, "by_model", None) if self._by_model else None
         exact = False
+        own = getattr(nodes, "fixed", False)   # the pool may be kept as it is (never changed)
         if by_model is not None:
             pool = by_model.get(req.model, [])
             exact = getattr(nodes, "exact", False)
@@ -207,6 +213,7 @@ class Router:
         if only is not None:
             size = len(pool)
             pool = [n for n in pool if n.name in only]
+            own = True
             if len(pool) < size:
                 counts["model-version"] = size - len(pool)
         k = self.sample
@@ -214,23 +221,24 @@ class Router:
         if 0 < k < size:
             pre = self._preselect
             picked = pre(req, pool, k) if pre is not None else None
-            own = picked is None      # a preselected list is the picker's: only copies are kept
+            drawn = picked is None      # a preselected list is the picker's: only copies are kept
             if picked is None:
                 # k draws with replacement, repeats dropped: cheaper than rng.sample, same family.
                 rnd = self.rng.random
                 picked = [pool[i] for i in {int(rnd() * size) for _ in range(k)}]
-            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), own, exact)
+            d = self._decide(req, picked, len(nodes), dict(counts), len(picked), drawn, exact)
             if d.ranked:
                 return d
-        return self._decide(req, pool, len(nodes), counts, None, False, exact)
+        return self._decide(req, pool, len(nodes), counts, None, own, exact)
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
                 sampled: int | None, own: bool, exact: bool = False) -> Decision:
-        """``own``: ``nodes`` is a list of the router's own (the sample), which the decision may
-        keep; otherwise it belongs to the caller and only copies are kept. ``exact``: every node
-        serves ``req.model`` (drawn from an exact NodeList pool)."""
+        """``own``: ``nodes`` is a list the decision may keep (the router's own, such as the
+        sample, or a caller's that never changes: see :meth:`decide`); otherwise it belongs to
+        the caller and only copies are kept. ``exact``: every node serves ``req.model`` (drawn
+        from an exact NodeList pool)."""
         # The candidate names are read from the views when first needed (the caller's list is
-        # copied, a pointer per node, since the decision keeps it).
+        # copied, a pointer per node, since the decision keeps it, unless it never changes).
         snap = nodes if own else list(nodes)
         d = Decision._lazy(self.name, snap, self.picker.type_name, offered, sampled, counts)
         eliminated = d.eliminated

@@ -94,14 +94,21 @@ class NodeList(list[NodeView]):
 
     ``exact``: the maker's promise that every view in ``by_model[m]`` has ``m`` in its
     ``models`` (so the ``serves-model`` filter would drop none of a model's pool, and a router
-    may skip it there). False unless said: the gateway's views narrow ``models`` in panic mode."""
+    may skip it there). False unless said: the gateway's views narrow ``models`` in panic mode.
 
-    __slots__ = ("by_model", "exact")
+    ``fixed``: the maker's promise that neither this list nor any list of ``by_model`` is ever
+    changed once handed out (the gateway's ``Fleet.views()``: copy on write), so a router's
+    decision may keep them as they are instead of copying them. False unless said: the
+    discrete-event simulation patches its views in place."""
 
-    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]], exact: bool = False) -> None:
+    __slots__ = ("by_model", "exact", "fixed")
+
+    def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]], exact: bool = False,
+                 fixed: bool = False) -> None:
         super().__init__(views)
         self.by_model = by_model
         self.exact = exact
+        self.fixed = fixed
 
 
 class LabelSelector(Protocol):

@@ -46,13 +46,14 @@ def random_views(rng: random.Random, n: int) -> list[NodeView]:
     return out
 
 
-def as_nodelist(views: list[NodeView], exact: bool = False) -> NodeList:
-    """``by_model`` from the views' own ``models``, so the list is exact: ``exact`` says so."""
+def as_nodelist(views: list[NodeView], exact: bool = False, fixed: bool = False) -> NodeList:
+    """``by_model`` from the views' own ``models``, so the list is exact: ``exact`` says so;
+    ``fixed``: the caller never changes the lists afterwards, and says so."""
     by_model: dict[str, list[NodeView]] = {m: [] for m in MODELS}
     for v in views:
         for m in sorted(v.models):
             by_model[m].append(v)
-    return NodeList(views, by_model, exact=exact)
+    return NodeList(views, by_model, exact=exact, fixed=fixed)
 
 
 def random_request(rng: random.Random, views: list[NodeView]) -> RouteRequest:
@@ -129,8 +130,9 @@ def test_every_decision_equals_the_reference_core(fleet_seed: int, scores_when_r
     fleets = [random_views(rng, n) for n in (0, 1, 3, 16, 17, 40, 300)]
     for label, new, ref in pairs(scores_when_read):
         for views in fleets:
-            for kind in ("list", "nodelist", "exact"):
-                nodes: list[NodeView] = as_nodelist(views, kind == "exact") if kind != "list" else list(views)
+            for kind in ("list", "nodelist", "exact", "fixed"):
+                nodes: list[NodeView] = as_nodelist(views, kind != "nodelist", kind == "fixed") \
+                    if kind != "list" else list(views)
                 for _ in range(12):
                     req = random_request(rng, views)
                     same(new.decide(req, nodes), ref.decide(req, nodes), json_first=scores_when_read)

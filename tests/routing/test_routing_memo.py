@@ -79,8 +79,9 @@ def test_a_changing_pool_decides_as_a_fresh_pass(case: str, seed: int, versions:
             for _ in range(rng.choice([1, 1, 1, 2, 3, 10, 40])):
                 i = rng.randrange(len(views))
                 views[i] = _mutate(rng, views[i])
-        kind = rng.choice(("list", "nodelist", "exact"))
-        nodes: list[NodeView] = as_nodelist(views, kind == "exact") if kind != "list" else list(views)
+        kind = rng.choice(("list", "nodelist", "exact", "fixed"))   # fixed: the lists are never changed after
+        nodes: list[NodeView] = as_nodelist(views, kind != "nodelist", kind == "fixed") \
+            if kind != "list" else list(views)
         exclude = frozenset(rng.sample([v.name for v in views], 1)) if rng.random() < 0.05 else frozenset()
         only = frozenset(v.name for v in views[:100]) if versions and rng.random() < 0.1 else None
         req = RouteRequest(model=rng.choice(("m0", "m0", "m0", "m1")), prompt_tokens=100, output_tokens=64,
@@ -102,3 +103,25 @@ def test_the_memo_hands_back_the_current_views() -> None:
     views[7] = dataclasses.replace(views[7], inflight_requests=99)
     d = router.decide(req, NodeList(views, {"m0": list(views)}, exact=True))
     assert d.view_of(views[7].name) is views[7]
+
+
+@pytest.mark.parametrize("profile", ["round-robin", "least-connections"])
+def test_a_decision_keeps_a_fixed_pool_and_copies_any_other(profile: str) -> None:
+    """A pool its maker may change in place (the discrete-event simulation patches its views) is
+    copied: the decision and the memo read what the pool held when it was decided. A NodeList
+    whose maker promises never to change it (``fixed``, as ``Fleet.views()``) is kept as it is."""
+    rng = random.Random(6)
+    views = [dataclasses.replace(v, healthy=True, models=frozenset({"m0"})) for v in random_views(rng, MIN_POOL * 2)]
+    req = RouteRequest(model="m0", prompt_tokens=10, output_tokens=10)
+    router = build_router(profile, seed=1, sample=0)
+    pool = list(views)
+    mutable = NodeList(list(views), {"m0": pool}, exact=True)
+    d = router.decide(req, mutable)
+    before = d.to_json()
+    pool[3] = dataclasses.replace(pool[3], healthy=False, unhealthy_reason="ejected")   # in place, after
+    assert d.to_json() == before and d.view_of(views[3].name) is views[3]
+    again = router.decide(req, mutable)    # the memo saw the change: node 3 is out now
+    assert again.counts == {"healthy": 1} and views[3].name not in again.ranked
+    fixed = NodeList(list(views), {"m0": list(views)}, exact=True, fixed=True)
+    kept = build_router(profile, seed=1, sample=0).decide(req, fixed)
+    assert kept._cand_src is fixed.by_model["m0"]
