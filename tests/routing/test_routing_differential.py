@@ -175,6 +175,27 @@ def test_an_elimination_reads_as_before() -> None:
     assert repr(e) == "Elimination(node='n1', by='has-capacity', reason='4 requests in flight (max)')"
 
 
+def test_a_node_view_equals_another_as_a_dataclass_does() -> None:
+    """``NodeView.__eq__`` (the in-flight counts first) agrees with the dataclass rule: every field
+    compared in order, by identity, then ``==`` (so the same NaN object is equal to itself)."""
+    import dataclasses
+
+    rng = random.Random(12)
+    nan = math.nan
+    names = [f.name for f in dataclasses.fields(NodeView)]
+    views = random_views(rng, 60)
+    views += [dataclasses.replace(v, kv_usage=nan) for v in views[:10]]
+    views += [dataclasses.replace(v, kv_usage=float("nan")) for v in views[:5]]
+    for _ in range(5000):
+        a = rng.choice(views)
+        b = rng.choice((a, rng.choice(views), dataclasses.replace(a), dataclasses.replace(a, inflight_tokens=7),
+                        dataclasses.replace(a, inflight_requests=a.inflight_requests),
+                        dataclasses.replace(a, weight=9.0)))
+        want = tuple(getattr(a, n) for n in names) == tuple(getattr(b, n) for n in names)
+        assert (a == b) is want and (a != b) is (not want) and (b == a) is want
+    assert views[0].__eq__("n0000") is NotImplemented
+
+
 def test_the_simulation_gives_the_same_results_with_either_core() -> None:
     from inferlb.bench.loadgen.workload import load_workload, plan
     from inferlb.simulator.des.sim import Simulation
