@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from math import trunc
 from typing import Any
 
 from inferlb.routing.features import features
@@ -51,16 +52,17 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 def _us(x: float | None) -> int | None:
-    return None if x is None or not x < 1e12 else int(x * 1e6)
+    return None if x is None or not x < 1e12 else trunc(x * 1e6)
 
 
 def _permille(xs: list[float]) -> list[int | None]:
-    return [int(x * 1000) if -1e9 < x < 1e9 else None for x in xs]
+    return [trunc(x * 1000) if -1e9 < x < 1e9 else None for x in xs]
 
 
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
          ) -> dict[str, list[Any]]:
     # _us and _ns written out in the columns (the same values; a call per cell cost more than the cell).
+    # math.trunc is int() for a float (the same int, the same errors), without the type call.
     return {
         "node": [n.name for n in nodes],
         "inflight_requests": [n.inflight_requests for n in nodes],
@@ -68,12 +70,12 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
         "capacity_tokens": [n.capacity_tokens for n in nodes],
         "max_concurrency": [n.max_concurrency for n in nodes],
         "waiting": [n.waiting for n in nodes],
-        "kv_permille": [None if (k := n.kv_usage) is None else int(k * 1000) for n in nodes],
-        "tpot_us": [None if (t := n.tokens_per_s) is None or not t > 0 else int(1e6 / t) for n in nodes],
-        "ttft_us": [None if (x := n.ttft_s) is None or not x < 1e12 else int(x * 1e6) for n in nodes],
+        "kv_permille": [None if (k := n.kv_usage) is None else trunc(k * 1000) for n in nodes],
+        "tpot_us": [None if (t := n.tokens_per_s) is None or not t > 0 else trunc(1e6 / t) for n in nodes],
+        "ttft_us": [None if (x := n.ttft_s) is None or not x < 1e12 else trunc(x * 1e6) for n in nodes],
         "weight": [n.weight for n in nodes],
-        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else int(a * 1e6) for p in preds],
-        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else int(b * 1e9) for p in preds],
+        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else trunc(a * 1e6) for p in preds],
+        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9) for p in preds],
         "p": probs,
     }
 

@@ -355,7 +355,7 @@ class SoftmaxBandit:
                     i = j
                     break
         else:
-            i = greedy[int(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
+            i = greedy[math.trunc(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
         pick = scored[i][0].name
         # The rest by score, best first, equal scores in the order given (a stable sort on −score).
         neg = [-s for s in totals]
