@@ -187,8 +187,9 @@ class PredictedLatency:
             raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
         if len(preds) != len(nodes):
             raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
+        inf = math.inf
         for a, b in preds:
-            if not (0 < a < math.inf and 0 < b < math.inf):
+            if not (0 < a < inf and 0 < b < inf):
                 raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
         e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
         ttft_budget = self.p.ttft_slo_s if req.stream else None
@@ -321,8 +322,10 @@ class SoftmaxBandit:
             return []
         return self._probabilities(self.epsilon_for(req), [s for _, s in scored])[0]
 
-    def _probabilities(self, eps: float, totals: list[float]) -> tuple[list[float], float, list[float]]:
-        """:meth:`probabilities` from the totals alone, with the best total and the softmax terms."""
+    def _probabilities(self, eps: float, totals: list[float]
+                       ) -> tuple[list[float], float, list[float], list[bool], int]:
+        """:meth:`probabilities` from the totals alone, with the best total, the softmax terms,
+        which totals are the best (``s >= best``) and how many."""
         best = max(totals)
         ties = [s >= best for s in totals]
         k = sum(ties)
@@ -331,7 +334,8 @@ class SoftmaxBandit:
         ex = [exp((s - best) / t) for s in totals]
         z = sum(ex)
         keep = 1 - eps
-        return [keep * (1.0 / k if tie else 0.0) + eps * e / z for tie, e in zip(ties, ex, strict=True)], best, ex
+        return ([keep * (1.0 / k if tie else 0.0) + eps * e / z for tie, e in zip(ties, ex, strict=True)], best, ex,
+                ties, k)
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
         return self.rank_for(None, scored, rng)
@@ -343,8 +347,9 @@ class SoftmaxBandit:
             return []
         eps = self.epsilon_for(req)
         totals = [s for _, s in scored]
-        probs, best, ex = self._probabilities(eps, totals)
-        greedy = [i for i, s in enumerate(totals) if s >= best]
+        probs, best, ex, ties, k = self._probabilities(eps, totals)
+        # The best nodes' places (where s >= best); one search when there is one best.
+        greedy = [ties.index(True)] if k == 1 else [i for i, tie in enumerate(ties) if tie]
         explore = eps > 0 and rng.random() < eps
         if explore:
             x = rng.random() * sum(ex)
