@@ -160,7 +160,10 @@ class Affinity:
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
         """Without the request: by score (the router calls :meth:`rank_detail`)."""
-        keyed = sorted((-s, rng.random(), n.name) for n, s in scored)
+        # As max-score ranks: a list comprehension, sorted in place (a generator's frame per item costs more).
+        r = rng.random
+        keyed = [(-s, r(), n.name) for n, s in scored]
+        keyed.sort()
         return [name for _, _, name in keyed]
 
     def rank_for(self, req: RouteRequest, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
