@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -225,12 +225,27 @@ def worker_argv(index: int, fds: tuple[int | None, ...], *, watch: bool = False,
     return [*argv, "--watch"] if watch else argv
 
 
+# On the local coordinator the supervisor removes a dead worker's shares and role at once
+# (cluster/leave.py), so the leases only bound a worker that hangs: an idle worker renews every
+# 10 s instead of every 1.7 s, the elected one every 20 s instead of 3.3 s (docs/replicas.md).
+LOCAL_IDLE_LEASE_S = "30"
+LOCAL_LEADER_LEASE_S = "60"
+
+
+def replica_id(replica_base: str, index: int) -> str:
+    """Worker ``index``'s cluster replica id (the same for each process of that worker)."""
+    return f"{replica_base}-w{index}"
+
+
 def worker_env(settings: Settings, index: int, *, port: int, admin_port: int, replica_base: str,
-               redis_url: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+               redis_url: str | None, base: dict[str, str] | None = None, local: bool = False) -> dict[str, str]:
     """Worker ``index``'s environment: ``base`` (default this process's) with the settings the
     supervisor resolved (so ``--host``/``--port``/``--database-url``/``--engine``/``--config``
     reach it without its command line, where ``ps`` would show a database password), one worker
-    (it never supervises), its own journal directory and cluster replica id, and the coordinator."""
+    (it never supervises), its own journal directory and cluster replica id, and the coordinator.
+    ``local``: ``redis_url`` is the supervisor's own coordinator; then the idle and leader leases
+    default to :data:`LOCAL_IDLE_LEASE_S` and :data:`LOCAL_LEADER_LEASE_S` (a value in ``base``
+    wins)."""
     env = dict(os.environ if base is None else base)
     env.update({
         "INFERLB_WORKERS": "1",
@@ -240,13 +255,32 @@ def worker_env(settings: Settings, index: int, *, port: int, admin_port: int, re
         "INFERLB_DATABASE_URL": settings.database_url,
         "INFERLB_ENGINE": settings.engine,
         "INFERLB_JOURNAL_DIR": str(settings.journal_dir / f"w{index}"),
-        "INFERLB_CLUSTER_REPLICA_ID": f"{replica_base}-w{index}",
+        "INFERLB_CLUSTER_REPLICA_ID": replica_id(replica_base, index),
     })
+    if local:
+        env.setdefault("INFERLB_CLUSTER_IDLE_LEASE_S", LOCAL_IDLE_LEASE_S)
+        env.setdefault("INFERLB_CLUSTER_LEADER_LEASE_S", LOCAL_LEADER_LEASE_S)
     if settings.config is not None:
         env["INFERLB_CONFIG"] = str(settings.config)
     if redis_url is not None:
         env["INFERLB_REDIS_URL"] = redis_url
     return env
+
+
+def _forgetter(settings: Settings, url: str) -> Callable[[str], None]:
+    """What the supervisor calls with a dead worker's replica id: its shares, heartbeat and database
+    role given back at once (cluster/leave.py). The engine is made on first use."""
+    from inferlb.cluster.leave import forget_replica
+    from inferlb.store.db import make_engine
+
+    engines: list[Any] = []
+
+    def forget(replica: str) -> None:
+        if not engines:
+            engines.append(make_engine(settings.database_url))
+        if forget_replica(url, settings.admission.redis_prefix, replica, engine=engines[0]):
+            log.info("workers: %s left the cluster (its shares and role given back)", replica)
+    return forget
 
 
 def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
@@ -288,6 +322,7 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
         if admin_fd is not None:
             os.set_inheritable(admin_fd, True)
         url = coordinator.url if coordinator is not None else None
+        forget = _forgetter(settings, url) if url is not None else None
 
         def spec_for(i: int, orphan_fd: int) -> WorkerSpec:
             # a fresh public socket for each process of worker i (server/workers.py: SO_REUSEPORT)
@@ -301,11 +336,13 @@ def run_workers(settings: Settings, n: int, *, watch: bool = False) -> int:
                 if public.get(i) is own:
                     del public[i]
                     own.close()
+                if forget is not None:    # and its shares and role leave the cluster (cluster/leave.py)
+                    forget(replica_id(replica_base, i))
 
             fds = (own.fileno(), admin_fd)
             argv = worker_argv(i, (*fds, orphan_fd), watch=watch, run_dir=run_dir, count=n)
             env = worker_env(settings, i, port=port, admin_port=admin_port, replica_base=replica_base,
-                             redis_url=url)
+                             redis_url=url, local=coordinator is not None)
             return WorkerSpec(i, argv, env, tuple(f for f in fds if f is not None), on_exit=release)
 
         # a worker drains for up to drain_timeout_s, then its stop grace and the audit flush

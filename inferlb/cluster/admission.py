@@ -86,7 +86,10 @@ class SharedRetryBudget(RetryBudget):
 
     def request(self, pool: str, now: float) -> None:
         super().request(pool, now)
-        self.shares.retry_of(pool).d_requests += 1
+        sh = self.shares
+        sh.retry_of(pool).d_requests += 1
+        if sh.idle:
+            sh.busy()
 
     def try_retry(self, pool: str, now: float) -> bool:
         sh = self.shares

@@ -10,7 +10,9 @@ and renewed by one atomic upsert on the **database's clock**:
   lease − a margin. A holder that cannot reach the database stops believing it leads before its
   lease can be taken by another replica;
 * a holder that dies (SIGKILL) stops renewing: another replica's next attempt after the lease
-  ran out takes the role with the next token (failover within ``lease_s + lease_s / 3``);
+  ran out takes the role with the next token (failover within ``lease_s + lease_s / 3``); where a
+  supervisor sees it die (``serve --workers``), :func:`release_holder` ends its lease at once and
+  the others are poked (:meth:`Election.poke`) to take it without waiting;
 * :meth:`Election.fence` is the writers' check: inside the writer's own transaction it reads the
   role's row (``FOR SHARE`` on PostgreSQL, so a take-over waits for that transaction) and raises
   :class:`FencedOut` unless the row still names this holder and token. A paused former leader
@@ -35,7 +37,7 @@ from inferlb.errors import StoreError
 from inferlb.store.db import describe_db_error
 from inferlb.types import Clock
 
-__all__ = ["Election", "FencedOut", "Leadership", "LocalLeader"]
+__all__ = ["Election", "FencedOut", "Leadership", "LocalLeader", "release_holder"]
 
 log = logging.getLogger("inferlb.cluster")
 
@@ -74,6 +76,21 @@ def _now_sql(engine: Engine) -> str:
     return _SQLITE_NOW if engine.dialect.name == "sqlite" else _PG_NOW
 
 
+def release_holder(engine: Engine, holder: str) -> int:
+    """End every lease ``holder`` holds now (its process is known to be dead: no fence can be
+    passed by it any more); returns how many. A database error is logged and returns 0: the
+    leases then run out on their own."""
+    sql = text(f"UPDATE leader_leases SET expires_at = {_now_sql(engine)} "
+               f"WHERE holder = :me AND expires_at > {_now_sql(engine)}")
+    try:
+        with engine.begin() as conn:
+            return int(conn.execute(sql, {"me": holder}).rowcount or 0)
+    except SQLAlchemyError as exc:
+        log.warning("could not release the leases of %s (%s); they run out on their own", holder,
+                    describe_db_error(exc))
+        return 0
+
+
 class Election:
     """See the module docstring. ``role`` names the lease (one per kind of once-only work; the
     gateway elects ``"background"``)."""
@@ -98,7 +115,8 @@ class Election:
             f"inferlb-election-{role}", lambda: asyncio.to_thread(self.attempt), interval_s=lease_s / 3.0,
             # No back-off: a replica must retry its lease at its own pace (failover bound); the
             # runner still logs a failing attempt once a minute, without a traceback.
-            logger=log, backoff_max_s=0.0)
+            logger=log, backoff_max_s=0.0, wait=self._wait)
+        self._poke: asyncio.Event | None = None
         now = _now_sql(engine)
         self._acquire_sql = text(
             f"INSERT INTO leader_leases (name, holder, token, expires_at, acquired_at) "
@@ -175,6 +193,21 @@ class Election:
         self.token = None
 
     # ------------------------------------------------------------------ the loop
+
+    async def _wait(self, delay: float) -> None:
+        """The timer's wait: ``delay`` seconds, or until :meth:`poke`."""
+        if self._poke is None:
+            self._poke = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._poke.wait()
+        self._poke.clear()
+
+    def poke(self) -> None:
+        """Attempt now instead of at the next renewal (the holder left: inferlb/cluster/leave.py).
+        On the loop."""
+        if self._poke is not None:
+            self._poke.set()
 
     async def start(self) -> None:
         """One attempt now, then one every ``lease_s / 3`` on the background runner."""

@@ -29,7 +29,16 @@ Contract:
 * **Election**: with a database, :class:`~.election.Election` runs here too; :meth:`leader` is the
   predicate background jobs take.
 * :meth:`stop` hands this replica's shares back at once (HDEL), so a clean shutdown does not wait
-  for the lease; a SIGKILL waits for it.
+  for the lease; a SIGKILL waits for it, unless a supervisor sees the process die and removes them
+  (:func:`~.leave.forget_replica`, ``serve --workers``), publishing ``left``: every replica then
+  syncs and tries for the role at once.
+* **Idle lease** (``INFERLB_CLUSTER_IDLE_LEASE_S``, off unless set; ``serve --workers`` sets it on
+  its local coordinator, where the supervisor removes a dead worker's shares at once): a sync
+  that reports nothing in use, no demand, no request since the last one and no retry spent, while
+  no share is owed to this replica, sends the idle lease instead and the next renewal comes a
+  third of it later. The first request admitted after it wakes the loop (one sync at once), as
+  does a ``want`` from another replica (which gets back what the idle one holds). A replica that
+  hangs while idle keeps its few slots reserved for up to the idle lease.
 """
 
 from __future__ import annotations
@@ -124,6 +133,7 @@ class ClusterService:
         self.health_received = 0
         self.wants_sent = 0
         self.wants_received = 0
+        self.left_received = 0
         # other features' messages on the channel (learned/share.py): type -> handler, on the loop
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
         # other features' parts of :meth:`status` (``learned``, ``length``, ``reward``: learned/share.py)
@@ -228,7 +238,16 @@ class ClusterService:
         keys = [self._k("replicas"), self._k("health", "v")]
         keys += [self._k("slots", r) for r, *_ in demands]
         keys += [self._k("retry", p) for p in pools]
-        args: list[Any] = [self.id, self.lease_ms, self.offset_ms, f"{self.config_hash}|{self.address}",
+        # Idle (nothing in use, wanted or requested here since the last sync, no retry spent, no
+        # share owed to us): renew with the idle lease when one is set. The flag is up before the
+        # report is sent, so a request admitted from here on wakes the loop (shares.busy).
+        idle_lease = self.settings.idle_lease()
+        idle = (idle_lease is not None and self.redis_up and not self.shares.wants_more()
+                and all(inuse == 0 and demand == 0 for _, _, inuse, demand in demands)
+                and all(dq == 0 and want <= 1 for dq, _, want in sent))
+        self.shares.idle = idle
+        lease_ms = int(idle_lease * 1000) if idle and idle_lease is not None else self.lease_ms
+        args: list[Any] = [self.id, lease_ms, self.offset_ms, f"{self.config_hash}|{self.address}",
                            len(demands), len(pools), width_ms, _RB_SLOTS, repr(float(rb.ratio)), rb.min_retries]
         for _, limit, inuse, demand in demands:
             args += [repr(float(limit)), inuse, demand]
@@ -243,6 +262,7 @@ class ClusterService:
         except (RedisError, OSError) as exc:
             for pool, report in zip(pools, sent, strict=True):
                 self.shares.retry_of(pool).put_back(report)
+            self.shares.idle = False
             self._down(exc)
             return False
         finally:
@@ -324,9 +344,14 @@ class ClusterService:
 
     async def _sync_loop(self) -> None:
         renew = self.settings.renew_period()
+        idle_lease = self.settings.idle_lease()
+        idle_renew = renew if idle_lease is None else max(renew, idle_lease / 3.0)
         gap = self.settings.min_gap_s
         while not self._stopping:
-            timeout = max(gap * 4, 0.01) if (self.shares.wants_more() and self.redis_up) else renew
+            if self.shares.wants_more() and self.redis_up:
+                timeout = max(gap * 4, 0.01)
+            else:
+                timeout = idle_renew if self.shares.idle else renew
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
             # lands as its timeout fires, and stop() would wait for ever.
             with contextlib.suppress(TimeoutError):
@@ -436,6 +461,13 @@ class ClusterService:
         elif msg.get("t") == "want":
             self.wants_received += 1
             self.wake()
+        elif msg.get("t") == "left":
+            # A supervisor removed a dead replica's shares and released its role (cluster/leave.py):
+            # re-divide the limits and try for the role now, not at the next renewal.
+            self.left_received += 1
+            self.wake()
+            if isinstance(self.election, Election):
+                self.election.poke()
         elif (handler := self._handlers.get(str(msg.get("t")))) is not None:
             try:
                 handler(msg)
@@ -449,11 +481,13 @@ class ClusterService:
         return {
             "replica": self.id, "replicas": sh.replicas, "redis_up": self.redis_up, "degraded": sh.degraded,
             "down_for_s": None if self.down_since is None else round(self.clock.monotonic() - self.down_since, 3),
-            "lease_s": self.settings.lease_s, "syncs": self.syncs, "sync_ms": self.sync_ms,
+            "lease_s": self.settings.lease_s, "idle_lease_s": self.settings.idle_lease(), "idle": sh.idle,
+            "syncs": self.syncs, "sync_ms": self.sync_ms,
             "errors": self.errors, "outages": self.outages, "last_error": self.last_error,
             "grants": dict(sorted(sh.grants.items())), "targets": dict(sorted(sh.targets.items())),
             "config": {"hash": self.config_hash, "replicas": self.replicas, "conflict": self.conflict},
             "health": {"sent": self.health.sent, "received": self.health_received, "applied": self.health.applied},
+            "left_received": self.left_received,
             "election": self.election.status(),
             **{name: part() for name, part in self.parts.items()},
         }

@@ -86,6 +86,9 @@ class SlotShares:
     reported: dict[str, int] = field(default_factory=dict)    # demand sent at the last sync
     retry: dict[str, RetryShare] = field(default_factory=dict)
     on_short: Callable[[], None] | None = None
+    # Set by the sync that reported nothing in use, no demand and no request (and so renewed with
+    # the idle lease, service.py): the first request admitted after it calls ``on_short`` at once.
+    idle: bool = False
     in_flight: dict[str, int] | None = None   # in use as reported by the sync in flight, if any
 
     def reported_in_use(self, in_use: dict[str, int]) -> None:
@@ -119,6 +122,13 @@ class SlotShares:
         self.shortfall[resource] = self.shortfall.get(resource, 0) + 1
         if demand > self.reported.get(resource, 0) and self.on_short is not None:
             self.on_short()
+
+    def busy(self) -> None:
+        """A request was admitted here: if the last sync called this replica idle, sync now."""
+        if self.idle:
+            self.idle = False
+            if self.on_short is not None:
+                self.on_short()
 
     def wants_more(self) -> bool:
         """Whether some resource's fair target is above its grant (another replica must give back)."""

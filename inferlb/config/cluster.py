@@ -31,6 +31,10 @@ class ClusterSettings(BaseSettings):
     slot shares and heartbeat live in Redis without renewal: a SIGKILLed replica's slots come back
     after at most this), ``INFERLB_CLUSTER_RENEW_S`` (renewal period; default lease / 3),
     ``INFERLB_CLUSTER_LEADER_LEASE_S`` (the database lease of the elected replica),
+    ``INFERLB_CLUSTER_IDLE_LEASE_S`` (unset by default: the lease an *idle* replica renews with,
+    every third of it; only for replicas whose supervisor gives a dead one's shares and role back
+    at once — ``serve --workers`` sets it for its workers on the local coordinator, see
+    inferlb/server/workers.py),
     ``INFERLB_CLUSTER_REPLICA_ID`` (default ``host-pid-random``)."""
 
     model_config = SettingsConfigDict(env_prefix="INFERLB_CLUSTER_", extra="ignore")
@@ -39,9 +43,14 @@ class ClusterSettings(BaseSettings):
     lease_s: float = Field(5.0, ge=0.2, le=300)
     renew_s: float | None = Field(None, gt=0)
     leader_lease_s: float = Field(10.0, ge=0.5, le=600)
+    idle_lease_s: float | None = Field(None, ge=0.2, le=600)
     replica_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,100}$")
     # Seconds between two syncs that a shortage (a queue forming, a key at its share) may trigger.
     min_gap_s: float = Field(0.005, ge=0)
 
     def renew_period(self) -> float:
         return self.renew_s if self.renew_s is not None else self.lease_s / 3.0
+
+    def idle_lease(self) -> float | None:
+        """The lease an idle replica sends (never shorter than the normal one), or None when off."""
+        return None if self.idle_lease_s is None else max(self.idle_lease_s, self.lease_s)

@@ -37,8 +37,12 @@ application on the inherited sockets. Contract of this module:
   every segment no live process holds) before it serves.
 * **Supervision.** A worker that exits while the supervisor is not stopping is started again after
   a back-off (``restart_min_s`` doubling to ``restart_max_s``, back to the minimum once a worker ran
-  ``stable_s``), one log line each. Its slots in the shared limits come back when its cluster
-  lease expires (``INFERLB_CLUSTER_LEASE_S``, at most 5 s by default). SIGTERM or SIGINT to the
+  ``stable_s``), one log line each. Its slots in the shared limits, its heartbeat and its
+  elected role (if it held it) are given back at once (the supervisor's exit hook,
+  inferlb/cluster/leave.py, on the local coordinator), so the workers' leases bound only a worker
+  that hangs: there idle workers renew with a 30 s lease and the leader with a 60 s one
+  (inferlb/cli/serve.py; an operator's ``INFERLB_CLUSTER_*`` value wins). With
+  ``INFERLB_REDIS_URL`` the leases of docs/replicas.md apply unchanged. SIGTERM or SIGINT to the
   supervisor sends SIGTERM to every worker, which drains (server/lifecycle.py), and waits for all of
   them (``stop_timeout_s``, then SIGKILL); the supervisor then returns 0. SIGHUP is passed to every
   worker (each reloads its files). Workers run in their own process group, so a Ctrl-C in a terminal

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,19 @@ def test_a_worker_command_line_carries_no_setting(tmp_path: Path) -> None:
     assert env["INFERLB_DATABASE_URL"] == "postgresql://u:secret@db/x" and env["INFERLB_WORKERS"] == "1"
     assert env["INFERLB_JOURNAL_DIR"] == str(tmp_path / "j" / "w1")
     assert env["INFERLB_CLUSTER_REPLICA_ID"] == "h-1-w1" and env["INFERLB_REDIS_URL"] == "unix:///x/redis.sock"
+
+
+def test_workers_on_the_local_coordinator_get_the_longer_idle_and_leader_leases(tmp_path: Path) -> None:
+    from inferlb.cli.serve import LOCAL_IDLE_LEASE_S, LOCAL_LEADER_LEASE_S, worker_env
+    from inferlb.config.settings import load_settings
+
+    settings = load_settings(journal_dir=tmp_path / "j")
+    args: dict[str, Any] = {"port": 8080, "admin_port": 0, "replica_base": "h-1", "redis_url": "unix:///x/r.sock"}
+    env = worker_env(settings, 0, **args, base={}, local=True)
+    assert env["INFERLB_CLUSTER_IDLE_LEASE_S"] == LOCAL_IDLE_LEASE_S
+    assert env["INFERLB_CLUSTER_LEADER_LEASE_S"] == LOCAL_LEADER_LEASE_S
+    mine = worker_env(settings, 0, **args, base={"INFERLB_CLUSTER_LEADER_LEASE_S": "7"}, local=True)
+    assert mine["INFERLB_CLUSTER_LEADER_LEASE_S"] == "7"          # the operator's value wins
+    shared = worker_env(settings, 0, **{**args, "redis_url": "redis://r:6379/0"}, base={})
+    assert "INFERLB_CLUSTER_IDLE_LEASE_S" not in shared           # a real Redis: no supervisor cleans up
+    assert "INFERLB_CLUSTER_LEADER_LEASE_S" not in shared

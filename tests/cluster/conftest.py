@@ -34,18 +34,20 @@ def small_fleet(concurrency: int = 3, nodes: int = 2, **health: Any) -> FleetCon
 
 @pytest.fixture
 async def make_replica(redis_client: tuple[Any, str]) -> AsyncIterator[Callable[..., ClusterService]]:
-    """``make_replica(name, fleet=..., lease_s=..., url=...)``: a connected :class:`ClusterService`
+    """``make_replica(name, fleet=..., lease_s=..., url=..., idle_lease_s=...)``: a connected :class:`ClusterService`
     (no loops started) on the test's Redis prefix; all are stopped afterwards."""
     _, prefix = redis_client
     made: list[ClusterService] = []
 
     def make(name: str, fleet: FleetConfig | None = None, *, lease_s: float = 3.0, url: str = REDIS_URL,
-             config_hash: str = "cfg-1", clock: ManualClock | None = None) -> ClusterService:
+             config_hash: str = "cfg-1", clock: ManualClock | None = None,
+             idle_lease_s: float | None = None) -> ClusterService:
         cfg = fleet or small_fleet()
         clk = clock or ManualClock()
         fl = Fleet(cfg, clk)
         ctl = SharedAdmission(cfg.admission, fl, clk, max_inflight=1000)
-        svc = ClusterService(ClusterSettings(replica_id=name, lease_s=lease_s, min_gap_s=0), redis_url=url,
+        svc = ClusterService(ClusterSettings(replica_id=name, lease_s=lease_s, min_gap_s=0,
+                                              idle_lease_s=idle_lease_s), redis_url=url,
                              prefix=prefix, admission=ctl, fleet=fl, clock=clk, config_hash=config_hash)
         svc.connect()
         made.append(svc)

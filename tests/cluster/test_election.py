@@ -89,3 +89,30 @@ def test_the_lease_row_uses_the_database_clock(engine: Engine) -> None:
         left = conn.execute(text(f"SELECT expires_at - acquired_at FROM leader_leases WHERE name = '{role}'")
                             ).scalar_one()
     assert left == pytest.approx(30, abs=1)
+
+
+def test_release_holder_ends_a_dead_replicas_leases_at_once(engine: Engine) -> None:
+    from inferlb.cluster.election import release_holder
+
+    role = _role()
+    ha, hb = _role(), _role()       # holder names of this test only (other tests' leases share the table)
+    a = Election(engine, ha, lease_s=60, clock=SystemClock(), role=role)
+    b = Election(engine, hb, lease_s=60, clock=SystemClock(), role=role)
+    assert a.attempt() and not b.attempt()
+    assert release_holder(engine, hb) == 0           # b holds nothing
+    assert release_holder(engine, ha) == 1           # a died; its supervisor says so
+    assert b.attempt() and b.token == 2
+    with pytest.raises(FencedOut), engine.begin() as conn:
+        a.fence(conn)
+
+
+async def test_a_poke_makes_the_election_attempt_before_its_renewal(engine: Engine) -> None:
+    import asyncio
+
+    e = Election(engine, "a", lease_s=600, clock=SystemClock(), role=_role())
+    e.poke()                                         # before the loop: nothing to wake, no error
+    waiting = asyncio.ensure_future(e._wait(600))    # the timer's wait of one renewal (200 s)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    e.poke()
+    await asyncio.wait_for(waiting, 30)              # hang guard: the poke ends it, not the 600 s

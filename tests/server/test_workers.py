@@ -10,7 +10,8 @@ Checked in one start-up of the supervisor (one start keeps the test short):
    shared health: a node ejected by the worker that served its failures is ejected on the other
    (``/admin/fleet``, answered by either worker, names the replica it came from);
 2. a worker SIGKILLed with a stream in flight is replaced (a new pid under the supervisor),
-   requests keep succeeding meanwhile, its slots come back (the pool's limit runs at once again),
+   requests keep succeeding meanwhile, the supervisor takes it out of the cluster (the survivor
+   is told ``left``), its slots come back (the pool's limit runs at once again),
    and its write-ahead log is recovered by the replacement: the cut stream's audit row
    (``unknown_outcome``, the ``x-request-id`` the client saw) reaches the database;
 3. SIGTERM to the supervisor drains: a stream in flight completes and the supervisor exits 0.
@@ -310,6 +311,13 @@ async def _check_kill(gw: Gateway, sim: SimFleet, tmp: Path) -> None:
         return victim not in kids and len(kids) == 2
 
     await _until("the killed worker replaced", replaced, 30.0)
+
+    # The supervisor saw it die and took it out of the cluster at once (cluster/leave.py): the
+    # survivor got the "left" message (its /admin/fleet says so; either worker may answer).
+    async def survivor_told() -> bool:
+        return int((await gw.fleet())["cluster"].get("left_received", 0)) >= 1
+
+    await _until("the survivor told the killed worker left", survivor_told, 30.0)
     # Requests keep succeeding, whichever worker (survivor or replacement) takes them.
     statuses = [await gw.chat() for _ in range(6)]
     assert statuses == [200] * 6, statuses
@@ -327,7 +335,7 @@ async def _check_kill(gw: Gateway, sim: SimFleet, tmp: Path) -> None:
     await _until(f"worker w{index}'s WAL recovered", recovered, 30.0)
     assert row_status() == "unknown_outcome"
 
-    # Its slot came back (the dead worker's lease expired): the pool's limit runs at once again.
+    # Its slots came back (removed by the supervisor): the pool's limit runs at once again.
     p0 = sim.nodes["p0"]
 
     async def pool_whole() -> bool:
