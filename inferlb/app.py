@@ -299,13 +299,16 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
                 parts.append(length_part := LengthState(rt.lengths))
             if rt.learner is not None:   # the bandit of the router in force (a reload may replace both)
                 parts.append(reward_part := RewardState(lambda: getattr(state.gateway.rt.router, "reward", None)))
+            # The trainer looks at the followers' list on their message, else every 30 s (a message
+            # missed while the listener reconnected): each look is a Redis round trip for it and the
+            # coordinator, which an idle cluster pays for nothing (measured: docs/benchmarks.md).
             others = [StateShare(part, redis=cluster.redis, key=cluster.key, channel=cluster.channel, me=cluster.id,
-                                 leader=cluster.leader, clock=clock) for part in parts]
+                                 leader=cluster.leader, clock=clock, drain_every_s=30.0) for part in parts]
             for other in others:
                 for kind in other.message_types:
                     cluster.subscribe(kind, other.notify)
                 cluster.parts[other.kind] = other.status
-        shares = state.learned_shares = SharesLoop(others) if others else None
+        shares = state.learned_shares = SharesLoop(others, interval_s=2.0) if others else None
         if shares is not None:
             await shares.start()
         def swapped(snap: Snapshot) -> None:

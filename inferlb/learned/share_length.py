@@ -18,8 +18,9 @@ cluster. Contract of :class:`LengthState`:
   calibration, the count learned); a follower installs it whole, so its estimates, ``/admin/fleet``
   summary and ``inferlb_routing_output_length_learned`` are the trainer's. A snapshot or a batch
   made under another ``window`` or other ``bands`` is ignored (:meth:`LengthState.fit`).
-* The estimates of a follower lag the trainer's by one turn and one publish (about 2 s by
-  default), on top of the eight answers each histogram's statistics lag anyway.
+* A follower's estimates lag its own answers by about three turns (its send, the trainer's learn
+  and publish, its install: up to 6 s with app.py's 2 s turns), on top of the eight answers each
+  histogram's statistics lag anyway.
 """
 
 from __future__ import annotations
