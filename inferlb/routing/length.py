@@ -32,7 +32,9 @@ Contract:
   which learns it (:meth:`LengthPredictor.learn`). :meth:`LengthPredictor.state` is the histograms kept
   (their non-empty bins) with the calibration and the count learned, :meth:`LengthPredictor.load`
   takes another predictor's (:class:`~.predictor_state.IncompatibleState` when its ``window`` or
-  ``bands`` differ: its histograms would mean something else here).
+  ``bands`` differ: its histograms would mean something else here). The loaded histograms'
+  statistics are computed at their first use, so they may be up to seven answers fresher than the
+  other predictor's cached ones.
 """
 
 from __future__ import annotations
