@@ -418,7 +418,9 @@ class SharesLoop:
     """One background loop (:class:`~inferlb.background.Periodic`, every ``interval_s``) that turns
     the shares of the parts the feedback loop does not (the output-length predictor, which exists
     without the learned profile, and the reward bandit). app.py starts it only in a cluster. A
-    failing share's turn is logged by the runner; the next turn comes."""
+    failing share's turn is logged by the runner; the next turn comes. :meth:`close` stops the loop
+    and turns each share once more, so a follower that stops (a drain, a restart) sends what its
+    outbox holds rather than take it away with it."""
 
     def __init__(self, shares: Sequence[StateShare], *, interval_s: float = 1.0) -> None:
         self.shares = list(shares)
@@ -432,7 +434,14 @@ class SharesLoop:
             self._timer.start()
 
     async def close(self) -> None:
+        if not self._timer.started:
+            return
         await self._timer.stop()
+        for s in self.shares:
+            try:
+                await s.turn()
+            except Exception as exc:   # at shutdown: one line, and the rest still closes
+                log.warning("the last %s share turn failed: %s: %s", s.kind, type(exc).__name__, exc)
 
     async def _turn(self) -> None:
         for s in self.shares:

@@ -14,7 +14,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from inferlb.learned.share import MAX_BATCHES, StateShare
+from inferlb.learned.share import MAX_BATCHES, SharesLoop, StateShare
 from inferlb.learned.share_length import LengthState
 from inferlb.routing.length import LengthPredictor
 from inferlb.types import ManualClock
@@ -158,3 +158,15 @@ async def test_with_redis_away_a_follower_learns_its_own_answers_and_detach_rest
     assert b.lp.outbox is None and b.lp.learned == 28
     b.answer(2)
     assert b.lp.learned == 30
+
+
+async def test_the_loop_sends_what_waits_when_it_closes(cluster: Callable[..., Replica]) -> None:
+    clock, leads = ManualClock(), ["a"]
+    b = cluster("b", leads, clock)
+    loop = SharesLoop([b.share], interval_s=3600.0)   # no turn of its own within the test
+    await loop.start()
+    b.answer(7)
+    await loop.close()                                # a drain: the outbox goes to the trainer
+    assert b.share.sent == 7 and not b.part.outbox
+    await loop.close()                                # closing twice does nothing more
+    assert b.share.sent == 7
