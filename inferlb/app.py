@@ -60,8 +60,10 @@ from inferlb.health.monitor import HealthMonitor
 from inferlb.health.probe import Prober
 from inferlb.kvevents.wiring import KVEventsWiring, uses_kv_events
 from inferlb.learned.loop import LearnedLoop
-from inferlb.learned.metrics import LearnedCollector
-from inferlb.learned.share import PredictorShare
+from inferlb.learned.metrics import LearnedCollector, LengthCollector
+from inferlb.learned.share import PredictorShare, SharesLoop, StateShare
+from inferlb.learned.share_length import LengthState
+from inferlb.learned.share_reward import RewardState
 from inferlb.live.fleet_admin import config_version
 from inferlb.live.manager import LiveConfig
 from inferlb.live.startup import Checked, check_files
@@ -284,6 +286,31 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             learned = state.learned_loop = LearnedLoop(rt.learner, clock=clock, engine=engine, record=events.submit,
                                                        share=share)
             await learned.start()
+        # The other learned parts a cluster shares the same way (learned/share_length.py,
+        # learned/share_reward.py), on a loop of their own that runs only in a cluster.
+        if rt.lengths is not None:
+            obs.registry.register(LengthCollector(rt.lengths))
+        length_part: LengthState | None = None
+        reward_part: RewardState | None = None
+        others: list[StateShare] = []
+        if cluster is not None:
+            parts: list[LengthState | RewardState] = []
+            if rt.lengths is not None:
+                parts.append(length_part := LengthState(rt.lengths))
+            if rt.learner is not None:   # the bandit of the router in force (a reload may replace both)
+                parts.append(reward_part := RewardState(lambda: getattr(state.gateway.rt.router, "reward", None)))
+            # The trainer looks at the followers' list on their message, else every 30 s (a message
+            # missed while the listener reconnected): each look is a Redis round trip for it and the
+            # coordinator, which an idle cluster pays for nothing (measured: docs/benchmarks.md).
+            others = [StateShare(part, redis=cluster.redis, key=cluster.key, channel=cluster.channel, me=cluster.id,
+                                 leader=cluster.leader, clock=clock, drain_every_s=30.0) for part in parts]
+            for other in others:
+                for kind in other.message_types:
+                    cluster.subscribe(kind, other.notify)
+                cluster.parts[other.kind] = other.status
+        shares = state.learned_shares = SharesLoop(others, interval_s=2.0) if others else None
+        if shares is not None:
+            await shares.start()
         def swapped(snap: Snapshot) -> None:
             state.process = snap.process
             kv_now: KVEventsWiring | None = state.kv_events
@@ -346,6 +373,11 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             await monitor.close()
             if learned is not None:
                 await learned.close()
+            if shares is not None:
+                await shares.close()
+            for part in (length_part, reward_part):
+                if part is not None:
+                    part.detach()         # each learns its own observations again
             await upstream.close()
             if state.kv_events is not None:
                 await state.kv_events.close()

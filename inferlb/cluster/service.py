@@ -136,7 +136,7 @@ class ClusterService:
         self.left_received = 0
         # other features' messages on the channel (learned/share.py): type -> handler, on the loop
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
-        # other features' parts of :meth:`status` (``learned``: learned/share.py): name -> status
+        # other features' parts of :meth:`status` (``learned``, ``length``, ``reward``: learned/share.py)
         self.parts: dict[str, Callable[[], dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ keys

@@ -13,7 +13,13 @@
   outcome, ``installed`` or ``refused`` (why is in the ``routing:learned`` node event);
 * with the reward bandit on (``routing.reward``, routing/reward.py):
   ``inferlb_routing_reward_pulls_total{arm}`` (decisions each arm made) and
-  ``inferlb_routing_reward_mean_cost{arm}`` (its discounted mean realised cost, in the objective's unit).
+  ``inferlb_routing_reward_mean_cost{arm}`` (its discounted mean realised cost, in the objective's unit)
+  and ``inferlb_routing_reward_learned`` (outcomes the bandit learned; in a cluster the trainer's,
+  learned/share_reward.py).
+
+:class:`LengthCollector` (the output-length predictor, routing/length.py; with or without the
+learned profile): ``inferlb_routing_output_length_learned`` (answers it learned; in a cluster the
+trainer's, learned/share_length.py) and ``inferlb_routing_output_length_keys`` (histograms kept).
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from inferlb.routing.length import LengthPredictor
 from inferlb.routing.lifecycle import PredictorLifecycle
 
-__all__ = ["LearnedCollector"]
+__all__ = ["LearnedCollector", "LengthCollector"]
 
 _STATES = ("warming", "active", "drifted", "faulted")
 
@@ -83,3 +90,21 @@ class LearnedCollector(Collector):
                 cost.add_metric([arm.name], bandit.posterior(i)[0])
             yield pulls
             yield cost
+            yield GaugeMetricFamily("inferlb_routing_reward_learned",
+                                    "Outcomes the reward bandit learned (in a cluster: the trainer's, "
+                                    "learned/share_reward.py)", value=float(bandit.learned()))
+
+
+class LengthCollector(Collector):
+    """The output-length predictor's figures (module docstring), read at scrape time."""
+
+    def __init__(self, lengths: LengthPredictor) -> None:
+        self.lp = lengths
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("inferlb_routing_output_length_learned",
+                                "Answers the output-length predictor learned (in a cluster: the trainer's, "
+                                "learned/share_length.py)", value=float(self.lp.learned))
+        yield GaugeMetricFamily("inferlb_routing_output_length_keys",
+                                "Histograms the output-length predictor keeps (model, endpoint, tenant, band)",
+                                value=float(self.lp.kept()))

@@ -26,15 +26,28 @@ Contract:
 * Calibration (:class:`Calibration`): every :meth:`LengthPredictor.observe` given the estimate
   made for that request counts the absolute error of its p50 and whether the true length was at
   most its p50 and its p90 (a calibrated predictor covers about 50 % and 90 %).
+* Sharing (a cluster's one trainer, learned/share_length.py): with an :attr:`LengthPredictor.outbox`
+  (a bounded deque the share sets), :meth:`LengthPredictor.observe` only appends the observation
+  there (the oldest dropped when full) and learns nothing: the share hands it to the trainer,
+  which learns it (:meth:`LengthPredictor.learn`). :meth:`LengthPredictor.state` is the histograms kept
+  (their non-empty bins) with the calibration and the count learned, :meth:`LengthPredictor.load`
+  takes another predictor's (:class:`~.predictor_state.IncompatibleState` when its ``window`` or
+  ``bands`` differ: its histograms would mean something else here). The loaded histograms'
+  statistics are computed at their first use, so they may be up to seven answers fresher than the
+  other predictor's cached ones.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from itertools import compress
+from typing import Any, Literal
 
-__all__ = ["BudgetStat", "Calibration", "LengthEstimate", "LengthPredictor"]
+from inferlb.routing.predictor_state import IncompatibleState
+
+__all__ = ["BudgetStat", "Calibration", "LengthEstimate", "LengthObservation", "LengthPredictor"]
 
 BudgetStat = Literal["p50", "mean", "p90"]
 
@@ -115,6 +128,10 @@ class LengthEstimate:
     samples: int
 
 
+#: One observation waiting in an outbox: (model, endpoint, tenant, prompt_tokens, tokens, estimate).
+LengthObservation = tuple[str, str, str | None, int, int, LengthEstimate | None]
+
+
 @dataclass
 class Calibration:
     """How well the estimates matched the answers (see the module docstring)."""
@@ -126,6 +143,8 @@ class Calibration:
     within_p90: int = 0
     budget_err_sum: float = 0.0   # |budget − true| summed
 
+    _FIELDS = ("n", "learned", "abs_err_sum", "within_p50", "within_p90", "budget_err_sum")
+
     def add(self, est: LengthEstimate, tokens: int) -> None:
         self.n += 1
         if est.level not in ("declared", "default"):
@@ -134,6 +153,21 @@ class Calibration:
         self.budget_err_sum += abs(est.budget - tokens)
         self.within_p50 += tokens <= est.p50
         self.within_p90 += tokens <= est.p90
+
+    def state(self) -> dict[str, float]:
+        """The counts, as JSON (:meth:`LengthPredictor.state`)."""
+        return {k: getattr(self, k) for k in self._FIELDS}
+
+    @classmethod
+    def of(cls, state: dict[str, Any]) -> Calibration:
+        """The calibration :meth:`state` gave (``TypeError`` / ``KeyError`` when it is not one)."""
+        out = cls()
+        for k in cls._FIELDS:
+            v = state[k]
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise TypeError(f"calibration {k}: {v!r}")
+            setattr(out, k, type(getattr(out, k))(v))
+        return out
 
     def summary(self) -> dict[str, float | int | None]:
         """``n``, ``learned``, ``mae_p50`` and ``mae_budget`` (tokens), ``cover_p50`` and
@@ -159,6 +193,9 @@ class LengthPredictor:
     max_keys: int = 4096
     calibration: Calibration = field(default_factory=Calibration)
     _hists: dict[tuple[str, str, str | None, int | None], _Hist] = field(default_factory=dict)
+    #: Set by a cluster's share (learned/share_length.py): observations wait here instead of being learned.
+    outbox: deque[LengthObservation] | None = None
+    learned: int = 0      # observations learned (in a cluster: the trainer's, installed with its snapshot)
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or self.window < 2 or self.max_keys < 1:
@@ -200,9 +237,22 @@ class LengthPredictor:
     def observe(self, model: str, *, prompt_tokens: int, tokens: int, tenant: str | None = None,
                 endpoint: str = "chat", estimate: LengthEstimate | None = None) -> None:
         """A finished request's completion ``tokens`` (the gateway's own count); with the
-        ``estimate`` made for it, counted in :attr:`calibration`."""
+        ``estimate`` made for it, counted in :attr:`calibration`. With an :attr:`outbox`, only
+        queued there (module docstring)."""
         if tokens < 0:
             return
+        if self.outbox is not None:
+            self.outbox.append((model, endpoint, tenant, prompt_tokens, tokens, estimate))
+            return
+        self.learn(model, prompt_tokens=prompt_tokens, tokens=tokens, tenant=tenant, endpoint=endpoint,
+                   estimate=estimate)
+
+    def learn(self, model: str, *, prompt_tokens: int, tokens: int, tenant: str | None = None,
+              endpoint: str = "chat", estimate: LengthEstimate | None = None) -> None:
+        """What :meth:`observe` does without an outbox: learn one answer here."""
+        if tokens < 0:
+            return
+        self.learned += 1
         if estimate is not None:
             self.calibration.add(estimate, tokens)
         for key in self._keys(model, endpoint, tenant, prompt_tokens):
@@ -213,6 +263,58 @@ class LengthPredictor:
                 h = self._hists[key] = _Hist()
             h.add(tokens, self.window)
 
+    def kept(self) -> int:
+        """Histograms kept (at most ``max_keys``)."""
+        return len(self._hists)
+
     def summary(self) -> dict[str, object]:
-        """What ``/admin/fleet`` shows: the statistic, the histograms kept, the calibration."""
-        return {"budget": self.budget, "keys": len(self._hists), **self.calibration.summary()}
+        """What ``/admin/fleet`` shows: the statistic, the histograms kept, the answers learned, the
+        calibration."""
+        return {"budget": self.budget, "keys": self.kept(), "learned_total": self.learned,
+                **self.calibration.summary()}
+
+    def state(self) -> dict[str, Any]:
+        """What another predictor loads (:meth:`load`; JSON): the settings the histograms depend on,
+        the count learned, the calibration, and each histogram as ``[model, endpoint, tenant, band,
+        n, total, bins, counts]`` with its non-empty bins only (``bins`` their indices)."""
+        idx = range(_BINS)
+        hists = [[m, e, t, b, h.n, h.total, list(compress(idx, h.counts)), list(compress(h.counts, h.counts))]
+                 for (m, e, t, b), h in self._hists.items()]   # compress: the scan in C, not 81 steps of Python
+        return {"window": self.window, "bands": list(self.bands), "learned": self.learned,
+                "calibration": self.calibration.state(), "hists": hists}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Replace what this predictor learned by ``state`` (another's :meth:`state`): at most
+        ``max_keys`` histograms are taken. Raises :class:`IncompatibleState` when its ``window`` or
+        ``bands`` differ from these, ``TypeError`` / ``KeyError`` / ``ValueError`` when it is not a
+        state; either way nothing here changes."""
+        if state["window"] != self.window or list(state["bands"]) != list(self.bands):
+            raise IncompatibleState(f"window {state['window']} and bands {state['bands']}, not {self.window} "
+                                    f"and {list(self.bands)}")
+        learned = state["learned"]
+        if not isinstance(learned, int) or isinstance(learned, bool) or learned < 0:
+            raise TypeError(f"learned: {learned!r}")
+        calibration = Calibration.of(state["calibration"])
+        hists: dict[tuple[str, str, str | None, int | None], _Hist] = {}
+        nbands = len(self.bands)
+        for row in state["hists"]:
+            m, e, t, b, n, total, ks, cs = row
+            if not (isinstance(m, str) and isinstance(e, str) and (t is None or isinstance(t, str))
+                    and (b is None or (isinstance(b, int) and 0 <= b <= nbands))):
+                raise TypeError(f"histogram key {row[:4]!r}")
+            if len(hists) >= self.max_keys:
+                break
+            h = _Hist()
+            h.n, h.total = float(n), float(total)
+            # checked in bulk (C loops): int bins in range, counts finite and ≥ 0 (a sum of those is finite)
+            if ks and (set(map(type, ks)) != {int} or min(ks) < 0 or max(ks) >= _BINS or len(ks) != len(cs)):
+                raise ValueError(f"histogram {row[:4]!r}: bins {ks!r}")
+            counts = h.counts
+            for k, c in zip(ks, cs, strict=True):
+                counts[k] = c
+            if cs and (set(map(type, cs)) - {int, float} or min(cs) < 0):
+                raise ValueError(f"histogram {row[:4]!r}: counts not numbers ≥ 0")
+            if not (math.isfinite(h.n + h.total + math.fsum(cs)) and h.n >= 0 and h.total >= 0):
+                raise ValueError(f"histogram {row[:4]!r}: counts not finite and ≥ 0")
+            hists[(m, e, t, b)] = h
+        self._hists, self.calibration, self.learned = hists, calibration, learned

@@ -28,6 +28,13 @@ Contract:
   ``slo_ttft_s`` / ``slo_e2e_s``, else 0) or ``e2e-per-token`` (seconds per output token: the
   answer's length, which no arm chooses, divided out). A request that did not complete costs
   ``failure_cost`` (``e2e``/``e2e-per-token``: ``failure_cost_s``; ``slo``: 1).
+* Sharing (a cluster's one trainer, learned/share_reward.py): with an :attr:`RewardBandit.outbox`
+  (a bounded deque the share sets), :meth:`RewardBandit.observe` only appends ``(arm, cost)``
+  there (the oldest dropped when full) and learns nothing: the trainer replays them in order
+  (:meth:`RewardBandit.learn`). :meth:`RewardBandit.state` is each arm's ``n``, ``s``, ``ss`` and
+  ``observed`` with the params they mean something under (:meth:`RewardBandit.fit`);
+  :meth:`RewardBandit.load` takes another bandit's (:class:`~.predictor_state.IncompatibleState`
+  under other params). ``pulls`` stay this process's own choices.
 * :meth:`RewardBandit.status` is JSON: per arm its pulls, effective count and posterior of the
   mean cost (learned/metrics.py exports the pulls and means as Prometheus figures).
 
@@ -38,10 +45,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from inferlb.routing.predictor_state import IncompatibleState
 
 __all__ = ["RewardBandit", "RewardParams", "observe_reward"]
 
@@ -95,6 +105,8 @@ class RewardBandit:
         self.p = params or RewardParams(enabled=True)
         self.arms = [_Arm(name) for name in self.p.arms]
         self._index = {a.name: i for i, a in enumerate(self.arms)}
+        #: set by a cluster's share (learned/share_reward.py): outcomes wait here instead of being learned
+        self.outbox: deque[tuple[str, float]] | None = None
 
     def _pooled(self) -> tuple[float, float]:
         n = sum(a.n for a in self.arms)
@@ -143,7 +155,17 @@ class RewardBandit:
         return e2e_s
 
     def observe(self, arm: str | None, cost: float) -> bool:
-        """One realised cost of a request ``arm`` decided; False for an arm this bandit has not."""
+        """One realised cost of a request ``arm`` decided; False for an arm this bandit has not.
+        With an :attr:`outbox`, only queued there (module docstring)."""
+        if (arm or "") not in self._index or not math.isfinite(cost):
+            return False
+        if self.outbox is not None:
+            self.outbox.append((str(arm), cost))
+            return True
+        return self.learn(arm, cost)
+
+    def learn(self, arm: str | None, cost: float) -> bool:
+        """What :meth:`observe` does without an outbox: learn one outcome here."""
         i = self._index.get(arm or "")
         if i is None or not math.isfinite(cost):
             return False
@@ -154,6 +176,38 @@ class RewardBandit:
             a.ss *= d
         self.arms[i].add(cost, 1.0)
         return True
+
+    def fit(self) -> str:
+        """The params an outcome's cost and the statistics mean something under (all but ``enabled``
+        and ``min_pulls``, which change no cost)."""
+        return self.p.model_dump_json(exclude={"enabled", "min_pulls"})
+
+    def state(self) -> dict[str, Any]:
+        """What another bandit loads (:meth:`load`; JSON): :meth:`fit` and each arm's
+        ``[name, n, s, ss, observed]``."""
+        return {"fit": self.fit(), "arms": [[a.name, a.n, a.s, a.ss, a.observed] for a in self.arms]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Take the statistics of ``state`` (another's :meth:`state`), keeping this bandit's pulls.
+        Raises :class:`IncompatibleState` under other params, ``TypeError`` / ``ValueError`` /
+        ``KeyError`` when it is not a state; either way nothing here changes."""
+        if state["fit"] != self.fit():
+            raise IncompatibleState("the reward bandit's params differ (routing.reward)")
+        rows = state["arms"]
+        if not isinstance(rows, list) or [r[0] for r in rows] != [a.name for a in self.arms]:
+            raise ValueError("the arms differ")
+        stats: list[tuple[float, float, float, int]] = []
+        for _, n, s, ss, observed in rows:
+            vals = [float(n), float(s), float(ss)]
+            if not all(math.isfinite(v) for v in vals) or not isinstance(observed, int) or observed < 0:
+                raise ValueError(f"arm statistics not finite: {vals} / {observed!r}")
+            stats.append((vals[0], vals[1], vals[2], observed))
+        for a, (n, s, ss, observed) in zip(self.arms, stats, strict=True):
+            a.n, a.s, a.ss, a.observed = n, s, ss, observed
+
+    def learned(self) -> int:
+        """Outcomes learned (in a cluster: the trainer's, installed with its snapshot)."""
+        return sum(a.observed for a in self.arms)
 
     def status(self) -> dict[str, Any]:
         arms: list[dict[str, Any]] = []

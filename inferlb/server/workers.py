@@ -25,8 +25,9 @@ application on the inherited sockets. Contract of this module:
   protocol over a local transport, with no Redis server to run; with ``INFERLB_REDIS_URL`` set the
   workers use that Redis, and so join the replicas of other hosts. Node overrides, rollouts and
   tenant keys are shared through the one database, as between replicas; the learned latency
-  predictor through the cluster too (learned/share.py: the elected worker trains, the others
-  install its snapshots).
+  predictor, the output-length predictor and the reward bandit through the cluster too
+  (learned/share.py, learned/share_length.py, learned/share_reward.py: the elected worker trains,
+  the others install its snapshots).
 * **One /metrics.** The supervisor makes a run directory (``inferlb-run-*``, 0700) and passes it
   with the worker count (``--worker-run-dir``, ``--worker-count``); each worker serves its metrics
   on ``w<i>.sock`` there, and the one that takes a scrape merges its siblings'

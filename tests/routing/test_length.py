@@ -84,3 +84,45 @@ def test_bad_settings_are_refused() -> None:
         LengthPredictor(min_samples=0)
     with pytest.raises(ValueError):
         LengthPredictor(bands=(10, 5))
+
+
+def test_state_round_trips_through_json_and_a_damaged_or_foreign_one_changes_nothing() -> None:
+    import json
+    from collections import deque
+
+    from inferlb.routing.predictor_state import IncompatibleState
+
+    rng = random.Random(3)
+    p = LengthPredictor(min_samples=5)
+    for _ in range(400):
+        prompt, tenant = rng.randrange(10, 6000), rng.choice(["a", "b", None])
+        est = p.estimate("m", prompt_tokens=prompt, declared=None, default=256, tenant=tenant)
+        p.observe("m", prompt_tokens=prompt, tokens=round(rng.lognormvariate(4, 1)), tenant=tenant, estimate=est)
+    state = json.loads(json.dumps(p.state()))
+    q = LengthPredictor(min_samples=5)
+    q.load(state)
+    assert q.state() == p.state() and q.summary() == p.summary() and q.learned == 400
+    # The statistics are recomputed from the histograms at first use, where p's cache may lag its
+    # newest seven answers (the module docstring): once p refreshes, the estimates are the same.
+    probes = [("m", pr, d, t) for pr in (50, 700, 3000, 9000) for d in (None, 40) for t in ("a", "b", "c", None)]
+    for h in p._hists.values():
+        h.cached = None
+    assert [q.estimate(m, prompt_tokens=pr, declared=d, default=256, tenant=t) for m, pr, d, t in probes] == \
+        [p.estimate(m, prompt_tokens=pr, declared=d, default=256, tenant=t) for m, pr, d, t in probes]
+    before = q.summary()
+    row = state["hists"][0]
+    for bad in ({**state, "window": 10}, {**state, "learned": -1},
+                {**state, "hists": [[*row[:6], [999], [1.0]]]}, {**state, "hists": [[*row[:6], [1], [-1.0]]]},
+                {**state, "hists": [[*row[:6], [1], [float("inf")]]]}, {**state, "hists": [[1, *row[1:]]]}):
+        with pytest.raises((IncompatibleState, ValueError, TypeError, KeyError)):
+            LengthPredictor(min_samples=5).load(bad)
+        with pytest.raises((IncompatibleState, ValueError, TypeError, KeyError)):
+            q.load(bad)
+        assert q.summary() == before
+    small = LengthPredictor(min_samples=5, max_keys=3)
+    small.load(state)
+    assert small.kept() == 3                        # bounded whatever the snapshot holds
+    box: deque[object] = deque(maxlen=2)
+    p.outbox = box  # type: ignore[assignment]
+    p.observe("m", prompt_tokens=1, tokens=5)       # with an outbox: queued, not learned
+    assert p.learned == 400 and len(box) == 1

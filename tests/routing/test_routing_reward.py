@@ -128,3 +128,26 @@ def test_the_learned_profile_routes_by_the_arm_it_drew_and_records_it() -> None:
     # a router without a bandit, or a decision no arm made, is not observed
     assert observe_reward(build_router("token-aware"), d, ok=True, stream=True, ttft_s=0.1, e2e_s=1.0,
                           tokens=5) is None
+
+
+def test_state_round_trips_and_other_params_or_a_damaged_state_change_nothing() -> None:
+    from collections import deque
+
+    from inferlb.routing.predictor_state import IncompatibleState
+
+    a, rng = _bandit(), random.Random(2)
+    for _ in range(60):
+        arm = a.choose(rng)
+        a.observe(arm, 1.0 if arm == "learned" else 2.0 + rng.random())
+    b = _bandit()
+    b.load(json.loads(json.dumps(a.state())))
+    assert [b.posterior(i) for i in range(2)] == [a.posterior(i) for i in range(2)]
+    assert b.learned() == 60 and [x.pulls for x in b.arms] == [0, 0]   # pulls stay this process's
+    for bad in (_bandit(objective="slo").state(), {**a.state(), "arms": a.state()["arms"][:1]},
+                {**a.state(), "arms": [["learned", float("nan"), 0, 0, 1], a.state()["arms"][1]]}):
+        with pytest.raises((IncompatibleState, ValueError, TypeError, KeyError)):
+            b.load(bad)
+        assert b.learned() == 60
+    b.outbox = deque(maxlen=3)
+    assert b.observe("learned", 5.0) and not b.observe("nope", 1.0) and not b.observe("learned", float("inf"))
+    assert list(b.outbox) == [("learned", 5.0)] and b.learned() == 60   # queued, not learned

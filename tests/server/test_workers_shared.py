@@ -1,15 +1,19 @@
 """``inferlb serve --workers 2`` answers as one gateway for what used to be per worker: one
-``/metrics`` for the port (server/worker_metrics.py) and one learned latency predictor
-(learned/share.py), between real processes, with no Redis server (the local coordinator).
+``/metrics`` for the port (server/worker_metrics.py) and one learned state: the latency predictor
+(learned/share.py), the output-length predictor (learned/share_length.py) and the reward bandit
+(learned/share_reward.py), between real processes, with no Redis server (the local coordinator).
 
 Checked in one start-up of the supervisor:
 
 1. requests on fresh connections reach both workers; ``/metrics`` over the port, asked several
    times (whichever worker answers), counts exactly the requests sent, and lists both workers up;
 2. the predictor every worker runs has learned every answer, those the other worker served
-   included (one trainer, snapshots installed by the other);
+   included (one trainer, snapshots installed by the other); so has every worker's output-length
+   predictor, and every worker's reward bandit has learned the outcome of every decision an arm
+   made, on either worker (``inferlb_routing_reward_pulls_total``, summed over the workers);
 3. a worker SIGKILLed: every scrape meanwhile is a 200 (the dead one reported down, not an error),
-   the replacement comes back up in ``/metrics`` and starts from the cluster's newest predictor.
+   the replacement comes back up in ``/metrics`` and, having seen no request, starts from the
+   cluster's newest predictor, output-length predictor and reward bandit.
 
 Every wait is a poll for a condition with a bound (a hang guard), never a sleep for time to pass.
 """
@@ -35,7 +39,8 @@ def _fleet_file(tmp: Path, urls: dict[str, str]) -> Path:
         "models": [{"name": "m", "max_output_tokens": 1024, "default_max_tokens": 8}],
         "nodes": [{"name": n, "url": u, "models": ["m"], "labels": {"gpu": "l4"}} for n, u in urls.items()],
         "routing": {"profile": "learned", "seed": 1,
-                    "predictor": {"min_samples": 10, "retrain_interval_s": 0, "train_interval_s": 0.1}},
+                    "predictor": {"min_samples": 10, "retrain_interval_s": 0, "train_interval_s": 0.1},
+                    "reward": {"enabled": True, "min_pulls": 2}},
         "timeouts": {"connect_s": 2.0, "first_token_s": 10.0, "idle_s": 10.0, "total_s": 60.0},
         "health": {"interval_s": 30},
     }
@@ -64,7 +69,7 @@ def _per_worker(m: dict[str, dict[tuple[tuple[str, str], ...], float]], name: st
     return {dict(k)["worker"]: v for k, v in m.get(name, {}).items()}
 
 
-async def test_metrics_and_the_learned_predictor_are_one_for_the_port(tmp_path: Path) -> None:
+async def test_metrics_and_the_learned_state_are_one_for_the_port(tmp_path: Path) -> None:
     specs = [NodeSpec(name=f"n{i}", models=["m"], base_ttft_s=0.002 * (i + 1), tpot_s=0.001 * (i + 1),
                       max_concurrency=64) for i in range(2)]
     async with SimFleet(specs) as sim:
@@ -106,6 +111,24 @@ async def test_metrics_and_the_learned_predictor_are_one_for_the_port(tmp_path: 
             m = await _scrape(gw)
             assert len(set(_per_worker(m, "inferlb_routing_predictor_version").values())) == 1
             assert _per_worker(m, "inferlb_routing_predictor_state") is not None
+            # Now that both run an active predictor, the reward bandit's arms decide: one more wave.
+            statuses = await asyncio.gather(*(gw.chat() for _ in range(20)))
+            assert statuses == [200] * 20, statuses
+            sent += 20
+            decided: list[float] = []
+
+            async def both_share_lengths_and_rewards() -> bool:
+                m = await _scrape(gw)
+                lengths = _per_worker(m, "inferlb_routing_output_length_learned")
+                rewards = _per_worker(m, "inferlb_routing_reward_learned")
+                pulls = sum(m.get("inferlb_routing_reward_pulls_total", {}).values())
+                decided[:] = [pulls]
+                return (lengths == {"w0": float(sent), "w1": float(sent)} and pulls > 0
+                        and rewards == {"w0": pulls, "w1": pulls})
+
+            await _until(f"both workers' output-length predictor learned all {sent} answers and their reward "
+                         "bandit every arm's outcome", both_share_lengths_and_rewards, 30.0)
+            outcomes = decided[0]
 
             victim = sorted(_children(gw.proc.pid))[0]
             os.kill(victim, signal.SIGKILL)
@@ -132,5 +155,13 @@ async def test_metrics_and_the_learned_predictor_are_one_for_the_port(tmp_path: 
                 return set(learned.values()) == {float(sent)}
 
             await _until("the replacement runs the cluster's predictor", replacement_has_the_model, 30.0)
+
+            async def replacement_has_lengths_and_rewards() -> bool:
+                m = await _scrape(gw)
+                return (set(_per_worker(m, "inferlb_routing_output_length_learned").values()) == {float(sent)}
+                        and set(_per_worker(m, "inferlb_routing_reward_learned").values()) == {outcomes})
+
+            await _until("the replacement runs the cluster's output-length predictor and reward bandit",
+                         replacement_has_lengths_and_rewards, 30.0)
             # the dead worker's counts went with it: the sum covers the living workers only
             assert _requests(await _scrape(gw)) <= sent
