@@ -36,9 +36,11 @@ Contract:
   its local coordinator, where the supervisor removes a dead worker's shares at once): a sync
   that reports nothing in use, no demand, no request since the last one and no retry spent, while
   no share is owed to this replica, sends the idle lease instead and the next renewal comes a
-  third of it later. The first request admitted after it wakes the loop (one sync at once), as
-  does a ``want`` from another replica (which gets back what the idle one holds). A replica that
-  hangs while idle keeps its few slots reserved for up to the idle lease.
+  third of it later. The first request admitted after it puts the loop back on the normal
+  renewal (the next sync comes ``renew_s`` after that request; not at once: a sync in flight
+  holds back the retry claim, and the first request's fast failure would find none); a shortage
+  or a ``want`` from another replica (which gets back what the idle one holds) still syncs at
+  once. A replica that hangs while idle keeps its few slots reserved for up to the idle lease.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class ClusterService:
         self._sync_script: Any = None
         self._health_script: Any = None
         self._wake = asyncio.Event()
+        self._sync_now = False    # set by wake(); the event alone only makes the loop re-read its timeout
         self._changes: asyncio.Queue[HealthChange] = asyncio.Queue(maxsize=10_000)
         self._loops = [Background("inferlb-cluster-sync", self._sync_loop, logger=log),
                        Background("inferlb-cluster-listen", self._listen_loop, logger=log),
@@ -173,6 +176,7 @@ class ClusterService:
     async def start(self) -> None:
         self.connect()
         self.shares.on_short = self.wake
+        self.shares.on_busy = self.rearm
         if not await self.sync_once():
             log.warning("Redis unreachable at start-up (%s): replica %s serves with its share of every limit "
                         "until it can join", self.last_error, self.id)
@@ -196,6 +200,7 @@ class ClusterService:
         await stop_all(self._loops)
         self.health.detach()
         self.shares.on_short = None
+        self.shares.on_busy = None
         if isinstance(self.election, Election):
             with contextlib.suppress(Exception):
                 await self.election.close()
@@ -221,6 +226,11 @@ class ClusterService:
         self._handlers[kind] = handler
 
     def wake(self) -> None:
+        self._sync_now = True
+        self._wake.set()
+
+    def rearm(self) -> None:
+        """Make the sync loop re-read its wait (the replica left idle: back to the normal renewal)."""
         self._wake.set()
 
     # ------------------------------------------------------------------ sync
@@ -347,17 +357,30 @@ class ClusterService:
         idle_lease = self.settings.idle_lease()
         idle_renew = renew if idle_lease is None else max(renew, idle_lease / 3.0)
         gap = self.settings.min_gap_s
+        loop = asyncio.get_running_loop()
         while not self._stopping:
-            if self.shares.wants_more() and self.redis_up:
-                timeout = max(gap * 4, 0.01)
-            else:
-                timeout = idle_renew if self.shares.idle else renew
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
-            # lands as its timeout fires, and stop() would wait for ever.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-            self._wake.clear()
+            since = loop.time()
+            while True:
+                if self.shares.wants_more() and self.redis_up:
+                    timeout = max(gap * 4, 0.01)
+                else:
+                    timeout = idle_renew if self.shares.idle else renew
+                left = since + timeout - loop.time()
+                if left <= 0:
+                    break
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+                # lands as its timeout fires, and stop() would wait for ever.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._wake.wait()
+                self._wake.clear()
+                if self._sync_now:
+                    break     # wake(): sync now
+                # rearm(): the replica left idle. Wait the normal renewal from now, not from the
+                # last sync: a sync sent now would hold back the retry claim (shares.py) just when
+                # the first request may need it.
+                since = loop.time()
+            self._sync_now = False
             try:
                 await self.sync_once()
             except asyncio.CancelledError:

@@ -87,8 +87,9 @@ class SlotShares:
     retry: dict[str, RetryShare] = field(default_factory=dict)
     on_short: Callable[[], None] | None = None
     # Set by the sync that reported nothing in use, no demand and no request (and so renewed with
-    # the idle lease, service.py): the first request admitted after it calls ``on_short`` at once.
+    # the idle lease, service.py): the first request admitted after it calls ``on_busy``.
     idle: bool = False
+    on_busy: Callable[[], None] | None = None
     in_flight: dict[str, int] | None = None   # in use as reported by the sync in flight, if any
 
     def reported_in_use(self, in_use: dict[str, int]) -> None:
@@ -124,11 +125,12 @@ class SlotShares:
             self.on_short()
 
     def busy(self) -> None:
-        """A request was admitted here: if the last sync called this replica idle, sync now."""
+        """A request was admitted here: if the last sync called this replica idle, it is not any
+        more (``on_busy``: the sync loop goes back to its normal renewal)."""
         if self.idle:
             self.idle = False
-            if self.on_short is not None:
-                self.on_short()
+            if self.on_busy is not None:
+                self.on_busy()
 
     def wants_more(self) -> bool:
         """Whether some resource's fair target is above its grant (another replica must give back)."""

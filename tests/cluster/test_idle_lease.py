@@ -46,16 +46,19 @@ async def test_an_idle_replica_renews_with_the_idle_lease_and_stays_counted(make
     assert b.shares.replicas == 1
 
 
-async def test_the_first_request_after_an_idle_sync_wakes_the_sync(make_replica: Any) -> None:
+async def test_the_first_request_after_an_idle_sync_rearms_the_sync_without_syncing(make_replica: Any) -> None:
     a = make_replica("a", lease_s=2.0, idle_lease_s=30.0)
-    woken: list[int] = []
-    a.shares.on_short = lambda: woken.append(1)
+    woken: list[str] = []
+    a.shares.on_short = lambda: woken.append("short")
+    a.shares.on_busy = lambda: woken.append("busy")
     assert await a.sync_once() and await a.sync_once()
     assert a.shares.idle
     assert _admit(a, "r1")["admitted"]
-    assert woken == [1] and not a.shares.idle    # at once, once
+    # once, and not a sync now: one in flight would hold back the retry claim the request may need
+    assert woken == ["busy"] and not a.shares.idle
     assert _admit(a, "r2")["admitted"]
-    assert woken == [1]
+    assert woken == ["busy"]
+    assert a.shares.retry_of("m").part >= 1     # the claim of the idle sync is still there to retry with
     assert await a.sync_once()
     assert not a.shares.idle                     # something in use: the normal lease
     _end(a, "r1")
@@ -110,3 +113,12 @@ async def test_a_forgotten_replica_gives_its_slots_back_at_once_and_says_so(make
 async def test_forgetting_with_redis_away_is_reported_not_raised(redis_client: tuple[Any, str]) -> None:
     _, prefix = redis_client
     assert not await asyncio.to_thread(forget_replica, "redis://127.0.0.1:1/0", prefix, "a")
+
+
+async def test_rearm_only_makes_the_loop_reread_its_wait_and_wake_syncs(make_replica: Any) -> None:
+    a = make_replica("a", lease_s=2.0, idle_lease_s=30.0)
+    a.rearm()
+    assert a._wake.is_set() and not a._sync_now
+    a._wake.clear()
+    a.wake()
+    assert a._wake.is_set() and a._sync_now
