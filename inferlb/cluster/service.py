@@ -370,9 +370,11 @@ class ClusterService:
                     break
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
                 # lands as its timeout fires, and stop() would wait for ever.
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(left):
                         await self._wake.wait()
+                except TimeoutError:
+                    break     # the renewal is due
                 self._wake.clear()
                 if self._sync_now:
                     break     # wake(): sync now

@@ -5,6 +5,7 @@ moved with ``offset_ms``, never by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -122,3 +123,20 @@ async def test_rearm_only_makes_the_loop_reread_its_wait_and_wake_syncs(make_rep
     a._wake.clear()
     a.wake()
     assert a._wake.is_set() and a._sync_now
+
+
+async def test_the_loop_renews_on_its_own_without_any_wake(make_replica: Any) -> None:
+    # lease 0.3 s: a renewal every 0.1 s. Nothing wakes the loop; it must still sync (a loop that
+    # only synced when woken would let the heartbeat expire). The bound is a hang guard.
+    a = make_replica("a", lease_s=0.3)
+    loop = asyncio.ensure_future(a._sync_loop())
+    try:
+        for _ in range(600):
+            if a.syncs >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert a.syncs >= 3, a.syncs
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
