@@ -157,12 +157,12 @@ class RewardBandit:
     def observe(self, arm: str | None, cost: float) -> bool:
         """One realised cost of a request ``arm`` decided; False for an arm this bandit has not.
         With an :attr:`outbox`, only queued there (module docstring)."""
+        if self.outbox is None:
+            return self.learn(arm, cost)      # one gateway: its checks are learn's own
         if (arm or "") not in self._index or not math.isfinite(cost):
             return False
-        if self.outbox is not None:
-            self.outbox.append((str(arm), cost))
-            return True
-        return self.learn(arm, cost)
+        self.outbox.append((str(arm), cost))
+        return True
 
     def learn(self, arm: str | None, cost: float) -> bool:
         """What :meth:`observe` does without an outbox: learn one outcome here."""
