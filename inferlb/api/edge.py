@@ -17,6 +17,8 @@
 - :class:`ClientGone`: ASGI middleware ending quietly a request whose client left (or whose body
   read timed out, ``server/protocol.py``) while its body was being read: there is nobody to
   answer, and it is not a server error.
+- :class:`HotRoutes`: ASGI middleware serving the POST routes of ``openai.HOT_ROUTES`` without
+  FastAPI's routing and dependency solving (below).
 - :func:`allow_header`: the ``Allow`` value for a 405, the methods of every route on the path.
 - :func:`add_cors`: starlette's ``CORSMiddleware`` for the configured origins (none by default,
   and then a preflight ``OPTIONS`` is a 405 like any unrouted method).
@@ -26,18 +28,24 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferlb.api.auth import authenticate
 from inferlb.api.deps import GatewayDep, LifecycleDep, get_admission, get_gateway, get_lifecycle
+from inferlb.api.openai import HOT_ROUTES
+from inferlb.engine.gateway import Gateway
 from inferlb.engine.request_ids import new_request_id
 from inferlb.errors import ClientError
 
@@ -46,6 +54,7 @@ log = logging.getLogger("inferlb")
 __all__ = [
     "ClientGone",
     "HeadAsGet",
+    "HotRoutes",
     "RequestIds",
     "ShuttingDown",
     "UnsupportedMediaType",
@@ -186,6 +195,74 @@ class ClientGone:
             log.debug("client left while its request body was read: %s", scope.get("path"))
 
 
+HotEndpoint = Callable[[Request, Gateway], Awaitable[Response]]
+
+
+class HotRoutes:
+    """Serve the OpenAI POST routes that carry the traffic (``routes``: exact path → endpoint) without
+    FastAPI's routing, its dependency solving and its route wrappers, which cost the gateway about
+    0.1 ms of CPU per request (docs/benchmarks.md, "The hot routes without FastAPI's routing").
+
+    Contract: a request is taken here only when it is HTTP ``POST`` to exactly one of ``routes``
+    with no ``root_path`` and no dependency overrides on the app; everything else (other methods,
+    a trailing slash, other paths) goes to the app unchanged, so 404, 405 and redirects are the
+    router's. A taken request runs what FastAPI would run for the route, in the same order:
+    :func:`openai_guard` (auth, then the edge rules), the gateway from ``deps``, the endpoint,
+    then its response. An exception is answered by the app's own exception handler for it (looked
+    up along its class's MRO, as starlette does; an ``HTTPException`` by its status first), or
+    re-raised when there is none, and an exception after the answer started is re-raised as
+    starlette's ``RuntimeError``: the server's 500 path, exactly as through the router. Install it
+    inside the middleware that must still see these requests (``install`` puts it innermost).
+    """
+
+    def __init__(self, app: ASGIApp, routes: Mapping[str, HotEndpoint]) -> None:
+        self.app = app
+        self._routes = dict(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self._routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if endpoint is None or scope.get("root_path") or scope["app"].dependency_overrides:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive, send)
+        started = False
+
+        async def sender(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await openai_guard(request)
+            response = await endpoint(request, await get_gateway(request))
+            await response(scope, receive, sender)
+        except Exception as exc:
+            handler = _exception_handler(request, exc)
+            if handler is None:
+                raise
+            if started:
+                raise RuntimeError("Caught handled exception, but response already started.") from exc
+            if inspect.iscoroutinefunction(handler):
+                answer = await handler(request, exc)
+            else:
+                answer = await run_in_threadpool(handler, request, exc)
+            if answer is not None:
+                await answer(scope, receive, sender)
+            exc.__traceback__ = None   # as starlette: a reused exception must not grow its traceback
+
+
+def _exception_handler(request: Request, exc: Exception) -> Any:
+    """The app's handler for ``exc`` as starlette's exception middleware picks it, or None."""
+    handlers: Mapping[Any, Any] = request.app.exception_handlers
+    if isinstance(exc, StarletteHTTPException) and exc.status_code in handlers:
+        return handlers[exc.status_code]
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    return None
+
+
 def allow_header(request: Request) -> str:
     """The methods the routes on this request's path accept (HEAD wherever GET is)."""
     methods: set[str] = set()
@@ -199,7 +276,9 @@ def allow_header(request: Request) -> str:
 
 
 def install(app: FastAPI, cors_origins: Sequence[str]) -> None:
-    """Add the edge middleware to ``app`` (CORS outermost: a preflight is answered before routing)."""
+    """Add the edge middleware to ``app`` (CORS outermost: a preflight is answered before routing;
+    the hot routes innermost, inside every other edge rule)."""
+    app.add_middleware(HotRoutes, routes=HOT_ROUTES)
     app.add_middleware(RequestIds)
     app.add_middleware(HeadAsGet)
     app.add_middleware(ClientGone)

@@ -40,7 +40,7 @@ from inferlb.engine.hops import HOP_HEADER, LoopDetected, check_hops
 from inferlb.engine.scope import IncomingRequest
 from inferlb.errors import ClientError, Forbidden, InvalidRequest, ModelNotFound, PayloadTooLarge
 
-__all__ = ["read_body", "router"]
+__all__ = ["HOT_ROUTES", "read_body", "router"]
 
 router = APIRouter()
 
@@ -247,3 +247,16 @@ async def get_model(model: str, gw: GatewayDep) -> Response:
         err = ModelNotFound(model)
         return JSONResponse(err.envelope(), status_code=err.status)
     return JSONResponse({"id": m.name, "object": "model", "created": int(time.time()), "owned_by": "inferlb"})
+
+
+# The POST routes that carry the traffic, by path: ``api/edge.py``'s ``HotRoutes`` serves them
+# without FastAPI's routing and dependency solving (the same guard, gateway and exception handlers;
+# docs/benchmarks.md, "The hot routes without FastAPI's routing"). Each takes the request and the
+# gateway and returns the answer; a path here must also be a route above (the fallback when
+# dependencies are overridden, and the OpenAPI document).
+HOT_ROUTES: dict[str, Callable[[Request, Gateway], Awaitable[Response]]] = {
+    "/v1/chat/completions": chat_completions,
+    "/v1/completions": completions,
+    "/v1/embeddings": embeddings,
+    "/v1/responses": responses,
+}

@@ -1,0 +1,124 @@
+"""The hot OpenAI routes (``api/edge.py`` ``HotRoutes``) answer exactly as FastAPI's router does.
+
+Each request is sent twice to one running gateway: once as it comes (the hot path takes it), once
+with a dependency override set on the app, which makes ``HotRoutes`` hand every request to the
+router (its contract). The two answers must agree in status, error envelope and headers; a
+counting wrapper around the guard the hot path calls shows which path served each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import Request
+
+from inferlb.api import edge
+from inferlb.config.admission import AdmissionSettings
+from inferlb.simulator.emulator import SimFleet
+from tests.support import fast_specs, fleet_for, running_gateway, settings_for
+
+ADMIN = "admin-" + "e" * 32
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+# What differs between two answers to the same request by design: ids, times, the node's text.
+_VOLATILE = {"id", "created", "choices", "usage", "system_fingerprint", "object", "model", "data"}
+_HEADERS = ("content-type", "retry-after", "allow", "www-authenticate", "connection", "location")
+
+
+def _unused() -> None:
+    """A dependency no route has: overriding it only switches the hot path off."""
+
+
+def _shape(r: httpx.Response) -> tuple[Any, ...]:
+    body: Any
+    if r.headers.get("content-type", "").startswith("application/json"):
+        doc = r.json()
+        body = {k: v for k, v in doc.items() if k not in _VOLATILE} if isinstance(doc, dict) else doc
+    elif r.headers.get("content-type", "").startswith("text/event-stream"):
+        body = [line.split(":", 1)[0] for line in r.text.splitlines() if line]  # the event framing
+    else:
+        body = r.text
+    return r.status_code, body, tuple(r.headers.get(h) for h in _HEADERS), "x-request-id" in r.headers
+
+
+async def test_hot_routes_answer_as_the_router_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[str] = []
+    guard = edge.openai_guard
+
+    async def counting_guard(request: Request) -> None:
+        taken.append(request.url.path)
+        await guard(request)
+
+    async with SimFleet(fast_specs(1)) as sim:
+        fleet = fleet_for({n: node.url for n, node in sim.nodes.items()})
+        settings = settings_for(
+            tmp_path, fleet, admission=AdmissionSettings(auth=True, admin_key=ADMIN, redis_url=None)
+        )
+        async with running_gateway(settings, public=True) as (base, app), httpx.AsyncClient(base_url=base) as http:
+            # After create_app: the router's dependency keeps the guard it was built with.
+            monkeypatch.setattr(edge, "openai_guard", counting_guard)
+            key = (
+                await http.post("/admin/keys", json={"tenant": "t"}, headers={"authorization": f"Bearer {ADMIN}"})
+            ).json()["key"]
+            auth = {"authorization": f"Bearer {key}"}
+            cases: dict[str, tuple[Callable[[], Awaitable[httpx.Response]], bool]] = {
+                "chat (200)": (lambda: http.post("/v1/chat/completions", json=CHAT, headers=auth), True),
+                "stream (200)": (
+                    lambda: http.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth),
+                    True,
+                ),
+                "completions (200)": (
+                    lambda: http.post(
+                        "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2}, headers=auth
+                    ),
+                    True,
+                ),
+                "no key (401)": (lambda: http.post("/v1/chat/completions", json=CHAT), True),
+                "not JSON (415)": (
+                    lambda: http.post(
+                        "/v1/chat/completions", content=b"{}", headers={**auth, "content-type": "text/plain"}
+                    ),
+                    True,
+                ),
+                "malformed body (400)": (
+                    lambda: http.post(
+                        "/v1/chat/completions",
+                        content=b'{"model":',
+                        headers={**auth, "content-type": "application/json"},
+                    ),
+                    True,
+                ),
+                "no messages (400)": (
+                    lambda: http.post("/v1/chat/completions", json={"model": "m"}, headers=auth),
+                    True,
+                ),
+                "bad header (400)": (
+                    lambda: http.post(
+                        "/v1/chat/completions", json=CHAT, headers={**auth, "x-inferlb-deadline-ms": "soon"}
+                    ),
+                    True,
+                ),
+                "unknown model (404)": (
+                    lambda: http.post("/v1/chat/completions", json={**CHAT, "model": "zz"}, headers=auth),
+                    True,
+                ),
+                "wrong method (405)": (lambda: http.get("/v1/chat/completions", headers=auth), False),
+                "trailing slash": (lambda: http.post("/v1/chat/completions/", json=CHAT, headers=auth), False),
+            }
+            for what, (send, hot) in cases.items():
+                taken.clear()
+                via_hot = await send()
+                assert taken == ([via_hot.request.url.path] if hot else []), (what, taken)
+                app.dependency_overrides[_unused] = _unused
+                try:
+                    taken.clear()
+                    via_router = await send()
+                    assert taken == [], (what, "the router path must not call the hot path's guard")
+                finally:
+                    app.dependency_overrides.clear()
+                assert _shape(via_hot) == _shape(via_router), what
+                if "(" in what:  # the status the case is named after
+                    assert via_hot.status_code == int(what.rsplit("(", 1)[1][:3]), (what, via_hot.text)
