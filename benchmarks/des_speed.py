@@ -16,7 +16,11 @@ the figure covers the requests fed, said so in the output).
 made before) and prints its events and end time, for an instruction count of the simulation on a
 busy machine: ``valgrind --tool=callgrind --collect-atstart=no --toggle-collect=functools_reduce
 --callgrind-out-file=/dev/null python -m benchmarks.des_speed --count --requests 5000``
-(``PYTHONHASHSEED=0``), then "Collected" ÷ the requests.
+(``PYTHONHASHSEED=0``), then "Collected" ÷ the requests. Such a short run is mostly its start and
+its drain (a 60 s tail of scrapes over every node); ``--count-skip N`` counts the steady state
+instead, as a long run is made of it: the first ``N`` requests are simulated before the counted
+call, up to the next arrival, and the counted call takes the next ``--requests`` up to the arrival
+after them, without the drain.
 
 ``--baseline-tree DIR --rounds R`` compares two trees in the same run instead: an exported copy of
 another commit (``git archive <commit> inferlb benchmarks | tar -x -C DIR``: each tree runs its own
@@ -114,13 +118,25 @@ def run(nodes: int, requests: int, rate: float, profile: str, workload: str, max
     }
 
 
-def count(nodes: int, requests: int, rate: float, profile: str, workload: str, seed: int = 1) -> int:
+def count(nodes: int, requests: int, rate: float, profile: str, workload: str, seed: int = 1,
+          skip: int = 0) -> int:
     """The ``--count`` run (see the module docstring)."""
     import functools
 
     w = load_workload(workload)
-    reqs = plan(w, seed=seed, rate=rate, duration_s=requests / rate * 1.2 + 1, max_requests=requests)
+    total = skip + requests + (1 if skip else 0)
+    reqs = plan(w, seed=seed, rate=rate, duration_s=total / rate * 1.2 + 1, max_requests=total)
     sim = Simulation(fleet(nodes), profile=profile, seed=seed, timeout_s=w.timeout_s)
+    if skip:
+        # The steady state: the first ``skip`` requests outside the counted call, up to the next
+        # arrival; then ``requests`` more up to the arrival after them, with no drain.
+        sim.run(reqs[:skip], until=reqs[skip].t)
+        e0 = sim.events
+        res = functools.reduce(lambda acc, _: sim.run(reqs[skip:skip + requests], until=reqs[skip + requests].t),
+                               [0], None)
+        assert res is not None
+        print(f"events {sim.events - e0} (of {sim.events}) end {res.end_s}")
+        return 0
     res = functools.reduce(lambda acc, _: sim.run(reqs), [0], None)
     assert res is not None
     print(f"events {sim.events} end {res.end_s}")
@@ -175,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-tree", default=None, help="compare with another tree's inferlb/ (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="with --baseline-tree: runs per tree")
     ap.add_argument("--count", action="store_true", help="the simulation alone in functools.reduce (see above)")
+    ap.add_argument("--count-skip", type=int, default=0,
+                    help="with --count: simulate this many requests first, outside the count (see above)")
     a = ap.parse_args(argv)
     if a.baseline_tree:
         return compare(a)
     if a.count:
-        return count(a.nodes, a.requests, a.rate, a.profile, a.workload, a.seed)
+        return count(a.nodes, a.requests, a.rate, a.profile, a.workload, a.seed, a.count_skip)
     out = run(a.nodes, a.requests, a.rate, a.profile, a.workload, a.max_seconds, a.seed)
     for k, v in out.items():
         print(f"{k:28} {v}")

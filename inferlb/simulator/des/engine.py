@@ -85,6 +85,13 @@ class FastCore:
         self.total_blocks = spec.kv_tokens // spec.block_tokens
         self._limit = self.total_blocks - int(spec.watermark * self.total_blocks)
         self._bt = spec.block_tokens
+        # The spec's step terms (a frozen BatchSpec), read on every composition: one attribute each.
+        self._sb = spec.step_base_s
+        self._sps = spec.step_per_seq_s
+        self._spk = spec.step_per_kv_token_s
+        self._spp = spec.prefill_s_per_token
+        self._max_seqs = spec.max_num_seqs
+        self._max_batched = spec.max_batched_tokens
         self.waiting: deque[FastSeq] = deque()
         self.running: list[FastSeq] = []
         self._ctx = 0                 # Σ (prompt + gen0 − start_k) over running: context at step j = _ctx + B·j
@@ -117,7 +124,7 @@ class FastCore:
 
     def fits_ever(self, tokens: int) -> bool:
         """Whether ``tokens`` of context can be admitted on an empty cache at all."""
-        return self.blocks_for(tokens + 1) <= self._limit
+        return -(-(tokens + 1) // self._bt) <= self._limit     # blocks_for(tokens + 1)
 
     def is_down(self, now: float) -> bool:
         return now < self.down_until
@@ -137,8 +144,12 @@ class FastCore:
 
     def submit(self, prompt_tokens: int, output_tokens: int, now: float, *, cached: int = 0, tag: int = 0) -> FastSeq:
         """Queue a request (after ``advance(now)``); it joins the next step."""
-        seq = FastSeq(self._next_rid, max(0, prompt_tokens), max(1, output_tokens), now,
-                      min(max(0, cached), max(0, prompt_tokens)), tag)
+        # max(0, p), max(1, o), min(max(0, c), max(0, p)), without the builtin calls (the same
+        # values: each keeps the first of equals, as max and min do)
+        prompt = prompt_tokens if prompt_tokens > 0 else 0
+        c = cached if cached > 0 else 0
+        seq = FastSeq(self._next_rid, prompt, output_tokens if output_tokens > 1 else 1, now,
+                      prompt if prompt < c else c, tag)
         self._next_rid += 1
         was_empty = not self.waiting
         self.waiting.append(seq)
@@ -195,14 +206,23 @@ class FastCore:
         report = CoreReport()
         while True:  # bounded: each pass ends a (macro) step or composes one that ends later
             if self._active:
-                if self._t_end > now:
+                t = self._t_end
+                if t > now:
                     break
                 last = self.k + self._m - 1
-                t = self._t_end
                 self._active = False
                 self._finish(last, t, report)
                 self.k = last + 1
-                self._next(t, report)
+                # The next step from ``t``: composed alone at a boundary (a finish, an admission that
+                # may succeed, slow start), else the decode steps up to the next boundary in one go.
+                if self._dirty or not self.running or (self.slow_factor_at is not None and self._slow(t) > 1.0):
+                    self._compose(t, report)
+                    continue
+                nxt = self._uniform_until(self.k)
+                if nxt < self.k:
+                    self._compose(t, report)
+                    continue
+                self._macro(t, self._step_s(self.k), nxt)
                 continue
             start = self._pending
             if start is None or start > now:
@@ -264,23 +284,23 @@ class FastCore:
     def _finish(self, last_k: int, t: float, report: CoreReport) -> None:
         """The step ``last_k`` ended at ``t``: the sequences whose last token it made finish."""
         heap = self._heap
+        if not heap or heap[0][0] > last_k:
+            return
+        pop = heapq.heappop
+        running = self.running
+        finished = report.finished
         while heap and heap[0][0] <= last_k:
-            fk, _, seq = heapq.heappop(heap)
+            fk, _, seq = pop(heap)
             if seq.state != RUNNING or seq.finish_k != fk:
                 continue   # stale: preempted or aborted since
             seq.state = FINISHED
             seq.finished_at = t
-            self.running.remove(seq)
+            running.remove(seq)
             self._ctx -= seq.prompt + seq.gen0 - seq.start_k
             self.generation_tokens_total += seq.output - seq.gen0
             self.finished_total += 1
             self._dirty = True
-            report.finished.append(seq)
-
-    def _need_bound(self, j: int) -> int:
-        """An upper bound of :meth:`_need` in O(1): Σ ⌈(c + 1) / bt⌉ ≤ (Σ c + B) / bt + B."""
-        b = len(self.running)
-        return (self._ctx + b * j + b) // self._bt + b + 1
+            finished.append(seq)
 
     def _need(self, j: int) -> int:
         """KV blocks the running batch holds at the composition of step ``j``."""
@@ -291,15 +311,21 @@ class FastCore:
         """The last step index ``L`` (≥ ``k1`` − 1) such that steps ``k1`` … ``L`` compose with no
         boundary: no later than the next finish, before the first step that would preempt."""
         heap = self._heap
-        while heap and (heap[0][2].state != RUNNING or heap[0][2].finish_k != heap[0][0]):
+        while heap:
+            top = heap[0]
+            s = top[2]
+            if s.state == RUNNING and s.finish_k == top[0]:
+                break
             heapq.heappop(heap)
-        if not heap:
+        else:
             return k1 - 1
         last = heap[0][0]
         if last < k1:
             return k1 - 1
         total = self.total_blocks
-        if self._need_bound(last) > total and self._need(last) > total:
+        b = len(self.running)
+        # an upper bound of _need(last) in O(1): Σ ⌈(c + 1) / bt⌉ ≤ (Σ c + B) / bt + B
+        if (self._ctx + b * last + b) // self._bt + b + 1 > total and self._need(last) > total:
             # the first step whose allocation would preempt is composed on its own
             if self._need(k1) > total:
                 return k1 - 1
@@ -315,39 +341,32 @@ class FastCore:
 
     def _step_s(self, k: int) -> float:
         """The duration of decode step ``k`` of the running batch (no prefill, no slow start)."""
-        spec = self.spec
         b = len(self.running)
-        return spec.step_base_s + spec.step_per_seq_s * b + spec.step_per_kv_token_s * (self._ctx + b * k)
+        return self._sb + self._sps * b + self._spk * (self._ctx + b * k)
 
     def _macro(self, t: float, first: float, last: int) -> None:
         """Steps ``self.k`` … ``last`` from ``t``: the first lasts ``first``, the rest are decode steps."""
         k = self.k
         m = last - k + 1
+        b = len(self.running)
+        spk = self._spk
+        inc = spk * b
+        base = self._sb + self._sps * b + spk * (self._ctx + b * (k + 1))     # _step_s(k + 1)
         self._active = True
         self._t0 = t
         self._m = m
         self._first = first
-        self._inc = self.spec.step_per_kv_token_s * len(self.running)
-        self._base = self._step_s(k + 1)
-        self._t_end = t + self._span(m)
-        self.busy_s_total += self._t_end - t
+        self._inc = inc
+        self._base = base
+        j = m - 1
+        end = t + (first + j * base + inc * j * (j - 1) / 2)                  # t + _span(m), m >= 1
+        self._t_end = end
+        self.busy_s_total += end - t
         if m > 1 and last < self._heap[0][0]:
             self._dirty = True   # it stops short of the next finish: a preemption is due
 
-    def _next(self, t: float, report: CoreReport) -> None:
-        """Compose the step starting at ``t``: one at a time at a boundary, else a macro step."""
-        if self._dirty or not self.running or self._slow(t) > 1.0:
-            self._compose(t, report)
-            return
-        last = self._uniform_until(self.k)
-        if last < self.k:
-            self._compose(t, report)
-            return
-        self._macro(t, self._step_s(self.k), last)
-
     def _compose(self, t: float, report: CoreReport) -> None:
         """One step composed by ``BatchCore._compose``'s rules (the step's index is ``self.k``)."""
-        spec = self.spec
         k = self.k
         bt = self._bt
         running = self.running
@@ -355,11 +374,16 @@ class FastCore:
         preempted = False
         # 1. every running sequence needs the slot of the token it computes next. ``need`` is an
         # upper bound until ``exact`` (the O(batch) sum is taken only when the bound decides).
-        need = self._need_bound(k) if running else 0
-        exact = not running
+        if running:
+            b = len(running)
+            need = (self._ctx + b * k + b) // bt + b + 1     # a bound of _need(k), as in _uniform_until
+            exact = False
+        else:
+            need, exact = 0, True
         if need > self.total_blocks:
             need, exact = self._need(k), True
         while running and need > self.total_blocks:
+            spec = self.spec
             if spec.on_kv_full == "oom":
                 self.oom_crashes_total += 1
                 report.failed.extend(self.crash(t, spec.cold_start_s))
@@ -381,11 +405,12 @@ class FastCore:
         admitted = 0
         limit = self._limit
         waiting = self.waiting
-        while waiting and not preempted and len(running) < spec.max_num_seqs:
+        max_seqs = self._max_seqs
+        while waiting and not preempted and len(running) < max_seqs:
             seq = waiting[0]
             ctx = seq.prompt + seq.gen0
             work = ctx - seq.cached if seq.admitted_at is None else ctx
-            if admitted and prefill + work > spec.max_batched_tokens:
+            if admitted and prefill + work > self._max_batched:
                 self._dirty = True   # the cap, not the cache, stopped it: the next step admits more
                 break
             blocks = -(-(ctx + 1) // bt)
@@ -417,11 +442,14 @@ class FastCore:
         if not running:
             return
         b = len(running)
-        duration = (spec.step_base_s + spec.step_per_seq_s * b + spec.step_per_kv_token_s * (self._ctx + b * k)
-                    + spec.prefill_s_per_token * prefill) * self._slow(t)
+        fn = self.slow_factor_at
+        duration = (self._sb + self._sps * b + self._spk * (self._ctx + b * k)
+                    + self._spp * prefill) * (1.0 if fn is None else fn(t))
         last = k
-        if not self._dirty and self._slow(t + duration) <= 1.0:
-            last = max(k, self._uniform_until(k + 1))   # the decode steps after it, in one go
+        if not self._dirty and (fn is None or fn(t + duration) <= 1.0):
+            last = self._uniform_until(k + 1)   # the decode steps after it, in one go
+            if last < k:
+                last = k
         self._macro(t, duration, last)
         if admitted:
             end = t + duration

@@ -15,9 +15,9 @@ import math
 from inferlb.routing.length import LengthEstimate
 from inferlb.routing.prefix import block_hashes, text_key
 from inferlb.routing.types import RouteRequest
-from inferlb.simulator.des.admission import ADMIT, QUEUE
+from inferlb.simulator.des.admission import ADMIT, QUEUE, OpenAdmission
 from inferlb.simulator.des.api import RequestLike
-from inferlb.simulator.des.engine import RUNNING, FastSeq
+from inferlb.simulator.des.engine import RUNNING, CoreReport, FastSeq
 from inferlb.simulator.des.feedback import Finished
 from inferlb.simulator.des.fleet import _UP
 from inferlb.simulator.des.lora import SimLora
@@ -140,16 +140,16 @@ class SimRequests(SimLora):
         self._live[i] = (seq, node)
         self._schedule(node)
 
-    def _wake(self, node: DesNode, at: float) -> None:
-        node.wake = None
-        self._advance(node, at)
-        self._schedule(node)
-        if node.state == "draining" and node.idle():
-            self._remove(node)
-
     def _advance(self, node: DesNode, at: float) -> None:
         """Run ``node``'s engine to ``at`` and settle what ended."""
-        report = node.core.advance(at)
+        core = node.core
+        nxt = core.next_event_at()
+        if nxt is None or nxt > at:
+            return   # nothing of the engine's is due by ``at``: its advance would do nothing
+        self._settle(node, core.advance(at))
+
+    def _settle(self, node: DesNode, report: CoreReport) -> None:
+        """What ``node``'s engine reported from an advance: finished and lost requests, a crash."""
         for seq in report.finished:
             self._complete(seq, node)
         for seq in report.failed:
@@ -206,8 +206,10 @@ class SimRequests(SimLora):
             self.lengths.observe(model, prompt_tokens=seq.prompt, tokens=seq.output, tenant=tenant, estimate=est)
         if isinstance(self.prefill_cached, PrefixCaches):
             self.prefill_cached.finished(i, seq.output if ok else None)
-        for j in self.admission.release(i, self.now, ok, self):
-            self._grant(j)
+        adm = self.admission
+        if type(adm) is not OpenAdmission:   # OpenAdmission.release grants nothing
+            for j in adm.release(i, self.now, ok, self):
+                self._grant(j)
 
     def _end(self, i: int, outcome: int, *, node: int = -1, reason: str) -> None:
         """An admitted request that never reached a node engine."""

@@ -109,7 +109,7 @@ class DesResults:
         self.prompt_tokens.append(prompt_tokens)
         self.output_tokens.append(output_tokens)
         self.stream.append(stream)
-        self.priority.append(self._prio(priority))
+        self.priority.append(-1 if priority is None else self._prio(priority))
         self.node.append(-1)
         self.ttft.append(_NAN)
         self.e2e.append(_NAN)

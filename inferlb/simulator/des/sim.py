@@ -150,6 +150,7 @@ class Simulation(SimRequests):
         self._next_scrape = start + scrape_s
         self._next_control = start + control_every_s if controller is not None else math.inf
         self._window = Window(start)
+        self._set_timers()
         self._reqs: dict[int, RequestLike] = {}     # rows waiting in the gateway queue
         self.events = 0
         self._lora_init()
@@ -205,32 +206,49 @@ class Simulation(SimRequests):
         return at
 
     def _until(self, t: float) -> None:
-        """Process every event at or before ``t``."""
+        """Process every event at or before ``t``.
+
+        The order at equal times is the heap's (node events), then a client timeout, the
+        scrape, the controller, the feedback tick and admission's timer: each kind is taken only
+        when strictly earlier than the ones before it. The scrape, controller and tick times are
+        compared through their minimum first (``_timers_at``, kept by :meth:`_set_timers`): none
+        of them can come first while that minimum is not strictly earlier."""
         heap = self._heap
         timeouts = self._timeouts
+        pop = heapq.heappop
+        inf = math.inf
+        adm_timer = None if type(self.admission) is OpenAdmission else self.admission.next_timer
         while True:  # bounded: each pass consumes an event or a timer
-            at = heap[0][0] if heap else math.inf
+            at = heap[0][0] if heap else inf
             kind = 0
             if timeouts and timeouts[0][0] < at:
                 at, kind = timeouts[0][0], 1
-            if self._next_scrape < at:
-                at, kind = self._next_scrape, 2
-            if self._next_control < at:
-                at, kind = self._next_control, 3
-            if self._next_tick < at:
-                at, kind = self._next_tick, 5
-            adm = self.admission.next_timer()
-            if adm is not None and adm < at:
-                at, kind = adm, 4
+            if self._timers_at < at:
+                if self._next_scrape < at:
+                    at, kind = self._next_scrape, 2
+                if self._next_control < at:
+                    at, kind = self._next_control, 3
+                if self._next_tick < at:
+                    at, kind = self._next_tick, 5
+            if adm_timer is not None:
+                adm = adm_timer()
+                if adm is not None and adm < at:
+                    at, kind = adm, 4
             if at > t:
                 return
             self.now = at
             self.events += 1
             if kind == 0:
-                _, what, _, node = heapq.heappop(heap)
+                _, what, _, node = pop(heap)
                 if what == _WAKE:
                     if node.wake == at:
-                        self._wake(node, at)
+                        # The node's engine is due: advance it, settle what ended, schedule
+                        # its next event (the event most runs are made of, inlined here).
+                        node.wake = None
+                        self._settle(node, node.core.advance(at))
+                        self._schedule(node)
+                        if node.state == "draining" and node.idle():
+                            self._remove(node)
                 elif what == LORA_DUE:
                     self._lora_due(node, at)
                 elif what == _READY:
@@ -244,13 +262,17 @@ class Simulation(SimRequests):
                 self._timeout(i)
             elif kind == 2:
                 self._scrape()
+                self._set_timers()
             elif kind == 3:
                 self._next_control += self.control_every_s
+                self._set_timers()
                 assert self.controller is not None
                 self.controller(self)
+                adm_timer = None if type(self.admission) is OpenAdmission else self.admission.next_timer
             elif kind == 5:
                 assert self.feedback is not None
                 self._next_tick += self.feedback.tick_s
+                self._set_timers()
                 self.feedback.tick(at)
             else:
                 granted, rejected = self.admission.tick(at, self)
@@ -258,6 +280,10 @@ class Simulation(SimRequests):
                     self._reject(i, why)
                 for i in granted:
                     self._grant(i)
+
+    def _set_timers(self) -> None:
+        """``_timers_at``: the earliest of the scrape, controller and feedback-tick times."""
+        self._timers_at = min(self._next_scrape, self._next_control, self._next_tick)
 
     def _scrape(self) -> None:
         now = self.now
