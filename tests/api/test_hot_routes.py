@@ -122,3 +122,32 @@ async def test_hot_routes_answer_as_the_router_does(tmp_path: Path, monkeypatch:
                 assert _shape(via_hot) == _shape(via_router), what
                 if "(" in what:  # the status the case is named after
                     assert via_hot.status_code == int(what.rsplit("(", 1)[1][:3]), (what, via_hot.text)
+
+
+def _calls(dependant: Any) -> set[Any]:
+    """Every dependency callable of a FastAPI ``Dependant``, nested ones included."""
+    found: set[Any] = set()
+    for dep in dependant.dependencies:
+        found.add(dep.call)
+        found |= _calls(dep)
+    return found
+
+
+def test_hot_routes_skip_no_dependency_of_their_routes(tmp_path: Path) -> None:
+    """``HotRoutes`` runs the guard and the gateway getter by hand; a dependency added to one of
+    these routes would be skipped on the hot path, so this fails until ``HotRoutes`` runs it too."""
+    from fastapi.routing import iter_route_contexts
+
+    from inferlb.api.deps import get_gateway
+    from inferlb.api.openai import HOT_ROUTES
+    from inferlb.app import create_app
+
+    fleet = fleet_for({"n0": "http://127.0.0.1:9"})
+    app = create_app(settings_for(tmp_path, fleet))
+    # the effective routes, included routers' dependencies merged (what the router would solve)
+    routes = {c.path: c for c in iter_route_contexts(app.routes) if "POST" in (c.methods or ())}
+    assert set(HOT_ROUTES) <= set(routes)
+    for path, endpoint in HOT_ROUTES.items():
+        route = routes[path]
+        assert route.endpoint is endpoint, path
+        assert _calls(route.dependant) == {edge.openai_guard, get_gateway}, path
