@@ -14,8 +14,8 @@ Every profile filters by ``node-selector`` after ``serves-model`` (a no-op unles
 - ``round-robin``: healthy, serves-model; round-robin.
 - ``power-of-two``: healthy, serves-model, has-capacity; outstanding-tokens; power-of-two.
 - ``weighted``: healthy, serves-model; static-weight; weighted-random.
-- ``learned``: healthy, serves-model, has-capacity; predicted-latency ×3 (with the tail
-  reservation, its adaptive cut and the interference terms on: :data:`LEARNED_LATENCY`),
+- ``learned``: healthy, serves-model, has-capacity; predicted-latency ×3 (with the interference
+  terms on and the tail reservation off: :data:`LEARNED_LATENCY`),
   outstanding-tokens ×1; softmax-bandit (exploration
   rate ``epsilon``, never for the critical class), guarded by its predictor's lifecycle: while the
   predictor warms up, drifts or faults, ``token-aware`` decides (routing/guarded.py).
@@ -78,13 +78,16 @@ _BASE = ("healthy", "serves-model", "node-selector")
 _TOKEN_AWARE = {"outstanding-tokens": 1.0, "queue-depth": 0.5, "kv-cache": 0.5, "decode-speed": 1.0}
 
 # The learned profile's predicted-latency setting (docs/benchmarks.md, "an adaptive tail
-# reservation" and its sixth pass): hold 90 % of the fast nodes' token capacity for the requests
-# whose output budget is in the top 1.5 % of the last 4,096 (800 tokens until 100 were seen),
-# charge short requests (≤ 64 output tokens) 1.25 × the decode slowdown they cause the others,
-# and every request the prefill stall it causes. Each decision logs its cut, so off-policy replay
-# of this profile reproduces its decisions (routing/ope_replay.py).
+# reservation" and its sixth pass): charge short requests (≤ 64 output tokens) 1.25 × the decode
+# slowdown they cause the others, and every request the prefill stall it causes. The tail
+# reservation (hold 90 % of the fast nodes' token capacity for the top 1.5 % of output budgets)
+# is OFF (reserve 0.0; its cut settings kept so ``{"reserve": 0.9}`` turns that setting back on):
+# with only the gateway's budget estimates it cost mean e2e and regret in every family of the
+# train-seed matrix, most on bimodal lengths where the cut falls inside the long-document mode
+# and sends those documents to the slow nodes (docs/benchmarks.md, "The tail reservation off:
+# regret in the scenario matrix", issue 22 item 4).
 LEARNED_LATENCY: dict[str, Any] = {
-    "reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
+    "reserve": 0.0, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
     "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}
 
 PROFILES: dict[str, ProfileSpec] = {

@@ -122,7 +122,8 @@ def test_the_audit_copy_of_a_shipped_learned_decision_stays_bounded_at_1000_node
                       inflight_requests=rng.randrange(12), inflight_tokens=rng.randrange(30_000),
                       tokens_per_s=rng.uniform(20, 80), ttft_s=rng.uniform(0.05, 0.4), labels=(("gpu", "h100"),))
              for i in range(1000)]
-    r = build_router("learned", seed=1, predictor={"min_samples": 0})   # the shipped terms
+    # the shipped terms plus the tail reservation (off as shipped): its cut makes the largest copy
+    r = build_router("learned", seed=1, predictor={"min_samples": 0}, params={"predicted-latency": {"reserve": 0.9}})
     for out in (30, 2000):   # short (charged) and long
         j = r.decide(RouteRequest("m", 500, out, stream=True), nodes).to_json()
         assert "reserve" in j["learned"] and len(j["learned"]["ctx"]["node"]) == 16

@@ -93,8 +93,9 @@ def test_params_reject_out_of_range(bad: dict[str, object]) -> None:
         PredictedLatencyParams.model_validate(bad)
 
 
-# The setting docs/benchmarks.md ("an adaptive tail reservation") measured; the learned profile's default.
-ADAPTIVE = {"reserve": 0.9, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
+# The setting docs/benchmarks.md ("an adaptive tail reservation") measured, with the reserve itself
+# off as the learned profile ships it since issue 22 item 4 ("The tail reservation off").
+ADAPTIVE = {"reserve": 0.0, "reserve_quantile": 0.985, "reserve_window": 4096, "reserve_min_output": 800,
             "reserve_fast": 0.1, "interference": 1.25, "interference_max_output": 64, "prefill_interference": 1.0}
 
 
@@ -109,7 +110,9 @@ def test_the_learned_profile_ships_the_adaptive_params_and_a_callers_keys_overri
     shipped = _pl(build_router("learned", seed=1)).p
     assert shipped.model_dump(include=set(ADAPTIVE)) == ADAPTIVE
     mine = _pl(build_router("learned", seed=1, params={"predicted-latency": {"reserve_quantile": None}})).p
-    assert mine.reserve_quantile is None and mine.reserve == 0.9 and mine.interference == 1.25
+    assert mine.reserve_quantile is None and mine.reserve == 0.0 and mine.interference == 1.25
+    on = _pl(build_router("learned", seed=1, params={"predicted-latency": {"reserve": 0.9}}))
+    assert on.p.reserve == 0.9 and on.p.reserve_quantile == 0.985 and on._lengths is not None
     off = _pl(build_router("learned", seed=1, params={"predicted-latency": {"reserve": 0.0}}))
     assert off._lengths is None and off.cut_rule is None
     # the scorer's own defaults (any other profile that uses it) stay off
