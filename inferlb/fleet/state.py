@@ -98,6 +98,9 @@ class Fleet:
         self._rebuild_all = True
         self._out: NodeList | None = None               # the snapshot handed out last; None once it is stale
         self._own: set[str] = set()                     # models whose _by_model list no hand-out holds
+        # Since the last hand-out, per model copied on write: the hand-out's list and the positions
+        # written since (the next hand-out's NodeList.delta); empty after a full rebuild.
+        self._delta: dict[str, tuple[list[NodeView], list[int]]] = {}
         self._panic: set[str] = set()
         self._expiry: list[tuple[float, str]] = []      # heap: when a view changes with time alone
         self._expires: dict[str, float] = {}
@@ -187,8 +190,13 @@ class Fleet:
         if out is None:
             # Exact (every view of a model's list serves it) unless panic mode narrowed some views' models;
             # fixed: neither the list nor a model's list is written once handed out (_put copies first).
-            out = self._out = NodeList(self._views, dict(self._by_model), exact=not self._panic, fixed=True)
+            # delta: for each model list copied since the last hand-out, that hand-out's list and
+            # the positions written (the filter memo compares only those: routing/memo.py).
+            delta = {m: (old, tuple(pos)) for m, (old, pos) in self._delta.items()} if self._delta else None
+            out = self._out = NodeList(self._views, dict(self._by_model), exact=not self._panic, fixed=True,
+                                       delta=delta)
             self._own = set()   # every model list is now the hand-out's too: copied before a write
+            self._delta = {}
         return out
 
     def _rebuild_everything(self, now: float) -> None:
@@ -205,7 +213,7 @@ class Fleet:
                 lst.append(self._views[i])
         self._dirty.clear()
         self._counts.clear()
-        self._out, self._own = None, set(self._by_model)
+        self._out, self._own, self._delta = None, set(self._by_model), {}
 
     def _rebuild(self, name: str, now: float) -> None:
         v = self._view(name, self.nodes[name], now)
@@ -231,13 +239,17 @@ class Fleet:
         """Set ``name``'s view in the working lists, copying a model's list first when a hand-out
         holds it (the top list never is: a NodeList is a copy of it)."""
         self._views[self._pos[name]] = v
-        by_model, own = self._by_model, self._own
+        by_model, own, delta = self._by_model, self._own, self._delta
         for m, i in self._model_pos[name]:
             lst = by_model[m]
             if m not in own:
+                delta[m] = (lst, [])   # the hand-out's list, which this copy will differ from
                 lst = by_model[m] = list(lst)
                 own.add(m)
             lst[i] = v
+            d = delta.get(m)
+            if d is not None:
+                d[1].append(i)
         self._out = None
 
     def _view(self, name: str, st: NodeState, now: float) -> NodeView:

@@ -65,13 +65,21 @@ class FilterMemo:
         self._indexed = False                  # _kpos computed for the present _pool
         self._names: list[str] | None = None
 
-    def filter(self, req: RouteRequest, pool: list[NodeView], applies: Sequence[_Apply], key: tuple[Any, ...]
+    def filter(self, req: RouteRequest, pool: list[NodeView], applies: Sequence[_Apply], key: tuple[Any, ...],
+               hint: tuple[list[NodeView], tuple[int, ...]] | None = None
                ) -> tuple[list[NodeView], list[Elimination], dict[str, int]]:
         """``applies`` run over ``pool`` (see the module docstring): the kept views, the
         eliminations (the caller's own list) and the count by filter. ``pool`` must be the
         caller's own copy, never changed afterwards (the memo keeps it); the kept views and the
         counts are the memo's, shared with later decisions: not to be changed. ``key``: what
-        else the verdicts depend on (the model, the selector ...)."""
+        else the verdicts depend on (the model, the selector ...).
+
+        ``hint``: the pool maker's ``(earlier, positions)`` (``NodeList.delta``: every position
+        where ``pool`` holds another view than the list ``earlier``, both lists never changed).
+        When ``earlier`` is the memo's last pool, only those positions are compared, not the
+        lists; the same changed positions are found (those whose view is another object and
+        not equal), in order, so the result is the one the comparison by halves gives. The
+        very pool as last time has no changed position."""
         prev = self._pool
         n = len(pool)
         # The probes: a pool with nothing in common with the last (a fresh snapshot) skips the diff.
@@ -80,9 +88,16 @@ class FilterMemo:
             if not self._indexed:   # where each verdict is: only once a pool comes back (not per fresh pass)
                 self._kpos, self._indexed = _positions(prev, self._live, self._elim), True
             if self._kpos is not None:
-                changed: list[int] = []
-                if _diff(pool, prev, 0, n, changed) and (not changed or self._patch(req, pool, prev, changed,
-                                                                                    applies)):
+                changed: list[int]
+                if pool is prev:
+                    changed, same = [], True
+                elif hint is not None and hint[0] is prev:
+                    changed = sorted({i for i in hint[1] if pool[i] is not prev[i] and pool[i] != prev[i]})
+                    same = len(changed) <= MAX_CHANGED
+                else:
+                    changed = []
+                    same = _diff(pool, prev, 0, n, changed)
+                if same and (not changed or self._patch(req, pool, prev, changed, applies)):
                     self._pool = pool
                     return self._live, list(self._elim), self._counts
         return self._fresh(req, pool, applies, key)

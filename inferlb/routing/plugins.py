@@ -426,7 +426,7 @@ class RoundRobin:
     def __init__(self, params: NoParams | None = None) -> None:
         self._i = 0
         self._last_in: list[str] = []        # the previous call's names as given ...
-        self._last_sorted: list[str] = []    # ... and sorted
+        self._last_sorted: list[str] = []    # ... and sorted, twice over (each rotation is one slice of it)
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: Any) -> list[str]:
         return self._rotate([n.name for n, _ in scored])
@@ -445,10 +445,13 @@ class RoundRobin:
         # The same names as last time (the very list, or compared by identity first: the views'
         # own strings, so this is a pointer check per node) sort the same: keep that order.
         if names is self._last_in or names == self._last_in:
-            order = self._last_sorted
+            twice = self._last_sorted
         else:
             order = sorted(names)
-            self._last_in, self._last_sorted = names, order
-        k = self._i % len(order)
+            twice = order + order
+            self._last_in, self._last_sorted = names, twice
+        n = len(names)
+        k = self._i % n
         self._i += 1
-        return order[k:] + order[:k]
+        # order[k:] + order[:k], as one slice of the order written twice (one list built, not three).
+        return twice[k:k + n]

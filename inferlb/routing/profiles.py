@@ -208,16 +208,22 @@ class Router:
         by_model = getattr(nodes, "by_model", None) if self._by_model else None
         exact = False
         own = getattr(nodes, "fixed", False)   # the pool may be kept as it is (never changed)
+        hint = None
         if by_model is not None:
             pool = by_model.get(req.model, [])
             exact = getattr(nodes, "exact", False)
             if len(nodes) > len(pool):
                 counts["serves-model"] = len(nodes) - len(pool)
+            if own:   # which views changed since an earlier pool (NodeList.delta): for the filter memo
+                delta = getattr(nodes, "delta", None)
+                if delta:
+                    hint = delta.get(req.model)
         only = req.only
         if only is not None:
             size = len(pool)
             pool = [n for n in pool if n.name in only]
             own = True
+            hint = None
             if len(pool) < size:
                 counts["model-version"] = size - len(pool)
         k = self.sample
@@ -234,14 +240,16 @@ class Router:
             d = self._decide(req, picked, len(nodes), dict(counts), len(picked), drawn, exact)
             if d.ranked:
                 return d
-        return self._decide(req, pool, len(nodes), counts, None, own, exact)
+        return self._decide(req, pool, len(nodes), counts, None, own, exact, hint)
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
-                sampled: int | None, own: bool, exact: bool = False) -> Decision:
+                sampled: int | None, own: bool, exact: bool = False,
+                hint: tuple[list[NodeView], tuple[int, ...]] | None = None) -> Decision:
         """``own``: ``nodes`` is a list the decision may keep (the router's own, such as the
         sample, or a caller's that never changes: see :meth:`decide`); otherwise it belongs to
         the caller and only copies are kept. ``exact``: every node serves ``req.model`` (drawn
-        from an exact NodeList pool)."""
+        from an exact NodeList pool). ``hint``: ``nodes``' changes since an earlier pool
+        (``NodeList.delta``; only for a pool that never changes), passed to the filter memo."""
         # The candidate names are read from the views when first needed (the caller's list is
         # copied, a pointer per node, since the decision keeps it, unless it never changes).
         snap = nodes if own else list(nodes)
@@ -263,7 +271,8 @@ class Router:
             applies = self._apply_by[exact, req.selector is not None]
             # The memo keeps the decision's own copy of the pool (never changed: the candidates').
             live, d.eliminated, by_filter = memo.filter(req, snap, applies,
-                                                        (req.model, exact, req.selector, id(applies)))
+                                                        (req.model, exact, req.selector, id(applies)),
+                                                        hint if snap is nodes else None)
             for by, c in by_filter.items():
                 counts[by] = counts.get(by, 0) + c
         else:

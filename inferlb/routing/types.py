@@ -128,16 +128,25 @@ class NodeList(list[NodeView]):
     ``fixed``: the maker's promise that neither this list nor any list of ``by_model`` is ever
     changed once handed out (the gateway's ``Fleet.views()``: copy on write), so a router's
     decision may keep them as they are instead of copying them. False unless said: the
-    discrete-event simulation patches its views in place."""
+    discrete-event simulation patches its views in place.
 
-    __slots__ = ("by_model", "exact", "fixed")
+    ``delta``: for some models ``m``, ``(earlier, positions)``: ``earlier`` is the ``by_model[m]``
+    list of an earlier NodeList of the same maker, of the same length, and every position where
+    ``by_model[m]`` holds another object than ``earlier`` is in ``positions`` (which may hold
+    more). Read only when ``fixed`` (neither list ever changes): a router's filter memo then
+    finds the changed views without comparing the lists (routing/memo.py). None: no such
+    promise (a model without an entry has none either)."""
+
+    __slots__ = ("by_model", "delta", "exact", "fixed")
 
     def __init__(self, views: list[NodeView], by_model: dict[str, list[NodeView]], exact: bool = False,
-                 fixed: bool = False) -> None:
+                 fixed: bool = False,
+                 delta: dict[str, tuple[list[NodeView], tuple[int, ...]]] | None = None) -> None:
         super().__init__(views)
         self.by_model = by_model
         self.exact = exact
         self.fixed = fixed
+        self.delta = delta
 
 
 class LabelSelector(Protocol):

@@ -168,3 +168,31 @@ def test_the_fields_the_view_is_said_not_to_read_do_not_change_it() -> None:
         v = g.views()
         assert list(v) == want, field
         assert {m: list(x) for m, x in v.by_model.items()} == by_model, field
+
+
+def test_each_snapshot_names_the_positions_changed_since_the_one_before() -> None:
+    """``NodeList.delta`` (read by the routers' filter memo): for each model list copied since
+    the previous hand-out, that hand-out's list and every position where the two differ; a
+    model without an entry shares the previous hand-out's list; no delta after a full rebuild."""
+    clock = ManualClock()
+    f = make(12, clock)
+    rng = random.Random(12)
+    names = list(f.nodes)
+    prev = f.views()
+    told = 0
+    for i in range(1000):
+        step(f, clock, rng, names)
+        got = f.views()
+        if got is prev:
+            continue
+        if got.delta is not None:
+            for m, lst in got.by_model.items():
+                if m in got.delta:
+                    earlier, pos = got.delta[m]
+                    assert earlier is prev.by_model[m] and len(earlier) == len(lst), (i, m)
+                    assert {j for j in range(len(lst)) if lst[j] is not earlier[j]} <= set(pos), (i, m)
+                    told += 1
+                else:
+                    assert lst is prev.by_model[m], (i, m)
+        prev = got
+    assert told > 100

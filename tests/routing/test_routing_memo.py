@@ -125,3 +125,72 @@ def test_a_decision_keeps_a_fixed_pool_and_copies_any_other(profile: str) -> Non
     fixed = NodeList(list(views), {"m0": list(views)}, exact=True, fixed=True)
     kept = build_router(profile, seed=1, sample=0).decide(req, fixed)
     assert kept._cand_src is fixed.by_model["m0"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_pool_that_names_its_changes_decides_as_a_fresh_pass(case: str) -> None:
+    """``NodeList.delta`` (as ``Fleet.views()`` hands it over): the memo compares only the
+    positions named, when their earlier list is its last pool. Exact hints, hints naming more
+    positions than changed (some twice), hints against an older pool (not the memo's last: the
+    lists are compared) and the very pool again all decide as the router without its memo."""
+    fs, sc, pk = CASES[case]
+    new = build_router("custom", filters=list(fs), scorers=sc, picker=pk, seed=2, sample=0)
+    plain = build_router("custom", filters=list(fs), scorers=sc, picker=pk, seed=2, sample=0)
+    plain._memo = None
+    rng = random.Random(9)
+    views = random_views(rng, 150)
+    nodes = as_nodelist(views, True, True)
+    older = nodes
+    for step in range(300):
+        roll = rng.random()
+        prev = nodes
+        if roll < 0.1:
+            pass                                   # the very pool again
+        else:
+            pools = {m: list(p) for m, p in prev.by_model.items()}
+            changed: dict[str, list[int]] = {m: [] for m in pools}
+            top = list(prev)
+            for _ in range(rng.choice([1, 1, 2, 3, 40])):
+                i = rng.randrange(len(top))
+                v = dataclasses.replace(top[i], inflight_requests=rng.randint(0, 80)) if rng.random() < 0.7 \
+                    else _mutate(rng, top[i])
+                if v.name != top[i].name or v.models != top[i].models:
+                    continue                       # a pool's membership stays: only its views change
+                for m, p in pools.items():
+                    for j, w in enumerate(p):
+                        if w is top[i]:
+                            p[j] = v
+                            changed[m].append(j)
+                top[i] = v
+            # An older pool, or a copy of this one (nothing differs from it): the memo's last pool
+            # is not the hint's earlier list, so the hint says nothing about what changed since.
+            base = older if roll > 0.9 else prev
+            delta = {}
+            for m, p in pools.items():
+                if roll > 0.95:
+                    delta[m] = (list(p), ())
+                    continue
+                pos = [j for j in range(len(p)) if p[j] is not base.by_model[m][j]]
+                extra = [rng.randrange(len(p)) for _ in range(rng.choice([0, 0, 2]) if p else 0)]
+                delta[m] = (base.by_model[m], tuple(pos + extra + pos[:1]))
+            nodes = NodeList(top, pools, exact=True, fixed=True, delta=delta)
+            older = prev
+        req = RouteRequest(model=rng.choice(("m0", "m0", "m1")), prompt_tokens=100, output_tokens=64)
+        same(new.decide(req, nodes), plain.decide(req, nodes), json_first=step % 2 == 0)  # type: ignore[arg-type]
+
+
+def test_the_memo_trusts_a_pool_that_names_its_changes() -> None:
+    """The hint is read, not checked against the lists: a maker that leaves a changed position
+    out (breaking ``NodeList.delta``'s promise) gets the earlier verdict for that node."""
+    rng = random.Random(5)
+    views = [dataclasses.replace(v, healthy=True, models=frozenset({"m0"})) for v in random_views(rng, MIN_POOL * 2)]
+    req = RouteRequest(model="m0", prompt_tokens=10, output_tokens=10)
+    first = NodeList(views, {"m0": list(views)}, exact=True, fixed=True)
+    sick = list(views)
+    sick[3] = dataclasses.replace(sick[3], healthy=False, unhealthy_reason="ejected")
+    told = NodeList(sick, {"m0": list(sick)}, exact=True, fixed=True, delta={"m0": (first.by_model["m0"], (3,))})
+    untold = NodeList(sick, {"m0": list(sick)}, exact=True, fixed=True, delta={"m0": (first.by_model["m0"], ())})
+    for nodes, out in ((told, {"healthy": 1}), (untold, {})):
+        router = build_router("round-robin", seed=1)
+        router.decide(req, first)
+        assert router.decide(req, nodes).counts == out
