@@ -169,13 +169,7 @@ async def serve_gateway(settings: Settings, banner: str | None = None, *, watch:
         siblings = app.state.worker_metrics = WorkerMetrics(peers[0], peers[1], peers[2], local)
         await siblings.start()
     # httptools with header/body timeouts and header limits; SIGTERM drains; the admin listener (server).
-    server: Any
-    if os.environ.get("INFERLB_SERVER") == "granian":
-        from inferlb.server.granian_backend import GranianGateway
-
-        server = GranianGateway(app, settings, admin=admin, tls=tls, admin_sock=admin_sock)
-    else:
-        server = build_server(app, settings, admin=admin, tls=tls, admin_sock=admin_sock)
+    server = build_server(app, settings, admin=admin, tls=tls, admin_sock=admin_sock)
     if tls.public is not None:
         log.info("public listener: HTTPS (client certificates: %s)", settings.tls.effective_client_auth())
     log.info("%s", describe_admin(settings, admin, tls=tls.admin is not None))
