@@ -7,18 +7,19 @@ may replace the router, and the bandit with it when ``routing.reward`` changed),
 :class:`~inferlb.learned.share.SharesLoop` (app.py: only in a cluster, with the learned profile
 wired). Contract:
 
-* the bandit in force gets the share's **outbox** (a deque of :data:`MAX_OUTBOX` ``(arm, cost)``
-  pairs, the oldest dropped): a finished request's :meth:`RewardBandit.observe` is one append
-  there, on every replica; the trainer **replays** its own and the followers' outcomes in the order
-  they came (:meth:`RewardBandit.learn`: the discount makes the order matter a little, and the
-  arrival order is the best the trainer knows). A bandit that replaced another starts with an empty
-  outbox (the old one's costs were counted under other params); until the next turn gives it the
-  outbox it learns its outcomes itself, which the next snapshot replaces;
-* the snapshot is :meth:`RewardBandit.state` (each arm's ``n``, ``s``, ``ss``, ``observed``); a
-  follower's Thompson samples then come from the cluster's evidence, its ``pulls`` stay its own
-  choices (so each process still pulls each arm ``min_pulls`` times first). A snapshot or batch
-  made under other params (:meth:`RewardBandit.fit`: arms, objective, discount, prior, SLOs,
-  failure cost) is ignored;
+* the bandit in force gets the share's **outbox** (a deque of :data:`MAX_OUTBOX` ``(arm, cost, x)``
+  triples, ``x`` the answer's output tokens; the oldest dropped): a finished request's
+  :meth:`RewardBandit.observe` is one append there, on every replica; the trainer **replays** its
+  own and the followers' outcomes in the order they came (:meth:`RewardBandit.learn`: the discount
+  makes the order matter a little, and the arrival order is the best the trainer knows). A bandit
+  that replaced another starts with an empty outbox (the old one's costs were counted under other
+  params); until the next turn gives it the outbox it learns its outcomes itself, which the next
+  snapshot replaces;
+* the snapshot is :meth:`RewardBandit.state` (each arm's ``n``, ``s``, ``ss``, ``observed`` and the
+  covariate's sums); a follower's Thompson samples then come from the cluster's evidence, its
+  ``pulls`` stay its own choices (so each process still pulls each arm ``min_pulls`` times first). A
+  snapshot or batch made under other params (:meth:`RewardBandit.fit`: arms, objective, discount,
+  prior, SLOs, failure cost, adjustment) is ignored;
 * no bandit in force (a reload turned it off): the turn does nothing but what the mechanism does
   (a trainer's periodic look at the list, whose batches it then cannot use).
 """
@@ -48,7 +49,7 @@ class RewardState:
 
     def __init__(self, bandit_of: Callable[[], RewardBandit | None], *, max_outbox: int = MAX_OUTBOX) -> None:
         self.bandit_of = bandit_of
-        self.outbox: deque[tuple[str, float]] = deque(maxlen=max_outbox)
+        self.outbox: deque[tuple[str, float, float]] = deque(maxlen=max_outbox)
         self._bandit: RewardBandit | None = None
         self.bandit()
 
@@ -79,22 +80,22 @@ class RewardState:
         self.outbox.extendleft(reversed(items))
 
     def encode(self, item: Any) -> Any:
-        return [item[0], item[1]]
+        return [item[0], item[1], item[2]]
 
     def absorb(self, item: Any) -> bool:
         b = self._bandit
-        if b is None or not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+        if b is None or not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
             return False
-        cost = num(item[1])
-        return cost is not None and b.learn(item[0], cost)
+        cost, x = num(item[1]), num(item[2])
+        return cost is not None and x is not None and b.learn(item[0], cost, x)
 
     def train(self) -> int:
         b = self.bandit()
         box = self.outbox
         n = 0
         while box:
-            arm, cost = box.popleft()
-            if b is not None and b.learn(arm, cost):
+            arm, cost, x = box.popleft()
+            if b is not None and b.learn(arm, cost, x):
                 n += 1
         return n
 

@@ -22,6 +22,16 @@ Contract:
   variance of the mean is the arm's
   sample variance (with a prior of ``prior_n`` pseudo-observations at the pooled mean) divided by
   its effective count.
+* **Regression adjustment** (``adjust: tokens``, the default): most of a request's cost is the
+  length of its answer, which no arm chooses, so comparing arms by their raw mean cost needs many
+  outcomes to see through that spread, and Thompson keeps trying weak arms meanwhile. Each outcome
+  carries its answer's output tokens ``x``; an arm is judged by its cost at the pooled mean
+  length, ``mean(c) − β·(mean(x) − X̄)``, with ``β`` the pooled (all arms, discounted) regression
+  slope of cost on ``x`` and the residual spread as the variance (a control variate, as CUPED in
+  online experiments). The arm is chosen before the answer exists and without looking at the
+  request, so ``x`` does not depend on the arm and the adjustment leaves the arms' differences
+  unbiased while it removes the spread length explains. A failed request carries ``x`` = 0
+  (no answer), which only adds to its cost. ``adjust: none`` compares raw means.
 * :meth:`RewardBandit.observe` takes one realised outcome: the cost is the operator's
   ``objective``: ``e2e`` (the node's seconds from dispatch to the last byte: the gateway's own
   queue is not the arm's doing, and is left out), ``slo`` (1 when the answer missed the SLO
@@ -29,10 +39,10 @@ Contract:
   answer's length, which no arm chooses, divided out). A request that did not complete costs
   ``failure_cost`` (``e2e``/``e2e-per-token``: ``failure_cost_s``; ``slo``: 1).
 * Sharing (a cluster's one trainer, learned/share_reward.py): with an :attr:`RewardBandit.outbox`
-  (a bounded deque the share sets), :meth:`RewardBandit.observe` only appends ``(arm, cost)``
+  (a bounded deque the share sets), :meth:`RewardBandit.observe` only appends ``(arm, cost, x)``
   there (the oldest dropped when full) and learns nothing: the trainer replays them in order
-  (:meth:`RewardBandit.learn`). :meth:`RewardBandit.state` is each arm's ``n``, ``s``, ``ss`` and
-  ``observed`` with the params they mean something under (:meth:`RewardBandit.fit`);
+  (:meth:`RewardBandit.learn`). :meth:`RewardBandit.state` is each arm's ``n``, ``s``, ``ss``,
+  ``observed`` and the covariate's sums, with the params they mean something under (:meth:`RewardBandit.fit`);
   :meth:`RewardBandit.load` takes another bandit's (:class:`~.predictor_state.IncompatibleState`
   under other params). ``pulls`` stay this process's own choices.
 * :meth:`RewardBandit.status` is JSON: per arm its pulls, effective count and posterior of the
@@ -68,6 +78,7 @@ class RewardParams(BaseModel):
     discount: float = Field(0.999, gt=0, le=1)      # per observation: ~1 / (1 − d) remembered in all
     prior_n: float = Field(2.0, gt=0)                # pseudo-observations at the pooled mean
     min_pulls: int = Field(20, ge=0)                 # each arm is pulled this often before sampling decides
+    adjust: Literal["tokens", "none"] = "tokens"     # regression adjustment on the answer's length (above)
     slo_ttft_s: float = Field(2.0, gt=0)
     slo_e2e_s: float = Field(30.0, gt=0)
     failure_cost_s: float = Field(60.0, gt=0)
@@ -89,11 +100,25 @@ class _Arm:
     ss: float = 0.0          # discounted sum of squared costs
     pulls: int = 0           # choices (not discounted)
     observed: int = 0
+    sx: float = 0.0          # discounted sums of the covariate x (output tokens), x², and x·cost
+    sxx: float = 0.0
+    sxc: float = 0.0
 
-    def add(self, cost: float, discount: float) -> None:
-        self.n = self.n * discount + 1.0
-        self.s = self.s * discount + cost
-        self.ss = self.ss * discount + cost * cost
+    def scale(self, d: float) -> None:
+        self.n *= d
+        self.s *= d
+        self.ss *= d
+        self.sx *= d
+        self.sxx *= d
+        self.sxc *= d
+
+    def add(self, cost: float, x: float) -> None:
+        self.n += 1.0
+        self.s += cost
+        self.ss += cost * cost
+        self.sx += x
+        self.sxx += x * x
+        self.sxc += x * cost
         self.observed += 1
 
 
@@ -106,23 +131,40 @@ class RewardBandit:
         self.arms = [_Arm(name) for name in self.p.arms]
         self._index = {a.name: i for i, a in enumerate(self.arms)}
         #: set by a cluster's share (learned/share_reward.py): outcomes wait here instead of being learned
-        self.outbox: deque[tuple[str, float]] | None = None
+        self.outbox: deque[tuple[str, float, float]] | None = None
 
-    def _pooled(self) -> tuple[float, float]:
-        n = sum(a.n for a in self.arms)
+    def _pooled(self) -> tuple[float, float, float, float]:
+        """(mean cost, residual variance, β, mean x) over all arms; β = 0 (raw costs) under
+        ``adjust: none`` or while x does not vary."""
+        arms = self.arms
+        n = sum(a.n for a in arms)
         if n <= 0:
-            return 0.0, 1.0
-        mean = sum(a.s for a in self.arms) / n
-        var = max(0.0, sum(a.ss for a in self.arms) / n - mean * mean)
-        return mean, var if var > 0 else max(1e-12, mean * mean)
+            return 0.0, 1.0, 0.0, 0.0
+        mean = sum(a.s for a in arms) / n
+        var = max(0.0, sum(a.ss for a in arms) / n - mean * mean)
+        beta = mx = 0.0
+        if self.p.adjust == "tokens":
+            mx = sum(a.sx for a in arms) / n
+            vx = sum(a.sxx for a in arms) / n - mx * mx
+            if vx > 1e-9:
+                beta = (sum(a.sxc for a in arms) / n - mean * mx) / vx
+                var = max(0.0, var - beta * beta * vx)
+        return mean, var if var > 0 else max(1e-12, mean * mean), beta, mx
 
     def posterior(self, i: int) -> tuple[float, float]:
-        """(mean, standard deviation of the mean) of arm ``i``'s cost."""
+        """(mean, standard deviation of the mean) of arm ``i``'s cost (at the pooled mean length
+        under ``adjust: tokens``: the module docstring)."""
         a = self.arms[i]
-        m0, v0 = self._pooled()
+        m0, v0, beta, mx = self._pooled()
+        s, ss = a.s, a.ss
+        if beta != 0.0:
+            # sums of the residual r = c − β(x − X̄) from the arm's sums (expanded square)
+            s = a.s - beta * (a.sx - a.n * mx)
+            ss = (a.ss - 2.0 * beta * (a.sxc - mx * a.s)
+                  + beta * beta * (a.sxx - 2.0 * mx * a.sx + a.n * mx * mx))
         n = a.n + self.p.prior_n
-        mean = (a.s + self.p.prior_n * m0) / n
-        ex2 = (a.ss + self.p.prior_n * (v0 + m0 * m0)) / n
+        mean = (s + self.p.prior_n * m0) / n
+        ex2 = (ss + self.p.prior_n * (v0 + m0 * m0)) / n
         var = max(1e-12, ex2 - mean * mean)
         return mean, math.sqrt(var / n)
 
@@ -154,27 +196,26 @@ class RewardBandit:
             return e2e_s / max(1, tokens)
         return e2e_s
 
-    def observe(self, arm: str | None, cost: float) -> bool:
-        """One realised cost of a request ``arm`` decided; False for an arm this bandit has not.
+    def observe(self, arm: str | None, cost: float, x: float = 0.0) -> bool:
+        """One realised cost of a request ``arm`` decided, with its answer's output tokens ``x``
+        (0 for no answer); False for an arm this bandit has not, or a cost or ``x`` not finite.
         With an :attr:`outbox`, only queued there (module docstring)."""
         if self.outbox is None:
-            return self.learn(arm, cost)      # one gateway: its checks are learn's own
-        if (arm or "") not in self._index or not math.isfinite(cost):
+            return self.learn(arm, cost, x)      # one gateway: its checks are learn's own
+        if (arm or "") not in self._index or not math.isfinite(cost) or not math.isfinite(x):
             return False
-        self.outbox.append((str(arm), cost))
+        self.outbox.append((str(arm), cost, x))
         return True
 
-    def learn(self, arm: str | None, cost: float) -> bool:
+    def learn(self, arm: str | None, cost: float, x: float = 0.0) -> bool:
         """What :meth:`observe` does without an outbox: learn one outcome here."""
         i = self._index.get(arm or "")
-        if i is None or not math.isfinite(cost):
+        if i is None or not math.isfinite(cost) or not math.isfinite(x):
             return False
         d = self.p.discount
         for a in self.arms:
-            a.n *= d
-            a.s *= d
-            a.ss *= d
-        self.arms[i].add(cost, 1.0)
+            a.scale(d)
+        self.arms[i].add(cost, x)
         return True
 
     def fit(self) -> str:
@@ -184,8 +225,9 @@ class RewardBandit:
 
     def state(self) -> dict[str, Any]:
         """What another bandit loads (:meth:`load`; JSON): :meth:`fit` and each arm's
-        ``[name, n, s, ss, observed]``."""
-        return {"fit": self.fit(), "arms": [[a.name, a.n, a.s, a.ss, a.observed] for a in self.arms]}
+        ``[name, n, s, ss, observed, sx, sxx, sxc]``."""
+        return {"fit": self.fit(),
+                "arms": [[a.name, a.n, a.s, a.ss, a.observed, a.sx, a.sxx, a.sxc] for a in self.arms]}
 
     def load(self, state: dict[str, Any]) -> None:
         """Take the statistics of ``state`` (another's :meth:`state`), keeping this bandit's pulls.
@@ -196,14 +238,15 @@ class RewardBandit:
         rows = state["arms"]
         if not isinstance(rows, list) or [r[0] for r in rows] != [a.name for a in self.arms]:
             raise ValueError("the arms differ")
-        stats: list[tuple[float, float, float, int]] = []
-        for _, n, s, ss, observed in rows:
-            vals = [float(n), float(s), float(ss)]
+        stats: list[tuple[list[float], int]] = []
+        for _, n, s, ss, observed, sx, sxx, sxc in rows:
+            vals = [float(n), float(s), float(ss), float(sx), float(sxx), float(sxc)]
             if not all(math.isfinite(v) for v in vals) or not isinstance(observed, int) or observed < 0:
                 raise ValueError(f"arm statistics not finite: {vals} / {observed!r}")
-            stats.append((vals[0], vals[1], vals[2], observed))
-        for a, (n, s, ss, observed) in zip(self.arms, stats, strict=True):
-            a.n, a.s, a.ss, a.observed = n, s, ss, observed
+            stats.append((vals, observed))
+        for a, (vals, observed) in zip(self.arms, stats, strict=True):
+            a.n, a.s, a.ss, a.sx, a.sxx, a.sxc = vals
+            a.observed = observed
 
     def learned(self) -> int:
         """Outcomes learned (in a cluster: the trainer's, installed with its snapshot)."""
@@ -216,7 +259,9 @@ class RewardBandit:
             arms.append({"arm": a.name, "pulls": a.pulls, "observed": a.observed,
                                 "effective_n": round(a.n, 1), "mean_cost": round(mean, 6),
                                 "sd_of_mean": round(sd, 6)})
-        return {"objective": self.p.objective, "arms": arms}
+        _, _, beta, mx = self._pooled()
+        return {"objective": self.p.objective, "adjust": self.p.adjust, "beta": round(beta, 9),
+                "mean_tokens": round(mx, 3), "arms": arms}
 
 
 def observe_reward(router: Any, decision: Any, *, ok: bool, stream: bool, ttft_s: float | None,
@@ -228,5 +273,6 @@ def observe_reward(router: Any, decision: Any, *, ok: bool, stream: bool, ttft_s
     arm = getattr(info, "arm", None)
     if bandit is None or arm is None:
         return None
-    bandit.observe(arm, bandit.cost(ok=ok, stream=stream, ttft_s=ttft_s, e2e_s=e2e_s, tokens=tokens))
+    bandit.observe(arm, bandit.cost(ok=ok, stream=stream, ttft_s=ttft_s, e2e_s=e2e_s, tokens=tokens),
+                   float(tokens) if ok else 0.0)
     return str(arm)

@@ -133,8 +133,9 @@ async def test_other_params_damaged_batches_and_bounds(cluster: Callable[..., Re
     assert await b.redis.llen(key) == MAX_BATCHES
     fit = b.part.fit()
     await b.redis.rpush(key, b"not json", json.dumps({"obs": [["learned", 1.0]], "fit": "other"}),
-                        json.dumps({"fit": fit, "obs": [["nope", 1.0], ["learned", "x"], ["learned", None],
-                                                        "junk", ["learned", 2.5]]}))
+                        json.dumps({"fit": fit, "obs": [["nope", 1.0, 1.0], ["learned", "x", 1.0],
+                                                        ["learned", None, 1.0], ["learned", 1.0, "x"],
+                                                        ["learned", 1.0], "junk", ["learned", 2.5, 3.0]]}))
     leads[0] = "a"
     a = cluster("a", leads, clock)
     await a.share.turn()
@@ -147,7 +148,7 @@ async def test_other_params_damaged_batches_and_bounds(cluster: Callable[..., Re
     part = RewardState(lambda: small, max_outbox=4)
     for i in range(9):
         small.observe("learned", float(i))
-    assert [c for _, c in part.outbox] == [5.0, 6.0, 7.0, 8.0]   # bounded: the oldest dropped
+    assert [c for _, c, _ in part.outbox] == [5.0, 6.0, 7.0, 8.0]   # bounded: the oldest dropped
 
 
 async def test_with_redis_away_a_follower_learns_its_own_outcomes() -> None:
