@@ -135,8 +135,16 @@ def _carries_no_token(payload: bytes) -> bool:
     """True for a closing chunk that only names its ``finish_reason`` (``"delta": {}`` or
     ``"text": ""``): llama.cpp ends every stream with one, while vLLM's last token chunk carries
     both the token and the reason. Only a chunk with a non-null ``finish_reason`` is parsed (one
-    per choice per stream)."""
-    if b'"finish_reason"' not in payload or _FINISH_NULL.search(payload) is not None:
+    per choice per stream).
+
+    Every token chunk of an OpenAI stream names ``"finish_reason": null`` near its end, so the key
+    is looked for from the end (``rfind``: a few bytes scanned instead of the whole payload) and
+    the value read where it stands; only when that last one is not ``null`` (a closing chunk, or
+    several choices) does the regex look for a ``null`` one anywhere, as before."""
+    at = payload.rfind(b'"finish_reason"')
+    if at < 0:
+        return False
+    if _FINISH_NULL.match(payload, at) is not None or _FINISH_NULL.search(payload) is not None:
         return False
     try:
         doc = loads(payload)
