@@ -238,3 +238,31 @@ def test_events_of_one_read_go_out_at_once_in_order_and_a_partial_one_waits() ->
     assert r.incomplete and r.usage is None
     assert r.feed(usage_event[cut:] + b"data: [DONE]\n\n") == usage_event + b"data: [DONE]\n\n"
     assert r.usage == Usage(3, 2) and r.done and not r.incomplete
+
+
+@pytest.mark.parametrize("hide_usage", [False, True])
+def test_one_event_per_read_relays_as_one_read_of_all(hide_usage: bool) -> None:
+    """The one-event read (a node's usual write) has its own path in ``_relay``: fed event by
+    event, a stream gives the same bytes, counts, usage and hidden usage chunk as fed at once."""
+    raw = emulator_stream(5)
+    whole = SSERelay(hide_usage=hide_usage)
+    at_once = relay_all(whole, [raw])
+    each = SSERelay(hide_usage=hide_usage)
+    one_by_one = relay_all(each, [e + b"\n\n" for e in raw.split(b"\n\n")[:-1]])
+    assert one_by_one == at_once and (b'"choices":[]' in one_by_one) is not hide_usage
+    assert (each.done, each.usage, each.content_events) == (whole.done, whole.usage, whole.content_events) \
+        == (True, Usage(3, 5), 5)
+
+
+def test_a_bad_event_alone_in_its_read_leaves_nothing_unsent() -> None:
+    r = SSERelay()
+    for ev in emulator_stream(5, malformed_at=2).split(b"\n\n")[:-1]:
+        try:
+            r.feed(ev + b"\n\n")
+        except UpstreamProtocolError:
+            break
+    else:
+        raise AssertionError("the malformed event must be refused")
+    assert r.unsent == b"" and r.content_events == 2
+    with pytest.raises(UpstreamProtocolError, match="over 8 bytes"):
+        SSERelay(max_event_bytes=8).feed(b'data: {"a": 1}\n\n')
