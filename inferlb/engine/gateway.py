@@ -354,26 +354,21 @@ class Gateway:
         # arrives; that close must not turn a complete answer into a 499.
         done_at: float | None = None
         try:
-            chunk: bytes | None = resp.first_chunk
-            it = resp.chunks()
-            while True:
-                if chunk:
-                    try:
-                        out = relay.feed(chunk)
-                    except UpstreamProtocolError:
-                        if relay.unsent:
-                            yield relay.unsent
-                        raise
-                    if out:
-                        if rec.first_byte_at is None:
-                            rec.first_byte_at = round(rt.clock.time(), 6)
-                        yield out
-                        if relay.done and done_at is None:
-                            done_at = round(rt.clock.time(), 6)
+            chunk = resp.first_chunk
+            while chunk:   # b"": the end of the body
                 try:
-                    chunk = await it.__anext__()
-                except StopAsyncIteration:
-                    break
+                    out = relay.feed(chunk)
+                except UpstreamProtocolError:
+                    if relay.unsent:
+                        yield relay.unsent
+                    raise
+                if out:
+                    if rec.first_byte_at is None:
+                        rec.first_byte_at = round(rt.clock.time(), 6)
+                    yield out
+                    if relay.done and done_at is None:
+                        done_at = round(rt.clock.time(), 6)
+                chunk = await resp.next_chunk()
             last = relay.finish()
             if last:
                 yield last

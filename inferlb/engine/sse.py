@@ -17,6 +17,9 @@ JSON would cost a few µs per token, so:
   without a parse.
 - :func:`extract_usage` parses only the ``usage`` value (``raw_decode`` from the key onwards),
   and only when the payload names it; :func:`extract_error` only when the payload names ``error``.
+- The usual read, one event of one ``data`` line naming none of ``error``, ``usage`` or ``role``,
+  costs one scan for those three names and a search for ``finish_reason`` from the payload's
+  end; nothing is split or parsed (docs/benchmarks.md, "Less CPU per streamed chunk").
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ DONE = b"[DONE]"
 _FIELDS = frozenset({b"event", b"id", b"retry"})
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 _FINISH_NULL = re.compile(rb'"finish_reason"\s*:\s*null')
+# The names _data looks closer at: one scan finds whether any is there (a usual token chunk names
+# none), where three substring searches each read the whole payload.
+_NOTED = re.compile(rb'"(?:error|usage|role)"')
 _DECODER = json.JSONDecoder()
 MAX_EVENT_BYTES = 1024 * 1024
 
@@ -135,8 +141,16 @@ def _carries_no_token(payload: bytes) -> bool:
     """True for a closing chunk that only names its ``finish_reason`` (``"delta": {}`` or
     ``"text": ""``): llama.cpp ends every stream with one, while vLLM's last token chunk carries
     both the token and the reason. Only a chunk with a non-null ``finish_reason`` is parsed (one
-    per choice per stream)."""
-    if b'"finish_reason"' not in payload or _FINISH_NULL.search(payload) is not None:
+    per choice per stream).
+
+    Every token chunk of an OpenAI stream names ``"finish_reason": null`` near its end, so the key
+    is looked for from the end (``rfind``: a few bytes scanned instead of the whole payload) and
+    the value read where it stands; only when that last one is not ``null`` (a closing chunk, or
+    several choices) does the regex look for a ``null`` one anywhere, as before."""
+    at = payload.rfind(b'"finish_reason"')
+    if at < 0:
+        return False
+    if _FINISH_NULL.match(payload, at) is not None or _FINISH_NULL.search(payload) is not None:
         return False
     try:
         doc = loads(payload)
@@ -256,6 +270,15 @@ class SSERelay:
     def _relay(self, events: bytes) -> bytes:
         """Check each event of ``events`` (whole events); returns what to forward: ``events``
         itself unless an event is dropped."""
+        if events.startswith(b"data: ") and events.find(b"\n") == len(events) - 2:
+            # One event of one data line, the usual read (a node writes an event per token): no split.
+            try:
+                if len(events) - 2 > self.max_event_bytes:
+                    raise UpstreamProtocolError(f"SSE event over {self.max_event_bytes} bytes")
+                return events if self._data(events[6:-2]) else b""
+            except UpstreamProtocolError:
+                self.unsent = b""
+                raise
         parts = events.split(b"\n\n")
         kept: list[bytes] | None = None      # built only once an event is dropped
         for i in range(len(parts) - 1):      # the last part is b"" (events end with a blank line)
@@ -309,6 +332,10 @@ class SSERelay:
         check_payload(payload)
         if self.responses:
             return self._responses_data(payload)
+        if _NOTED.search(payload) is None:   # no error, usage or role: the usual token chunk
+            if not _carries_no_token(payload):
+                self.content_events += 1
+            return True
         if b'"error"' in payload and extract_error(payload) is not None:
             raise UpstreamProtocolError("the node sent an in-band error event")
         if b'"usage"' in payload:

@@ -25,7 +25,26 @@ __all__ = ["WatchedStreamingResponse"]
 
 
 class WatchedStreamingResponse(StreamingResponse):
-    """``StreamingResponse`` whose disconnect watch is one task (module docstring)."""
+    """``StreamingResponse`` whose disconnect watch is one task (module docstring).
+
+    :attr:`started` is True once the response start has been handed to ``send`` (set just before,
+    as a ``send`` wrapper watching for it would be): a caller that passes the server's ``send``
+    unwrapped (``api/edge.py`` ``HotRoutes``) reads from it whether the answer had begun.
+    """
+
+    started = False
+
+    async def stream_response(self, send: Send) -> None:
+        """starlette's ``stream_response`` (the same messages), noting :attr:`started`. Written
+        out rather than calling ``super()``: the relay's task resumes every frame of this chain
+        at each chunk, and a wrapper frame would be one more."""
+        self.started = True
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            if not isinstance(chunk, bytes | memoryview):
+                chunk = chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()

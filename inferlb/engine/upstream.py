@@ -229,7 +229,7 @@ class UpstreamResponse:
         parts = [self.first_chunk]
         size = len(self.first_chunk)
         while size <= max_bytes:  # bounded by total_s and max_bytes
-            data = await self._next_chunk()
+            data = await self.next_chunk()
             if not data:
                 return b"".join(parts)
             size += len(data)
@@ -237,8 +237,10 @@ class UpstreamResponse:
         await self.aclose()
         raise UpstreamProtocolError(f"response body over {max_bytes} bytes", node=self.node)
 
-    async def _next_chunk(self) -> bytes:
-        """The next body chunk, or b"" at the end of the body.
+    async def next_chunk(self) -> bytes:
+        """The next body chunk, or b"" at the end of the body; raises as :meth:`chunks` does. The
+        gateway's relay calls it directly: one coroutine frame fewer to resume per chunk than
+        :meth:`chunks`' iterator, and no ``StopAsyncIteration`` at the end.
 
         The idle and total timers are one watchdog per response (:meth:`_watchdog`), not a timeout
         context per chunk: a read only notes when it started, and the watchdog, when it fires,
@@ -344,7 +346,7 @@ class _ChunkIterator:
         return self
 
     async def __anext__(self) -> bytes:
-        data = await self._response._next_chunk()
+        data = await self._response.next_chunk()
         if not data:
             raise StopAsyncIteration
         return data

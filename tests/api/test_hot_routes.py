@@ -8,7 +8,7 @@ counting wrapper around the guard the hot path calls shows which path served eac
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +151,132 @@ def test_hot_routes_skip_no_dependency_of_their_routes(tmp_path: Path) -> None:
         route = routes[path]
         assert route.endpoint is endpoint, path
         assert _calls(route.dependant) == {edge.openai_guard, get_gateway}, path
+
+
+class _App:
+    """What ``HotRoutes`` reads of the app: its dependency overrides and exception handlers."""
+
+    def __init__(self, handlers: dict[Any, Any] | None = None) -> None:
+        self.dependency_overrides: dict[Any, Any] = {}
+        self.exception_handlers: dict[Any, Any] = handlers or {}
+
+
+def _hot(monkeypatch: pytest.MonkeyPatch, endpoint: Any, handlers: dict[Any, Any] | None = None
+         ) -> tuple[edge.HotRoutes, dict[str, Any], list[dict[str, Any]], Any]:
+    """A ``HotRoutes`` with one route, the guard and the gateway getter stubbed; returns it, a
+    scope, the list the server's ``send`` appends to, and that ``send``."""
+    async def passes(request: Request) -> None:
+        return None
+
+    async def gateway(request: Request) -> object:
+        return object()
+
+    async def router(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the hot route must take this request")
+
+    monkeypatch.setattr(edge, "openai_guard", passes)
+    monkeypatch.setattr(edge, "get_gateway", gateway)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "query_string": b"",
+             "app": _App(handlers)}
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    return edge.HotRoutes(router, {"/v1/chat/completions": endpoint}), scope, sent, send
+
+
+async def _never() -> dict[str, Any]:
+    raise AssertionError("not read")
+
+
+async def test_a_gateway_stream_gets_the_servers_send_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream naming its request id: every message reaches the server's ``send`` straight from
+    the response (its caller is the response's ``stream_response``, no wrapper between), with the
+    one id the gateway gave."""
+    import sys
+
+    from starlette.responses import StreamingResponse
+
+    from inferlb.engine.streaming import WatchedStreamingResponse
+
+    callers: list[str] = []
+
+    async def events() -> Any:
+        for i in range(3):
+            yield b"data: %d\n\n" % i
+
+    async def endpoint(request: Request, gw: object) -> StreamingResponse:
+        return WatchedStreamingResponse(events(), media_type="text/event-stream", headers={"x-request-id": "rid-1"})
+
+    hot, scope, sent, send = _hot(monkeypatch, endpoint)
+
+    async def server_send(message: MutableMapping[str, Any]) -> None:
+        callers.append(sys._getframe(1).f_code.co_qualname)
+        await send(message)
+
+    await hot({**scope, "asgi": {"version": "3.0", "spec_version": "2.4"}}, _never, server_send)
+    assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 4
+    assert [v for k, v in sent[0]["headers"] if k == b"x-request-id"] == [b"rid-1"]
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    assert set(callers) == {"WatchedStreamingResponse.stream_response"}, callers
+
+
+async def test_an_error_after_a_stream_started_unwrapped_is_the_500_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream went out through the server's ``send``: whether it had started is read from the
+    response, so a handled exception after the start is still starlette's ``RuntimeError``."""
+    from inferlb.engine.streaming import WatchedStreamingResponse
+
+    async def events() -> Any:
+        yield b"data: 0\n\n"
+        raise LookupError("mid-stream")
+
+    async def endpoint(request: Request, gw: object) -> WatchedStreamingResponse:
+        return WatchedStreamingResponse(events(), headers={"x-request-id": "rid-2"})
+
+    async def handler(request: Request, exc: Exception) -> Any:
+        raise AssertionError("no answer may follow a started one")
+
+    hot, scope, sent, send = _hot(monkeypatch, endpoint, {LookupError: handler})
+    with pytest.raises(RuntimeError, match="already started"):
+        await hot({**scope, "asgi": {"version": "3.0", "spec_version": "2.4"}}, _never, send)
+    assert sent[0]["type"] == "http.response.start"
+
+
+async def test_an_answer_without_an_id_gets_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RequestIds``' rule, applied by ``HotRoutes`` to what it serves: a fresh id where the
+    answer (a stream without one too) names none, the answer's own where it does."""
+    from starlette.responses import Response
+
+    from inferlb.engine.streaming import WatchedStreamingResponse
+
+    async def one() -> Any:
+        yield b"x"
+
+    answers: list[Response] = [Response(b"{}", media_type="application/json"),
+                               WatchedStreamingResponse(one()),
+                               Response(b"{}", headers={"x-request-id": "mine"})]
+
+    async def endpoint(request: Request, gw: object) -> Response:
+        return answers.pop(0)
+
+    hot, scope, sent, send = _hot(monkeypatch, endpoint)
+    ids = []
+    for _ in range(3):
+        sent.clear()
+        await hot({**scope, "asgi": {"version": "3.0", "spec_version": "2.4"}}, _never, send)
+        ids.append([v for k, v in sent[0]["headers"] if k == b"x-request-id"])
+    assert [len(i) for i in ids] == [1, 1, 1] and ids[2] == [b"mine"] and ids[0] != ids[1]
+
+
+async def test_a_client_gone_while_its_body_was_read_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ClientGone``'s rule, applied by ``HotRoutes``: a ``ClientDisconnect`` no handler takes
+    ends the request with nothing sent and nothing raised."""
+    from starlette.requests import ClientDisconnect
+
+    async def endpoint(request: Request, gw: object) -> Any:
+        raise ClientDisconnect()
+
+    hot, scope, sent, send = _hot(monkeypatch, endpoint)
+    await hot(scope, _never, send)
+    assert sent == []

@@ -202,3 +202,67 @@ def test_a_closing_chunk_with_no_content_is_not_a_token(end: bytes, tokens: int)
     r = SSERelay()
     relay_all(r, [raw])
     assert r.done and r.content_events == tokens
+
+
+@pytest.mark.parametrize(("end", "tokens"), [
+    # the usual token chunk, with blanks around the colon: a token
+    (b'{"choices":[{"index":0,"delta":{"content":"y"},"finish_reason" : null}]}', 4),
+    # two choices, the last closing with an empty delta but the first still open: tokens
+    (b'{"choices":[{"index":0,"delta":{},"finish_reason":null},{"index":1,"delta":{},"finish_reason":"stop"}]}', 4),
+    # two choices both closing with no content: not a token
+    (b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"},{"index":1,"delta":{},"finish_reason":"length"}]}',
+     3),
+    # no finish_reason at all: a token
+    (b'{"choices":[{"index":0,"delta":{"content":"y"}}]}', 4),
+])
+def test_finish_reason_is_read_from_the_end_with_the_same_answer(end: bytes, tokens: int) -> None:
+    """``_carries_no_token`` looks for the last ``finish_reason`` first; a null one anywhere still
+    makes the chunk a token's, as the whole-payload search did."""
+    token = b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}'
+    raw = b"".join(b"data: " + e + b"\n\n" for e in (token, token, token, end)) + b"data: [DONE]\n\n"
+    r = SSERelay()
+    relay_all(r, [raw])
+    assert r.done and r.content_events == tokens
+
+
+def test_events_of_one_read_go_out_at_once_in_order_and_a_partial_one_waits() -> None:
+    """Every whole event of a read is returned by that read's ``feed`` (nothing waits for more
+    data); only the unfinished tail is held, and a usage chunk split across reads is parsed."""
+    events = STREAM.split(b"\n\n")[:-1]
+    first, second = events[0] + b"\n\n", events[1] + b"\n\n"
+    usage_event = events[3] + b"\n\n"
+    r = SSERelay()
+    assert r.feed(first) == first                              # the first event: out on its own read
+    cut = len(usage_event) // 2
+    assert r.feed(second + usage_event[:cut]) == second        # whole event out, half of the next held
+    assert r.incomplete and r.usage is None
+    assert r.feed(usage_event[cut:] + b"data: [DONE]\n\n") == usage_event + b"data: [DONE]\n\n"
+    assert r.usage == Usage(3, 2) and r.done and not r.incomplete
+
+
+@pytest.mark.parametrize("hide_usage", [False, True])
+def test_one_event_per_read_relays_as_one_read_of_all(hide_usage: bool) -> None:
+    """The one-event read (a node's usual write) has its own path in ``_relay``: fed event by
+    event, a stream gives the same bytes, counts, usage and hidden usage chunk as fed at once."""
+    raw = emulator_stream(5)
+    whole = SSERelay(hide_usage=hide_usage)
+    at_once = relay_all(whole, [raw])
+    each = SSERelay(hide_usage=hide_usage)
+    one_by_one = relay_all(each, [e + b"\n\n" for e in raw.split(b"\n\n")[:-1]])
+    assert one_by_one == at_once and (b'"choices":[]' in one_by_one) is not hide_usage
+    assert (each.done, each.usage, each.content_events) == (whole.done, whole.usage, whole.content_events) \
+        == (True, Usage(3, 5), 5)
+
+
+def test_a_bad_event_alone_in_its_read_leaves_nothing_unsent() -> None:
+    r = SSERelay()
+    for ev in emulator_stream(5, malformed_at=2).split(b"\n\n")[:-1]:
+        try:
+            r.feed(ev + b"\n\n")
+        except UpstreamProtocolError:
+            break
+    else:
+        raise AssertionError("the malformed event must be refused")
+    assert r.unsent == b"" and r.content_events == 2
+    with pytest.raises(UpstreamProtocolError, match="over 8 bytes"):
+        SSERelay(max_event_bytes=8).feed(b'data: {"a": 1}\n\n')

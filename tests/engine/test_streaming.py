@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -100,3 +100,42 @@ async def test_a_cancellation_from_elsewhere_propagates() -> None:
     job.cancel()
     with pytest.raises(asyncio.CancelledError):
         await job
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+async def test_sends_what_starlette_sends_and_notes_the_start(spec: str) -> None:
+    """``stream_response`` is starlette's written out: the same messages (a ``str`` chunk
+    encoded), and ``started`` set once the start goes to ``send``, for a caller that passes the
+    server's ``send`` unwrapped (``api/edge.py`` ``HotRoutes``)."""
+    from starlette.responses import StreamingResponse
+
+    async def chunks() -> AsyncIterator[bytes | str]:
+        yield b"data: 1\n\n"
+        yield "data: é\n\n"
+
+    scope = {**SCOPE, "asgi": {"version": "3.0", "spec_version": spec}}
+    ours, theirs = Client(), Client()
+    response = WatchedStreamingResponse(chunks(), media_type="text/event-stream", headers={"x-request-id": "r"})
+    assert response.started is False
+    await response(scope, ours.receive, ours.send)
+    assert response.started is True
+    await StreamingResponse(chunks(), media_type="text/event-stream", headers={"x-request-id": "r"})(
+        scope, theirs.receive, theirs.send)
+    assert ours.sent == theirs.sent and ours.body == "data: 1\n\ndata: é\n\n".encode()
+
+
+async def test_started_is_set_as_the_start_is_handed_to_send() -> None:
+    """``started`` is set as the start is handed to ``send``, before ``send`` returns, as a
+    ``send`` wrapper watching for the start sets it: a start whose ``send`` failed counts."""
+    client = Client()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"x"
+
+    async def refuse(message: MutableMapping[str, Any]) -> None:
+        raise OSError("gone")
+
+    response = WatchedStreamingResponse(chunks())
+    with pytest.raises(OSError, match="gone"):
+        await response(SCOPE, client.receive, refuse)
+    assert response.started is True   # the start was handed to send (which failed)
