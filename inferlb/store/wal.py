@@ -1,4 +1,4 @@
-"""The audit write-ahead log: every request's start and finished record, durable before use.
+"""The audit write-ahead log: every request's start and finished record, fsynced before use.
 
 Contract (methods are synchronous; :meth:`Wal.write`, :meth:`Wal.open` and :meth:`Wal.close` do
 file I/O and run in the writer's journal thread; :meth:`Wal.release` is cheap and thread-safe):
@@ -9,19 +9,11 @@ file I/O and run in the writer's journal thread; :meth:`Wal.release` is cheap an
   model, tenant, stream, engine, process and config versions; never prompt content),
   ``{"k":"f","r":{record}}`` a request finished with its complete
   :class:`~inferlb.store.records.RequestRecord`, ``{"k":"p"}`` a no-op (:meth:`Wal.probe`).
-* :meth:`Wal.write` appends one group of entries and returns only after they are durable (group
-  commit: the caller batches everything that arrived since the previous write); on failure it
-  zeroes what it wrote of the group and raises :class:`OSError`. A segment is zero-filled to
-  ``segment_bytes`` (at least one page; left empty when the disk has no room for it) and fsynced
-  when it is made, and a commit writes at its own
-  offset into those blocks and calls ``fdatasync``: the file's size does not change, so the data
-  is flushed without a file-system journal commit for the metadata, about a fifth less CPU per
-  commit than ``write`` + ``fsync`` at the end of the file (docs/benchmarks.md, "The audit path's
-  CPU"). A group past the zero-filled part extends the file, which ``fdatasync`` also makes durable
-  (it flushes the size when the data needs it). The log's lines end at the first NUL byte.
-  :meth:`Wal.write` returns the sequence number of the segment holding the finished records;
-  each counts as *outstanding* there until the caller :meth:`release`\\ s it (its record is
-  committed to the database or spooled to the journal).
+* :meth:`Wal.write` appends one group of entries and returns only after ``fsync`` (group commit:
+  the caller batches everything that arrived since the previous write); on failure it cuts the
+  segment back to its previous size and raises :class:`OSError`. It returns the sequence number of
+  the segment holding the finished records; each counts as *outstanding* there until the caller
+  :meth:`release`\\ s it (its record is committed to the database or spooled to the journal).
 * When the current segment passes ``segment_bytes`` a new one is started, beginning with a copy of
   the start entries of requests still in flight, so an older segment is deleted as soon as none of
   its finished records is outstanding. Nothing a crash could need is ever deleted first.
@@ -39,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import os
 import secrets
@@ -50,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlb.jsoncodec import dumps
-from inferlb.store.journal import _fsync_dir
+from inferlb.store.journal import _fsync_dir, _write_all
 from inferlb.store.records import RequestRecord
 from inferlb.store.rows import UNKNOWN_OUTCOME
 
@@ -58,27 +49,6 @@ __all__ = ["Recovered", "Wal", "recover", "start_entry"]
 
 _PREFIX = "wal-"
 _SUFFIX = ".log"
-_PAGE = 4096
-_ZEROS = bytes(1 << 20)
-# Linux's fdatasync; where there is none (macOS) fsync, which is as durable.
-_datasync = getattr(os, "fdatasync", os.fsync)
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """All of ``data`` at ``offset`` (no O_APPEND: a commit writes into the zero-filled blocks)."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
-
-
-def _zero_fill(fd: int, size: int) -> None:
-    offset = 0
-    while offset < size:
-        chunk = min(len(_ZEROS), size - offset)
-        _pwrite_all(fd, _ZEROS[:chunk], offset)
-        offset += chunk
 
 
 def start_entry(record: RequestRecord) -> bytes:
@@ -129,12 +99,7 @@ def recover(paths: Sequence[Path]) -> Recovered:
     corrupt = 0
     for path in paths:
         with open(path, "rb") as fh:
-            data = fh.read()
-        end = data.find(b"\0")   # the zero-filled rest of the segment: never written (no entry has a NUL)
-        if end >= 0:
-            data = data[:end]
-        with io.BytesIO(data) as lines:
-            for line in lines:
+            for line in fh:
                 try:
                     if not line.endswith(b"\n"):
                         raise ValueError("torn line")
@@ -161,7 +126,6 @@ class Wal:
             raise ValueError("segment_bytes must be >= 1")
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
-        self._fill = -(-segment_bytes // _PAGE) * _PAGE   # zero-filled bytes of a new segment
         self._name = ""
         self._lock = threading.Lock()
         self._segments: dict[int, _Segment] = {}
@@ -244,13 +208,11 @@ class Wal:
             if seg.size >= self.segment_bytes:
                 seg = self._rotate_locked()
             try:
-                _pwrite_all(seg.fd, data, seg.size)
-                _datasync(seg.fd)
+                _write_all(seg.fd, data)
+                os.fsync(seg.fd)
             except OSError:
                 with contextlib.suppress(OSError):
-                    # What was written of the group reads as zeros again (a hole past the size).
                     os.ftruncate(seg.fd, seg.size)
-                    os.ftruncate(seg.fd, max(seg.size, self._fill))
                 raise
             self.fsyncs += 1
             self.entries += len(starts) + len(finished)
@@ -293,18 +255,10 @@ class Wal:
     def _new_segment_locked(self, seq: int) -> _Segment:
         name = f"{self._name}{seq:08d}{_SUFFIX}"
         tmp = self.directory / (name + ".new")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         try:
             # Locked before the name becomes visible to recoverers (they only look at *.log).
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # Written zeros, not fallocate: a write into an allocated-but-unwritten extent changes
-            # the extent's metadata, which fdatasync would then commit every time. Best effort: on
-            # a nearly full disk the segment starts empty and each commit extends it (as durable).
-            try:
-                _zero_fill(fd, self._fill)
-                os.fsync(fd)
-            except OSError:
-                os.ftruncate(fd, 0)
             path = self.directory / name
             os.replace(tmp, path)
             _fsync_dir(self.directory)
@@ -325,8 +279,8 @@ class Wal:
         carried = b"".join(self._open_starts.values())
         try:
             if carried:
-                _pwrite_all(seg.fd, carried, 0)
-                _datasync(seg.fd)
+                _write_all(seg.fd, carried)
+                os.fsync(seg.fd)
                 self.fsyncs += 1
         except OSError:
             # Keep writing to the old segment; the empty new one is dropped.

@@ -140,73 +140,6 @@ def test_recover_skips_a_torn_line_and_lets_the_last_version_win(tmp_path: Path,
     assert (rec.finished, rec.unknown, rec.corrupt_lines) == (1, 0, 1)
 
 
-def test_a_segment_is_zero_filled_and_commits_write_into_it(
-    tmp_path: Path, make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Commits write into the zero-filled segment (its size stays) and are made durable with
-    fdatasync; recovery reads up to the zeros; a group past them extends the file; a commit that
-    fails leaves zeros where it wrote, so the next one is read back and the failed one never is."""
-    synced: list[int] = []
-    monkeypatch.setattr(wal_mod, "_datasync", lambda fd: synced.append(fd))
-    wal = Wal(tmp_path, segment_bytes=10_000)
-    wal.open()
-    (path,) = tmp_path.glob("wal-*.log")
-    assert path.stat().st_size == 12_288 and path.read_bytes() == bytes(12_288)   # whole pages
-    a, b, c = make_record(1), make_record(2), make_record(3)
-    wal.write([(a.request_id, start_entry(a)), (b.request_id, start_entry(b))], [a])
-    assert path.stat().st_size == 12_288 and len(synced) == 1
-    got = recover([path])
-    assert [(r.request_id, r.status) for r in got.records] == [("req-00001", "ok"), ("req-00002", "unknown_outcome")]
-    assert got.corrupt_lines == 0
-
-    def torn(fd: int) -> None:   # the data reached the file, then the flush failed (EIO)
-        raise OSError(errno.EIO, "I/O error")
-
-    monkeypatch.setattr(wal_mod, "_datasync", torn)
-    with pytest.raises(OSError):
-        wal.write([(c.request_id, start_entry(c))], [b])
-    assert [r.request_id for r in recover([path]).records] == ["req-00001", "req-00002"]
-    monkeypatch.setattr(wal_mod, "_datasync", lambda fd: synced.append(fd))
-    big = make_record(4, tags={"pad": "x" * 20_000})   # past the zero-filled part: the file grows
-    wal.write([], [b, big])
-    assert path.stat().st_size > 12_288
-    got = recover([path])
-    assert {r.request_id: r.status for r in got.records} == {"req-00001": "ok", "req-00002": "ok", "req-00004": "ok"}
-    assert got.corrupt_lines == 0
-    wal.close()
-
-
-def test_a_disk_without_room_for_the_zeros_still_takes_the_log(
-    tmp_path: Path, make_record: MakeRecord, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Zero-filling is best effort: on a disk that refuses it, the segment starts empty and each
-    commit extends it, as before."""
-    def full(fd: int, size: int) -> None:
-        os.write(fd, bytes(100))
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(wal_mod, "_zero_fill", full)
-    wal = Wal(tmp_path, segment_bytes=10_000)
-    wal.open()
-    (path,) = tmp_path.glob("wal-*.log")
-    assert path.stat().st_size == 0
-    a = make_record(1)
-    wal.write([(a.request_id, start_entry(a))], [a])
-    assert [(r.request_id, r.status) for r in recover([path]).records] == [("req-00001", "ok")]
-    wal.close()
-
-
-def test_recover_stops_at_the_zeros_and_counts_a_line_torn_before_them(
-    tmp_path: Path, make_record: MakeRecord
-) -> None:
-    a = make_record(1)
-    p = tmp_path / "wal-1-x-00000000.log"
-    p.write_bytes(start_entry(a) + b'{"k":"f","r":{"request_id":"req-0' + bytes(5000))
-    got = recover([p])
-    assert [(r.request_id, r.status) for r in got.records] == [("req-00001", "unknown_outcome")]
-    assert got.corrupt_lines == 1
-
-
 # -- a database that hangs (item: connection open, no replies) ----------------------------------------
 
 
@@ -352,13 +285,13 @@ def test_postgres_connections_get_a_statement_timeout_and_keep_the_url_options(
 # -- the journal cannot be written; the high-water mark --------------------------------------------------
 
 
-def _raise_enospc(fd: int, data: bytes, *offset: int) -> None:
+def _raise_enospc(fd: int, data: bytes) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(journal_mod, "_write_all", _raise_enospc)
-    monkeypatch.setattr(wal_mod, "_pwrite_all", _raise_enospc)
+    monkeypatch.setattr(wal_mod, "_write_all", _raise_enospc)
 
 
 async def test_an_unwritable_journal_fails_closed_logs_rarely_and_recovers(
