@@ -13,25 +13,31 @@ holds the request's real outcome.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, text
+import orjson
+from sqlalchemy import bindparam, delete, insert
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import BindTyping, Connection
+from sqlalchemy.engine import Connection
 
 from inferlb.errors import StoreError
+from inferlb.jsoncodec import dumps
 from inferlb.store.records import RequestRecord
 from inferlb.store.schema import ATTEMPTS as _ATTEMPTS
 from inferlb.store.schema import REQUESTS as _REQUESTS
 from inferlb.store.schema import to_us
 
-__all__ = ["UNKNOWN_OUTCOME", "clean_json", "clean_str", "is_record_error", "record_rows", "upsert_records"]
+__all__ = ["UNKNOWN_OUTCOME", "clean_json", "clean_str", "is_record_error", "json_text", "record_rows",
+           "upsert_records"]
 
 UNKNOWN_OUTCOME = "unknown_outcome"
 
-_IN_CHUNK = 500  # ids per DELETE … IN (…): far below SQLite's and PostgreSQL's parameter limits
+# json_text's fast path: orjson refuses (and the cleaning path writes) what it would write otherwise
+# than the cleaned copy: non-string keys, subclasses, dataclasses, dates.
+_STRICT_JSON = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
 # -- record → rows ---------------------------------------------------------------------------------
@@ -83,8 +89,34 @@ def _ms_between(start_us: int | None, end_us: int | None) -> float | None:
     return None if start_us is None or end_us is None else (end_us - start_us) / 1000.0
 
 
+def json_text(v: Any) -> str:
+    """The text a JSON column stores for ``v``: ``dumps(clean_json(v))``, the document the
+    column's own type wrote before (None is the JSON ``null``, as SQLAlchemy's ``JSON`` writes it).
+
+    Fast path: orjson writes ``v`` as it is when nothing in it needs cleaning (no NUL, no lone
+    surrogate, string keys, only JSON types: strict options, so anything else raises) and then the
+    document is the same; otherwise the cleaned copy is written. 2–3× cheaper for a routing decision
+    than cleaning a copy first, on every record (docs/benchmarks.md, "The audit path's CPU")."""
+    try:
+        out = orjson.dumps(v, option=_STRICT_JSON)
+    except TypeError:   # orjson.JSONEncodeError: a key, a type, a surrogate or an int it will not write
+        pass
+    else:
+        # orjson escapes NUL as \u0000; the same bytes can also come from a literal backslash
+        # followed by "u0000" (escaped as \\u0000): the slow path then writes it, correctly.
+        if b"\\u0000" not in out:
+            return out.decode()
+    return dumps(clean_json(v)).decode()
+
+
 def record_rows(rec: RequestRecord) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The ``requests`` row and ``request_attempts`` rows for one record (cleaned, µs timestamps)."""
+    return _record_rows(rec, clean_json)
+
+
+def _record_rows(rec: RequestRecord, js: Callable[[Any], Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """:func:`record_rows` with ``js`` making the JSON columns' values (``clean_json``: Python
+    values for SQLAlchemy's JSON type; :func:`json_text`: the text, for the driver)."""
     received = to_us(rec.received_at) or 0
     first = to_us(rec.first_byte_at)
     last = to_us(rec.last_byte_at)
@@ -125,15 +157,15 @@ def record_rows(rec: RequestRecord) -> tuple[dict[str, Any], list[dict[str, Any]
         "prompt_tokens": rec.prompt_tokens,
         "completion_tokens": rec.completion_tokens,
         "cost_est": rec.cost_est,
-        "decision": clean_json(rec.decision),
-        "workflow_path": clean_json(list(rec.workflow_path)),
-        "tags": clean_json(dict(rec.tags)),
+        "decision": js(rec.decision),
+        "workflow_path": js(list(rec.workflow_path)),
+        "tags": js(dict(rec.tags)),
         "engine": _clean_opt(rec.engine),
         "attempt_count": len(attempts),
         "e2e_ms": _ms_between(received, last),
         "ttft_ms": _ms_between(received, first),
         "queue_wait_ms": rec.queue_wait_ms,
-        "decisions": clean_json(list(rec.decisions)),
+        "decisions": js(list(rec.decisions)),
         "deadline_at_us": to_us(rec.deadline_at),
         "process_version": _clean_opt(rec.process_version),
         "config_version": _clean_opt(rec.config_version),
@@ -150,37 +182,43 @@ def _insert_stmt(conn: Connection) -> Any:
     raise StoreError(f"unsupported database dialect {name!r} (use SQLite or PostgreSQL)")
 
 
-_STATEMENTS: dict[str, tuple[Any, Any]] = {}
+@dataclass(frozen=True)
+class _DriverSQL:
+    """The batch upsert's statements as the driver's own SQL text (see :func:`_driver_sql`)."""
+
+    upsert: str
+    insert_if_absent: str
+    attempts: str      # INSERT of one request_attempts row
+    delete_attempts: str   # DELETE of one request's attempts
 
 
-class _PlainPG(postgresql.base.PGDialect):
-    """PostgreSQL's SQL without bind casts (``:name`` stays a plain parameter text() can read)."""
-
-    bind_typing = BindTyping.NONE
+_DRIVER_SQL: dict[str, _DriverSQL] = {}
 
 
-_BASE_DIALECTS: dict[str, Any] = {"postgresql": _PlainPG, "sqlite": sqlite.base.SQLiteDialect}
+def _driver_dialect(conn: Connection) -> Any:
+    """The dialect that writes SQL the driver reads with a dict of parameters per row: the
+    connection's own for PostgreSQL (psycopg's ``%(name)s``, with its bind casts such as
+    ``::JSONB``), SQLite's with ``:name`` parameters (sqlite3 reads them whatever SQLAlchemy's
+    paramstyle; its default ``?`` would need tuples)."""
+    if conn.dialect.name == "sqlite":
+        return sqlite.base.SQLiteDialect(paramstyle="named")
+    return conn.dialect
 
 
-def _cacheable(stmt: Any, conn: Connection) -> Any:
-    """``stmt`` (an INSERT of every ``requests`` column) as a ``text()`` construct with the same SQL
-    and the columns' types on its parameters. SQLAlchemy has no cache key for the dialects'
-    ``ON CONFLICT`` clauses, so it compiled the upsert again for every batch: 0.4 ms per batch, 12 µs
-    per record in batches of 34 and far more in the small batches of a lightly loaded gateway
-    (docs/benchmarks.md, "The request path profiled again"). A ``text()`` construct is compiled
-    once and cached; its typed parameters go through the same bind processing (JSON serialisation,
-    booleans) as the columns'."""
-    # The dialect's own SQL without driver details (bind casts): the driver's are added when the
-    # text() construct is compiled for the connection, as they were for the statement.
-    named = _BASE_DIALECTS[conn.dialect.name](paramstyle="named")   # :name parameters, which text() reads
-    sql = str(stmt.compile(dialect=named, column_keys=[c.key for c in _REQUESTS.c]))
-    return text(sql).bindparams(*(bindparam(c.key, type_=c.type) for c in _REQUESTS.c))
+def _driver_sql(conn: Connection) -> _DriverSQL:
+    """The upsert, insert-if-absent, attempt insert and attempt delete for the connection's
+    dialect, compiled once from SQLAlchemy's constructs into the driver's SQL text.
 
-
-def _statements(conn: Connection) -> tuple[Any, Any]:
-    """(upsert, insert-if-absent) for the connection's dialect, built once (:func:`_cacheable`)."""
+    They run through ``exec_driver_sql`` with rows :func:`_record_rows` builds in the form the
+    driver binds (JSON columns as text, :func:`json_text`): SQLAlchemy's per-row parameter
+    processing (a dict built per row from the compiled parameters, then each column type's bind
+    processor) was a third of the database thread's CPU per record (docs/benchmarks.md, "The audit
+    path's CPU"). Its errors are still mapped as before (IntegrityError, DataError …), so
+    :func:`is_record_error` reads them the same way. Before this, the ``ON CONFLICT`` constructs
+    (no SQLAlchemy cache key) were compiled into cached ``text()`` constructs for the same reason
+    at batch level (docs/benchmarks.md, "The request path profiled again")."""
     name = conn.dialect.name
-    got = _STATEMENTS.get(name)
+    got = _DRIVER_SQL.get(name)
     if got is None:
         stmt = _insert_stmt(conn)
         # PostgreSQL's requests is partitioned by received_at_us (migration 0007): its primary key,
@@ -194,7 +232,16 @@ def _statements(conn: Connection) -> tuple[Any, Any]:
             set_={c.name: stmt.excluded[c.name] for c in _REQUESTS.c if c.name not in keys},
         )
         absent = _insert_stmt(conn).on_conflict_do_nothing(index_elements=target)
-        got = _STATEMENTS[name] = (_cacheable(upsert, conn), _cacheable(absent, conn))
+        dialect = _driver_dialect(conn)
+        columns = [c.key for c in _REQUESTS.c]
+
+        def sql(construct: Any, cols: list[str] | None = None) -> str:
+            return str(construct.compile(dialect=dialect, column_keys=cols))
+
+        got = _DRIVER_SQL[name] = _DriverSQL(
+            upsert=sql(upsert, columns), insert_if_absent=sql(absent, columns),
+            attempts=sql(insert(_ATTEMPTS), [c.key for c in _ATTEMPTS.c]),
+            delete_attempts=sql(delete(_ATTEMPTS).where(_ATTEMPTS.c.request_id == bindparam("request_id"))))
     return got
 
 
@@ -213,20 +260,20 @@ def upsert_records(conn: Connection, records: Sequence[RequestRecord]) -> None:
     rows: list[dict[str, Any]] = []
     attempt_rows: list[dict[str, Any]] = []
     for rec in latest.values():
-        row, attempts = record_rows(rec)
+        row, attempts = _record_rows(rec, json_text)
         rows.append(row)
         attempt_rows.extend(attempts)
-    upsert, insert_if_absent = _statements(conn)
+    sql = _driver_sql(conn)
     if unknown:
-        conn.execute(insert_if_absent, [record_rows(r)[0] for r in unknown.values()])
+        conn.exec_driver_sql(sql.insert_if_absent, [_record_rows(r, json_text)[0] for r in unknown.values()])
     if not rows:
         return
-    conn.execute(upsert, rows)
-    ids = [r["request_id"] for r in rows]
-    for i in range(0, len(ids), _IN_CHUNK):
-        conn.execute(delete(_ATTEMPTS).where(_ATTEMPTS.c.request_id.in_(ids[i : i + _IN_CHUNK])))
+    conn.exec_driver_sql(sql.upsert, rows)
+    # One statement text for any batch size (a DELETE … IN of n ids was a new prepared statement
+    # for every n: store/db.py's SQLITE_CACHED_STATEMENTS).
+    conn.exec_driver_sql(sql.delete_attempts, [{"request_id": r["request_id"]} for r in rows])
     if attempt_rows:
-        conn.execute(insert(_ATTEMPTS), attempt_rows)
+        conn.exec_driver_sql(sql.attempts, attempt_rows)
 
 
 def is_record_error(exc: BaseException) -> bool:

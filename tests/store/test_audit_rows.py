@@ -1,5 +1,5 @@
-"""The batch upsert's statements (store/rows.py): compiled once, the same SQL as the
-dialect's ``ON CONFLICT`` construct, and the rows they write."""
+"""The batch upsert's statements (store/rows.py): the driver's SQL, compiled once, the same SQL as
+the dialect's ``ON CONFLICT`` construct; the JSON columns' text; and the rows they write."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from inferlb.store import rows
+from inferlb.store import db, rows
 from inferlb.store.queries import get_request
 from inferlb.store.records import RequestRecord
 from inferlb.store.schema import REQUESTS
@@ -28,42 +28,71 @@ def _constructs(dialect_name: str) -> tuple[Any, Any]:
     return upsert, ins(REQUESTS).on_conflict_do_nothing(index_elements=target)
 
 
+class _FakeConn:
+    def __init__(self, url: str) -> None:
+        self.dialect = create_engine(url).dialect
+
+
 @pytest.mark.parametrize("url", ["sqlite://", "postgresql+psycopg://u@127.0.0.1/db"])
-def test_statements_compile_to_the_on_conflict_sql(url: str) -> None:
-    """Same SQL text and parameter order as the ON CONFLICT constructs, with the same bind
-    processing per column (JSON serialisation, booleans); no database needed."""
-    engine = create_engine(url)
-
-    class _Conn:
-        dialect = engine.dialect
-
-    ours = rows._statements(_Conn())  # type: ignore[arg-type]
+def test_driver_sql_is_the_on_conflict_sql(url: str) -> None:
+    """The driver's SQL text is the ON CONFLICT constructs' SQL for the dialect, with a named
+    parameter for every column (PostgreSQL keeps psycopg's bind casts, ``::JSONB`` among them);
+    no database needed."""
+    conn = _FakeConn(url)
+    ours = rows._driver_sql(conn)  # type: ignore[arg-type]
     columns = [c.key for c in REQUESTS.c]
-    for theirs, mine in zip(_constructs(engine.dialect.name), ours, strict=True):
-        expected = theirs.compile(dialect=engine.dialect, column_keys=columns)
-        got = mine.compile(dialect=engine.dialect)
-        assert str(got) == str(expected)
-        assert got.positiontup == expected.positiontup
-        assert ({k: type(p).__qualname__ for k, p in got._bind_processors.items()}
-                == {k: type(p).__qualname__ for k, p in expected._bind_processors.items()})
-        assert mine._generate_cache_key() is not None   # what lets SQLAlchemy compile it once
+    pg = conn.dialect.name == "postgresql"
+    for theirs, mine in zip(_constructs(conn.dialect.name), (ours.upsert, ours.insert_if_absent), strict=True):
+        if pg:
+            assert mine == str(theirs.compile(dialect=conn.dialect, column_keys=columns))
+        for c in columns:
+            assert (f"%({c})s" if pg else f":{c}") in mine
+    assert ("%(decision)s::JSONB" in ours.upsert) is pg
+    assert ours.delete_attempts.startswith("DELETE FROM request_attempts WHERE request_attempts.request_id = ")
+    assert rows._driver_sql(conn) is ours  # type: ignore[arg-type]  # compiled once per dialect
 
 
-def test_upsert_is_compiled_once(engine: Engine, make_record: Callable[..., RequestRecord]) -> None:
-    """The second batch reuses the compiled upsert (the ON CONFLICT construct has no cache key
-    and was compiled for every batch)."""
-    seen: list[tuple[str, str]] = []
+_JSON_VALUES: list[Any] = [
+    None, {}, [], {"a": 1, "b": [1, 2.5, "x", None, True]}, {"k\x00": "v\x00"}, {"bad": float("nan")},
+    {"inf": float("-inf")}, {2: "int key", None: "none key", True: "bool key"}, ("t", 1), {"big": 2**70},
+    {"sur": "\ud800"}, {"lit": "\\u0000"}, {"ü": "ü€𝄞"}, {"nest": [{"a": [None, {"b": {"c": []}}]}]},
+    {"set": {1}}, "s", 3, 2.0,
+]
+
+
+@pytest.mark.parametrize("value", _JSON_VALUES, ids=repr)
+@pytest.mark.parametrize("url", ["sqlite://", "postgresql+psycopg://u@127.0.0.1/db"])
+def test_json_text_is_what_the_json_column_wrote(url: str, value: Any) -> None:
+    """json_text (what the driver now binds) is the text the column's JSON type wrote for the
+    cleaned value (what SQLAlchemy bound before), on both dialects: the fast path and the cleaning
+    path agree, NUL and lone surrogates included."""
+    engine = create_engine(url, json_serializer=db._json_text)
+    column = REQUESTS.c.decision.type.dialect_impl(engine.dialect)
+    process = column.bind_processor(engine.dialect)
+    assert process is not None
+    bound = process(rows.clean_json(value))
+    if not isinstance(bound, str):
+        # psycopg's Jsonb wrapper: psycopg writes its obj with the serializer the engine registers
+        # on each connection (make_engine's json_serializer)
+        assert bound.dumps is None
+        bound = db._json_text(bound.obj)
+    assert rows.json_text(value) == bound
+
+
+def test_upsert_runs_one_statement_text_per_kind(engine: Engine, make_record: Callable[..., RequestRecord]) -> None:
+    """Every batch, whatever its size, executes the same few statement texts (the driver's, built
+    once): the upsert, one DELETE and one INSERT of attempts, each an executemany."""
+    seen: list[tuple[str, bool]] = []
 
     @event.listens_for(engine, "before_cursor_execute")
     def _note(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
-        seen.append((statement.split(None, 3)[2], str(context.cache_hit)))
+        seen.append((statement, executemany))
 
-    for batch in range(2):
+    for batch, size in enumerate((3, 5)):
         with engine.begin() as conn:
-            rows.upsert_records(conn, [make_record(batch * 10 + i) for i in range(3)])
-    upserts = [hit for table, hit in seen if table == "requests"]
-    assert len(upserts) == 2
-    assert upserts[1].endswith("CACHE_HIT")
+            rows.upsert_records(conn, [make_record(batch * 10 + i) for i in range(size)])
+    assert len(seen) == 6 and seen[:3] == seen[3:]
+    assert all(many for _, many in seen)
 
 
 def test_rows_round_trip_through_the_cached_statements(engine: Engine,
