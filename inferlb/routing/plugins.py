@@ -7,6 +7,7 @@ saying what it reads. All are pure and synchronous.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,6 +30,7 @@ __all__ = [
     "StaticWeight",
     "WeightedRandom",
     "healthy_and_serving",
+    "token_aware_kept_totals",
     "token_aware_totals",
 ]
 
@@ -300,6 +302,64 @@ def token_aware_totals(req: RouteRequest, nodes: list[NodeView], ws: tuple[float
             for n in nodes]
 
 
+def _fastest(nodes: list[NodeView], default: float) -> float:
+    """The fastest known speed among ``nodes`` (``tokens_per_s`` not None and > 0: NaN and ≤ 0
+    are not known speeds), ``default`` when none has one: ``DecodeSpeed.score_all``'s prior."""
+    return max([s for n in nodes if (s := n.tokens_per_s) is not None and s > 0], default=default)
+
+
+def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: float, speed: DecodeSpeedParams,
+                            room: float) -> Callable[[RouteRequest, list[NodeView]], list[float] | None]:
+    """``healthy`` then ``has-capacity`` (``token_headroom`` ``room``) and, when they keep every
+    node, :func:`token_aware_totals` over them, in one pass: a function of ``(req, nodes)`` that
+    gives the totals, or None when a node would be eliminated (the caller then runs the filters as
+    usual; nothing was changed or drawn).
+
+    The same totals: a node is kept by both filters exactly when it is healthy and passes
+    has-capacity's rule (``HasCapacity.apply``'s comprehension, with ``fits_somewhere`` over every
+    node: when every node is kept, every node is healthy, so that is the set has-capacity would
+    look at). Each term is :func:`token_aware_totals`' expression, summed in the same order; the
+    fastest known speed (decode-speed's prior for a node without one) is found when a node first
+    needs it, over every node (the same set, the same value), so a fleet whose speeds are all known
+    skips that pass. Written as source for these weights, as ``profiles._weigher`` is: ``x · 1`` is
+    ``x`` for every float, and ``0.0 + a`` is ``a`` for the first term, which is ``+0.0`` or
+    positive (never ``-0.0`` or NaN) when its weight is 1; the division by a total weight of 1 is
+    left out (``x / 1`` is ``x``)."""
+    w0, w1, w2, w3 = ws
+    a = "(x if (x := 1.0 - (it + t) / n.capacity_tokens) > 0.0 else 0.0)"
+    b = "1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if (r := n.inflight_requests) > 1 else 0)))"
+    c = "(0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0))"
+    e = ("ref / (ref + out / (v if (v := n.tokens_per_s) is not None and v > 0 else "
+         "(prior if prior is not None else (prior := fastest(nodes, unknown)))))")
+    total = a if w0 == 1.0 else f"(0.0 + {a} * w0)"
+    for term, w, wname in ((b, w1, "w1"), (c, w2, "w2"), (e, w3, "w3")):
+        total += f"\n               + {term}" if w == 1.0 else f"\n               + {term} * {wname}"
+    if total_w != 1.0:
+        total = f"({total}) / total_w"
+    src = ("def kept_totals(req, nodes):\n"
+           "    out = req.output_tokens\n"
+           "    t = req.prompt_tokens + out   # req.tokens, without the property's call\n"
+           "    fits = False\n"
+           "    for n in nodes:\n"
+           "        if t <= n.capacity_tokens * room:\n"
+           "            fits = True\n"
+           "            break\n"
+           "    prior = None if out <= optimistic else unknown   # None: the fastest known, when needed\n"
+           f"    totals = [{total}\n"
+           "              for n in nodes\n"
+           "              if n.healthy and n.inflight_requests < n.max_concurrency\n"
+           "              and ((c := n.capacity_tokens * room) >= t or not fits)\n"
+           "              and ((it := n.inflight_tokens) <= 0 or it + t <= c)]\n"
+           "    return totals if len(totals) == len(nodes) else None\n")
+    env: dict[str, Any] = {"w0": w0, "w1": w1, "w2": w2, "w3": w3, "total_w": total_w, "room": room,
+                           "ref": speed.reference_s, "unknown": speed.unknown_tokens_per_s,
+                           "optimistic": speed.optimistic_max_tokens, "fastest": _fastest}
+    code: dict[str, Any] = {}
+    exec(src, env, code)   # our own source: the weights decide which terms are written, nothing from config
+    kept_totals: Callable[[RouteRequest, list[NodeView]], list[float] | None] = code["kept_totals"]
+    return kept_totals
+
+
 class StaticWeightParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_weight: float = Field(10.0, gt=0)
@@ -354,6 +414,18 @@ class MaxScore:
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
         r = rng.random
         keyed = [(-s, r(), n.name) for n, s in scored]
+        keyed.sort()
+        return [name for _, _, name in keyed]
+
+    def rank_totals(self, nodes: list[NodeView], totals: list[float], rng: random.Random) -> list[str]:
+        """``rank(list(zip(nodes, totals)), rng)`` without building the pairs (what the router
+        calls): the same keys, the same draws in the same order, so the same ranking and the same
+        generator state. ``nodes`` and ``totals`` must be of one length (ValueError otherwise)."""
+        if len(nodes) != len(totals):
+            raise ValueError("nodes and totals of unequal length")
+        r = rng.random
+        # Checked above: zip's strict keyword is parsed on every call, a cost per decision.
+        keyed = [(-s, r(), n.name) for n, s in zip(nodes, totals)]  # noqa: B905
         keyed.sort()
         return [name for _, _, name in keyed]
 
