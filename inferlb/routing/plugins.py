@@ -421,13 +421,17 @@ class MaxScore:
         """``rank(list(zip(nodes, totals)), rng)`` without building the pairs (what the router
         calls): the same keys, the same draws in the same order, so the same ranking and the same
         generator state. ``nodes`` and ``totals`` must be of one length (ValueError otherwise)."""
+        keyed = self.keys(nodes, totals, rng)
+        keyed.sort()
+        return [name for _, _, name in keyed]
+
+    def keys(self, nodes: list[NodeView], totals: list[float], rng: random.Random) -> list[tuple[float, float, str]]:
+        """The sort keys :meth:`rank_totals` sorts, in ``nodes``' order (its draws, one per node)."""
         if len(nodes) != len(totals):
             raise ValueError("nodes and totals of unequal length")
         r = rng.random
         # Checked above: zip's strict keyword is parsed on every call, a cost per decision.
-        keyed = [(-s, r(), n.name) for n, s in zip(nodes, totals)]  # noqa: B905
-        keyed.sort()
-        return [name for _, _, name in keyed]
+        return [(-s, r(), n.name) for n, s in zip(nodes, totals)]  # noqa: B905
 
 
 class WeightedRandom:

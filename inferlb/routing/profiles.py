@@ -279,9 +279,10 @@ class Router:
         d = Decision._lazy(self.name, picked, self.picker.type_name, offered, len(picked), counts)
         batch = self._batch
         d._set_scores(self._keys, picked, lambda: [score_all(req, picked) for score_all in batch], totals)
-        rank_totals = self._rank_totals
-        assert rank_totals is not None
-        d.ranked = rank_totals(picked, totals, self.rng)
+        # max-score's ranking as its sorted keys: the names listed only when read (Decision._set_keyed).
+        picker = self.picker
+        assert isinstance(picker, MaxScore)
+        d._set_keyed(picker.keys(picked, totals, self.rng))
         return d
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],

@@ -347,8 +347,8 @@ class Decision:
     for plain attributes.
     """
 
-    __slots__ = ("_cand", "_cand_src", "_live_ranked", "_rows", "_rows_src", "counts", "eliminated", "learned",
-                 "offered", "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
+    __slots__ = ("_cand", "_cand_src", "_keyed", "_live_ranked", "_ranked", "_rows", "_rows_src", "counts",
+                 "eliminated", "learned", "offered", "pick_detail", "picker", "profile", "sampled", "score_keys")
 
     def __init__(self, profile: str, candidates: list[str], eliminated: list[Elimination] | None = None,
                  score_keys: tuple[str, ...] = (), score_rows: dict[str, tuple[float, ...]] | None = None,
@@ -363,7 +363,8 @@ class Decision:
         self._rows: dict[str, tuple[float, ...]] | None = {} if score_rows is None else score_rows
         self._rows_src: _ScoreSource | None = None
         self._live_ranked: list[str] | None = None
-        self.ranked: list[str] = [] if ranked is None else ranked
+        self._ranked: list[str] | None = [] if ranked is None else ranked
+        self._keyed: list[tuple[Any, ...]] | None = None
         self.picker = picker
         self.offered = offered
         self.sampled = sampled
@@ -387,7 +388,8 @@ class Decision:
         d._rows = {}
         d._rows_src = None
         d._live_ranked = None
-        d.ranked = []
+        d._ranked = []
+        d._keyed = None
         d.picker = picker
         d.offered = offered
         d.sampled = sampled
@@ -477,8 +479,36 @@ class Decision:
         return None
 
     @property
+    def ranked(self) -> list[str]:
+        """The node names, best first (the pick, then the fallbacks)."""
+        r = self._ranked
+        if r is None:
+            keyed = self._keyed
+            assert keyed is not None
+            r = self._ranked = [name for _, _, name in keyed]
+            self._keyed = None
+        return r
+
+    @ranked.setter
+    def ranked(self, value: list[str]) -> None:
+        self._ranked, self._keyed = value, None
+
+    def _set_keyed(self, keyed: list[tuple[Any, ...]]) -> None:
+        """The ranking as a picker's sort keys, each ending in the node's name (max-score's
+        ``(-total, draw, name)``; the list becomes the decision's): sorted here, and
+        :attr:`ranked` is their names in that order, built when first read (:attr:`pick`, the
+        first name, needs no list of them)."""
+        keyed.sort()
+        self._ranked, self._keyed = None, keyed
+
+    @property
     def pick(self) -> str | None:
-        return self.ranked[0] if self.ranked else None
+        r = self._ranked
+        if r is None:
+            keyed = self._keyed
+            assert keyed is not None
+            return keyed[0][-1] if keyed else None
+        return r[0] if r else None
 
     def _fields(self) -> tuple[Any, ...]:
         return (self.profile, self.candidates, self.eliminated, self.score_keys, self.score_rows, self.ranked,
