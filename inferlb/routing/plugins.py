@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferlb.routing.types import Elimination, NodeView, RouteRequest
+from inferlb.routing.types import Elimination, NodeView, RouteRequest, set_terms
 
 __all__ = [
     "DecodeSpeed",
@@ -302,6 +302,32 @@ def token_aware_totals(req: RouteRequest, nodes: list[NodeView], ws: tuple[float
             for n in nodes]
 
 
+def view_terms(n: NodeView) -> tuple[float, float, float | None] | tuple[()]:
+    """What token-aware's rules compute from the view alone, in one tuple memoised on the view
+    (``NodeView._terms``: a view never changes, so neither do these): its ``queue-depth`` and
+    ``kv-cache`` scores (their ``score_all`` expressions: the same floats) and its known decode
+    speed (``tokens_per_s`` when not None and > 0, else None); or ``()`` (false) for a view that
+    is unhealthy or at ``max_concurrency`` (the healthy filter's and has-capacity's first test
+    drop it) or whose scores cannot be computed (a division by zero, a value too large: a bad
+    ``waiting``), which the one-pass path then leaves to the filters and scorers as usual (they
+    drop it, or raise as they did)."""
+    t = n._terms
+    if t is None:
+        r = n.inflight_requests
+        if n.healthy and r < n.max_concurrency:
+            s = n.tokens_per_s
+            try:
+                t = (1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if r > 1 else 0))),
+                     0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0),
+                     s if s is not None and s > 0 else None)
+            except (ArithmeticError, TypeError):
+                t = ()
+        else:
+            t = ()
+        set_terms(n, t)
+    return t
+
+
 def _fastest(nodes: list[NodeView], default: float) -> float:
     """The fastest known speed among ``nodes`` (``tokens_per_s`` not None and > 0: NaN and ≤ 0
     are not known speeds), ``default`` when none has one: ``DecodeSpeed.score_all``'s prior."""
@@ -326,10 +352,11 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
     positive (never ``-0.0`` or NaN) when its weight is 1; the division by a total weight of 1 is
     left out (``x / 1`` is ``x``)."""
     w0, w1, w2, w3 = ws
+    # m: the view's own terms (view_terms): queue-depth, kv-cache, known speed; () when not kept.
     a = "(x if (x := 1.0 - (it + t) / n.capacity_tokens) > 0.0 else 0.0)"
-    b = "1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if (r := n.inflight_requests) > 1 else 0)))"
-    c = "(0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0))"
-    e = ("ref / (ref + out / (v if (v := n.tokens_per_s) is not None and v > 0 else "
+    b = "m[0]"
+    c = "m[1]"
+    e = ("ref / (ref + out / (v if (v := m[2]) is not None else "
          "(prior if prior is not None else (prior := fastest(nodes, unknown)))))")
     total = a if w0 == 1.0 else f"(0.0 + {a} * w0)"
     for term, w, wname in ((b, w1, "w1"), (c, w2, "w2"), (e, w3, "w3")):
@@ -347,13 +374,14 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
            "    prior = None if out <= optimistic else unknown   # None: the fastest known, when needed\n"
            f"    totals = [{total}\n"
            "              for n in nodes\n"
-           "              if n.healthy and n.inflight_requests < n.max_concurrency\n"
+           "              if (m := n._terms or terms_of(n))\n"
            "              and ((c := n.capacity_tokens * room) >= t or not fits)\n"
            "              and ((it := n.inflight_tokens) <= 0 or it + t <= c)]\n"
            "    return totals if len(totals) == len(nodes) else None\n")
     env: dict[str, Any] = {"w0": w0, "w1": w1, "w2": w2, "w3": w3, "total_w": total_w, "room": room,
                            "ref": speed.reference_s, "unknown": speed.unknown_tokens_per_s,
-                           "optimistic": speed.optimistic_max_tokens, "fastest": _fastest}
+                           "optimistic": speed.optimistic_max_tokens, "fastest": _fastest,
+                           "terms_of": view_terms}
     code: dict[str, Any] = {}
     exec(src, env, code)   # our own source: the weights decide which terms are written, nothing from config
     kept_totals: Callable[[RouteRequest, list[NodeView]], list[float] | None] = code["kept_totals"]

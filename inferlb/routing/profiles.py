@@ -276,14 +276,13 @@ class Router:
         (equal lists there: each filter's kept list is a copy of its input), the columns
         computed when read, and max-score's ranking of the totals (the same draws). ``counts``
         is the caller's, not read after this: no copy."""
-        d = Decision._lazy(self.name, picked, self.picker.type_name, offered, len(picked), counts)
         batch = self._batch
-        d._set_scores(self._keys, picked, lambda: [score_all(req, picked) for score_all in batch], totals)
-        # max-score's ranking as its sorted keys: the names listed only when read (Decision._set_keyed).
         picker = self.picker
         assert isinstance(picker, MaxScore)
-        d._set_keyed(picker.keys(picked, totals, self.rng))
-        return d
+        # max-score's ranking as its sorted keys: the names listed only when read (Decision._set_keyed).
+        return Decision._sampled(self.name, picked, picker.type_name, offered, counts, self._keys,
+                                 lambda: [score_all(req, picked) for score_all in batch], totals,
+                                 picker.keys(picked, totals, self.rng))
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
                 sampled: int | None, own: bool, exact: bool = False,

@@ -39,6 +39,11 @@ def _quick_init(cls: type[_T]) -> type[_T]:
             env[f"_default_{f.name}"] = f.default
             params.append(f"{f.name}=_default_{f.name}")
     body = "".join(f"    _set_{n}(self, {n})\n" for n in names)
+    # The slots of a base that are not fields (_RouteMemo's): None, so that they can be read.
+    extra = [n for b in cls.__mro__[1:] for n in b.__dict__.get("__slots__", ()) if n not in names]
+    for n in extra:
+        env[f"_set_{n}"] = getattr(cls, n).__set__
+    body += "".join(f"    _set_{n}(self, None)\n" for n in extra)
     code: dict[str, Any] = {}
     exec(f"def __init__(self, {', '.join(params)}):\n{body}", env, code)   # our own source: field names
     init = code["__init__"]
@@ -77,10 +82,21 @@ def _quick_eq(*first: str) -> Callable[[type[_T]], type[_T]]:
     return wrap
 
 
+class _RouteMemo:
+    """NodeView's one slot that is not a field: ``_terms``, routing's memo of what it computes
+    from a view alone (plugins.view_terms), kept with the view since a view never changes (None
+    until computed; set only through the slot's own setter, the view being frozen). Not a
+    dataclass field: not an ``__init__`` parameter, not compared, hashed, shown or pickled
+    (``__init__``, ``__setstate__`` and so ``dataclasses.replace`` and ``copy`` start it at None)."""
+
+    __slots__ = ("_terms",)
+    _terms: tuple[Any, ...] | None
+
+
 @_quick_eq("inflight_tokens", "inflight_requests")
 @_quick_init
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeView(_RouteMemo):
     """A node as routing sees it at one instant.
 
     ``inflight_*`` are the gateway's own counts; ``waiting`` and ``kv_usage`` come from scraped
@@ -114,6 +130,20 @@ class NodeView:
     lora_waiting: frozenset[str] = frozenset()   # ... waiting_lora_adapters
     max_lora: int | None = None                  # ... max_lora (None: not reported)
     lora_failed: frozenset[str] = frozenset()    # adapters that failed to load here (cooling down)
+
+
+_dataclass_setstate = NodeView.__setstate__   # type: ignore[attr-defined]
+
+
+def _setstate(self: NodeView, state: Any) -> None:
+    """The dataclass's ``__setstate__`` (pickle, ``copy``), then the memo as ``__init__`` leaves it."""
+    _dataclass_setstate(self, state)
+    set_terms(self, None)
+
+
+# The memo slot's own setter (routing/plugins.py view_terms): the view is frozen to everyone else.
+set_terms: Callable[[NodeView, tuple[Any, ...] | None], None] = _RouteMemo.__dict__["_terms"].__set__
+NodeView.__setstate__ = _setstate   # type: ignore[attr-defined]
 
 
 class NodeList(list[NodeView]):
@@ -393,6 +423,33 @@ class Decision:
         d.picker = picker
         d.offered = offered
         d.sampled = sampled
+        d.counts = counts
+        d.learned = None
+        d.pick_detail = None
+        return d
+
+    @classmethod
+    def _sampled(cls, profile: str, nodes: list[NodeView], picker: str, offered: int, counts: dict[str, int],
+                 keys: tuple[str, ...], cols: Callable[[], list[list[float]]], totals: list[float],
+                 keyed: list[tuple[Any, ...]]) -> Decision:
+        """``_lazy(profile, nodes, picker, offered, len(nodes), counts)`` then ``_set_scores(keys,
+        nodes, cols, totals)`` and ``_set_keyed(keyed)``, in one call: a decision over the sample
+        ``nodes`` in which every node was kept and scored (the router's one-pass path)."""
+        d = cls.__new__(cls)
+        d.profile = profile
+        d._cand = None
+        d._cand_src = nodes
+        d.eliminated = []
+        d.score_keys = keys
+        d._rows = None
+        d._rows_src = (nodes, cols, totals)
+        d._live_ranked = None
+        keyed.sort()
+        d._ranked = None
+        d._keyed = keyed
+        d.picker = picker
+        d.offered = offered
+        d.sampled = len(nodes)
         d.counts = counts
         d.learned = None
         d.pick_detail = None
