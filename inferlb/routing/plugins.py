@@ -302,11 +302,12 @@ def token_aware_totals(req: RouteRequest, nodes: list[NodeView], ws: tuple[float
             for n in nodes]
 
 
-def view_terms(n: NodeView) -> tuple[float, float, float | None] | tuple[()]:
+def view_terms(n: NodeView) -> tuple[float, float, float, float | None] | tuple[()]:
     """What token-aware's rules compute from the view alone, in one tuple memoised on the view
     (``NodeView._terms``: a view never changes, so neither do these): its ``queue-depth`` and
-    ``kv-cache`` scores (their ``score_all`` expressions: the same floats) and its known decode
-    speed (``tokens_per_s`` when not None and > 0, else None); or ``()`` (false) for a view that
+    ``kv-cache`` scores (their ``score_all`` expressions: the same floats), its capacity as a
+    float (``capacity_tokens * 1.0``: has-capacity's bound for a ``token_headroom`` of 1) and its
+    known decode speed (``tokens_per_s`` when not None and > 0, else None); or ``()`` (false) for a view that
     is unhealthy or at ``max_concurrency`` (the healthy filter's and has-capacity's first test
     drop it) or whose scores cannot be computed (a division by zero, a value too large: a bad
     ``waiting``), which the one-pass path then leaves to the filters and scorers as usual (they
@@ -319,6 +320,7 @@ def view_terms(n: NodeView) -> tuple[float, float, float | None] | tuple[()]:
             try:
                 t = (1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if r > 1 else 0))),
                      0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0),
+                     n.capacity_tokens * 1.0,
                      s if s is not None and s > 0 else None)
             except (ArithmeticError, TypeError):
                 t = ()
@@ -341,10 +343,12 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
     gives the totals, or None when a node would be eliminated (the caller then runs the filters as
     usual; nothing was changed or drawn).
 
-    The same totals: a node is kept by both filters exactly when it is healthy and passes
-    has-capacity's rule (``HasCapacity.apply``'s comprehension, with ``fits_somewhere`` over every
-    node: when every node is kept, every node is healthy, so that is the set has-capacity would
-    look at). Each term is :func:`token_aware_totals`' expression, summed in the same order; the
+    The same totals: a node is kept by both filters exactly when it is healthy and below
+    ``max_concurrency`` (its :func:`view_terms` are not ``()``) and passes has-capacity's token
+    rules (``HasCapacity.apply``'s comprehension, with ``fits_somewhere`` over every node: when
+    every node is kept, every node is healthy, so that is the set has-capacity would look at).
+    Each term is :func:`token_aware_totals`' expression (queue-depth's and kv-cache's as the view
+    memoised them), summed in the same order; the
     fastest known speed (decode-speed's prior for a node without one) is found when a node first
     needs it, over every node (the same set, the same value), so a fleet whose speeds are all known
     skips that pass. Written as source for these weights, as ``profiles._weigher`` is: ``x · 1`` is
@@ -352,17 +356,19 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
     positive (never ``-0.0`` or NaN) when its weight is 1; the division by a total weight of 1 is
     left out (``x / 1`` is ``x``)."""
     w0, w1, w2, w3 = ws
-    # m: the view's own terms (view_terms): queue-depth, kv-cache, known speed; () when not kept.
-    a = "(x if (x := 1.0 - (it + t) / n.capacity_tokens) > 0.0 else 0.0)"
+    # m: the view's own terms (view_terms): queue-depth, kv-cache, capacity, known speed; () when not kept.
+    a = "(x if (x := 1.0 - u / n.capacity_tokens) > 0.0 else 0.0)"   # u: it + t, bound by the test below
     b = "m[0]"
     c = "m[1]"
-    e = ("ref / (ref + out / (v if (v := m[2]) is not None else "
+    e = ("ref / (ref + out / (v if (v := m[3]) is not None else "
          "(prior if prior is not None else (prior := fastest(nodes, unknown)))))")
     total = a if w0 == 1.0 else f"(0.0 + {a} * w0)"
     for term, w, wname in ((b, w1, "w1"), (c, w2, "w2"), (e, w3, "w3")):
         total += f"\n               + {term}" if w == 1.0 else f"\n               + {term} * {wname}"
     if total_w != 1.0:
         total = f"({total}) / total_w"
+    # capacity × room: the view's own capacity as a float (m[2], the same product) for a room of 1.0
+    cap = "m[2]" if type(room) is float and room == 1.0 else "n.capacity_tokens * room"
     src = ("def kept_totals(req, nodes):\n"
            "    out = req.output_tokens\n"
            "    t = req.prompt_tokens + out   # req.tokens, without the property's call\n"
@@ -375,8 +381,10 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
            f"    totals = [{total}\n"
            "              for n in nodes\n"
            "              if (m := n._terms or terms_of(n))\n"
-           "              and ((c := n.capacity_tokens * room) >= t or not fits)\n"
-           "              and ((it := n.inflight_tokens) <= 0 or it + t <= c)]\n"
+           f"              and ((c := {cap}) >= t or not fits)\n"
+           # has-capacity's ``it <= 0 or it + t <= c``, the other way round (pure tests of
+           # numbers: the same truth), so that it + t is bound for the totals
+           "              and ((u := (it := n.inflight_tokens) + t) <= c or it <= 0)]\n"
            "    return totals if len(totals) == len(nodes) else None\n")
     env: dict[str, Any] = {"w0": w0, "w1": w1, "w2": w2, "w3": w3, "total_w": total_w, "room": room,
                            "ref": speed.reference_s, "unknown": speed.unknown_tokens_per_s,
