@@ -279,7 +279,7 @@ class Router:
         batch = self._batch
         picker = self.picker
         assert isinstance(picker, MaxScore)
-        # max-score's ranking as its sorted keys: the names listed only when read (Decision._set_keyed).
+        # max-score's ranking as its sorted keys: the names listed only when read (Decision._sampled).
         return Decision._sampled(self.name, picked, picker.type_name, offered, counts, self._keys,
                                  lambda: [score_all(req, picked) for score_all in batch], totals,
                                  picker.keys(picked, totals, self.rng))

@@ -394,7 +394,7 @@ class Decision:
         self._rows_src: _ScoreSource | None = None
         self._live_ranked: list[str] | None = None
         self._ranked: list[str] | None = [] if ranked is None else ranked
-        self._keyed: list[tuple[Any, ...]] | None = None
+        self._keyed: list[tuple[float, float, str]] | None = None   # see _sampled
         self.picker = picker
         self.offered = offered
         self.sampled = sampled
@@ -431,10 +431,13 @@ class Decision:
     @classmethod
     def _sampled(cls, profile: str, nodes: list[NodeView], picker: str, offered: int, counts: dict[str, int],
                  keys: tuple[str, ...], cols: Callable[[], list[list[float]]], totals: list[float],
-                 keyed: list[tuple[Any, ...]]) -> Decision:
+                 keyed: list[tuple[float, float, str]]) -> Decision:
         """``_lazy(profile, nodes, picker, offered, len(nodes), counts)`` then ``_set_scores(keys,
-        nodes, cols, totals)`` and ``_set_keyed(keyed)``, in one call: a decision over the sample
-        ``nodes`` in which every node was kept and scored (the router's one-pass path)."""
+        nodes, cols, totals)``, in one call: a decision over the sample ``nodes`` in which every
+        node was kept and scored (the router's one-pass path). ``keyed``: the ranking as
+        max-score's sort keys, ``(-total, draw, name)`` (the list becomes the decision's): sorted
+        here, and :attr:`ranked` is their names in that order, built when first read
+        (:attr:`pick`, the first name, needs no list of them)."""
         d = cls.__new__(cls)
         d.profile = profile
         d._cand = None
@@ -550,21 +553,13 @@ class Decision:
     def ranked(self, value: list[str]) -> None:
         self._ranked, self._keyed = value, None
 
-    def _set_keyed(self, keyed: list[tuple[Any, ...]]) -> None:
-        """The ranking as a picker's sort keys, each ending in the node's name (max-score's
-        ``(-total, draw, name)``; the list becomes the decision's): sorted here, and
-        :attr:`ranked` is their names in that order, built when first read (:attr:`pick`, the
-        first name, needs no list of them)."""
-        keyed.sort()
-        self._ranked, self._keyed = None, keyed
-
     @property
     def pick(self) -> str | None:
         r = self._ranked
         if r is None:
             keyed = self._keyed
             assert keyed is not None
-            return keyed[0][-1] if keyed else None
+            return keyed[0][2] if keyed else None
         return r[0] if r else None
 
     def _fields(self) -> tuple[Any, ...]:
