@@ -7,11 +7,12 @@ saying what it reads. All are pure and synchronous.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferlb.routing.types import Elimination, NodeView, RouteRequest
+from inferlb.routing.types import Elimination, NodeView, RouteRequest, set_terms
 
 __all__ = [
     "DecodeSpeed",
@@ -29,6 +30,7 @@ __all__ = [
     "StaticWeight",
     "WeightedRandom",
     "healthy_and_serving",
+    "token_aware_kept_totals",
     "token_aware_totals",
 ]
 
@@ -300,6 +302,100 @@ def token_aware_totals(req: RouteRequest, nodes: list[NodeView], ws: tuple[float
             for n in nodes]
 
 
+def view_terms(n: NodeView) -> tuple[float, float, float, float | None] | tuple[()]:
+    """What token-aware's rules compute from the view alone, in one tuple memoised on the view
+    (``NodeView._terms``: a view never changes, so neither do these): its ``queue-depth`` and
+    ``kv-cache`` scores (their ``score_all`` expressions: the same floats), its capacity as a
+    float (``capacity_tokens * 1.0``: has-capacity's bound for a ``token_headroom`` of 1) and its
+    known decode speed (``tokens_per_s`` when not None and > 0, else None); or ``()`` (false) for a view that
+    is unhealthy or at ``max_concurrency`` (the healthy filter's and has-capacity's first test
+    drop it) or whose scores cannot be computed (a division by zero, a value too large: a bad
+    ``waiting``), which the one-pass path then leaves to the filters and scorers as usual (they
+    drop it, or raise as they did)."""
+    t = n._terms
+    if t is None:
+        r = n.inflight_requests
+        if n.healthy and r < n.max_concurrency:
+            s = n.tokens_per_s
+            try:
+                t = (1.0 / (1.0 + (q if (q := n.waiting) is not None else (r - 1 if r > 1 else 0))),
+                     0.5 if (kv := n.kv_usage) is None else ((y if y > 0.0 else 0.0) if (y := 1.0 - kv) < 1.0 else 1.0),
+                     n.capacity_tokens * 1.0,
+                     s if s is not None and s > 0 else None)
+            except (ArithmeticError, TypeError):
+                t = ()
+        else:
+            t = ()
+        set_terms(n, t)
+    return t
+
+
+def _fastest(nodes: list[NodeView], default: float) -> float:
+    """The fastest known speed among ``nodes`` (``tokens_per_s`` not None and > 0: NaN and ≤ 0
+    are not known speeds), ``default`` when none has one: ``DecodeSpeed.score_all``'s prior."""
+    return max([s for n in nodes if (s := n.tokens_per_s) is not None and s > 0], default=default)
+
+
+def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: float, speed: DecodeSpeedParams,
+                            room: float) -> Callable[[RouteRequest, list[NodeView]], list[float] | None]:
+    """``healthy`` then ``has-capacity`` (``token_headroom`` ``room``) and, when they keep every
+    node, :func:`token_aware_totals` over them, in one pass: a function of ``(req, nodes)`` that
+    gives the totals, or None when a node would be eliminated (the caller then runs the filters as
+    usual; nothing was changed or drawn).
+
+    The same totals: a node is kept by both filters exactly when it is healthy and below
+    ``max_concurrency`` (its :func:`view_terms` are not ``()``) and passes has-capacity's token
+    rules (``HasCapacity.apply``'s comprehension, with ``fits_somewhere`` over every node: when
+    every node is kept, every node is healthy, so that is the set has-capacity would look at).
+    Each term is :func:`token_aware_totals`' expression (queue-depth's and kv-cache's as the view
+    memoised them), summed in the same order; the
+    fastest known speed (decode-speed's prior for a node without one) is found when a node first
+    needs it, over every node (the same set, the same value), so a fleet whose speeds are all known
+    skips that pass. Written as source for these weights, as ``profiles._weigher`` is: ``x · 1`` is
+    ``x`` for every float, and ``0.0 + a`` is ``a`` for the first term, which is ``+0.0`` or
+    positive (never ``-0.0`` or NaN) when its weight is 1; the division by a total weight of 1 is
+    left out (``x / 1`` is ``x``)."""
+    w0, w1, w2, w3 = ws
+    # m: the view's own terms (view_terms): queue-depth, kv-cache, capacity, known speed; () when not kept.
+    a = "(x if (x := 1.0 - u / n.capacity_tokens) > 0.0 else 0.0)"   # u: it + t, bound by the test below
+    b = "m[0]"
+    c = "m[1]"
+    e = ("ref / (ref + out / (v if (v := m[3]) is not None else "
+         "(prior if prior is not None else (prior := fastest(nodes, unknown)))))")
+    total = a if w0 == 1.0 else f"(0.0 + {a} * w0)"
+    for term, w, wname in ((b, w1, "w1"), (c, w2, "w2"), (e, w3, "w3")):
+        total += f"\n               + {term}" if w == 1.0 else f"\n               + {term} * {wname}"
+    if total_w != 1.0:
+        total = f"({total}) / total_w"
+    # capacity × room: the view's own capacity as a float (m[2], the same product) for a room of 1.0
+    cap = "m[2]" if type(room) is float and room == 1.0 else "n.capacity_tokens * room"
+    src = ("def kept_totals(req, nodes):\n"
+           "    out = req.output_tokens\n"
+           "    t = req.prompt_tokens + out   # req.tokens, without the property's call\n"
+           "    fits = False\n"
+           "    for n in nodes:\n"
+           "        if t <= n.capacity_tokens * room:\n"
+           "            fits = True\n"
+           "            break\n"
+           "    prior = None if out <= optimistic else unknown   # None: the fastest known, when needed\n"
+           f"    totals = [{total}\n"
+           "              for n in nodes\n"
+           "              if (m := n._terms or terms_of(n))\n"
+           f"              and ((c := {cap}) >= t or not fits)\n"
+           # has-capacity's ``it <= 0 or it + t <= c``, the other way round (pure tests of
+           # numbers: the same truth), so that it + t is bound for the totals
+           "              and ((u := (it := n.inflight_tokens) + t) <= c or it <= 0)]\n"
+           "    return totals if len(totals) == len(nodes) else None\n")
+    env: dict[str, Any] = {"w0": w0, "w1": w1, "w2": w2, "w3": w3, "total_w": total_w, "room": room,
+                           "ref": speed.reference_s, "unknown": speed.unknown_tokens_per_s,
+                           "optimistic": speed.optimistic_max_tokens, "fastest": _fastest,
+                           "terms_of": view_terms}
+    code: dict[str, Any] = {}
+    exec(src, env, code)   # our own source: the weights decide which terms are written, nothing from config
+    kept_totals: Callable[[RouteRequest, list[NodeView]], list[float] | None] = code["kept_totals"]
+    return kept_totals
+
+
 class StaticWeightParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_weight: float = Field(10.0, gt=0)
@@ -356,6 +452,22 @@ class MaxScore:
         keyed = [(-s, r(), n.name) for n, s in scored]
         keyed.sort()
         return [name for _, _, name in keyed]
+
+    def rank_totals(self, nodes: list[NodeView], totals: list[float], rng: random.Random) -> list[str]:
+        """``rank(list(zip(nodes, totals)), rng)`` without building the pairs (what the router
+        calls): the same keys, the same draws in the same order, so the same ranking and the same
+        generator state. ``nodes`` and ``totals`` must be of one length (ValueError otherwise)."""
+        keyed = self.keys(nodes, totals, rng)
+        keyed.sort()
+        return [name for _, _, name in keyed]
+
+    def keys(self, nodes: list[NodeView], totals: list[float], rng: random.Random) -> list[tuple[float, float, str]]:
+        """The sort keys :meth:`rank_totals` sorts, in ``nodes``' order (its draws, one per node)."""
+        if len(nodes) != len(totals):
+            raise ValueError("nodes and totals of unequal length")
+        r = rng.random
+        # Checked above: zip's strict keyword is parsed on every call, a cost per decision.
+        return [(-s, r(), n.name) for n, s in zip(nodes, totals)]  # noqa: B905
 
 
 class WeightedRandom:

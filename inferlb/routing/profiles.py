@@ -44,12 +44,15 @@ from inferlb.errors import ConfigError
 from inferlb.routing.memo import MIN_POOL, FilterMemo, per_view
 from inferlb.routing.plugins import (
     DecodeSpeed,
+    HasCapacity,
     Healthy,
     KVCacheScorer,
+    MaxScore,
     OutstandingTokens,
     QueueDepth,
     ServesModel,
     healthy_and_serving,
+    token_aware_kept_totals,
     token_aware_totals,
 )
 from inferlb.routing.registry import make_plugin
@@ -191,6 +194,21 @@ class Router:
             assert isinstance(decode, DecodeSpeed)
             speed, total_w = decode.p, self._total_w
             self._fused = lambda req, nodes: token_aware_totals(req, nodes, ws, total_w, speed)
+        # max-score's ranking straight from the nodes and their totals (MaxScore.rank_totals: the
+        # same ranking, no (node, total) pairs built); not for a subclass with a rank of its own.
+        self._rank_totals: Callable[[list[NodeView], list[float], random.Random], list[str]] | None = \
+            getattr(picker, "rank_totals", None) if getattr(type(picker), "rank", None) is MaxScore.rank \
+            and self._rank_for is None and self._rank_detail is None and self._rank_views is None else None
+        # token-aware itself (its filters, scorers and max-score) on a sampled exact pool: the
+        # filters and the totals in one pass (plugins.token_aware_kept_totals) when they keep
+        # every sampled node, as they mostly do; see _decided.
+        self._kept_totals: Callable[[RouteRequest, list[NodeView]], list[float] | None] | None = None
+        fast_filters = [getattr(a, "__self__", None) for a in self._apply_by[True, False]]
+        if self._fused is not None and self._rank_totals is not None and self._preselect is None \
+                and [type(f) for f in fast_filters] == [Healthy, HasCapacity]:
+            cap = fast_filters[1]
+            assert isinstance(cap, HasCapacity)
+            self._kept_totals = token_aware_kept_totals(ws, total_w, speed, cap.p.token_headroom)
         # True: a caller that reads only the pick (the discrete-event simulation) lets each
         # decision compute its per-scorer columns when they are first read (its score rows, its
         # audit copy), not while deciding. The same scores either way; only when they are computed.
@@ -237,10 +255,34 @@ class Router:
                 # trunc(x) is int(x) for a float (the same int), at a third of the cost of the call.
                 rnd = self.rng.random
                 picked = [pool[i] for i in {trunc(rnd() * size) for _ in range(k)}]
+                kept_totals = self._kept_totals
+                # What _decide would run here: healthy and has-capacity alone (an exact pool, no
+                # selector), no retry eliminations, the columns left until read.
+                if kept_totals is not None and exact and not req.exclude and req.selector is None \
+                        and self.scores_when_read:
+                    totals = kept_totals(req, picked)
+                    if totals is not None:
+                        return self._decided(req, picked, len(nodes), counts, totals)
             d = self._decide(req, picked, len(nodes), dict(counts), len(picked), drawn, exact)
             if d.ranked:
                 return d
         return self._decide(req, pool, len(nodes), counts, None, own, exact, hint)
+
+    def _decided(self, req: RouteRequest, picked: list[NodeView], offered: int, counts: dict[str, int],
+                 totals: list[float]) -> Decision:
+        """The decision :meth:`_decide` makes over the drawn sample ``picked`` (the router's own
+        list) when the filters keep every node and ``totals`` are their token-aware totals
+        (``_kept_totals``): no elimination, the candidates and the live nodes both ``picked``
+        (equal lists there: each filter's kept list is a copy of its input), the columns
+        computed when read, and max-score's ranking of the totals (the same draws). ``counts``
+        is the caller's, not read after this: no copy."""
+        batch = self._batch
+        picker = self.picker
+        assert isinstance(picker, MaxScore)
+        # max-score's ranking as its sorted keys: the names listed only when read (Decision._sampled).
+        return Decision._sampled(self.name, picked, picker.type_name, offered, counts, self._keys,
+                                 lambda: [score_all(req, picked) for score_all in batch], totals,
+                                 picker.keys(picked, totals, self.rng))
 
     def _decide(self, req: RouteRequest, nodes: list[NodeView], offered: int, counts: dict[str, int],
                 sampled: int | None, own: bool, exact: bool = False,
@@ -304,6 +346,10 @@ class Router:
             if rank_views is not None:
                 d.ranked = self._rank_names(memo.names(), self.rng) if memo is not None and self._rank_names \
                     else rank_views(live, self.rng)
+                return d
+            rank_totals = self._rank_totals
+            if rank_totals is not None:   # the same ranking as rank() over the (node, total) pairs
+                d.ranked = rank_totals(live, totals, self.rng)
                 return d
             scored = list(zip(live, totals, strict=True))
         elif rank_views is not None:

@@ -39,6 +39,11 @@ def _quick_init(cls: type[_T]) -> type[_T]:
             env[f"_default_{f.name}"] = f.default
             params.append(f"{f.name}=_default_{f.name}")
     body = "".join(f"    _set_{n}(self, {n})\n" for n in names)
+    # The slots of a base that are not fields (_RouteMemo's): None, so that they can be read.
+    extra = [n for b in cls.__mro__[1:] for n in b.__dict__.get("__slots__", ()) if n not in names]
+    for n in extra:
+        env[f"_set_{n}"] = getattr(cls, n).__set__
+    body += "".join(f"    _set_{n}(self, None)\n" for n in extra)
     code: dict[str, Any] = {}
     exec(f"def __init__(self, {', '.join(params)}):\n{body}", env, code)   # our own source: field names
     init = code["__init__"]
@@ -77,10 +82,21 @@ def _quick_eq(*first: str) -> Callable[[type[_T]], type[_T]]:
     return wrap
 
 
+class _RouteMemo:
+    """NodeView's one slot that is not a field: ``_terms``, routing's memo of what it computes
+    from a view alone (plugins.view_terms), kept with the view since a view never changes (None
+    until computed; set only through the slot's own setter, the view being frozen). Not a
+    dataclass field: not an ``__init__`` parameter, not compared, hashed, shown or pickled
+    (``__init__``, ``__setstate__`` and so ``dataclasses.replace`` and ``copy`` start it at None)."""
+
+    __slots__ = ("_terms",)
+    _terms: tuple[Any, ...] | None
+
+
 @_quick_eq("inflight_tokens", "inflight_requests")
 @_quick_init
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeView(_RouteMemo):
     """A node as routing sees it at one instant.
 
     ``inflight_*`` are the gateway's own counts; ``waiting`` and ``kv_usage`` come from scraped
@@ -114,6 +130,20 @@ class NodeView:
     lora_waiting: frozenset[str] = frozenset()   # ... waiting_lora_adapters
     max_lora: int | None = None                  # ... max_lora (None: not reported)
     lora_failed: frozenset[str] = frozenset()    # adapters that failed to load here (cooling down)
+
+
+_dataclass_setstate = NodeView.__setstate__   # type: ignore[attr-defined]
+
+
+def _setstate(self: NodeView, state: Any) -> None:
+    """The dataclass's ``__setstate__`` (pickle, ``copy``), then the memo as ``__init__`` leaves it."""
+    _dataclass_setstate(self, state)
+    set_terms(self, None)
+
+
+# The memo slot's own setter (routing/plugins.py view_terms): the view is frozen to everyone else.
+set_terms: Callable[[NodeView, tuple[Any, ...] | None], None] = _RouteMemo.__dict__["_terms"].__set__
+NodeView.__setstate__ = _setstate   # type: ignore[attr-defined]
 
 
 class NodeList(list[NodeView]):
@@ -347,8 +377,8 @@ class Decision:
     for plain attributes.
     """
 
-    __slots__ = ("_cand", "_cand_src", "_live_ranked", "_rows", "_rows_src", "counts", "eliminated", "learned",
-                 "offered", "pick_detail", "picker", "profile", "ranked", "sampled", "score_keys")
+    __slots__ = ("_cand", "_cand_src", "_keyed", "_live_ranked", "_ranked", "_rows", "_rows_src", "counts",
+                 "eliminated", "learned", "offered", "pick_detail", "picker", "profile", "sampled", "score_keys")
 
     def __init__(self, profile: str, candidates: list[str], eliminated: list[Elimination] | None = None,
                  score_keys: tuple[str, ...] = (), score_rows: dict[str, tuple[float, ...]] | None = None,
@@ -363,7 +393,8 @@ class Decision:
         self._rows: dict[str, tuple[float, ...]] | None = {} if score_rows is None else score_rows
         self._rows_src: _ScoreSource | None = None
         self._live_ranked: list[str] | None = None
-        self.ranked: list[str] = [] if ranked is None else ranked
+        self._ranked: list[str] | None = [] if ranked is None else ranked
+        self._keyed: list[tuple[float, float, str]] | None = None   # see _sampled
         self.picker = picker
         self.offered = offered
         self.sampled = sampled
@@ -387,10 +418,41 @@ class Decision:
         d._rows = {}
         d._rows_src = None
         d._live_ranked = None
-        d.ranked = []
+        d._ranked = []
+        d._keyed = None
         d.picker = picker
         d.offered = offered
         d.sampled = sampled
+        d.counts = counts
+        d.learned = None
+        d.pick_detail = None
+        return d
+
+    @classmethod
+    def _sampled(cls, profile: str, nodes: list[NodeView], picker: str, offered: int, counts: dict[str, int],
+                 keys: tuple[str, ...], cols: Callable[[], list[list[float]]], totals: list[float],
+                 keyed: list[tuple[float, float, str]]) -> Decision:
+        """``_lazy(profile, nodes, picker, offered, len(nodes), counts)`` then ``_set_scores(keys,
+        nodes, cols, totals)``, in one call: a decision over the sample ``nodes`` in which every
+        node was kept and scored (the router's one-pass path). ``keyed``: the ranking as
+        max-score's sort keys, ``(-total, draw, name)`` (the list becomes the decision's): sorted
+        here, and :attr:`ranked` is their names in that order, built when first read
+        (:attr:`pick`, the first name, needs no list of them)."""
+        d = cls.__new__(cls)
+        d.profile = profile
+        d._cand = None
+        d._cand_src = nodes
+        d.eliminated = []
+        d.score_keys = keys
+        d._rows = None
+        d._rows_src = (nodes, cols, totals)
+        d._live_ranked = None
+        keyed.sort()
+        d._ranked = None
+        d._keyed = keyed
+        d.picker = picker
+        d.offered = offered
+        d.sampled = len(nodes)
         d.counts = counts
         d.learned = None
         d.pick_detail = None
@@ -477,8 +539,28 @@ class Decision:
         return None
 
     @property
+    def ranked(self) -> list[str]:
+        """The node names, best first (the pick, then the fallbacks)."""
+        r = self._ranked
+        if r is None:
+            keyed = self._keyed
+            assert keyed is not None
+            r = self._ranked = [name for _, _, name in keyed]
+            self._keyed = None
+        return r
+
+    @ranked.setter
+    def ranked(self, value: list[str]) -> None:
+        self._ranked, self._keyed = value, None
+
+    @property
     def pick(self) -> str | None:
-        return self.ranked[0] if self.ranked else None
+        r = self._ranked
+        if r is None:
+            keyed = self._keyed
+            assert keyed is not None
+            return keyed[0][2] if keyed else None
+        return r[0] if r else None
 
     def _fields(self) -> tuple[Any, ...]:
         return (self.profile, self.candidates, self.eliminated, self.score_keys, self.score_rows, self.ranked,

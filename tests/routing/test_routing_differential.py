@@ -139,6 +139,64 @@ def test_every_decision_equals_the_reference_core(fleet_seed: int, scores_when_r
         assert new.rng.random() == ref.rng.random(), label     # the same random draws were taken
 
 
+def roomy_views(rng: random.Random, n: int, idle: bool = False) -> list[NodeView]:
+    """Views that the token-aware filters mostly all keep (healthy, in-flight work well under
+    capacity), as in a fleet under normal load: so that a 16-node sample is often kept whole and
+    the router's one-pass path (``Router._decided``) decides. Some nodes are still unhealthy,
+    full or at ``max_concurrency``; metrics and speeds are unknown, odd or tied now and then.
+    ``idle``: nothing in flight (a request larger than every capacity still goes to one)."""
+    out = []
+    for i in range(n):
+        cap = rng.choice([4096, 16384, 131072])
+        conc = rng.choice([64, 256])
+        odd = rng.random() < 0.02   # the rare node a filter drops
+        out.append(NodeView(
+            name=f"r{i:04d}", models=frozenset({"m0"}) if rng.random() < 0.9 else frozenset({"m0", "m1"}),
+            capacity_tokens=cap, max_concurrency=conc,
+            inflight_requests=conc if odd and rng.random() < 0.5 else rng.choice([0, 1, 2, rng.randint(0, 20)]),
+            inflight_tokens=0 if idle else cap * 2 if odd else rng.choice([0, 0, 100, rng.randint(0, cap // 4)]),
+            waiting=rng.choice([None, 0, 0, 1, rng.randint(0, 30)]),
+            kv_usage=rng.choice([None, 0.0, 0.25, rng.random(), rng.random(), 1.3, -0.2, math.nan]),
+            healthy=rng.random() >= 0.01,
+            tokens_per_s=rng.choice([None, 40.0, 40.0, rng.uniform(5, 200), rng.uniform(5, 200),
+                                     rng.uniform(5, 200), 0.0, -1.0, math.nan]),
+            ttft_s=rng.choice([None, rng.uniform(0.01, 2)])))
+    return out
+
+
+@pytest.mark.parametrize("scores_when_read", [False, True])
+def test_decisions_over_roomy_fleets_equal_the_reference_core(scores_when_read: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the filters keep the whole sample (what a fleet under normal load mostly gives), the
+    token-aware profile's one-pass path (filters and totals together, ``Router._decided``) decides
+    as the reference core does, field by field and in the audit copy; and it did decide."""
+    rng = random.Random(21)
+    taken = [0]
+    decided = Router._decided
+
+    def counting(self: Router, *args: Any) -> Any:
+        taken[0] += 1
+        return decided(self, *args)
+
+    monkeypatch.setattr(Router, "_decided", counting)
+    spec = PROFILES["token-aware"]
+    for seed in (1, 2):
+        for views in (roomy_views(rng, 40), roomy_views(rng, 1000), roomy_views(rng, 30, idle=True)):
+            for kind in ("exact", "fixed", "nodelist"):
+                new = build_router("token-aware", seed=seed)
+                new.scores_when_read = scores_when_read
+                ref = ref_router(spec.filters, spec.scorers, spec.picker, seed=seed, sample=spec.sample,
+                                 name="token-aware")
+                nodes = as_nodelist(views, kind != "nodelist", kind == "fixed")
+                for _ in range(150):
+                    req = random_request(rng, views)
+                    if rng.random() < 0.5:
+                        req = RouteRequest(req.model, rng.choice([1, 100, 3000]), rng.choice([0, 64, 256, 257, 2048]))
+                    same(new.decide(req, nodes), ref.decide(req, nodes), json_first=scores_when_read)
+                assert new.rng.random() == ref.rng.random()
+    assert (taken[0] > 200) is scores_when_read, taken   # the DES's setting takes it; the gateway's does not
+
+
 class _Predictor:
     """A deterministic latency predictor: TTFT and TPOT from the node's load."""
 
