@@ -2,8 +2,15 @@
 
 ``python -m benchmarks.autoscale_traces [--split test|train] [--seeds 11,12] [--shapes diurnal,...]
 [--shape-seeds SHAPE=S1,S2] [--policies reactive,predictive,oracle] [--peak 4] [--target-utilisation U] [--headroom H]
-[--scale-down-stabilisation S] [--burst-factor B|off] [--reactive-targets 0.8,0.85] [--jobs 1] [--cells FILE.jsonl]
-[--plot docs/autoscale-traces.png] [--json]``
+[--scale-down-stabilisation S] [--burst-factor B|off] [--skill-window N|off] [--level-shift K,Z|off]
+[--rise-ratio R|off] [--reactive-targets 0.8,0.85] [--jobs 1] [--cells FILE.jsonl] [--plot docs/autoscale-traces.png]
+[--json]``
+
+``--skill-window``, ``--level-shift`` and ``--rise-ratio`` are ``predictive``'s alone (the skill
+gate, :mod:`inferlb.autoscale.skill`; the level-shift guard, :mod:`inferlb.autoscale.shift`; the
+planner's rise path; defaults: :class:`~inferlb.bench.autoscale_backtest.BacktestOptions`'),
+so they are part of the reuse key of ``predictive`` cells only: the other policies' cells stay
+valid across them.
 
 Every (shape, seed, policy) cell is one discrete-event backtest
 (:mod:`inferlb.bench.autoscale_traces`, the shapes in :mod:`inferlb.bench.autoscale_shapes`);
@@ -83,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--headroom", type=float)
     ap.add_argument("--scale-down-stabilisation", dest="scale_down_stabilisation_s", type=float)
     ap.add_argument("--burst-factor", dest="burst_factor", default=None, help="a factor, or off")
+    ap.add_argument("--level-shift", dest="level_shift", default=None,
+                    help="predictive's level-shift guard: K,Z (K steps beyond Z sigma), or off")
+    ap.add_argument("--skill-window", dest="skill_window", default=None,
+                    help="predictive's skill gate: its window in steps, or off")
+    ap.add_argument("--rise-ratio", dest="rise_ratio", default=None,
+                    help="predictive's rise path: the last round over the last step's load, or off")
     ap.add_argument("--reactive-targets", dest="reactive_targets", default="",
                     help="comma-separated target utilisations of extra reactive runs (reactive@U)")
     ap.add_argument("--jobs", type=int, default=1)
@@ -97,9 +110,25 @@ def main(argv: list[str] | None = None) -> int:
                            scale_down_stabilisation_s=a.scale_down_stabilisation_s)
     if a.burst_factor is not None:
         opts = replace(opts, burst_factor=None if a.burst_factor == "off" else float(a.burst_factor))
+    if a.level_shift is not None:
+        if a.level_shift == "off":
+            opts = replace(opts, level_shift=None)
+        else:
+            k, _, z = a.level_shift.partition(",")
+            opts = replace(opts, level_shift=(int(k), float(z or 3.0)))
+    if a.skill_window is not None:
+        opts = replace(opts, skill_window=None if a.skill_window == "off" else int(a.skill_window))
+    if a.rise_ratio is not None:
+        opts = replace(opts, rise_ratio=None if a.rise_ratio == "off" else float(a.rise_ratio))
     settings = {"peak": a.peak, "cap": a.cap, "forecaster": a.forecaster, "target_utilisation": a.target_utilisation,
                 "headroom": a.headroom, "scale_down_stabilisation_s": a.scale_down_stabilisation_s,
                 "burst_factor": opts.burst_factor}
+    # predictive's own settings: in its cells' key only (the other policies do not use them)
+    own_settings = {"level_shift": None if opts.level_shift is None else list(opts.level_shift),
+                    "rise_ratio": opts.rise_ratio, "skill_window": opts.skill_window}
+
+    def settings_of(label: str) -> dict[str, Any]:
+        return {**settings, **own_settings} if label == "predictive" else settings
     done: dict[str, dict[str, Any]] = {}
     if a.cells is not None and a.cells.exists():
         for line in a.cells.read_text().splitlines():
@@ -121,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         return own.get(shape, seeds)
 
     todo = [(sh, sd, po) for sh in shapes for sd in seeds_of(sh) for po in labels
-            if _key(sh, sd, po, settings) not in done]
+            if _key(sh, sd, po, settings_of(po)) not in done]
     t0 = time.perf_counter()
     work = [(sh, sd, po, opts_of(po), a.peak, a.cap) for sh, sd, po in todo]
     results: list[dict[str, Any]] = []
 
     def keep(c: dict[str, Any]) -> None:
-        k = _key(c["shape"], c["seed"], c["policy"], settings)
+        k = _key(c["shape"], c["seed"], c["policy"], settings_of(c["policy"]))
         done[k] = c
         print(f"  {c['shape']}/{c['seed']}/{c['policy']}: SLO {c['slo_attainment'] * 100:.2f} %, "
               f"{c['gpu_hours']:.1f} GPU-h (optimum {c['optimum']['gpu_hours']:.1f}), cpu {c['cpu_s']} s",
@@ -143,16 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for wk in work:
             keep(_run(wk))
-    results = [done[_key(sh, sd, po, settings)] for sh in shapes for sd in seeds_of(sh) for po in labels]
+    results = [done[_key(sh, sd, po, settings_of(po))] for sh in shapes for sd in seeds_of(sh) for po in labels]
     summary = summarise_cells(results)
     rows = verdicts(summary, interval_s=opts.interval_s)
     wall = time.perf_counter() - t0
     if a.json:
-        print(json.dumps({"settings": settings, "seeds": seeds, "shape_seeds": own, "summary": summary, "goals": rows},
+        print(json.dumps({"settings": {**settings, **own_settings}, "seeds": seeds, "shape_seeds": own,
+                          "summary": summary, "goals": rows},
                          indent=1,
                          default=str))
     else:
         print(f"seeds {seeds} ({a.split if not a.seeds else 'given'}; own: {own}), settings {settings}, "
+              f"predictive's {own_settings}, "
               f"{len(todo)} cell(s) run in {wall:.0f} s")
         print(format_table(summary, rows))
     if a.plot is not None:

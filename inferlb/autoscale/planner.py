@@ -11,6 +11,11 @@ the next :class:`PlannerState`; a backtest calls it exactly as ``autoscale/plan`
    is above ``burst_factor`` × what the replicas in place (starting or ready) serve at capacity,
    demand is at least ``recent`` in this round (``reason`` says ``burst``), without waiting for
    the step to close and the forecaster to see it.
+   **Rise path** (``rise_ratio``, off by default): when ``recent`` is at least ``rise_ratio`` ×
+   the load observed now (the last closed step), the load is rising faster than a step shows,
+   and the burst path's threshold is ``target_utilisation`` instead of ``burst_factor`` (the
+   plan sizes at the target anyway): a sudden rise that is still within what the replicas in
+   place serve at capacity, but beyond them at the target, gets its scale-up in this round.
 2. **Needed** = demand / ``target_utilisation`` tokens/s.
 3. **Allocation**, when ``routed`` (tokens/s the router sent each pool over
    ``routed_share_s``) has traffic for the model: each pool is sized **for its own share**
@@ -111,20 +116,26 @@ def _per_token(price: float, cap: float | None) -> float:
 
 
 def _burst(cfg: AutoscaleConfig, model: str, recent: Mapping[str, float] | None,
-           known: list[tuple[PoolConfig, float | None]], current: Mapping[PoolKey, int]) -> float | None:
-    """The last round's load when it is beyond what the replicas in place serve (the burst path), else None."""
+           known: list[tuple[PoolConfig, float | None]], current: Mapping[PoolKey, int],
+           now_load: float = 0.0, rise_ratio: float | None = None) -> float | None:
+    """The last round's load when it is beyond what the replicas in place serve (the burst path;
+    at the target utilisation when it rose ``rise_ratio`` × over ``now_load``: the rise path), else None."""
     if cfg.burst_factor is None or recent is None or model not in recent:
         return None
     load = float(recent[model])
     serving = sum(int(current.get((p.model, p.gpu), 0)) * float(c or 0.0) for p, c in known)
-    return load if load > cfg.burst_factor * serving else None
+    factor = cfg.burst_factor
+    if rise_ratio is not None and now_load > 0 and load >= rise_ratio * now_load:
+        factor = min(factor, cfg.target_utilisation)
+    return load if load > factor * serving else None
 
 
 def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast], observed: Mapping[str, float],
          capacity: Mapping[PoolKey, Capacity], current: Mapping[PoolKey, int], step_s: float,
          gpu_prices: Mapping[str, float] | None = None, state: PlannerState | None = None,
          recent: Mapping[str, float] | None = None,
-         routed: Mapping[PoolKey, float] | None = None) -> tuple[Plan, PlannerState]:
+         routed: Mapping[PoolKey, float] | None = None,
+         rise_ratio: float | None = None) -> tuple[Plan, PlannerState]:
     """The plan for every configured pool (see the module docstring) and the state to pass next time."""
     prices = gpu_prices or {}
     state = state or PlannerState()
@@ -142,7 +153,7 @@ def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast],
         base = max(peak, now_load)
         known = [(p, capacity[(p.model, p.gpu)].tokens_per_s) for p in pools
                  if capacity.get((p.model, p.gpu)) is not None and capacity[(p.model, p.gpu)].tokens_per_s]
-        burst = _burst(cfg, model, recent, known, current)
+        burst = _burst(cfg, model, recent, known, current, now_load, rise_ratio)
         if burst is not None and burst > base:
             base = burst
         demand = base * (1.0 + cfg.headroom)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from inferlb.autoscale.capacity import Capacity
 from inferlb.autoscale.forecast import Forecast, Forecaster, make_forecaster
 from inferlb.autoscale.planner import Plan, PlannerState, plan
+from inferlb.autoscale.shift import LevelShiftGuard
+from inferlb.autoscale.skill import SkillGate
 from inferlb.config.autoscale import AutoscaleConfig
 
 __all__ = ["Autoscaler", "LoadHistory"]
@@ -52,13 +54,26 @@ class Autoscaler:
     """Forecast and plan for every pool of ``cfg`` (see the module docstring)."""
 
     def __init__(self, cfg: AutoscaleConfig, forecaster: Forecaster | None = None, *,
-                 gpu_prices: Mapping[str, float] | None = None) -> None:
+                 gpu_prices: Mapping[str, float] | None = None, level_shift: LevelShiftGuard | None = None,
+                 rise_ratio: float | None = None, skill_gate: SkillGate | None = None) -> None:
+        """``level_shift``: corrects the forecasts after a level shift and, at a detected step
+        down, clears the pools' scale-down stabilisation once (:mod:`.shift`); ``skill_gate``:
+        plans on the reactive forecast while the forecaster does not beat persistence
+        (:mod:`.skill`); ``rise_ratio``: the planner's rise path
+        (:func:`~inferlb.autoscale.planner.plan`). All off by default."""
+        if rise_ratio is not None and rise_ratio <= 1.0:
+            raise ValueError("rise_ratio must be > 1 (the last round's load over the last closed step's)")
         self.cfg = cfg
         self.forecaster = forecaster or make_forecaster(cfg.forecaster)
         self.gpu_prices = dict(gpu_prices or {})
+        self.level_shift = level_shift
+        self.rise_ratio = rise_ratio
+        self.skill_gate = skill_gate
         self.state = PlannerState()
         self.history: LoadHistory | None = None
         self.forecasts: dict[str, Forecast] = {}
+        self.releases = 0                                 # stabilisation windows cleared at a step down
+        self._released: dict[str, int] = {}               # model -> the guard's detections when last cleared
 
     @property
     def models(self) -> list[str]:
@@ -81,8 +96,16 @@ class Autoscaler:
         if h is None:
             raise RuntimeError("observe() a history before forecast()")
         horizon, season = self.horizon_steps(h.step_s), self.season_steps(h.step_s)
-        self.forecasts = {m: self.forecaster.forecast(list(h.tokens.get(m, ())), horizon, season)
-                          for m in self.models}
+        out: dict[str, Forecast] = {}
+        for m in self.models:
+            series = list(h.tokens.get(m, ()))
+            f = self.forecaster.forecast(series, horizon, season)
+            if self.level_shift is not None:
+                f = self.level_shift.correct(m, series, h.end, h.step_s, f)
+            if self.skill_gate is not None:
+                f = self.skill_gate.gate(m, series, h.end, h.step_s, f)
+            out[m] = f
+        self.forecasts = out
         return self.forecasts
 
     def plan(self, *, now: float, current: Mapping[tuple[str, str], int],
@@ -91,8 +114,18 @@ class Autoscaler:
         h = self.history
         if h is None:
             raise RuntimeError("observe() a history before plan()")
+        if self.level_shift is not None:
+            for m in self.models:
+                # A step down detected at this closed step: the level moved k steps beyond the
+                # noise, which is not the flapping the stabilisation window guards against; the
+                # window is cleared once per detection, so the scale-down happens this round.
+                seen = self.level_shift.detections(m)
+                if self.level_shift.shifted(m) == "down" and self._released.get(m, 0) != seen:
+                    self._released[m] = seen
+                    self.releases += 1
+                    self.state = PlannerState({k: v for k, v in self.state.recommendations.items() if k[0] != m})
         out, self.state = plan(self.cfg, now=now, forecasts=self.forecasts,
                                observed={m: h.last(m) for m in self.models}, capacity=capacity,
                                current=current, step_s=h.step_s, gpu_prices=self.gpu_prices, state=self.state,
-                               recent=h.recent or None, routed=h.routed or None)
+                               recent=h.recent or None, routed=h.routed or None, rise_ratio=self.rise_ratio)
         return out

@@ -19,6 +19,12 @@ preset. The policies differ only in the forecaster the same Autoscaler holds:
   lighter one, chosen by the same accuracy table in docs/benchmarks.md);
 * ``oracle``: the true tokens/s of the coming steps (perfect foresight; comparison only).
 
+``predictive`` alone also gets the **skill gate** (``skill_window`` steps, None: off;
+:mod:`inferlb.autoscale.skill`), the **level-shift guard** (``level_shift``: ``(k, z)``, None: off;
+:mod:`inferlb.autoscale.shift`) and the planner's **rise path** (``rise_ratio``, None: off); the
+other policies' Autoscaler is the plain one (their forecasts are the truth, the last value or
+the peak: nothing to re-level).
+
 **Capacity** (one replica's tokens/s at SLO, what the gateway learns from its audit trail,
 autoscale/capacity.py) is measured first by :func:`calibrate`: the same node spec and
 request shapes at constant Poisson rates on ``calibrate_nodes`` nodes; the highest rate whose SLO
@@ -50,6 +56,8 @@ from typing import Any
 
 from inferlb.autoscale.forecast import make_forecaster
 from inferlb.autoscale.policy import Autoscaler
+from inferlb.autoscale.shift import LevelShiftGuard
+from inferlb.autoscale.skill import SkillGate
 from inferlb.bench.autoscale_controller import ScalerController
 from inferlb.bench.autoscale_optimum import offline_optimum
 from inferlb.bench.des_report import des_summary
@@ -86,6 +94,11 @@ class BacktestOptions:
     headroom: float | None = None
     scale_down_stabilisation_s: float | None = None
     burst_factor: float | None = 1.0                 # the planner's burst path (None: off)
+    # predictive only: the level-shift guard's (k, z) and the planner's rise path (None: off);
+    # chosen on the train seeds (docs/benchmarks.md, "Autoscaling: a level-shift guard")
+    level_shift: tuple[int, float] | None = None
+    rise_ratio: float | None = 1.5
+    skill_window: int | None = None        # the skill gate's window in steps (min_steps: half of it)
     capacity_tokens_s: float | None = None           # None: calibrate
     calibrate_nodes: int = 8
     calibrate_s: float = 1800.0
@@ -218,7 +231,12 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     truth = trace.steps(opts.step_s, end + DAY_S)
     cfg = opts.autoscale(w.model)
     holder: list[ScalerController] = []
-    scaler = Autoscaler(cfg, _forecaster(policy, opts, truth, holder))
+    guard = (LevelShiftGuard(k=opts.level_shift[0], z=opts.level_shift[1])
+             if policy == "predictive" and opts.level_shift is not None else None)
+    gate = (SkillGate(window=opts.skill_window, min_steps=max(1, opts.skill_window // 2))
+            if policy == "predictive" and opts.skill_window is not None else None)
+    scaler = Autoscaler(cfg, _forecaster(policy, opts, truth, holder), level_shift=guard,
+                        rise_ratio=opts.rise_ratio if policy == "predictive" else None, skill_gate=gate)
     ctl = ScalerController(scaler, model=w.model, gpu=opts.preset, capacity_tokens_s=cap,
                            make_spec=lambda name: opts.spec(name, w.model), start=start,
                            warm=truth[:round(start / opts.step_s)])
@@ -234,6 +252,9 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     opt = offline_optimum(truth[s0:s1], cap, step_s=opts.step_s, cold_start_s=opts.cold_start_s,
                           min_replicas=opts.min_replicas, max_replicas=opts.max_replicas, ready_at_start=len(specs))
     out["optimum"] = {"gpu_hours": opt["gpu_hours"], "max_replicas": max(opt["need"], default=0)}
+    out["level_shifts"] = guard.detections(w.model) if guard is not None else 0
+    out["stabilisation_releases"] = scaler.releases
+    out["skill_closed_steps"] = gate.closed_steps(w.model) if gate is not None else 0
     out.update({"policy": policy, "forecaster": scaler.forecaster.name, "capacity": capacity,
                 "wall_s": round(time.perf_counter() - t0, 1), "sim_wall_s": round(wall, 1),
                 "options": {k: getattr(opts, k) for k in BacktestOptions.__dataclass_fields__},

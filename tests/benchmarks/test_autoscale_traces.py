@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.autoscale_traces import main
+from inferlb.bench.autoscale_backtest import BacktestOptions
+
+_D = BacktestOptions()
+PREDICTIVE = {"level_shift": None if _D.level_shift is None else list(_D.level_shift), "rise_ratio": _D.rise_ratio,
+              "skill_window": _D.skill_window}
 
 
 def _cell(shape: str, seed: int, policy: str, slo: float, gpu_h: float) -> dict[str, object]:
@@ -26,7 +31,9 @@ def test_the_command_reuses_finished_cells(tmp_path: Path, capsys: pytest.Captur
             ("step", 12, "reactive", 0.99, 100.0), ("step", 12, "predictive", 0.988, 104.0)]
     with cells.open("w") as f:
         for shape, seed, policy, slo, gpu_h in rows:
-            key = json.dumps([shape, seed, policy, settings], sort_keys=True)
+            # predictive's own settings (the defaults) are in its key only: reactive's cells stay valid
+            key = json.dumps([shape, seed, policy, {**settings, **PREDICTIVE} if policy == "predictive" else settings],
+                             sort_keys=True)
             f.write(json.dumps({"key": key, "cell": _cell(shape, seed, policy, slo, gpu_h)}) + "\n")
     assert main(["--shapes", "step,sine", "--seeds", "11,12", "--shape-seeds", "sine=11",
                  "--policies", "reactive,predictive", "--target-utilisation", "0.9", "--cells", str(cells)]) == 0
