@@ -17,9 +17,13 @@ Contract:
   (published on the channel); a listener applies what other replicas publish; a full read runs
   when the version moved (missed messages) and after every reconnection. Propagation is one
   publish (milliseconds); the fallback is the next sync (``renew_s``).
-* **Redis away**: a failed sync turns the replica *degraded*: every limit falls back to its share
-  (``limit / replicas last seen``: slots, ``max_parallel``, RPM/TPM; the retry budget's floor too),
-  the outage is logged once, ``inferlb_cluster_redis_up`` is 0 and
+* **Redis away**: a failed sync keeps the grants of the last successful one while their lease
+  lasts (measured from when that sync was sent: Redis counts a replica's grants until its lease
+  lapses, so no other replica can be given them meanwhile), so one slow round trip on a loaded
+  machine does not put this replica's fallback share on top of what the others hold. Once the
+  lease has lapsed with no successful sync the replica turns *degraded*: every limit falls back
+  to its share (``limit / replicas last seen``: slots, ``max_parallel``, RPM/TPM; the retry
+  budget's floor too). The outage is logged once at the first failure, ``inferlb_cluster_redis_up`` is 0 and
   ``inferlb_cluster_redis_errors_total`` counts the failures. Requests are never failed for it.
   The next successful sync rejoins (logged), the shared levels and grants apply again.
 * **Config**: the replica's config hash (fleet file + processes) is in its heartbeat; replicas
@@ -120,6 +124,7 @@ class ClusterService:
                        Background("inferlb-cluster-health", self._send_loop, logger=log)]
         self._stopping = False
         self._last_sync = 0.0
+        self._granted_at: float | None = None   # when the last successful sync was sent (its lease's start)
         self._last_want = 0.0
         self._health_version: str | None = None
         self._resources: list[str] = []      # the slot resources this replica registered
@@ -264,6 +269,7 @@ class ClusterService:
         for dq, dr, want in sent:
             args += [dq, dr, want]
         t0 = time.perf_counter()
+        sent_at = self.clock.monotonic()
         # Until the answer is applied, admit no more than reported: the script may lower the
         # grants to it (shares.py, "While a sync is in flight").
         self.shares.reported_in_use({r: inuse for r, _, inuse, _ in demands})
@@ -280,6 +286,7 @@ class ClusterService:
         self.sync_ms = round((time.perf_counter() - t0) * 1000, 3)
         self.syncs += 1
         self._last_sync = self.clock.monotonic()
+        self._granted_at = sent_at
         self._apply_sync(res, demands, pools)
         version = res[3].decode() if isinstance(res[3], bytes) else str(res[3])
         if version != self._health_version:
@@ -334,10 +341,16 @@ class ClusterService:
             log.warning("Redis unreachable (%s): replica %s falls back to its share of every limit "
                         "(1/%d: slots, max_parallel, RPM/TPM, retry budget) until it returns",
                         self.last_error, self.id, sh.replicas)
-        if not sh.degraded:
+        if not sh.degraded and self._grants_lapsed():
             sh.degraded = True
             self.ctl.shared_limiter.set_divisor(sh.replicas, self.clock.time())
         self.ctl.tick()   # the fallback share may differ from the last grant
+
+    def _grants_lapsed(self) -> bool:
+        """Whether the last successful sync's grants may have expired in Redis (module docstring):
+        none yet, or its lease (counted from when it was sent) has run out."""
+        return (self._granted_at is None
+                or self.clock.monotonic() - self._granted_at >= self.settings.lease_s)
 
     def _check_config(self) -> None:
         by_hash: dict[str, list[str]] = {}

@@ -6,10 +6,11 @@ the shared admission controller reads it on the request path (a dict look-up).
 Contract:
 
 * A *resource* is ``pool:<model>`` (the pool's concurrency slots) or ``key:<id>`` (a key's
-  ``max_parallel``). :meth:`SlotShares.quota` is how many of it this replica may hold now: the
-  grant of the last sync; before the first sync, or while Redis is away (:attr:`degraded`), its
-  *fallback share* ``max(1, floor(limit / replicas))`` with the replica count last seen — the
-  issue's "each replica falls back to its share of the limits".
+  ``max_parallel``). :meth:`SlotShares.quota` is how many of it this replica may hold now: the grant
+  of the last sync; before the first sync, or once Redis has been away for longer than the last
+  grants' lease (:attr:`degraded`, set by the cluster service), its *fallback share* ``max(1,
+  floor(limit / replicas))`` with the replica count last seen — the issue's "each replica falls back
+  to its share of the limits".
 * While a sync is in flight (:meth:`SlotShares.reported_in_use` until :meth:`SlotShares.answered`),
   the quota of every resource it reported is at most what it reported in use: the script may
   lower the grant to that and record it for the other replicas to count, so a slot taken on the
@@ -79,7 +80,7 @@ class SlotShares:
     """Grants per resource; see the module docstring."""
 
     replicas: int = 1                       # live replicas at the last sync (≥ 1)
-    degraded: bool = True                   # no successful sync yet, or Redis away
+    degraded: bool = True                   # no successful sync yet, or Redis away past the lease
     grants: dict[str, int] = field(default_factory=dict)
     targets: dict[str, int] = field(default_factory=dict)
     shortfall: dict[str, int] = field(default_factory=dict)   # refusals since the last sync

@@ -164,8 +164,17 @@ async def test_redis_away_each_replica_keeps_its_share_then_rejoins(make_replica
         key = ApiKey(id="key_r", tenant="t", key_hash="1" * 64, hint="h", rpm=30)
         _ctl(a).keys.put(key)
         await proxy.cut()
+        granted = a.shares.quota("pool:m", 6)
         assert not await a.sync_once()
-        assert a.shares.degraded and not a.redis_up and a.errors == 1
+        # One failed sync: the last grants still hold while their lease lasts (Redis counts them for
+        # this replica until then), so this replica's share is not added to what the others hold.
+        assert not a.shares.degraded and not a.redis_up and a.errors == 1
+        assert a.shares.quota("pool:m", 6) == granted
+        a.clock.advance(2.9)                                     # lease 3 s, counted from the last sync sent
+        assert not await a.sync_once() and not a.shares.degraded and a.errors == 2
+        a.clock.advance(0.1)
+        assert not await a.sync_once()
+        assert a.shares.degraded and not a.redis_up and a.errors == 3 and a.outages == 1
         assert a.shares.quota("pool:m", 6) == 2                 # 6 slots / 3 replicas last seen
         assert [_admit(a, f"d{i}")["admitted"] for i in range(3)] == [True, True, False]
         # RPM 30 per key becomes 10 here while Redis is away.
@@ -175,6 +184,37 @@ async def test_redis_away_each_replica_keeps_its_share_then_rejoins(make_replica
         assert await a.sync_once()
         assert not a.shares.degraded and a.redis_up and a.outages == 1
         assert _ctl(a).shared_limiter.divisor == 1
+    finally:
+        await proxy.close()
+
+
+async def test_one_failed_sync_keeps_the_grant_so_the_cluster_stays_within_the_limit(
+        make_replica: Any, redis_client: tuple[Any, str]) -> None:
+    """A sync that fails once (a slow round trip on a loaded machine) must not put this replica's
+    fallback share on top of what the others hold under their grants: until the lease lapses the
+    last grant is the quota (the others' grants are still counted for them in Redis)."""
+    client, prefix = redis_client
+    proxy = TcpProxy(*REDIS_URL.removeprefix("redis://").split("/")[0].split(":"))  # type: ignore[arg-type]
+    proxy.target = (proxy.target[0], int(proxy.target[1]))
+    await proxy.start()
+    try:
+        a, b, c = make_replica("a"), make_replica("b"), make_replica("c", url=proxy.url)
+        for _ in range(2):
+            for svc in (a, b, c):
+                assert await svc.sync_once()
+        assert [_admit(a, f"r{i}")["admitted"] for i in range(4)] == [True, True, False, False]
+        assert await a.sync_once()
+        for svc in (b, c):
+            assert await svc.sync_once()          # each gives back down to its target
+        assert await a.sync_once()                # a takes them: its queued requests are admitted
+        grants = await _grants(client, prefix)
+        assert sum(grants.values()) <= 6 and grants["a"] >= 4 and _ctl(a).pools["m"].admitted == 4
+        await proxy.cut()
+        assert not await c.sync_once()
+        # c's fallback share would be 6 / 3 = 2, on top of the grants a and b still hold
+        admitted = sum(_admit(c, f"c{i}")["admitted"] for i in range(3))
+        assert admitted == grants["c"] < 2
+        assert grants["a"] + grants["b"] + admitted <= 6
     finally:
         await proxy.close()
 

@@ -12,8 +12,9 @@ Checked, in one run (one start-up of the three replicas keeps the test short):
    back after the lease (another replica is granted the whole pool again, and four concurrent
    requests then run at once), and another replica takes the leadership with the next token;
 4. Redis cut (a TCP proxy the test owns; the machine's Redis is left alone): the replicas report
-   it (``/admin/fleet``, ``inferlb_cluster_redis_up 0``), keep serving every request on their
-   share of the limits, and rejoin when it returns.
+   it (``/admin/fleet``, ``inferlb_cluster_redis_up 0``; degraded once their last grants' lease
+   has lapsed), keep serving every request on their share of the limits, and rejoin when it
+   returns.
 
 Clients are the OpenAI Python SDK (no retries); every load loop is bounded in count and time.
 """
@@ -291,7 +292,9 @@ async def _check_redis_away(survivors: list[Replica], proxy: TcpProxy, keys: dic
     await proxy.cut()
 
     async def degraded() -> bool:
-        return all([not (await r.cluster())["cluster"]["redis_up"] for r in survivors])
+        # Redis down at the first failed sync; degraded once the last grants' lease has lapsed
+        cs = [(await r.cluster())["cluster"] for r in survivors]
+        return all(not c["redis_up"] and c["degraded"] for c in cs)
 
     await _until("replicas see Redis away", degraded, deadline_s=5.0)
     for r in survivors:
