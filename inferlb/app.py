@@ -178,7 +178,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None, node_launcher:
             await asyncio.to_thread(upgrade, settings.database_url)
         engine = make_engine(settings.database_url, connect_timeout_s=settings.database_connect_timeout_s,
                              statement_timeout_ms=settings.database_statement_timeout_ms,
-                             busy_timeout_ms=settings.database_busy_timeout_ms)
+                             busy_timeout_ms=settings.database_busy_timeout_ms,
+                             sqlite_synchronous=settings.audit_sqlite_synchronous)
         writer = AuditWriter(engine, journal_dir=settings.journal_dir, batch_size=settings.audit_batch_size,
                              flush_interval_s=settings.audit_flush_interval_s, clock=clock,
                              db_timeout_s=settings.audit_db_timeout_s,

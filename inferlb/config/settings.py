@@ -510,6 +510,7 @@ class Settings(BaseSettings):
     database_connect_timeout_s: int = Field(5, ge=1)          # PostgreSQL connect_timeout
     database_statement_timeout_ms: int = Field(5000, ge=0)    # PostgreSQL statement_timeout (0: none)
     database_busy_timeout_ms: int = Field(5000, ge=0)         # SQLite busy_timeout
+    audit_sqlite_synchronous: Literal["normal", "full"] = "normal"   # full: an fsync per commit (OS-crash durable)
     audit_wal_commit_interval_s: float = Field(0.005, ge=0)   # group commit: at most one fsync per interval
     audit_wal_commit_linger_s: float = Field(0.01, ge=0)      # a group nobody waits on gathers this long
     audit_max_records: int = Field(100_000, gt=0)             # high-water mark: records queued + spooled

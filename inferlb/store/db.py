@@ -3,8 +3,10 @@
 Contract:
 
 * :func:`make_engine` returns a synchronous SQLAlchemy :class:`~sqlalchemy.engine.Engine`. It never
-  connects eagerly. SQLite files get ``journal_mode=WAL``, ``synchronous=NORMAL`` (durable across
-  application crashes; the writer's fsynced journal covers the rest), ``busy_timeout`` and
+  connects eagerly. SQLite files get ``journal_mode=WAL``, ``synchronous=NORMAL`` by default
+  (durable across application crashes; the writer's fsynced journal covers the rest, but not an
+  OS crash or power loss after a record's journal entry was released: ``sqlite_synchronous="full"``
+  fsyncs every commit and closes that, docs/observability.md "Audit durability"), ``busy_timeout`` and
   ``foreign_keys=ON`` on every new connection. PostgreSQL uses psycopg 3: ``postgresql://`` and
   ``postgres://`` are rewritten to ``postgresql+psycopg://``; connections are pre-pinged so a
   restarted server does not fail the first batch after it returns.
@@ -24,7 +26,7 @@ Contract:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine, make_url
@@ -134,11 +136,12 @@ def _json_text(value: Any) -> str:
 
 def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = _PG_CONNECT_TIMEOUT_S,
                 statement_timeout_ms: int = _PG_STATEMENT_TIMEOUT_MS,
-                busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> Engine:
+                busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+                sqlite_synchronous: Literal["normal", "full"] = "normal") -> Engine:
     """A sync engine for ``url`` (SQLite or PostgreSQL), configured as the module docstring says.
 
     ``connect_timeout_s`` and ``statement_timeout_ms`` apply to PostgreSQL (0: no statement
-    timeout), ``busy_timeout_ms`` to SQLite.
+    timeout), ``busy_timeout_ms`` and ``sqlite_synchronous`` to SQLite.
     """
     u = normalize_url(url)
     kwargs: dict[str, Any] = {"echo": echo, "future": True, "json_serializer": _json_text}
@@ -166,7 +169,7 @@ def make_engine(url: str | URL, *, echo: bool = False, connect_timeout_s: int = 
             try:
                 if not memory:
                     cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.execute("PRAGMA synchronous=FULL" if sqlite_synchronous == "full" else "PRAGMA synchronous=NORMAL")
                 cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
                 cur.execute("PRAGMA foreign_keys=ON")
             finally:

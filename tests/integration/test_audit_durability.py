@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
+from inferlb.config.settings import fleet_from_mapping
 from inferlb.simulator.emulator import SimFleet
 from tests.store.test_audit_writer import _table_missing
 from tests.support import ROOT, fast_specs, fleet_for, free_port, running_gateway, settings_for
@@ -146,3 +148,17 @@ async def test_sigkill_under_load_then_restart_every_seen_request_has_one_row(tm
     assert all(counts[rid] == 1 for rid in load.seen)
     # A stream cut by the kill got its 200 and some chunks: it is on record, its outcome unknown.
     assert {rows[rid] for rid in cut} <= {"unknown_outcome", "ok"} and "unknown_outcome" in {rows[r] for r in cut}
+
+
+@pytest.mark.parametrize(("setting", "pragma"), [("normal", 1), ("full", 2)])
+async def test_the_sqlite_synchronous_setting_reaches_the_gateways_audit_database(
+        tmp_path: Path, setting: str, pragma: int) -> None:
+    """``INFERLB_AUDIT_SQLITE_SYNCHRONOUS``: ``full`` makes every audit commit an fsync (durable
+    across an OS crash, docs/observability.md); the default stays ``normal``."""
+    async with SimFleet(fast_specs(1)) as sim:
+        cfg = fleet_from_mapping({"models": [{"name": "m"}],
+                                  "nodes": [{"name": "n0", "url": sim.nodes["n0"].url, "models": ["m"]}]})
+        over: dict[str, Any] = {} if setting == "normal" else {"audit_sqlite_synchronous": setting}
+        async with running_gateway(settings_for(tmp_path, cfg, **over)) as (_base, app):
+            with app.state.store.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == pragma

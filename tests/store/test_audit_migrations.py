@@ -153,6 +153,13 @@ def test_sqlite_connections_get_wal_and_pragmas(tmp_path: Path) -> None:
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
         engine.dispose()
+    full = make_engine(f"sqlite:///{tmp_path / 'p.db'}", sqlite_synchronous="full")
+    try:
+        with full.connect() as conn:   # INFERLB_AUDIT_SQLITE_SYNCHRONOUS=full: an fsync per commit
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        full.dispose()
 
 
 def test_in_memory_sqlite_is_one_shared_database() -> None:
