@@ -449,17 +449,13 @@ class MaxScore:
 
     def rank(self, scored: list[tuple[NodeView, float]], rng: random.Random) -> list[str]:
         r = rng.random
-        keyed = [(-s, r(), n.name) for n, s in scored]
-        keyed.sort()
-        return [name for _, _, name in keyed]
+        return _sorted_names([(-s, r(), n.name) for n, s in scored])
 
     def rank_totals(self, nodes: list[NodeView], totals: list[float], rng: random.Random) -> list[str]:
         """``rank(list(zip(nodes, totals)), rng)`` without building the pairs (what the router
         calls): the same keys, the same draws in the same order, so the same ranking and the same
         generator state. ``nodes`` and ``totals`` must be of one length (ValueError otherwise)."""
-        keyed = self.keys(nodes, totals, rng)
-        keyed.sort()
-        return [name for _, _, name in keyed]
+        return _sorted_names(self.keys(nodes, totals, rng))
 
     def keys(self, nodes: list[NodeView], totals: list[float], rng: random.Random) -> list[tuple[float, float, str]]:
         """The sort keys :meth:`rank_totals` sorts, in ``nodes``' order (its draws, one per node)."""
@@ -468,6 +464,12 @@ class MaxScore:
         r = rng.random
         # Checked above: zip's strict keyword is parsed on every call, a cost per decision.
         return [(-s, r(), n.name) for n, s in zip(nodes, totals)]  # noqa: B905
+
+
+def _sorted_names(keyed: list[tuple[float, float, str]]) -> list[str]:
+    """max-score's ranking from its sort keys ``(-total, draw, name)`` (sorted in place)."""
+    keyed.sort()
+    return [name for _, _, name in keyed]
 
 
 class WeightedRandom:
