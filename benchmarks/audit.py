@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--records", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--commit-interval-ms", type=float, default=0.0)
-    p.add_argument("--linger-ms", type=float, default=0.0, help="wal_commit_linger_s, in ms (the gateway's: 10)")
+    p.add_argument("--linger-ms", type=float, default=0.0, help="wal_commit_linger_s, in ms (the gateway's: 30)")
     p.add_argument("--node-ms", type=float, default=0.0,
                    help="> 0: each request's start entry is awaited only after this long (its node's work), "
                         "as the gateway does; 0: awaited at once (begin)")

@@ -512,7 +512,7 @@ class Settings(BaseSettings):
     database_busy_timeout_ms: int = Field(5000, ge=0)         # SQLite busy_timeout
     audit_sqlite_synchronous: Literal["normal", "full"] = "normal"   # full: an fsync per commit (OS-crash durable)
     audit_wal_commit_interval_s: float = Field(0.005, ge=0)   # group commit: at most one fsync per interval
-    audit_wal_commit_linger_s: float = Field(0.01, ge=0)      # a group nobody waits on gathers this long
+    audit_wal_commit_linger_s: float = Field(0.03, ge=0)      # a group nobody waits on gathers this long
     audit_max_records: int = Field(100_000, gt=0)             # high-water mark: records queued + spooled
     audit_max_bytes: int = Field(256 * 1024 * 1024, gt=0)     # high-water mark: spool file size
     audit_on_full: Literal["closed", "open"] = "closed"       # past the mark: 503 audit_unavailable, or serve
