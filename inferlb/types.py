@@ -21,13 +21,11 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clock."""
+    """The real clock: ``time.monotonic`` and ``time.time`` themselves (no Python frame of its
+    own per reading: the request path reads the clock about twenty times)."""
 
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
 
 class ManualClock:

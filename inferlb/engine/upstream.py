@@ -72,11 +72,13 @@ _SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 def strip_hop_by_hop(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` without hop-by-hop fields, including those named in ``Connection``."""
-    named = set(HOP_BY_HOP_HEADERS)
-    for key, value in headers.items():
-        if key.lower() == "connection":
+    lowered = [(key, key.lower(), value) for key, value in headers.items()]
+    named: frozenset[str] | set[str] = HOP_BY_HOP_HEADERS
+    for _, low, value in lowered:
+        if low == "connection":
+            named = set(named)
             named.update(token.strip().lower() for token in value.split(",") if token.strip())
-    return {k: v for k, v in headers.items() if k.lower() not in named}
+    return {key: value for key, low, value in lowered if low not in named}
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:
@@ -372,6 +374,9 @@ class Upstream:
         self._keepalive_timeout_s = keepalive_timeout_s
         self._clock: Clock = clock or SystemClock()
         self._session: aiohttp.ClientSession | None = None
+        # The last attempt's aiohttp timeout (frozen, so shared): attempts mostly repeat the
+        # configured connect timeout; one cut by a near deadline makes its own.
+        self._client_timeout_last = aiohttp.ClientTimeout(total=None, sock_connect=None)
 
     async def start(self) -> None:
         """Create the session and its connection pool (idempotent)."""
@@ -409,6 +414,12 @@ class Upstream:
     ) -> None:
         await self.close()
 
+    def _client_timeout(self, connect_s: float) -> aiohttp.ClientTimeout:
+        t = self._client_timeout_last
+        if t.sock_connect != connect_s:
+            t = self._client_timeout_last = aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
+        return t
+
     async def open(self, url: str, body: bytes, *, headers: Mapping[str, str], timeouts: TimeoutConfig,
                    node: str, method: str = "POST", tls: NodeTLS | None = None) -> UpstreamResponse:
         """Send one request and wait for the commit point (2xx status and first body chunk).
@@ -437,7 +448,7 @@ class Upstream:
                 async with asyncio.timeout_at(min(first_deadline, total_deadline)) as tmo:
                     resp = await session.request(
                         method, url, data=body or None, headers=strip_hop_by_hop(headers), allow_redirects=False,
-                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
+                        timeout=self._client_timeout(timeouts.connect_s),
                         ssl=tls.context if tls is not None else True,
                         server_hostname=tls.server_name if tls is not None else None,
                     )

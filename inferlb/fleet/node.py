@@ -30,8 +30,9 @@ VIEW_BLIND = frozenset({
     "probe_successes", "hw_baseline", "hw_findings", "hw_at", "iv_requests", "iv_successes", "iv_ttft",
     "iv_tpot", "ttft_baseline", "ttft_intervals", "tpot_baseline", "tpot_intervals", "held", "retired",
 })
-# The view copies these two as they are: setting one patches the view's counts (no rebuild).
-COUNT_FIELDS = frozenset({"inflight_requests", "inflight_tokens"})
+# The view copies these as they are (the in-flight counts, and the speed estimates every answer
+# updates): setting one patches those fields of the view (Fleet._patch), no rebuild.
+COUNT_FIELDS = frozenset({"inflight_requests", "inflight_tokens", "tokens_per_s", "ttft_ewma"})
 
 
 @dataclass

@@ -94,7 +94,7 @@ class Fleet:
         self._model_pos: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
         self._by_model: dict[str, list[NodeView]] = {}
         self._dirty: set[str] = set()
-        self._counts: set[str] = set()                  # only in-flight counts changed: patched (_patch)
+        self._counts: set[str] = set()                  # only COUNT_FIELDS changed: patched (_patch)
         self._rebuild_all = True
         self._out: NodeList | None = None               # the snapshot handed out last; None once it is stale
         self._own: set[str] = set()                     # models whose _by_model list no hand-out holds
@@ -154,9 +154,9 @@ class Fleet:
         :class:`NodeState` attribute set marks it, but those of
         :data:`~inferlb.fleet.node.VIEW_BLIND`; :meth:`touch` for in-place changes), when a timer
         of its own runs out (a 429 cooldown, its metrics going stale, an adapter's cool-down), or
-        on every call while it ramps up in slow start; a change of in-flight counts alone patches
-        the view's two counts (:meth:`_patch`); a state change anywhere rebuilds all (panic mode
-        reads every node's state). A rebuilt view equal to the one before is not replaced, so
+        on every call while it ramps up in slow start; a change of in-flight counts or speed
+        estimates alone patches those fields of the view (:meth:`_patch`); a state change anywhere
+        rebuilds all (panic mode reads every node's state). A rebuilt view equal to the one before is not replaced, so
         unchanged nodes keep their view objects (routing/memo.py finds them by identity).
 
         Shared, never changed: the list, its ``by_model`` dict and lists are never written once
@@ -221,17 +221,19 @@ class Fleet:
             self._put(name, v)
 
     def _patch(self, name: str) -> None:
-        """``name``'s view with the node's in-flight counts, all else as it was: valid because
-        every other input of the view marks the node dirty (rebuilt instead) when it changes."""
+        """``name``'s view with the node's :data:`~inferlb.fleet.node.COUNT_FIELDS` (in-flight
+        counts, speed estimates), all else as it was: valid because every other input of the view
+        marks the node dirty (rebuilt instead) when it changes."""
         st = self.nodes[name]
         o = self._views[self._pos[name]]
-        if o.inflight_requests == st.inflight_requests and o.inflight_tokens == st.inflight_tokens:
+        if o.inflight_requests == st.inflight_requests and o.inflight_tokens == st.inflight_tokens \
+                and o.tokens_per_s == st.tokens_per_s and o.ttft_s == st.ttft_ewma:
             return
         self._put(name, NodeView(
             name=o.name, models=o.models, capacity_tokens=o.capacity_tokens, max_concurrency=o.max_concurrency,
             weight=o.weight, inflight_requests=st.inflight_requests, inflight_tokens=st.inflight_tokens,
             waiting=o.waiting, kv_usage=o.kv_usage, healthy=o.healthy, unhealthy_reason=o.unhealthy_reason,
-            labels=o.labels, tokens_per_s=o.tokens_per_s, ttft_s=o.ttft_s, rtt_ms=o.rtt_ms,
+            labels=o.labels, tokens_per_s=st.tokens_per_s, ttft_s=st.ttft_ewma, rtt_ms=o.rtt_ms,
             lora_running=o.lora_running, lora_waiting=o.lora_waiting, max_lora=o.max_lora,
             lora_failed=o.lora_failed))
 
