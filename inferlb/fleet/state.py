@@ -156,8 +156,9 @@ class Fleet:
         of its own runs out (a 429 cooldown, its metrics going stale, an adapter's cool-down), or
         on every call while it ramps up in slow start; a change of in-flight counts or speed
         estimates alone patches those fields of the view (:meth:`_patch`); a state change anywhere
-        rebuilds all (panic mode reads every node's state). A rebuilt view equal to the one before is not replaced, so
-        unchanged nodes keep their view objects (routing/memo.py finds them by identity).
+        rebuilds all (panic mode reads every node's state). A rebuilt view equal to the one before
+        is not replaced, so unchanged nodes keep their view objects (routing/memo.py finds them by
+        identity).
 
         Shared, never changed: the list, its ``by_model`` dict and lists are never written once
         returned (copy on write), and while nothing changed the same snapshot is returned again.
