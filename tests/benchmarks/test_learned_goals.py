@@ -90,7 +90,13 @@ def test_ope_of_token_aware_lands_within_5_percent_of_its_measured_value(seed: i
     The logging policy's tail reservation is off: a reservation exists to change what the *next*
     requests find (fast nodes kept light for long outputs), which breaks the premise above that a
     per-decision estimate rests on; with the shipped reservation on, the estimate lands ~25 % low
-    here (docs/benchmarks.md, "sixth pass")."""
+    here (docs/benchmarks.md, "sixth pass").
+
+    The logging policy keeps the latency weight this case was written with (predicted-latency ×3,
+    outstanding-tokens ×1): the softmax spreads its exploration over the *total* score, so the
+    shipped ×7 at the same temperature explores less evenly, and on these two seeds the estimate
+    then lands 8 % high (docs/benchmarks.md, "The learned profile's latency weight, chosen on the
+    train seeds")."""
     w = load_workload("heavy-tail")
     specs = lg.fleet(3)
     cap, _ = lg.fleet_capacity(specs, w, duration_s=60.0, warm_s=15.0)
@@ -98,7 +104,8 @@ def test_ope_of_token_aware_lands_within_5_percent_of_its_measured_value(seed: i
     n = 2000
     reqs = plan(w, seed=seed, rate=rate, duration_s=n / rate, max_requests=n)
     logging = lg.run_profile("learned", specs, reqs, w, seed=seed, duration_s=n / rate, failure_cost_s=60.0, log=True,
-                             router_kwargs={"params": {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2},
+                             router_kwargs={"scorers": {"predicted-latency": 3.0, "outstanding-tokens": 1.0},
+                                            "params": {"softmax-bandit": {"epsilon": 0.5, "temperature": 0.2},
                                                        "predicted-latency": {"reserve": 0.0}}})
     fb = logging.feedback
     assert fb is not None and len(fb.logged) > 0.9 * n
