@@ -84,6 +84,20 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
     # Most candidates of a decision were candidates before (a view is rebuilt only when its node
     # changes), so their columns come from the memo; one transposition (zip, in C) turns the rows
     # into the columns, the same values in the same order as a comprehension per column.
+    if len(nodes) == 1 and len(preds) == 1:
+        # One candidate (the pick of a fallback decision): the same columns, each of one value,
+        # without the transposition's calls.
+        n = nodes[0]
+        name, ir, it, cap, conc, wait, kv, tpot, ttft, weight, g = n._ctx or _view_ctx(n)
+        p = preds[0]
+        return {
+            "node": [name], "inflight_requests": [ir], "inflight_tokens": [it], "capacity_tokens": [cap],
+            "max_concurrency": [conc], "waiting": [wait], "kv_permille": [kv], "tpot_us": [tpot], "ttft_us": [ttft],
+            "weight": [weight],
+            "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else trunc(a * 1e6)],
+            "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9)],
+            "p": probs,
+        }, None if g is None else {name: g}
     rows = [n._ctx or _view_ctx(n) for n in nodes]   # a row is never empty: falsy only when None
     if rows:
         # Rows of one length (a tuple of _view_ctx's): zip's strict keyword, parsed per call, is not needed.
