@@ -113,8 +113,13 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
         "node": name, "inflight_requests": ir, "inflight_tokens": it, "capacity_tokens": cap,
         "max_concurrency": conc, "waiting": wait, "kv_permille": kv, "tpot_us": tpot, "ttft_us": ttft,
         "weight": weight,
-        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else trunc(a * 1e6) for p in preds],
-        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9) for p in preds],
+        # ``for a in [x]``: a comprehension's own name for x (an assignment), where a walrus would
+        # make the name a cell of the enclosing function, dearer to read and write. No prediction
+        # reads as the bound (None, as before).
+        "pred_ttft_us": [None if not a < 1e12 else trunc(a * 1e6)
+                         for p in preds for a in [1e12 if p is None else p[0]]],
+        "pred_tpot_ns": [None if not b < 1e9 else trunc(b * 1e9)
+                         for p in preds for b in [1e9 if p is None else p[1]]],
         "p": probs,
     }, gpu
 

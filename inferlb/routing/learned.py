@@ -217,8 +217,11 @@ class PredictedLatency:
             # comprehension: the loop's own expression, term for term in the same order
             # (``a + b·rest``, then ``+ bp·a·k``), so the same floats.
             if bp > 0:
-                slack = [(e2e_budget - (a + b * rest + bp * a * (k if (k := n.inflight_requests) > 0 else 0)))
-                         / e2e_budget for n, (a, b) in zip(nodes, preds)]  # noqa: B905 (lengths checked above)
+                # ``for k in [x]``: the comprehension's own name (an assignment; a walrus would make
+                # it a cell of this function, dearer to read and write here and in the loop below).
+                slack = [(e2e_budget - (a + b * rest + bp * a * (k if k > 0 else 0))) / e2e_budget
+                         for n, (a, b) in zip(nodes, preds)  # noqa: B905 (lengths checked above)
+                         for k in [n.inflight_requests]]
             else:
                 slack = [(e2e_budget - (a + b * rest)) / e2e_budget for a, b in preds]
         else:
@@ -235,7 +238,7 @@ class PredictedLatency:
                 if reserved is not None:
                     s -= reserved[i]
                 slack.append(s)
-        scores = [(x if x < 1.0 else 1.0) if (x := 0.5 + 0.5 * s) > 0.0 else 0.0 for s in slack]
+        scores = [(x if x < 1.0 else 1.0) if x > 0.0 else 0.0 for s in slack for x in [0.5 + 0.5 * s]]
         self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
 

@@ -155,3 +155,24 @@ def test_a_views_context_memo_is_its_own() -> None:
     new2, _ = _pair(3, {"min_samples": 0}, {}, {})
     fresh = [dataclasses.replace(v) for v in views]
     assert json.dumps(new2.decide(req, fresh).to_json()["learned"]["ctx"]) == first
+
+
+def test_the_context_columns_equal_the_reference_for_any_predictions() -> None:
+    """``_ctx`` against the earlier one over views memoised and not, any number of candidates, and
+    predictions missing (None), huge, NaN or infinite: the same columns and GPU labels."""
+    from inferlb.routing.explain import _ctx
+    from tests.routing.routing_reference_learned import _ctx as ref_ctx
+
+    rng = random.Random(8)
+    views = [_view(rng, i, 0.0) for i in range(40)]
+    odd = [None, (math.nan, 0.01), (math.inf, math.inf), (2e12, 2e9), (1e-7, 1e-10), (0.2, 0.03)]
+    for _ in range(400):
+        nodes = rng.sample(views, rng.choice([0, 1, 1, 2, 16, 40]))
+        preds = [rng.choice(odd) if rng.random() < 0.3 else (rng.uniform(0.01, 5), rng.uniform(1e-4, 0.2))
+                 for _ in nodes]
+        probs: list[float | None] = [rng.choice([None, rng.random()]) for _ in nodes]
+        cols, gpu = _ctx(nodes, preds, probs)
+        want = ref_ctx(nodes, preds, probs)
+        assert json.dumps(cols) == json.dumps(want) and list(cols) == list(want)
+        want_gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
+        assert (gpu or {}) == want_gpu and list(gpu or {}) == list(want_gpu)
