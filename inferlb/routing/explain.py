@@ -78,6 +78,20 @@ def _view_ctx(n: NodeView) -> tuple[Any, ...]:
     return row
 
 
+def _columns_raise(nodes: list[NodeView]) -> None:
+    """The view columns that can fail, computed column after column over ``nodes`` (as the
+    context was built before its memo), so that the first failing column raises its error."""
+    for n in nodes:
+        if (kv := n.kv_usage) is not None:
+            trunc(kv * 1000)
+    for n in nodes:
+        if (t := n.tokens_per_s) is not None and t > 0:
+            trunc(1e6 / t)
+    for n in nodes:
+        if (x := n.ttft_s) is not None and x < 1e12:
+            trunc(x * 1e6)
+
+
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
          ) -> tuple[dict[str, list[Any]], dict[str, str] | None]:
     """The context's columns, and the candidates' GPU labels by name (None when none has one)."""
@@ -98,7 +112,13 @@ def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: 
             "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9)],
             "p": probs,
         }, None if g is None else {name: g}
-    rows = [n._ctx or _view_ctx(n) for n in nodes]   # a row is never empty: falsy only when None
+    try:
+        rows = [n._ctx or _view_ctx(n) for n in nodes]   # a row is never empty: falsy only when None
+    except Exception:
+        # A value that cannot be recorded (a NaN KV use, say): raise what the columns built one
+        # after the other raised, the first bad column's error, not the first bad row's.
+        _columns_raise(nodes)
+        raise
     if rows:
         # Rows of one length (a tuple of _view_ctx's): zip's strict keyword, parsed per call, is not needed.
         name, ir, it, cap, conc, wait, kv, tpot, ttft, weight, gpus = map(list, zip(*rows))  # noqa: B905

@@ -176,3 +176,40 @@ def test_the_context_columns_equal_the_reference_for_any_predictions() -> None:
         assert json.dumps(cols) == json.dumps(want) and list(cols) == list(want)
         want_gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
         assert (gpu or {}) == want_gpu and list(gpu or {}) == list(want_gpu)
+
+
+def test_a_context_that_cannot_be_recorded_fails_as_before() -> None:
+    """Candidates whose values cannot be recorded (a NaN or infinite KV use, an infinite TTFT, a
+    speed so small that its TPOT overflows) raise what the earlier context raised: the first bad
+    column's error, whichever candidate holds it."""
+    from inferlb.routing.explain import _ctx
+    from tests.routing.routing_reference_learned import _ctx as ref_ctx
+
+    rng = random.Random(13)
+    bad: list[dict[str, Any]] = [{"kv_usage": math.nan}, {"kv_usage": math.inf}, {"ttft_s": -math.inf},
+                                 {"tokens_per_s": 5e-324}]
+    fails = 0
+    for _ in range(300):
+        nodes = [_view(rng, i, 0.0) for i in range(rng.choice([1, 2, 5, 16]))]
+        for _ in range(rng.choice([1, 2, 3])):
+            i = rng.randrange(len(nodes))
+            nodes[i] = dataclasses.replace(nodes[i], **rng.choice(bad))
+        if rng.random() < 0.5:   # the good ones memoised already, in an earlier context of their own
+            for n in nodes:
+                try:
+                    _ctx([n], [None], [None])
+                except Exception:   # a bad one: nothing memoised
+                    assert n._ctx is None
+        preds: list[tuple[float, float] | None] = [(0.1, 0.01)] * len(nodes)
+        got = want = ""
+        try:
+            _ctx(nodes, preds, [None] * len(nodes))
+        except Exception as exc:
+            got = f"{type(exc).__name__}: {exc}"
+        try:
+            ref_ctx(nodes, preds, [None] * len(nodes))
+        except Exception as exc:
+            want = f"{type(exc).__name__}: {exc}"
+        assert got == want
+        fails += want != ""
+    assert fails > 200
