@@ -66,8 +66,9 @@ def _pair(seed: int, predictor: dict[str, Any] | None, latency: dict[str, Any],
 
     def build(cls: type[PredictedLatency]) -> GuardedRouter:
         fs = [make_plugin(n, None) for n in spec.filters]
-        sc = [(cls(PredictedLatencyParams(**{**LEARNED_LATENCY, **latency})), 3.0),
-              (make_plugin("outstanding-tokens", None), 1.0)]
+        w = spec.scorers
+        sc = [(cls(PredictedLatencyParams(**{**LEARNED_LATENCY, **latency})), w["predicted-latency"]),
+              (make_plugin("outstanding-tokens", None), w["outstanding-tokens"])]
         return make_guarded("learned", fs, sc, make_plugin("softmax-bandit", bandit), random.Random(seed),
                             spec.sample, fallback=build_router("token-aware"), predictor=predictor, lifecycle=None)
 
