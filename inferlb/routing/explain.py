@@ -33,7 +33,7 @@ from typing import Any
 
 from inferlb.routing.features import features
 from inferlb.routing.predictor import Prediction
-from inferlb.routing.types import NodeView, RouteRequest, _round_to
+from inferlb.routing.types import NodeView, RouteRequest, _round_to, set_ctx
 
 __all__ = ["CTX_KEYS", "CTX_NODES", "Context", "LearnedInfo", "context_of"]
 
@@ -59,25 +59,89 @@ def _permille(xs: list[float]) -> list[int | None]:
     return [trunc(x * 1000) if -1e9 < x < 1e9 else None for x in xs]
 
 
+def _view_ctx(n: NodeView) -> tuple[Any, ...]:
+    """The view's own columns of the context (:data:`CTX_KEYS` up to ``weight``), then its GPU
+    label (the value of its last ``gpu`` / ``gpu_type`` label, None without one), memoised on the
+    view (``NodeView._ctx``: a view never changes, so neither do they). ``_us`` written out (the
+    same values); math.trunc is int() for a float (the same int, the same errors: a NaN KV use
+    raises as before, and then nothing is memoised), without the type call."""
+    gpu = None
+    for k, v in n.labels:
+        if k in ("gpu", "gpu_type"):
+            gpu = v
+    row = (n.name, n.inflight_requests, n.inflight_tokens, n.capacity_tokens, n.max_concurrency, n.waiting,
+           None if (kv := n.kv_usage) is None else trunc(kv * 1000),
+           None if (t := n.tokens_per_s) is None or not t > 0 else trunc(1e6 / t),
+           None if (x := n.ttft_s) is None or not x < 1e12 else trunc(x * 1e6),
+           n.weight, gpu)
+    set_ctx(n, row)
+    return row
+
+
+def _columns_raise(nodes: list[NodeView]) -> None:
+    """The view columns that can fail, computed column after column over ``nodes`` (as the
+    context was built before its memo), so that the first failing column raises its error."""
+    for n in nodes:
+        if (kv := n.kv_usage) is not None:
+            trunc(kv * 1000)
+    for n in nodes:
+        if (t := n.tokens_per_s) is not None and t > 0:
+            trunc(1e6 / t)
+    for n in nodes:
+        if (x := n.ttft_s) is not None and x < 1e12:
+            trunc(x * 1e6)
+
+
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
-         ) -> dict[str, list[Any]]:
-    # _us and _ns written out in the columns (the same values; a call per cell cost more than the cell).
-    # math.trunc is int() for a float (the same int, the same errors), without the type call.
+         ) -> tuple[dict[str, list[Any]], dict[str, str] | None]:
+    """The context's columns, and the candidates' GPU labels by name (None when none has one)."""
+    # Most candidates of a decision were candidates before (a view is rebuilt only when its node
+    # changes), so their columns come from the memo; one transposition (zip, in C) turns the rows
+    # into the columns, the same values in the same order as a comprehension per column.
+    if len(nodes) == 1 and len(preds) == 1:
+        # One candidate (the pick of a fallback decision): the same columns, each of one value,
+        # without the transposition's calls.
+        n = nodes[0]
+        name, ir, it, cap, conc, wait, kv, tpot, ttft, weight, g = n._ctx or _view_ctx(n)
+        p = preds[0]
+        return {
+            "node": [name], "inflight_requests": [ir], "inflight_tokens": [it], "capacity_tokens": [cap],
+            "max_concurrency": [conc], "waiting": [wait], "kv_permille": [kv], "tpot_us": [tpot], "ttft_us": [ttft],
+            "weight": [weight],
+            "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else trunc(a * 1e6)],
+            "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9)],
+            "p": probs,
+        }, None if g is None else {name: g}
+    try:
+        rows = [n._ctx or _view_ctx(n) for n in nodes]   # a row is never empty: falsy only when None
+    except Exception:
+        # A value that cannot be recorded (a NaN KV use, say): raise what the columns built one
+        # after the other raised, the first bad column's error, not the first bad row's.
+        _columns_raise(nodes)
+        raise
+    if rows:
+        # Rows of one length (a tuple of _view_ctx's): zip's strict keyword, parsed per call, is not needed.
+        name, ir, it, cap, conc, wait, kv, tpot, ttft, weight, gpus = map(list, zip(*rows))  # noqa: B905
+    else:
+        name, ir, it, cap, conc, wait, kv, tpot, ttft, weight, gpus = [], [], [], [], [], [], [], [], [], [], []
+    # {name: label} in the candidates' order, a later one of the same name overwriting (as a dict
+    # built node by node does); looked through only when some candidate has one.
+    gpu = None
+    if gpus.count(None) < len(gpus):
+        gpu = {nm: g for nm, g in zip(name, gpus) if g is not None}  # noqa: B905 (two columns of the same rows)
     return {
-        "node": [n.name for n in nodes],
-        "inflight_requests": [n.inflight_requests for n in nodes],
-        "inflight_tokens": [n.inflight_tokens for n in nodes],
-        "capacity_tokens": [n.capacity_tokens for n in nodes],
-        "max_concurrency": [n.max_concurrency for n in nodes],
-        "waiting": [n.waiting for n in nodes],
-        "kv_permille": [None if (k := n.kv_usage) is None else trunc(k * 1000) for n in nodes],
-        "tpot_us": [None if (t := n.tokens_per_s) is None or not t > 0 else trunc(1e6 / t) for n in nodes],
-        "ttft_us": [None if (x := n.ttft_s) is None or not x < 1e12 else trunc(x * 1e6) for n in nodes],
-        "weight": [n.weight for n in nodes],
-        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else trunc(a * 1e6) for p in preds],
-        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9) for p in preds],
+        "node": name, "inflight_requests": ir, "inflight_tokens": it, "capacity_tokens": cap,
+        "max_concurrency": conc, "waiting": wait, "kv_permille": kv, "tpot_us": tpot, "ttft_us": ttft,
+        "weight": weight,
+        # ``for a in [x]``: a comprehension's own name for x (an assignment), where a walrus would
+        # make the name a cell of the enclosing function, dearer to read and write. No prediction
+        # reads as the bound (None, as before).
+        "pred_ttft_us": [None if not a < 1e12 else trunc(a * 1e6)
+                         for p in preds for a in [1e12 if p is None else p[0]]],
+        "pred_tpot_ns": [None if not b < 1e9 else trunc(b * 1e9)
+                         for p in preds for b in [1e9 if p is None else p[1]]],
         "p": probs,
-    }
+    }, gpu
 
 
 @dataclass
@@ -126,7 +190,8 @@ class LearnedInfo:
         if self.arm is not None and self.arm != "learned":
             return f"{self.arm} picked {self.pick.name} ({what}): {self.reason}"
         slack = f", slack {self.pick_slack:.2f}" if self.pick_slack is not None else ""
-        i = self._pick_index()
+        # The pick's place is read only where it is used (with the interference terms).
+        i = self._pick_index() if self.others is not None else None
         if i is not None and self.others is not None and i < len(self.others) and self.others[i] > 0:
             slack += (f", slowing the requests in flight there by {self.others[i]:.3f} s in all "
                       f"(interference weight {self.interference:g})")
@@ -155,7 +220,10 @@ class LearnedInfo:
             out["reason"] = self.reason
         if self.arm is not None:
             out["arm"] = self.arm
-        out.update(propensity=_r(self.propensity), explored=self.explored, epsilon=self.epsilon)
+        # Set one by one: the same keys in the same order as update(**...), without the keywords' dict.
+        out["propensity"] = _r(self.propensity)
+        out["explored"] = self.explored
+        out["epsilon"] = self.epsilon
         if self.pick is not None:
             pr = self.pick_pred
             out["pick"] = {"node": self.pick.name,
@@ -178,14 +246,13 @@ class LearnedInfo:
             idx = sorted(range(len(nodes)), key=lambda i: -(probs[i] or 0.0))[:CTX_NODES]
             nodes, preds, probs = [nodes[i] for i in idx], [preds[i] for i in idx], [probs[i] for i in idx]
             terms = {k: [col[i] for i in idx] for k, col in terms.items()}
-        out["ctx"] = _ctx(nodes, preds, probs)
+        out["ctx"], gpu = _ctx(nodes, preds, probs)
         out["ctx"].update(terms)
         if self.interference > 0:
             out["interference"] = {"weight": self.interference, "charged": self.others is not None}
         if self.reserve_cut is not None:
             out["reserve"] = {"cut": self.reserve_cut, "rule": self.reserve_rule}
         out["ctx_total"] = len(self.nodes) or len(nodes)
-        gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
         if gpu:
             out["gpu"] = gpu
         return out

@@ -195,7 +195,6 @@ class PredictedLatency:
         ttft_budget = self.p.ttft_slo_s if req.stream else None
         rest = max(0, req.output_tokens - 1)
         slack: list[float] = []
-        scores: list[float] = []
         beta = self.p.interference
         cap_o = self.p.interference_max_output
         charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
@@ -213,21 +212,33 @@ class PredictedLatency:
                 reserved = self._reserved(req, nodes, preds)
         bp = self.p.prefill_interference
         # min() and max() of two written out: the same floats (every term is finite here), no calls.
-        for i, (a, b) in enumerate(preds):
-            own = a + b * rest
-            if others is not None:
-                own += beta * others[i]
+        if others is None and reserved is None and ttft_budget is None:
+            # The common case (no interference charged, no reservation, not streamed) as one
+            # comprehension: the loop's own expression, term for term in the same order
+            # (``a + b·rest``, then ``+ bp·a·k``), so the same floats.
             if bp > 0:
-                own += bp * a * (k if (k := nodes[i].inflight_requests) > 0 else 0)
-            s = (e2e_budget - own) / e2e_budget
-            if ttft_budget is not None:
-                t = (ttft_budget - a) / ttft_budget
-                s = t if t < s else s
-            if reserved is not None:
-                s -= reserved[i]
-            slack.append(s)
-            x = 0.5 + 0.5 * s
-            scores.append((x if x < 1.0 else 1.0) if x > 0.0 else 0.0)
+                # ``for k in [x]``: the comprehension's own name (an assignment; a walrus would make
+                # it a cell of this function, dearer to read and write here and in the loop below).
+                slack = [(e2e_budget - (a + b * rest + bp * a * (k if k > 0 else 0))) / e2e_budget
+                         for n, (a, b) in zip(nodes, preds)  # noqa: B905 (lengths checked above)
+                         for k in [n.inflight_requests]]
+            else:
+                slack = [(e2e_budget - (a + b * rest)) / e2e_budget for a, b in preds]
+        else:
+            for i, (a, b) in enumerate(preds):
+                own = a + b * rest
+                if others is not None:
+                    own += beta * others[i]
+                if bp > 0:
+                    own += bp * a * (k if (k := nodes[i].inflight_requests) > 0 else 0)
+                s = (e2e_budget - own) / e2e_budget
+                if ttft_budget is not None:
+                    t = (ttft_budget - a) / ttft_budget
+                    s = t if t < s else s
+                if reserved is not None:
+                    s -= reserved[i]
+                slack.append(s)
+        scores = [(x if x < 1.0 else 1.0) if x > 0.0 else 0.0 for s in slack for x in [0.5 + 0.5 * s]]
         self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
 

@@ -83,13 +83,15 @@ def _quick_eq(*first: str) -> Callable[[type[_T]], type[_T]]:
 
 
 class _RouteMemo:
-    """NodeView's one slot that is not a field: ``_terms``, routing's memo of what it computes
-    from a view alone (plugins.view_terms), kept with the view since a view never changes (None
-    until computed; set only through the slot's own setter, the view being frozen). Not a
-    dataclass field: not an ``__init__`` parameter, not compared, hashed, shown or pickled
-    (``__init__``, ``__setstate__`` and so ``dataclasses.replace`` and ``copy`` start it at None)."""
+    """NodeView's slots that are not fields, routing's memos of what it computes from a view
+    alone, kept with the view since a view never changes (None until computed; set only through
+    each slot's own setter, the view being frozen): ``_terms`` (plugins.view_terms) and ``_ctx``,
+    the view's own columns of a learned decision's audit context (explain.py ``_ctx``). Not
+    dataclass fields: not ``__init__`` parameters, not compared, hashed, shown or pickled
+    (``__init__``, ``__setstate__`` and so ``dataclasses.replace`` and ``copy`` start them at None)."""
 
-    __slots__ = ("_terms",)
+    __slots__ = ("_ctx", "_terms")
+    _ctx: tuple[Any, ...] | None
     _terms: tuple[Any, ...] | None
 
 
@@ -136,13 +138,16 @@ _dataclass_setstate = NodeView.__setstate__   # type: ignore[attr-defined]
 
 
 def _setstate(self: NodeView, state: Any) -> None:
-    """The dataclass's ``__setstate__`` (pickle, ``copy``), then the memo as ``__init__`` leaves it."""
+    """The dataclass's ``__setstate__`` (pickle, ``copy``), then the memos as ``__init__`` leaves them."""
     _dataclass_setstate(self, state)
     set_terms(self, None)
+    set_ctx(self, None)
 
 
-# The memo slot's own setter (routing/plugins.py view_terms): the view is frozen to everyone else.
+# The memo slots' own setters (routing/plugins.py view_terms, routing/explain.py _ctx): the view
+# is frozen to everyone else.
 set_terms: Callable[[NodeView, tuple[Any, ...] | None], None] = _RouteMemo.__dict__["_terms"].__set__
+set_ctx: Callable[[NodeView, tuple[Any, ...] | None], None] = _RouteMemo.__dict__["_ctx"].__set__
 NodeView.__setstate__ = _setstate   # type: ignore[attr-defined]
 
 

@@ -1,0 +1,172 @@
+"""The learned profile's audit copy and scorer as they were before their speed work (main at
+cbae0a6): ``LearnedInfo.why`` / ``to_json`` with ``_ctx`` (routing/explain.py) and
+``PredictedLatency.score_all`` (routing/learned.py), copied verbatim into subclasses (renamed
+``Ref*``), so tests/routing/test_routing_learned_differential.py can hold the optimised ones to the
+same decisions and the same audit JSON. Everything else comes from the product's modules.
+
+Not used by the product. Change it only to mirror a deliberate change of behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+from math import trunc
+from typing import Any
+
+from inferlb.routing.explain import CTX_NODES, LearnedInfo, _r, _terms_of
+from inferlb.routing.learned import PredictedLatency, PredictionFault, Scored
+from inferlb.routing.types import NodeView, RouteRequest
+
+__all__ = ["RefLearnedInfo", "RefPredictedLatency"]
+
+
+def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
+         ) -> dict[str, list[Any]]:
+    # _us and _ns written out in the columns (the same values; a call per cell cost more than the cell).
+    # math.trunc is int() for a float (the same int, the same errors), without the type call.
+    return {
+        "node": [n.name for n in nodes],
+        "inflight_requests": [n.inflight_requests for n in nodes],
+        "inflight_tokens": [n.inflight_tokens for n in nodes],
+        "capacity_tokens": [n.capacity_tokens for n in nodes],
+        "max_concurrency": [n.max_concurrency for n in nodes],
+        "waiting": [n.waiting for n in nodes],
+        "kv_permille": [None if (k := n.kv_usage) is None else trunc(k * 1000) for n in nodes],
+        "tpot_us": [None if (t := n.tokens_per_s) is None or not t > 0 else trunc(1e6 / t) for n in nodes],
+        "ttft_us": [None if (x := n.ttft_s) is None or not x < 1e12 else trunc(x * 1e6) for n in nodes],
+        "weight": [n.weight for n in nodes],
+        "pred_ttft_us": [None if p is None or not (a := p[0]) < 1e12 else trunc(a * 1e6) for p in preds],
+        "pred_tpot_ns": [None if p is None or not (b := p[1]) < 1e9 else trunc(b * 1e9) for p in preds],
+        "p": probs,
+    }
+
+
+class RefLearnedInfo(LearnedInfo):
+    """:class:`LearnedInfo` with the earlier ``why`` and ``to_json``."""
+
+    def why(self) -> str:
+        if self.pick is None:
+            return "no node could serve"
+        pr = self.pick_pred
+        what = (f"predicted TTFT {pr.ttft_s:.3f} s, {pr.tpot_s * 1000:.1f} ms/token, "
+                f"e2e {pr.e2e_s(self.req.output_tokens):.3f} s" if pr is not None else "no prediction")
+        if self.fallback is not None:
+            return f"{self.fallback} picked {self.pick.name} ({what}): learned routing off ({self.reason})"
+        if self.arm is not None and self.arm != "learned":
+            return f"{self.arm} picked {self.pick.name} ({what}): {self.reason}"
+        slack = f", slack {self.pick_slack:.2f}" if self.pick_slack is not None else ""
+        i = self._pick_index()
+        if i is not None and self.others is not None and i < len(self.others) and self.others[i] > 0:
+            slack += (f", slowing the requests in flight there by {self.others[i]:.3f} s in all "
+                      f"(interference weight {self.interference:g})")
+        n = len(self.nodes)
+        if self.explored:
+            return (f"explored: picked {self.pick.name} ({what}{slack}) with probability {self.propensity:.3f} "
+                    f"instead of the best, {self.best} (exploration rate {self.epsilon:g})")
+        return (f"{self.pick.name} had the best score of {n} candidate(s): predicted slack with the "
+                f"profile's other scorers ({what}{slack}); "
+                f"picked greedily, probability {self.propensity:.3f}")
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.req
+        out: dict[str, Any] = {"version": self.version, "state": self.state}
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
+            out["reason"] = self.reason
+        if self.arm is not None:
+            out["arm"] = self.arm
+        out.update(propensity=_r(self.propensity), explored=self.explored, epsilon=self.epsilon)
+        if self.pick is not None:
+            pr = self.pick_pred
+            out["pick"] = {"node": self.pick.name,
+                           "ttft_s": _r(pr.ttft_s) if pr else None, "tpot_s": _r(pr.tpot_s, 7) if pr else None,
+                           "e2e_s": _r(pr.e2e_s(r.output_tokens)) if pr else None, "slack": _r(self.pick_slack, 4)}
+            i = self._pick_index() if self.others is not None or self.reserved is not None else None
+            if i is not None and self.others is not None and i < len(self.others):
+                out["pick"]["others_s"] = _r(self.others[i])
+            if i is not None and self.reserved is not None and i < len(self.reserved):
+                out["pick"]["reserved"] = _r(self.reserved[i], 4)
+        out["why"] = self.why()
+        out["req"] = {"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "stream": r.stream,
+                      "priority": r.priority, "deadline_s": _r(r.deadline_s, 3)}
+        nodes = self.nodes or ([self.pick] if self.pick is not None else [])
+        preds: list[tuple[float, float] | None] = list(self.preds) if self.preds else [
+            (self.pick_pred.ttft_s, self.pick_pred.tpot_s) if self.pick_pred is not None else None for _ in nodes]
+        probs: list[float | None] = list(self.probs) if self.probs else [None] * len(nodes)
+        terms = _terms_of(self, len(nodes)) if self.nodes else {}
+        if len(nodes) > CTX_NODES:   # keep the likeliest (the pick always)
+            idx = sorted(range(len(nodes)), key=lambda i: -(probs[i] or 0.0))[:CTX_NODES]
+            nodes, preds, probs = [nodes[i] for i in idx], [preds[i] for i in idx], [probs[i] for i in idx]
+            terms = {k: [col[i] for i in idx] for k, col in terms.items()}
+        out["ctx"] = _ctx(nodes, preds, probs)
+        out["ctx"].update(terms)
+        if self.interference > 0:
+            out["interference"] = {"weight": self.interference, "charged": self.others is not None}
+        if self.reserve_cut is not None:
+            out["reserve"] = {"cut": self.reserve_cut, "rule": self.reserve_rule}
+        out["ctx_total"] = len(self.nodes) or len(nodes)
+        gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
+        if gpu:
+            out["gpu"] = gpu
+        return out
+
+
+class RefPredictedLatency(PredictedLatency):
+    """:class:`PredictedLatency` with the earlier ``score_all``."""
+
+    def score_all(self, req: RouteRequest, nodes: list[NodeView]) -> list[float]:
+        model = self.predictor
+        if model is None:
+            raise PredictionFault("no predictor loaded")
+        try:
+            raw = model.predict_nodes(req, nodes)
+            preds = raw if isinstance(raw, list) else [(float(a), float(b)) for a, b in raw]
+        except PredictionFault:
+            raise
+        except Exception as exc:   # a user's predictor may raise anything: fall back, say why
+            raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
+        if len(preds) != len(nodes):
+            raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
+        inf = math.inf
+        for a, b in preds:
+            if not (0 < a < inf and 0 < b < inf):
+                raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
+        e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
+        ttft_budget = self.p.ttft_slo_s if req.stream else None
+        rest = max(0, req.output_tokens - 1)
+        slack: list[float] = []
+        scores: list[float] = []
+        beta = self.p.interference
+        cap_o = self.p.interference_max_output
+        charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
+        others = self._others(req, nodes, preds, model) if charged else None
+        cut: int | None = None
+        reserved = None
+        if self.p.reserve > 0:
+            if self._pinned_cut is not None:   # a replay of a logged decision (pin_cut)
+                cut = self._pinned_cut
+            else:
+                cut = self.reserve_cut()
+                if self._lengths is not None:   # seen after the cut is read: a request is not its own reference
+                    self._lengths.add(max(0, req.output_tokens))
+            if req.output_tokens < cut:
+                reserved = self._reserved(req, nodes, preds)
+        bp = self.p.prefill_interference
+        # min() and max() of two written out: the same floats (every term is finite here), no calls.
+        for i, (a, b) in enumerate(preds):
+            own = a + b * rest
+            if others is not None:
+                own += beta * others[i]
+            if bp > 0:
+                own += bp * a * (k if (k := nodes[i].inflight_requests) > 0 else 0)
+            s = (e2e_budget - own) / e2e_budget
+            if ttft_budget is not None:
+                t = (ttft_budget - a) / ttft_budget
+                s = t if t < s else s
+            if reserved is not None:
+                s -= reserved[i]
+            slack.append(s)
+            x = 0.5 + 0.5 * s
+            scores.append((x if x < 1.0 else 1.0) if x > 0.0 else 0.0)
+        self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
+        return scores

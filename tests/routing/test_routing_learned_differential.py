@@ -1,0 +1,216 @@
+"""The learned profile decides and explains itself exactly as it did before its speed work.
+
+tests/routing/routing_reference_learned.py holds the audit copy (``LearnedInfo.why`` / ``to_json``
+with ``_ctx``) and the ``predicted-latency`` scorer's ``score_all`` as they were. Here two guarded
+routers, one with each, run side by side from the same seed over random fleets and requests (views
+reused across decisions and rebuilt, odd metrics, GPU labels, streamed and not, deadlines, short
+requests that are charged interference, a tail reservation), their predictors trained alike
+between decisions, warming (the token-aware fallback) and active: every decision must be equal, the
+scorer's terms, the random generator's state and the audit copy byte for byte (the same error
+where the record cannot be made, such as a NaN KV use).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import pickle
+import random
+from typing import Any
+
+import pytest
+
+from inferlb.routing.explain import LearnedInfo
+from inferlb.routing.features import features
+from inferlb.routing.guarded import GuardedRouter, make_guarded
+from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
+from inferlb.routing.predictor import Observed
+from inferlb.routing.profiles import LEARNED_LATENCY, PROFILES, build_router
+from inferlb.routing.registry import make_plugin
+from inferlb.routing.types import NodeList, NodeView, RouteRequest
+from tests.routing.routing_reference_learned import RefLearnedInfo, RefPredictedLatency
+
+_GPU = ((), (("gpu", "NVIDIA-H100-80GB"),), (("gpu_type", "a100"),), (("gpu", "l4"), ("gpu_type", "L40S")),
+        (("gpu", ""),), (("zone", "b"),))
+
+
+def _view(rng: random.Random, i: int, odd: float) -> NodeView:
+    cap = rng.choice([4096, 16384, 131072])
+    conc = rng.choice([4, 64])
+    healthy = rng.random() >= 0.1
+    return NodeView(
+        name=f"n{i:03d}", models=frozenset({"m0"}), capacity_tokens=cap, max_concurrency=conc,
+        weight=rng.choice([0.5, 1.0, 3.0]), inflight_requests=rng.choice([0, 1, rng.randint(0, 80), conc]),
+        inflight_tokens=rng.choice([0, rng.randint(0, cap), cap * 2]),
+        waiting=rng.choice([None, 0, rng.randint(0, 30)]),
+        kv_usage=math.nan if rng.random() < odd else rng.choice([None, 0.0, 1.0, rng.random(), 1.3]),
+        healthy=healthy, unhealthy_reason=None if healthy else "ejected: 5 failures",
+        labels=rng.choice(_GPU),
+        tokens_per_s=rng.choice([None, 0.0, -1.0, rng.uniform(5, 200), math.inf, math.nan]),
+        ttft_s=rng.choice([None, rng.uniform(0.01, 2), 2e12, 0.0]))
+
+
+def _request(rng: random.Random) -> RouteRequest:
+    return RouteRequest(model="m0", prompt_tokens=rng.choice([1, 100, 3000, 60_000]),
+                        output_tokens=rng.choice([0, 1, 16, 64, 256, 2048]),
+                        priority=rng.choice([None, "critical", "standard"]), stream=rng.random() < 0.5,
+                        deadline_s=rng.choice([None, None, 0.0, 2.0, 30.0]))
+
+
+def _pair(seed: int, predictor: dict[str, Any] | None, latency: dict[str, Any],
+          bandit: dict[str, Any]) -> tuple[GuardedRouter, GuardedRouter]:
+    """The learned profile twice from ``seed``: its scorer as it is, and as it was."""
+    spec = PROFILES["learned"]
+
+    def build(cls: type[PredictedLatency]) -> GuardedRouter:
+        fs = [make_plugin(n, None) for n in spec.filters]
+        w = spec.scorers
+        sc = [(cls(PredictedLatencyParams(**{**LEARNED_LATENCY, **latency})), w["predicted-latency"]),
+              (make_plugin("outstanding-tokens", None), w["outstanding-tokens"])]
+        return make_guarded("learned", fs, sc, make_plugin("softmax-bandit", bandit), random.Random(seed),
+                            spec.sample, fallback=build_router("token-aware"), predictor=predictor, lifecycle=None)
+
+    return build(PredictedLatency), build(RefPredictedLatency)
+
+
+def _json_or_error(d: Any) -> str:
+    try:
+        return json.dumps(d.to_json())
+    except Exception as exc:   # what cannot be recorded must fail the same way
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _as_ref(info: LearnedInfo) -> RefLearnedInfo:
+    return RefLearnedInfo(**{f.name: getattr(info, f.name) for f in dataclasses.fields(info)})
+
+
+VARIANTS = [
+    ({"min_samples": 0}, {}, {}),                                                  # active, the profile's own
+    (None, {}, {}),                                                                # warming: the fallback
+    ({"min_samples": 0}, {"reserve": 0.9, "reserve_quantile": None, "reserve_min_output": 200}, {"epsilon": 0.3}),
+    ({"min_samples": 0}, {"reserve": 0.5, "reserve_window": 64, "interference_max_output": None,
+                          "elasticity": None, "prefill_interference": 0.0}, {"epsilon": 1.0}),
+]
+
+
+@pytest.mark.parametrize("variant", range(len(VARIANTS)))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_learned_decisions_and_audit_equal_the_reference(seed: int, variant: int) -> None:
+    predictor, latency, bandit = VARIANTS[variant]
+    new, ref = _pair(seed, predictor, latency, bandit)
+    rng = random.Random(100 * seed + variant)
+    odd = 0.02 if variant % 2 == 0 else 0.0
+    views = [_view(rng, i, odd) for i in range(60)]
+    compared = explained = 0
+    for step in range(400):
+        # A few views rebuilt (new objects, no memo) before each decision; the rest as they were.
+        for _ in range(rng.choice([0, 1, 3])):
+            i = rng.randrange(len(views))
+            views[i] = _view(rng, i, odd) if rng.random() < 0.5 else dataclasses.replace(
+                views[i], inflight_requests=views[i].inflight_requests + 1)
+        nodes: list[NodeView] = NodeList(list(views), {"m0": list(views)}, exact=True, fixed=True) \
+            if step % 2 else list(views)
+        req = _request(rng)
+        a, b = new.decide(req, nodes), ref.decide(req, nodes)
+        assert a.ranked == b.ranked and a.pick == b.pick and a.candidates == b.candidates
+        assert json.dumps(a.score_rows) == json.dumps(b.score_rows)
+        assert new.rng.getstate() == ref.rng.getstate()
+        sa, sb = getattr(new._explainer, "last", None), getattr(ref._explainer, "last", None)
+        if sa is not None or sb is not None:
+            assert sa is not None and sb is not None
+            assert repr((sa.preds, sa.slack, sa.scores, sa.others_s, sa.reserved, sa.reserve_cut)) == \
+                repr((sb.preds, sb.slack, sb.scores, sb.others_s, sb.reserved, sb.reserve_cut))
+            assert [n.name for n in sa.nodes] == [n.name for n in sb.nodes]
+        assert b.learned is not None and a.learned is not None
+        explained += a.learned.fallback is None
+        b.learned = _as_ref(b.learned)
+        assert _json_or_error(a) == _json_or_error(b)
+        assert repr(a.learned.why()) == repr(b.learned.why())
+        compared += 1
+        # Both predictors learn the same answer of the pick, now and then.
+        view = a.learned.pick
+        if view is not None and rng.random() < 0.5:
+            obs = Observed(rng.choice([None, rng.uniform(0.01, 3.0)]), rng.uniform(0.001, 0.2))
+            for r in (new, ref):
+                model = r.lifecycle.model
+                assert model is not None
+                model.update(features(req, view), obs)
+    assert compared == 400
+    assert (explained > 300) if predictor is not None else (explained == 0)
+
+
+def test_a_views_context_memo_is_its_own() -> None:
+    """The audit columns memoised on a view (``NodeView._ctx``) are never carried to a copy, a
+    replaced view or an unpickled one, and a memoised view is recorded as a fresh one is."""
+    rng = random.Random(4)
+    new, _ = _pair(3, {"min_samples": 0}, {}, {})
+    views = [_view(rng, i, 0.0) for i in range(30)]
+    req = RouteRequest(model="m0", prompt_tokens=100, output_tokens=256)
+    first = json.dumps(new.decide(req, views).to_json()["learned"]["ctx"])
+    assert any(v._ctx is not None for v in views)
+    for v in views:
+        for other in (copy.copy(v), copy.deepcopy(v), dataclasses.replace(v), pickle.loads(pickle.dumps(v))):
+            assert other._ctx is None and repr(other) == repr(v)
+    new2, _ = _pair(3, {"min_samples": 0}, {}, {})
+    fresh = [dataclasses.replace(v) for v in views]
+    assert json.dumps(new2.decide(req, fresh).to_json()["learned"]["ctx"]) == first
+
+
+def test_the_context_columns_equal_the_reference_for_any_predictions() -> None:
+    """``_ctx`` against the earlier one over views memoised and not, any number of candidates, and
+    predictions missing (None), huge, NaN or infinite: the same columns and GPU labels."""
+    from inferlb.routing.explain import _ctx
+    from tests.routing.routing_reference_learned import _ctx as ref_ctx
+
+    rng = random.Random(8)
+    views = [_view(rng, i, 0.0) for i in range(40)]
+    odd = [None, (math.nan, 0.01), (math.inf, math.inf), (2e12, 2e9), (1e-7, 1e-10), (0.2, 0.03)]
+    for _ in range(400):
+        nodes = rng.sample(views, rng.choice([0, 1, 1, 2, 16, 40]))
+        preds = [rng.choice(odd) if rng.random() < 0.3 else (rng.uniform(0.01, 5), rng.uniform(1e-4, 0.2))
+                 for _ in nodes]
+        probs: list[float | None] = [rng.choice([None, rng.random()]) for _ in nodes]
+        cols, gpu = _ctx(nodes, preds, probs)
+        want = ref_ctx(nodes, preds, probs)
+        assert json.dumps(cols) == json.dumps(want) and list(cols) == list(want)
+        want_gpu = {n.name: v for n in nodes for k, v in n.labels if k in ("gpu", "gpu_type")}
+        assert (gpu or {}) == want_gpu and list(gpu or {}) == list(want_gpu)
+
+
+def test_a_context_that_cannot_be_recorded_fails_as_before() -> None:
+    """Candidates whose values cannot be recorded (a NaN or infinite KV use, an infinite TTFT, a
+    speed so small that its TPOT overflows) raise what the earlier context raised: the first bad
+    column's error, whichever candidate holds it."""
+    from inferlb.routing.explain import _ctx
+    from tests.routing.routing_reference_learned import _ctx as ref_ctx
+
+    rng = random.Random(13)
+    bad: list[dict[str, Any]] = [{"kv_usage": math.nan}, {"kv_usage": math.inf}, {"ttft_s": -math.inf},
+                                 {"tokens_per_s": 5e-324}]
+    fails = 0
+    for _ in range(300):
+        nodes = [_view(rng, i, 0.0) for i in range(rng.choice([1, 2, 5, 16]))]
+        for _ in range(rng.choice([1, 2, 3])):
+            i = rng.randrange(len(nodes))
+            nodes[i] = dataclasses.replace(nodes[i], **rng.choice(bad))
+        if rng.random() < 0.5:   # the good ones memoised already, in an earlier context of their own
+            for n in nodes:
+                try:
+                    _ctx([n], [None], [None])
+                except Exception:   # a bad one: nothing memoised
+                    assert n._ctx is None
+        preds: list[tuple[float, float] | None] = [(0.1, 0.01)] * len(nodes)
+        got = want = ""
+        try:
+            _ctx(nodes, preds, [None] * len(nodes))
+        except Exception as exc:
+            got = f"{type(exc).__name__}: {exc}"
+        try:
+            ref_ctx(nodes, preds, [None] * len(nodes))
+        except Exception as exc:
+            want = f"{type(exc).__name__}: {exc}"
+        assert got == want
+        fails += want != ""
+    assert fails > 200
