@@ -119,7 +119,8 @@ def test_a_plugin_that_does_not_load_is_a_plugin_error_at_routing() -> None:
 
 def test_views_and_requests_build_as_their_dataclass_says() -> None:
     """NodeView and RouteRequest fill their slots as types._quick_init writes it (plain stores
-    into a same-layout twin, then their own class back): the same signature, defaults, equality, hash, frozenness, replace and pickling as a dataclass."""
+    into a same-layout twin, then their own class back): the same signature, defaults, equality,
+    hash, frozenness, replace and pickling as a dataclass."""
     import dataclasses
     import inspect
     import pickle
@@ -154,8 +155,8 @@ def test_build_makes_what_the_class_call_makes() -> None:
 
     for cls in (NodeView, RouteRequest):
         assert list(inspect.signature(cls.build).parameters) == [f.name for f in dataclasses.fields(cls)]
-    kw: dict[str, Any] = {"inflight_requests": 3, "inflight_tokens": 70, "waiting": 2, "kv_usage": 0.25, "healthy": False,
-          "unhealthy_reason": "x", "tokens_per_s": 31.5, "ttft_s": 0.2, "rtt_ms": 1.5,
+    kw: dict[str, Any] = {"inflight_requests": 3, "inflight_tokens": 70, "waiting": 2, "kv_usage": 0.25,
+                          "healthy": False, "unhealthy_reason": "x", "tokens_per_s": 31.5, "ttft_s": 0.2, "rtt_ms": 1.5,
           "lora_running": frozenset({"a"}), "lora_waiting": frozenset({"b"}), "max_lora": 2}
     v = NodeView.build("n1", frozenset({"m"}), 100, 4, **kw)
     w = NodeView("n1", frozenset({"m"}), 100, 4, **kw)
