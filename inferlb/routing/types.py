@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 __all__ = ["Decision", "Elimination", "Filter", "LabelSelector", "NodeList", "NodeView", "Picker", "RouteRequest",
            "Scorer"]
@@ -24,11 +24,27 @@ _T = TypeVar("_T")
 
 
 def _quick_init(cls: type[_T]) -> type[_T]:
-    """Give a frozen, slotted dataclass an ``__init__`` that fills each slot through its own
-    descriptor: the same signature, defaults and result as the generated one, which goes through
-    ``object.__setattr__`` per field and so costs about twice as much (a DES run builds ~2 node
-    views and one request per routed request; the gateway one view per changed node). Written as
-    source, as :mod:`dataclasses` writes its own, so the call binds arguments natively."""
+    """Give a frozen, slotted dataclass a cheaper ``__init__``: the same signature, defaults and
+    result as the generated one (the same class, the same slot values).
+
+    The generated one goes through ``object.__setattr__`` per field; a slot's own descriptor
+    (``member.__set__``) costs about half that, but is still a call through a tuple of arguments
+    per field (~650 instructions each: ~14,000 for NodeView's 19 fields and its memo slot, more
+    than the rest of a DES view's rebuild; a DES run builds ~2 node views and one request per
+    routed request, the gateway one view per changed node). So the instance is filled as an
+    instance of a private *twin* class: the same base and the same ``__slots__`` (so the same
+    layout, which is what lets CPython assign ``__class__`` between the two), without the frozen
+    ``__setattr__``, where each field is one plain slot store; then it is given its own class
+    back. Nothing else sees it in between (it is not yet returned to anyone). An instance of a
+    subclass (whose layout may differ) is filled through the descriptors instead. Written as
+    source, as :mod:`dataclasses` writes its own, so the call binds arguments natively.
+
+    Also ``cls.build``: the same parameters, the same new instance, for a caller that passes
+    keywords (the DES's node views and requests): a class call hands ``__init__`` its keywords
+    as a dict (built, then taken apart: about half a NodeView's construction), a function call
+    binds them natively; and ``build`` fills a new instance of the twin directly (one class
+    assignment, not two). The class declares ``build: ClassVar[type[Self]]`` so that a type
+    checker checks its calls as the class's own."""
     names = [f.name for f in fields(cls)]   # type: ignore[arg-type]
     env: dict[str, Any] = {f"_set_{n}": cls.__dict__[n].__set__ for n in names}
     params = []
@@ -38,14 +54,30 @@ def _quick_init(cls: type[_T]) -> type[_T]:
         else:
             env[f"_default_{f.name}"] = f.default
             params.append(f"{f.name}=_default_{f.name}")
-    body = "".join(f"    _set_{n}(self, {n})\n" for n in names)
     # The slots of a base that are not fields (_RouteMemo's): None, so that they can be read.
     extra = [n for b in cls.__mro__[1:] for n in b.__dict__.get("__slots__", ()) if n not in names]
     for n in extra:
         env[f"_set_{n}"] = getattr(cls, n).__set__
-    body += "".join(f"    _set_{n}(self, None)\n" for n in extra)
+    slow = "".join(f"        _set_{n}(self, {n})\n" for n in names)
+    slow += "".join(f"        _set_{n}(self, None)\n" for n in extra)
+    fast = "".join(f"    self.{n} = {n}\n" for n in names) + "".join(f"    self.{n} = None\n" for n in extra)
+    assert len(cls.__bases__) == 1 and "__dict__" not in cls.__dict__   # slotted: one layout
+    env["_cls"] = cls
+    env["_twin"] = type(f"_{cls.__name__}Filling", cls.__bases__, {"__slots__": cls.__dict__["__slots__"]})
+    env["_set_class"] = object.__dict__["__class__"].__set__   # the frozen __setattr__ refuses even __class__
     code: dict[str, Any] = {}
-    exec(f"def __init__(self, {', '.join(params)}):\n{body}", env, code)   # our own source: field names
+    exec(f"def __init__(self, {', '.join(params)}):\n"    # our own source: field names
+         f"    if self.__class__ is not _cls:\n{slow}        return\n"
+         f"    _set_class(self, _twin)\n{fast}"
+         f"    self.__class__ = _cls\n"
+         f"def build({', '.join(params)}):\n"
+         f"    self = _twin()\n{fast}"
+         f"    self.__class__ = _cls\n"
+         f"    return self\n", env, code)
+    build = code["build"]
+    build.__qualname__ = f"{cls.__qualname__}.build"
+    build.__doc__ = f"``{cls.__name__}(...)``, cheaper to call with keywords (types._quick_init)."
+    cls.build = staticmethod(build)   # type: ignore[attr-defined]
     init = code["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
@@ -132,6 +164,9 @@ class NodeView(_RouteMemo):
     lora_waiting: frozenset[str] = frozenset()   # ... waiting_lora_adapters
     max_lora: int | None = None                  # ... max_lora (None: not reported)
     lora_failed: frozenset[str] = frozenset()    # adapters that failed to load here (cooling down)
+    # NodeView(...) for keyword callers, cheaper (set by _quick_init; a type checker checks its
+    # calls as the class's own)
+    build: ClassVar[type[NodeView]]
 
 
 _dataclass_setstate = NodeView.__setstate__   # type: ignore[attr-defined]
@@ -227,6 +262,7 @@ class RouteRequest:
     kv_hits: tuple[tuple[str, int], ...] | None = None
     kv_blocks: int = 0
     kv_fallback: str | None = None
+    build: ClassVar[type[RouteRequest]]   # RouteRequest(...) for keyword callers, cheaper (_quick_init)
 
     @property
     def tokens(self) -> int:

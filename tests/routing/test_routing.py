@@ -118,8 +118,9 @@ def test_a_plugin_that_does_not_load_is_a_plugin_error_at_routing() -> None:
 
 
 def test_views_and_requests_build_as_their_dataclass_says() -> None:
-    """NodeView and RouteRequest fill their slots through the descriptors (types._quick_init):
-    the same signature, defaults, equality, hash, frozenness, replace and pickling as a dataclass."""
+    """NodeView and RouteRequest fill their slots as types._quick_init writes it (plain stores
+    into a same-layout twin, then their own class back): the same signature, defaults, equality,
+    hash, frozenness, replace and pickling as a dataclass."""
     import dataclasses
     import inspect
     import pickle
@@ -141,3 +142,38 @@ def test_views_and_requests_build_as_their_dataclass_says() -> None:
     assert (r.tokens, r.priority, r.exclude, r.stream, r.only) == (7, None, frozenset(), True, None)
     with pytest.raises(TypeError):
         NodeView("a", frozenset())   # type: ignore[call-arg]   # required fields stay required
+
+
+def test_build_makes_what_the_class_call_makes() -> None:
+    """``NodeView.build`` / ``RouteRequest.build`` (types._quick_init: filled as a private twin
+    class, then given the class back) take the class's parameters and give an instance of the
+    class itself, equal field by field, frozen, with the memo slot empty; a subclass's instance
+    (another layout) is filled through the descriptors and keeps its own class."""
+    import dataclasses
+    import inspect
+    from typing import Any
+
+    for cls in (NodeView, RouteRequest):
+        assert list(inspect.signature(cls.build).parameters) == [f.name for f in dataclasses.fields(cls)]
+    kw: dict[str, Any] = {"inflight_requests": 3, "inflight_tokens": 70, "waiting": 2, "kv_usage": 0.25,
+                          "healthy": False, "unhealthy_reason": "x", "tokens_per_s": 31.5, "ttft_s": 0.2, "rtt_ms": 1.5,
+          "lora_running": frozenset({"a"}), "lora_waiting": frozenset({"b"}), "max_lora": 2}
+    v = NodeView.build("n1", frozenset({"m"}), 100, 4, **kw)
+    w = NodeView("n1", frozenset({"m"}), 100, 4, **kw)
+    assert type(v) is NodeView and type(w) is NodeView and v._terms is None and w._terms is None
+    names = [f.name for f in dataclasses.fields(NodeView)]
+    assert [getattr(v, n) for n in names] == [getattr(w, n) for n in names] and v == w and hash(v) == hash(w)
+    assert NodeView.build("n1", frozenset({"m"}), 100, 4) == NodeView("n1", frozenset({"m"}), 100, 4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.inflight_tokens = 1   # type: ignore[misc]
+    with pytest.raises(TypeError):
+        NodeView.build("a", frozenset())   # type: ignore[call-arg]   # required fields stay required
+    r = RouteRequest.build("m", 3, 4, stream=True, prefix=(1, 2), kv_blocks=2)
+    assert type(r) is RouteRequest and r == RouteRequest("m", 3, 4, stream=True, prefix=(1, 2), kv_blocks=2)
+
+    class Tagged(NodeView):   # a subclass has a __dict__: not the twin's layout
+        pass
+
+    t = Tagged("n1", frozenset({"m"}), 100, 4, **kw)
+    assert type(t) is Tagged and t._terms is None
+    assert [getattr(t, n) for n in names] == [getattr(w, n) for n in names]

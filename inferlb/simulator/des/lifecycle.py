@@ -97,9 +97,10 @@ class SimRequests(SimLora):
                 if info.session:
                     session = text_key(info.session)
         adapter: str | None = getattr(r, "adapter", None)
-        d = self.router.decide(RouteRequest(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
-                                            prefix=prefix, session=session, adapter=adapter, kv_hits=kv_hits,
-                                            kv_blocks=kv_blocks, kv_fallback=kv_fallback), self._views)
+        # RouteRequest.build: RouteRequest(...)'s request, cheaper to call with keywords (routing/types.py)
+        d = self.router.decide(RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
+                                                  prefix=prefix, session=session, adapter=adapter, kv_hits=kv_hits,
+                                                  kv_blocks=kv_blocks, kv_fallback=kv_fallback), self._views)
         name = d.pick
         if feed is not None and name is not None:
             feed.sent(name, kv_blocks, now)
