@@ -34,11 +34,22 @@ from inferlb.types import Clock
 ROOT = Path(__file__).resolve().parents[1]
 
 
+_HANDED_OUT: set[int] = set()   # every port free_port returned in this process
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free now, never one this process was handed before: the kernel may give
+    the same ephemeral port to two binds in a row once the first socket is closed, and a test that
+    asks for a gateway port and a node port must not get one port for both (the gateway then
+    refuses its own listener as a node: tests/api/test_admin_plane.py failed so once in CI)."""
+    for _ in range(1000):   # bounded: the ephemeral range holds tens of thousands
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no loopback port this process has not been handed already")
 
 
 @dataclass(frozen=True)
