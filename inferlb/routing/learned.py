@@ -353,11 +353,48 @@ class SoftmaxBandit:
 
     def rank_for(self, req: RouteRequest | None, scored: list[tuple[NodeView, float]],
                  rng: random.Random) -> list[str]:
-        if not scored:
+        return self.rank_totals_for(req, [n for n, _ in scored], [s for _, s in scored], rng)
+
+    def rank_totals_for(self, req: RouteRequest | None, nodes: list[NodeView], totals: list[float],
+                        rng: random.Random) -> list[str]:
+        """``rank_for(req, list(zip(nodes, totals)), rng)`` without building the pairs (what the
+        router calls): the same ranking, the same :attr:`last`, the same draws. ``nodes`` and
+        ``totals`` must be of one length (ValueError otherwise)."""
+        if len(nodes) != len(totals):
+            raise ValueError("nodes and totals of unequal length")
+        if not totals:
             self.last = None
             return []
         eps = self.epsilon_for(req)
-        totals = [s for _, s in scored]
+        best = max(totals)
+        # One best node and no NaN (the common case): its probability and the others' as
+        # _probabilities gives them, term for term, without the per-node tie flags. ``s >= best``
+        # is ``s == best`` for every s when the sum is not NaN (no NaN total, so the best is a
+        # number); ``keep · 0.0 + y`` is ``y`` for the others' ``y = ε · e / z ≥ +0.0``.
+        if (k := totals.count(best)) == 1 and (sm := sum(totals)) == sm:
+            t = self.p.temperature
+            exp = math.exp
+            ex = [exp((s - best) / t) for s in totals]
+            z = sum(ex)
+            g = totals.index(best)
+            probs = [eps * e / z for e in ex]
+            probs[g] = (1 - eps) * (1.0 / k) + eps * ex[g] / z
+            explore = eps > 0 and rng.random() < eps
+            if explore:
+                x = rng.random() * z
+                i = len(ex) - 1
+                for j, e in enumerate(ex):
+                    x -= e
+                    if x <= 0:
+                        i = j
+                        break
+            else:
+                i = g
+            # The rest by score, best first, equal totals in the order given: a stable sort on
+            # the totals reversed is the stable sort on −total (no NaN: the same comparisons).
+            order = sorted(range(len(totals)), key=totals.__getitem__, reverse=True)
+            self.last = BanditChoice(nodes[i].name, probs[i], explore and i != g, eps, probs)
+            return [nodes[i].name, *[nodes[j].name for j in order if j != i]]
         probs, best, ex, ties, k = self._probabilities(eps, totals)
         # The best nodes' places (where s >= best); one search when there is one best.
         greedy = [ties.index(True)] if k == 1 else [i for i, tie in enumerate(ties) if tie]
@@ -372,9 +409,9 @@ class SoftmaxBandit:
                     break
         else:
             i = greedy[math.trunc(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
-        pick = scored[i][0].name
+        pick = nodes[i].name
         # The rest by score, best first, equal scores in the order given (a stable sort on −score).
         neg = [-s for s in totals]
         order = sorted(range(len(totals)), key=neg.__getitem__)
         self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
-        return [pick, *[scored[j][0].name for j in order if j != i]]
+        return [pick, *[nodes[j].name for j in order if j != i]]
