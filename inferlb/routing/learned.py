@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferlb.errors import InferlbError
+from inferlb.routing.predictor import OnlineLinear
 from inferlb.routing.quantile import WindowQuantile
 from inferlb.routing.types import NodeView, RouteRequest
 
@@ -63,6 +64,18 @@ class PredictedLatencyParams(BaseModel):
 
 
 RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
+
+
+def _check(preds: list[tuple[float, float]]) -> None:
+    """PredictionFault for the first prediction that is not finite and > 0."""
+    inf = math.inf
+    for a, b in preds:
+        if not (0 < a < inf and 0 < b < inf):
+            raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
+
+
+# predict_nodes of the built-in predictor: its answers are each NaN or finite and > 0 (see score_all).
+_BOUNDED_PREDICT = OnlineLinear.predict_nodes
 
 
 @dataclass
@@ -187,17 +200,22 @@ class PredictedLatency:
             raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
         if len(preds) != len(nodes):
             raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
-        inf = math.inf
-        for a, b in preds:
-            if not (0 < a < inf and 0 < b < inf):
-                raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
         e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
         ttft_budget = self.p.ttft_slo_s if req.stream else None
-        rest = max(0, req.output_tokens - 1)
-        slack: list[float] = []
         beta = self.p.interference
         cap_o = self.p.interference_max_output
         charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
+        # The built-in predictor's answers are each NaN or finite and > 0 (its log-predictions
+        # clipped before the exp), and a NaN prediction makes that node's slack NaN: in the
+        # common case (no interference charged, no reservation, not streamed: nothing is
+        # changed or called between the check and the slack) the check waits for the slack and
+        # runs only when their sum is NaN, raising what it raised before (the first bad pair's).
+        deferred = getattr(type(model), "predict_nodes", None) is _BOUNDED_PREDICT and not charged \
+            and ttft_budget is None and not self.p.reserve > 0
+        if not deferred:
+            _check(preds)
+        rest = max(0, req.output_tokens - 1)
+        slack: list[float] = []
         others = self._others(req, nodes, preds, model) if charged else None
         cut: int | None = None
         reserved = None
@@ -224,6 +242,8 @@ class PredictedLatency:
                          for k in [n.inflight_requests]]
             else:
                 slack = [(e2e_budget - (a + b * rest)) / e2e_budget for a, b in preds]
+            if deferred and (sm := sum(slack)) != sm:
+                _check(preds)
         else:
             for i, (a, b) in enumerate(preds):
                 own = a + b * rest

@@ -21,13 +21,14 @@ import pickle
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inferlb.routing.explain import LearnedInfo
-from inferlb.routing.features import features
+from inferlb.routing.features import FEATURE_NAMES, features
 from inferlb.routing.guarded import GuardedRouter, make_guarded
 from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams, SoftmaxBandit, SoftmaxBanditParams
-from inferlb.routing.predictor import Observed
+from inferlb.routing.predictor import Observed, OnlineLinear
 from inferlb.routing.profiles import LEARNED_LATENCY, PROFILES, build_router
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.types import NodeList, NodeView, RouteRequest
@@ -105,7 +106,7 @@ def test_learned_decisions_and_audit_equal_the_reference(seed: int, variant: int
     rng = random.Random(100 * seed + variant)
     odd = 0.02 if variant % 2 == 0 else 0.0
     views = [_view(rng, i, odd) for i in range(60)]
-    compared = explained = 0
+    compared = explained = nan_faults = 0
     for step in range(400):
         # A few views rebuilt (new objects, no memo) before each decision; the rest as they were.
         for _ in range(rng.choice([0, 1, 3])):
@@ -115,7 +116,20 @@ def test_learned_decisions_and_audit_equal_the_reference(seed: int, variant: int
         nodes: list[NodeView] = NodeList(list(views), {"m0": list(views)}, exact=True, fixed=True) \
             if step % 2 else list(views)
         req = _request(rng)
-        a, b = new.decide(req, nodes), ref.decide(req, nodes)
+        # Now and then a broken model, the same in both: an infinite weight on a KV feature, so
+        # the nodes where it is 0 are predicted NaN and the others clipped (unusable: a fault).
+        models = [m for r in (new, ref) if isinstance(m := r.lifecycle.model, OnlineLinear)]
+        kept = [m.w.copy() for m in models] if step % 40 == 20 else []
+        if kept:
+            bad = kept[0].copy()
+            bad[FEATURE_NAMES.index(rng.choice(["kv_usage", "kv_unknown"]))] = math.inf
+            for m in models:
+                m._set_weights(bad.copy())
+        with np.errstate(invalid="ignore"):   # inf · 0: the NaN this is about
+            a, b = new.decide(req, nodes), ref.decide(req, nodes)
+        for m, w in zip(models, kept, strict=False):
+            m._set_weights(w)
+        nan_faults += "nan" in (a.learned.reason or "")
         assert a.ranked == b.ranked and a.pick == b.pick and a.candidates == b.candidates
         assert json.dumps(a.score_rows) == json.dumps(b.score_rows)
         assert new.rng.getstate() == ref.rng.getstate()
@@ -141,6 +155,7 @@ def test_learned_decisions_and_audit_equal_the_reference(seed: int, variant: int
                 model.update(features(req, view), obs)
     assert compared == 400
     assert (explained > 300) if predictor is not None else (explained == 0)
+    assert (nan_faults > 0) if predictor is not None else True
 
 
 def test_a_views_context_memo_is_its_own() -> None:
