@@ -84,7 +84,8 @@ class GuardedRouter(Router):
 
     def _explain(self, req: RouteRequest, d: Decision) -> LearnedInfo:
         lc = self.lifecycle
-        info = LearnedInfo(req=req, version=lc.version, state=lc.state, pick=None)
+        # Positional (req, version, state, pick): a class call with keywords builds a dict of them.
+        info = LearnedInfo(req, lc.version, lc.state, None)
         sc = getattr(self._explainer, "last", None)
         choice = getattr(self.picker, "last", None)
         if sc is None or d.pick is None:
@@ -121,8 +122,10 @@ class GuardedRouter(Router):
         by = router or self.fallback
         d = by.decide(req, nodes)
         d.profile = self.name
-        info = LearnedInfo(req=req, version=lc.version, state=lc.state, pick=None,
-                           fallback=by.name if arm is None else None, reason=reason, arm=arm)
+        info = LearnedInfo(req, lc.version, lc.state, None)   # positional, then set: no keywords' dict
+        info.fallback = by.name if arm is None else None
+        info.reason = reason
+        info.arm = arm
         pick = d.pick
         if pick is not None:
             # The pick's view is one the decision holds (its scored or candidate nodes: at most

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferlb.errors import InferlbError
+from inferlb.routing.predictor import OnlineLinear
 from inferlb.routing.quantile import WindowQuantile
 from inferlb.routing.types import NodeView, RouteRequest
 
@@ -63,6 +64,18 @@ class PredictedLatencyParams(BaseModel):
 
 
 RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
+
+
+def _check(preds: list[tuple[float, float]]) -> None:
+    """PredictionFault for the first prediction that is not finite and > 0."""
+    inf = math.inf
+    for a, b in preds:
+        if not (0 < a < inf and 0 < b < inf):
+            raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
+
+
+# predict_nodes of the built-in predictor: its answers are each NaN or finite and > 0 (see score_all).
+_BOUNDED_PREDICT = OnlineLinear.predict_nodes
 
 
 @dataclass
@@ -187,17 +200,22 @@ class PredictedLatency:
             raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
         if len(preds) != len(nodes):
             raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
-        inf = math.inf
-        for a, b in preds:
-            if not (0 < a < inf and 0 < b < inf):
-                raise PredictionFault(f"predictor returned TTFT {a!r}, TPOT {b!r} (must be finite, > 0)")
         e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
         ttft_budget = self.p.ttft_slo_s if req.stream else None
-        rest = max(0, req.output_tokens - 1)
-        slack: list[float] = []
         beta = self.p.interference
         cap_o = self.p.interference_max_output
         charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
+        # The built-in predictor's answers are each NaN or finite and > 0 (its log-predictions
+        # clipped before the exp), and a NaN prediction makes that node's slack NaN: in the
+        # common case (no interference charged, no reservation, not streamed: nothing is
+        # changed or called between the check and the slack) the check waits for the slack and
+        # runs only when their sum is NaN, raising what it raised before (the first bad pair's).
+        deferred = getattr(type(model), "predict_nodes", None) is _BOUNDED_PREDICT and not charged \
+            and ttft_budget is None and not self.p.reserve > 0
+        if not deferred:
+            _check(preds)
+        rest = max(0, req.output_tokens - 1)
+        slack: list[float] = []
         others = self._others(req, nodes, preds, model) if charged else None
         cut: int | None = None
         reserved = None
@@ -224,6 +242,8 @@ class PredictedLatency:
                          for k in [n.inflight_requests]]
             else:
                 slack = [(e2e_budget - (a + b * rest)) / e2e_budget for a, b in preds]
+            if deferred and (sm := sum(slack)) != sm:
+                _check(preds)
         else:
             for i, (a, b) in enumerate(preds):
                 own = a + b * rest
@@ -353,11 +373,48 @@ class SoftmaxBandit:
 
     def rank_for(self, req: RouteRequest | None, scored: list[tuple[NodeView, float]],
                  rng: random.Random) -> list[str]:
-        if not scored:
+        return self.rank_totals_for(req, [n for n, _ in scored], [s for _, s in scored], rng)
+
+    def rank_totals_for(self, req: RouteRequest | None, nodes: list[NodeView], totals: list[float],
+                        rng: random.Random) -> list[str]:
+        """``rank_for(req, list(zip(nodes, totals)), rng)`` without building the pairs (what the
+        router calls): the same ranking, the same :attr:`last`, the same draws. ``nodes`` and
+        ``totals`` must be of one length (ValueError otherwise)."""
+        if len(nodes) != len(totals):
+            raise ValueError("nodes and totals of unequal length")
+        if not totals:
             self.last = None
             return []
         eps = self.epsilon_for(req)
-        totals = [s for _, s in scored]
+        best = max(totals)
+        # One best node and no NaN (the common case): its probability and the others' as
+        # _probabilities gives them, term for term, without the per-node tie flags. ``s >= best``
+        # is ``s == best`` for every s when the sum is not NaN (no NaN total, so the best is a
+        # number); ``keep · 0.0 + y`` is ``y`` for the others' ``y = ε · e / z ≥ +0.0``.
+        if (k := totals.count(best)) == 1 and (sm := sum(totals)) == sm:
+            t = self.p.temperature
+            exp = math.exp
+            ex = [exp((s - best) / t) for s in totals]
+            z = sum(ex)
+            g = totals.index(best)
+            probs = [eps * e / z for e in ex]
+            probs[g] = (1 - eps) * (1.0 / k) + eps * ex[g] / z
+            explore = eps > 0 and rng.random() < eps
+            if explore:
+                x = rng.random() * z
+                i = len(ex) - 1
+                for j, e in enumerate(ex):
+                    x -= e
+                    if x <= 0:
+                        i = j
+                        break
+            else:
+                i = g
+            # The rest by score, best first, equal totals in the order given: a stable sort on
+            # the totals reversed is the stable sort on −total (no NaN: the same comparisons).
+            order = sorted(range(len(totals)), key=totals.__getitem__, reverse=True)
+            self.last = BanditChoice(nodes[i].name, probs[i], explore and i != g, eps, probs)
+            return [nodes[i].name, *[nodes[j].name for j in order if j != i]]
         probs, best, ex, ties, k = self._probabilities(eps, totals)
         # The best nodes' places (where s >= best); one search when there is one best.
         greedy = [ties.index(True)] if k == 1 else [i for i, tie in enumerate(ties) if tie]
@@ -372,9 +429,9 @@ class SoftmaxBandit:
                     break
         else:
             i = greedy[math.trunc(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
-        pick = scored[i][0].name
+        pick = nodes[i].name
         # The rest by score, best first, equal scores in the order given (a stable sort on −score).
         neg = [-s for s in totals]
         order = sorted(range(len(totals)), key=neg.__getitem__)
         self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
-        return [pick, *[scored[j][0].name for j in order if j != i]]
+        return [pick, *[nodes[j].name for j in order if j != i]]

@@ -41,6 +41,7 @@ from math import trunc
 from typing import Any
 
 from inferlb.errors import ConfigError
+from inferlb.routing.learned import SoftmaxBandit
 from inferlb.routing.memo import MIN_POOL, FilterMemo, per_view
 from inferlb.routing.plugins import (
     DecodeSpeed,
@@ -162,6 +163,13 @@ class Router:
         # (node, score) pairs are built for it. Only when it reads nothing else either.
         rank_views = getattr(picker, "rank_views", None)
         self._rank_views = rank_views if self._rank_for is None and self._rank_detail is None else None
+        # The softmax bandit's ranking straight from the nodes and their totals
+        # (SoftmaxBandit.rank_totals_for: the same ranking, draws and ``last``, no (node, total)
+        # pairs built); not for a subclass with a rank_for of its own.
+        self._rank_totals_for: Callable[[RouteRequest, list[NodeView], list[float], random.Random], list[str]] \
+            | None = getattr(picker, "rank_totals_for", None) \
+            if getattr(type(picker), "rank_for", None) is SoftmaxBandit.rank_for and self._rank_detail is None \
+            else None
         plugins: list[Any] = [*filters, *(s for s, _ in scorers), picker]
         self.prefix_blocks: int = max((int(getattr(p, "prefix_blocks", 0)) for p in plugins), default=0)
         self.uses_selector = any(f.type_name == "node-selector" for f in filters)
@@ -353,6 +361,10 @@ class Router:
             rank_totals = self._rank_totals
             if rank_totals is not None:   # the same ranking as rank() over the (node, total) pairs
                 d.ranked = rank_totals(live, totals, self.rng)
+                return d
+            rank_totals_for = self._rank_totals_for
+            if rank_totals_for is not None and len(totals) == len(live):   # the same as rank_for() below
+                d.ranked = rank_totals_for(req, live, totals, self.rng)
                 return d
             scored = list(zip(live, totals, strict=True))
         elif rank_views is not None:

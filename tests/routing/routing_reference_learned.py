@@ -1,7 +1,8 @@
 """The learned profile's audit copy and scorer as they were before their speed work (main at
 cbae0a6): ``LearnedInfo.why`` / ``to_json`` with ``_ctx`` (routing/explain.py) and
-``PredictedLatency.score_all`` (routing/learned.py), copied verbatim into subclasses (renamed
-``Ref*``), so tests/routing/test_routing_learned_differential.py can hold the optimised ones to the
+``PredictedLatency.score_all`` (routing/learned.py), and ``SoftmaxBandit.rank_for`` as it was
+at 04c1f97, copied verbatim into subclasses (renamed ``Ref*``), so
+tests/routing/test_routing_learned_differential.py can hold the optimised ones to the
 same decisions and the same audit JSON. Everything else comes from the product's modules.
 
 Not used by the product. Change it only to mirror a deliberate change of behaviour.
@@ -10,14 +11,15 @@ Not used by the product. Change it only to mirror a deliberate change of behavio
 from __future__ import annotations
 
 import math
+import random
 from math import trunc
 from typing import Any
 
 from inferlb.routing.explain import CTX_NODES, LearnedInfo, _r, _terms_of
-from inferlb.routing.learned import PredictedLatency, PredictionFault, Scored
+from inferlb.routing.learned import BanditChoice, PredictedLatency, PredictionFault, Scored, SoftmaxBandit
 from inferlb.routing.types import NodeView, RouteRequest
 
-__all__ = ["RefLearnedInfo", "RefPredictedLatency"]
+__all__ = ["RefLearnedInfo", "RefPredictedLatency", "RefSoftmaxBandit"]
 
 
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
@@ -170,3 +172,36 @@ class RefPredictedLatency(PredictedLatency):
             scores.append((x if x < 1.0 else 1.0) if x > 0.0 else 0.0)
         self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
+
+
+class RefSoftmaxBandit(SoftmaxBandit):
+    """:class:`SoftmaxBandit` with the earlier ``rank_for`` (a ``rank_for`` of its own: the router
+    then ranks it from (node, total) pairs, as it did)."""
+
+    def rank_for(self, req: RouteRequest | None, scored: list[tuple[NodeView, float]],
+                 rng: random.Random) -> list[str]:
+        if not scored:
+            self.last = None
+            return []
+        eps = self.epsilon_for(req)
+        totals = [s for _, s in scored]
+        probs, best, ex, ties, k = self._probabilities(eps, totals)
+        # The best nodes' places (where s >= best); one search when there is one best.
+        greedy = [ties.index(True)] if k == 1 else [i for i, tie in enumerate(ties) if tie]
+        explore = eps > 0 and rng.random() < eps
+        if explore:
+            x = rng.random() * sum(ex)
+            i = len(ex) - 1
+            for j, e in enumerate(ex):
+                x -= e
+                if x <= 0:
+                    i = j
+                    break
+        else:
+            i = greedy[math.trunc(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
+        pick = scored[i][0].name
+        # The rest by score, best first, equal scores in the order given (a stable sort on −score).
+        neg = [-s for s in totals]
+        order = sorted(range(len(totals)), key=neg.__getitem__)
+        self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
+        return [pick, *[scored[j][0].name for j in order if j != i]]
