@@ -21,7 +21,8 @@ preset. The policies differ only in the forecaster the same Autoscaler holds:
 
 ``predictive`` alone also gets the **skill gate** (``skill_window`` steps, None: off;
 :mod:`inferlb.autoscale.skill`), the **level-shift guard** (``level_shift``: ``(k, z)``, None: off;
-:mod:`inferlb.autoscale.shift`) and the planner's **rise path** (``rise_ratio``, None: off); the
+:mod:`inferlb.autoscale.shift`), the planner's **rise path** (``rise_ratio``, None: off) and
+the forecast's **upper band** (``release_quantile``, None: off; :mod:`inferlb.autoscale.release`); the
 other policies' Autoscaler is the plain one (their forecasts are the truth, the last value or
 the peak: nothing to re-level).
 
@@ -101,6 +102,7 @@ class BacktestOptions:
     level_shift: tuple[int, float] | None = None
     rise_ratio: float | None = None
     skill_window: int | None = None        # the skill gate's window in steps (min_steps: half of it)
+    release_quantile: float | None = None  # the forecast's upper band (autoscale/release.py; None: off)
     capacity_tokens_s: float | None = None           # None: calibrate
     calibrate_nodes: int = 8
     calibrate_s: float = 1800.0
@@ -232,6 +234,8 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     cap = float(capacity["tokens_per_s"])
     truth = trace.steps(opts.step_s, end + DAY_S)
     cfg = opts.autoscale(w.model)
+    if policy == "predictive" and opts.release_quantile is not None:
+        cfg = cfg.model_copy(update={"release_quantile": opts.release_quantile})
     holder: list[ScalerController] = []
     guard = (LevelShiftGuard(k=opts.level_shift[0], z=opts.level_shift[1])
              if policy == "predictive" and opts.level_shift is not None else None)
@@ -256,6 +260,7 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     out["optimum"] = {"gpu_hours": opt["gpu_hours"], "max_replicas": max(opt["need"], default=0)}
     out["level_shifts"] = guard.detections(w.model) if guard is not None else 0
     out["stabilisation_releases"] = scaler.releases
+    out["band_releases"] = scaler.band_releases
     out["skill_closed_steps"] = gate.closed_steps(w.model) if gate is not None else 0
     out.update({"policy": policy, "forecaster": scaler.forecaster.name, "capacity": capacity,
                 "wall_s": round(time.perf_counter() - t0, 1), "sim_wall_s": round(wall, 1),
