@@ -3,7 +3,7 @@
 ``python -m benchmarks.autoscale_traces [--split test|train] [--seeds 11,12] [--shapes diurnal,...]
 [--shape-seeds SHAPE=S1,S2] [--policies reactive,predictive,oracle] [--peak 4] [--target-utilisation U] [--headroom H]
 [--scale-down-stabilisation S] [--burst-factor B|off] [--skill-window N|off] [--level-shift K,Z|off]
-[--rise-ratio R|off] [--release-quantile Q|off] [--reactive-targets 0.8,0.85]
+[--rise-ratio R|off] [--release-quantile Q[,N]|off] [--reactive-targets 0.8,0.85]
 [--jobs 1] [--cells FILE.jsonl] [--plot docs/autoscale-traces.png]
 [--json]``
 
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rise-ratio", dest="rise_ratio", default=None,
                     help="predictive's rise path: the last round over the last step's load, or off")
     ap.add_argument("--release-quantile", dest="release_quantile", default=None,
-                    help="predictive's upper band (a quantile of its one-step errors) that releases a "
-                         "scale-down before the stabilisation window ends, or off")
+                    help="predictive's upper band that releases a scale-down before the stabilisation "
+                         "window ends: Q (a quantile of its one-step errors)[,N (at least the largest of "
+                         "the last N)], or off")
     ap.add_argument("--reactive-targets", dest="reactive_targets", default="",
                     help="comma-separated target utilisations of extra reactive runs (reactive@U)")
     ap.add_argument("--jobs", type=int, default=1)
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.rise_ratio is not None:
         opts = replace(opts, rise_ratio=None if a.rise_ratio == "off" else float(a.rise_ratio))
     if a.release_quantile is not None:
-        opts = replace(opts, release_quantile=None if a.release_quantile == "off" else float(a.release_quantile))
+        q, _, recent = a.release_quantile.partition(",")
+        opts = replace(opts, release_quantile=None if q == "off" else float(q), release_recent=int(recent or 0))
     settings = {"peak": a.peak, "cap": a.cap, "forecaster": a.forecaster, "target_utilisation": a.target_utilisation,
                 "headroom": a.headroom, "scale_down_stabilisation_s": a.scale_down_stabilisation_s,
                 "burst_factor": opts.burst_factor}
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     "rise_ratio": opts.rise_ratio, "skill_window": opts.skill_window}
     if opts.release_quantile is not None:
         own_settings["release_quantile"] = opts.release_quantile
+        if opts.release_recent:
+            own_settings["release_recent"] = opts.release_recent
 
     def settings_of(label: str) -> dict[str, Any]:
         return {**settings, **own_settings} if label == "predictive" else settings

@@ -7,7 +7,10 @@ A forecaster that has measured its own errors can say more: :class:`ForecastRele
 model, the signed one-step errors ``y − f`` of the forecasts the autoscaler made (the forecast of
 the next step made when a step closed, scored when that next step closes) over the last
 ``window`` closed steps, and answers the forecast raised by their ``quantile`` (the **upper
-band**; the margin is never negative, so the band is never below the forecast).
+band**; the margin is never negative, so the band is never below the forecast). With ``recent``
+= k > 0 the margin is at least the largest of the last k errors: a load that has just come in
+above its forecast (a crowd, a rise the season did not have) is rarer than the quantile's tail over
+a day, so without it the band would be the calm hours' one right after it.
 
 The :class:`~inferlb.autoscale.policy.Autoscaler` plans a second time on the upper band, without
 the window, and hands each pool's replicas of that plan to the planner as its ``release`` floor:
@@ -49,6 +52,7 @@ class ForecastRelease:
     quantile: float = 0.95
     window: int = 288
     min_steps: int = 24
+    recent: int = 0
     _state: dict[str, _State] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,6 +60,8 @@ class ForecastRelease:
             raise ValueError("quantile must be in (0, 1)")
         if self.window < 1 or not 1 <= self.min_steps <= self.window:
             raise ValueError("need window >= 1 and 1 <= min_steps <= window")
+        if not 0 <= self.recent <= self.window:
+            raise ValueError("need 0 <= recent <= window")
 
     def record(self, model: str, series: Sequence[float], end: float, step_s: float, forecast: Forecast) -> None:
         """Score the forecast made one step before against the step that closed at ``end``, and
@@ -75,13 +81,15 @@ class ForecastRelease:
         return len(st.errors) if st is not None else 0
 
     def margin(self, model: str) -> float | None:
-        """The ``quantile`` of the last ``window`` errors (nearest rank), at least 0; None before ``min_steps``."""
+        """The ``quantile`` of the last ``window`` errors (nearest rank), at least the largest of the
+        last ``recent`` and at least 0; None before ``min_steps``."""
         st = self._state.get(model)
         if st is None or len(st.errors) < self.min_steps:
             return None
         errs = sorted(st.errors)
         rank = min(len(errs) - 1, max(0, math.ceil(self.quantile * len(errs)) - 1))
-        return max(0.0, errs[rank])
+        last = max(list(st.errors)[-self.recent:], default=0.0) if self.recent else 0.0
+        return max(0.0, errs[rank], last)
 
     def upper(self, model: str, forecast: Forecast) -> Forecast | None:
         """``forecast`` raised by the margin (None while there is no band)."""

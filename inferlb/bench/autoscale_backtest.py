@@ -57,6 +57,7 @@ from typing import Any
 
 from inferlb.autoscale.forecast import make_forecaster
 from inferlb.autoscale.policy import Autoscaler
+from inferlb.autoscale.release import ForecastRelease
 from inferlb.autoscale.shift import LevelShiftGuard
 from inferlb.autoscale.skill import SkillGate
 from inferlb.bench.autoscale_controller import ScalerController
@@ -103,6 +104,7 @@ class BacktestOptions:
     rise_ratio: float | None = None
     skill_window: int | None = None        # the skill gate's window in steps (min_steps: half of it)
     release_quantile: float | None = None  # the forecast's upper band (autoscale/release.py; None: off)
+    release_recent: int = 0                # its margin at least the largest of the last N errors
     capacity_tokens_s: float | None = None           # None: calibrate
     calibrate_nodes: int = 8
     calibrate_s: float = 1800.0
@@ -234,15 +236,16 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     cap = float(capacity["tokens_per_s"])
     truth = trace.steps(opts.step_s, end + DAY_S)
     cfg = opts.autoscale(w.model)
-    if policy == "predictive" and opts.release_quantile is not None:
-        cfg = cfg.model_copy(update={"release_quantile": opts.release_quantile})
+    release = (ForecastRelease(quantile=opts.release_quantile, recent=opts.release_recent)
+               if policy == "predictive" and opts.release_quantile is not None else None)
     holder: list[ScalerController] = []
     guard = (LevelShiftGuard(k=opts.level_shift[0], z=opts.level_shift[1])
              if policy == "predictive" and opts.level_shift is not None else None)
     gate = (SkillGate(window=opts.skill_window, min_steps=max(1, opts.skill_window // 2))
             if policy == "predictive" and opts.skill_window is not None else None)
     scaler = Autoscaler(cfg, _forecaster(policy, opts, truth, holder), level_shift=guard,
-                        rise_ratio=opts.rise_ratio if policy == "predictive" else None, skill_gate=gate)
+                        rise_ratio=opts.rise_ratio if policy == "predictive" else None, skill_gate=gate,
+                        release=release)
     ctl = ScalerController(scaler, model=w.model, gpu=opts.preset, capacity_tokens_s=cap,
                            make_spec=lambda name: opts.spec(name, w.model), start=start,
                            warm=truth[:round(start / opts.step_s)])

@@ -154,3 +154,22 @@ def test_no_release_before_min_steps_and_none_when_the_band_is_wide() -> None:
     # 92 + the band's ~120 → 5 replicas wanted on the band: above the window's 4, so nothing is released
     assert scaler.band_releases == 0
     assert out[200:204] == [4] * 4
+
+
+def test_recent_keeps_the_band_wide_right_after_the_load_came_in_above_its_forecast() -> None:
+    """One crowd in a calm day is beyond the 95 % quantile's tail; ``recent`` = 2 keeps its error
+    in the margin for the two closed steps after it, then the calm band is back."""
+    rel = ForecastRelease(quantile=0.95, window=288, min_steps=24, recent=2)
+    calm = ForecastRelease(quantile=0.95, window=288, min_steps=24)
+    series: list[float] = []
+    margins: list[tuple[float | None, float | None]] = []
+    for n in range(60):
+        series.append(300.0 if n == 50 else 100.0 + (1.0 if n % 2 else -1.0))
+        for r in (rel, calm):
+            r.record("m", series, n * STEP, STEP, _fc(100.0))
+        margins.append((rel.margin("m"), calm.margin("m")))
+    assert margins[49] == (1.0, 1.0)
+    assert margins[50] == (200.0, 1.0) and margins[51] == (200.0, 1.0)
+    assert margins[52] == (1.0, 1.0)
+    with pytest.raises(ValueError):
+        ForecastRelease(window=8, min_steps=4, recent=9)
