@@ -3,14 +3,17 @@
 ``python -m benchmarks.autoscale_traces [--split test|train] [--seeds 11,12] [--shapes diurnal,...]
 [--shape-seeds SHAPE=S1,S2] [--policies reactive,predictive,oracle] [--peak 4] [--target-utilisation U] [--headroom H]
 [--scale-down-stabilisation S] [--burst-factor B|off] [--skill-window N|off] [--level-shift K,Z|off]
-[--rise-ratio R|off] [--reactive-targets 0.8,0.85] [--jobs 1] [--cells FILE.jsonl] [--plot docs/autoscale-traces.png]
+[--rise-ratio R|off] [--release-quantile Q[,N]|off] [--reactive-targets 0.8,0.85]
+[--jobs 1] [--cells FILE.jsonl] [--plot docs/autoscale-traces.png]
 [--json]``
 
-``--skill-window``, ``--level-shift`` and ``--rise-ratio`` are ``predictive``'s alone (the skill
-gate, :mod:`inferlb.autoscale.skill`; the level-shift guard, :mod:`inferlb.autoscale.shift`; the
-planner's rise path; defaults: :class:`~inferlb.bench.autoscale_backtest.BacktestOptions`'),
-so they are part of the reuse key of ``predictive`` cells only: the other policies' cells stay
-valid across them.
+``--skill-window``, ``--level-shift``, ``--rise-ratio`` and ``--release-quantile`` are
+``predictive``'s alone (the skill gate, :mod:`inferlb.autoscale.skill`; the level-shift guard,
+:mod:`inferlb.autoscale.shift`; the planner's rise path; the forecast's upper band that releases
+a scale-down before the stabilisation window ends, :mod:`inferlb.autoscale.release`; defaults:
+:class:`~inferlb.bench.autoscale_backtest.BacktestOptions`'), so they are part of the reuse key
+of ``predictive`` cells only: the other policies' cells stay valid across them (and
+``--release-quantile`` is in the key only when set, so cells made before it existed stay valid).
 
 Every (shape, seed, policy) cell is one discrete-event backtest
 (:mod:`inferlb.bench.autoscale_traces`, the shapes in :mod:`inferlb.bench.autoscale_shapes`);
@@ -96,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="predictive's skill gate: its window in steps, or off")
     ap.add_argument("--rise-ratio", dest="rise_ratio", default=None,
                     help="predictive's rise path: the last round over the last step's load, or off")
+    ap.add_argument("--release-quantile", dest="release_quantile", default=None,
+                    help="predictive's upper band that releases a scale-down before the stabilisation "
+                         "window ends: Q (a quantile of its one-step errors)[,N (at least the largest of "
+                         "the last N)], or off")
     ap.add_argument("--reactive-targets", dest="reactive_targets", default="",
                     help="comma-separated target utilisations of extra reactive runs (reactive@U)")
     ap.add_argument("--jobs", type=int, default=1)
@@ -120,12 +127,19 @@ def main(argv: list[str] | None = None) -> int:
         opts = replace(opts, skill_window=None if a.skill_window == "off" else int(a.skill_window))
     if a.rise_ratio is not None:
         opts = replace(opts, rise_ratio=None if a.rise_ratio == "off" else float(a.rise_ratio))
+    if a.release_quantile is not None:
+        q, _, recent = a.release_quantile.partition(",")
+        opts = replace(opts, release_quantile=None if q == "off" else float(q), release_recent=int(recent or 0))
     settings = {"peak": a.peak, "cap": a.cap, "forecaster": a.forecaster, "target_utilisation": a.target_utilisation,
                 "headroom": a.headroom, "scale_down_stabilisation_s": a.scale_down_stabilisation_s,
                 "burst_factor": opts.burst_factor}
     # predictive's own settings: in its cells' key only (the other policies do not use them)
     own_settings = {"level_shift": None if opts.level_shift is None else list(opts.level_shift),
                     "rise_ratio": opts.rise_ratio, "skill_window": opts.skill_window}
+    if opts.release_quantile is not None:
+        own_settings["release_quantile"] = opts.release_quantile
+        if opts.release_recent:
+            own_settings["release_recent"] = opts.release_recent
 
     def settings_of(label: str) -> dict[str, Any]:
         return {**settings, **own_settings} if label == "predictive" else settings

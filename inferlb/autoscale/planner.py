@@ -28,7 +28,10 @@ the next :class:`PlannerState`; a backtest calls it exactly as ``autoscale/plan`
    left as they are (said in ``reason``). A model still short at every ``max`` is flagged
    ``short``.
 4. **Scale-down stabilisation** (the Kubernetes HPA's rule): a pool goes down only to the highest
-   recommendation of the last ``scale_down_stabilisation_s``; up at once.
+   recommendation of the last ``scale_down_stabilisation_s``; up at once. With ``release`` (per
+   pool, the replicas a plan on the forecast's upper band wants, :mod:`.release`) the hold is
+   never above the larger of that and this round's recommendation: a replica goes before the
+   window ends when the upper band says one fewer serves the whole lead (``released``).
 5. **Cost cap**: while the plan costs more per hour than ``cost_cap_per_hour``, one replica is taken
    from the pool with the highest price per token that is above its ``min`` (flagged ``capped``).
    ``min`` wins over the cap (said in the plan's ``notes``).
@@ -64,6 +67,7 @@ class PoolDecision:
     reason: str
     share: float | None = None   # the pool's share of the routed demand; None: cheapest-first
     burst: bool = False          # the burst path set the demand this round
+    released: bool = False       # the upper band let it below the stabilisation window's hold
 
     @property
     def key(self) -> PoolKey:
@@ -135,7 +139,8 @@ def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast],
          gpu_prices: Mapping[str, float] | None = None, state: PlannerState | None = None,
          recent: Mapping[str, float] | None = None,
          routed: Mapping[PoolKey, float] | None = None,
-         rise_ratio: float | None = None) -> tuple[Plan, PlannerState]:
+         rise_ratio: float | None = None,
+         release: Mapping[PoolKey, int] | None = None) -> tuple[Plan, PlannerState]:
     """The plan for every configured pool (see the module docstring) and the state to pass next time."""
     prices = gpu_prices or {}
     state = state or PlannerState()
@@ -211,6 +216,11 @@ def plan(cfg: AutoscaleConfig, *, now: float, forecasts: Mapping[str, Forecast],
         recs[key] = kept
         if d.recommended < d.current:
             floor = max(r for _, r in kept)
+            if release is not None and key in release and floor > max(d.recommended, release[key]):
+                floor = max(d.recommended, int(release[key]))
+                d = replace(d, released=floor < d.current, reason=d.reason + f"; upper band: {floor} serve the lead "
+                            f"(stabilisation {window:g}s released)")
+                decisions[key] = d
             if floor > d.recommended:
                 held = min(d.current, floor)
                 decisions[key] = replace(d, desired=held, reason=d.reason + f"; scale-down held at {held} "

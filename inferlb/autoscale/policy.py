@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from inferlb.autoscale.capacity import Capacity
 from inferlb.autoscale.forecast import Forecast, Forecaster, make_forecaster
 from inferlb.autoscale.planner import Plan, PlannerState, plan
+from inferlb.autoscale.release import ForecastRelease
 from inferlb.autoscale.shift import LevelShiftGuard
 from inferlb.autoscale.skill import SkillGate
 from inferlb.config.autoscale import AutoscaleConfig
@@ -55,12 +56,15 @@ class Autoscaler:
 
     def __init__(self, cfg: AutoscaleConfig, forecaster: Forecaster | None = None, *,
                  gpu_prices: Mapping[str, float] | None = None, level_shift: LevelShiftGuard | None = None,
-                 rise_ratio: float | None = None, skill_gate: SkillGate | None = None) -> None:
+                 rise_ratio: float | None = None, skill_gate: SkillGate | None = None,
+                 release: ForecastRelease | None = None) -> None:
         """``level_shift``: corrects the forecasts after a level shift and, at a detected step
         down, clears the pools' scale-down stabilisation once (:mod:`.shift`); ``skill_gate``:
         plans on the reactive forecast while the forecaster does not beat persistence
         (:mod:`.skill`); ``rise_ratio``: the planner's rise path
-        (:func:`~inferlb.autoscale.planner.plan`). All off by default."""
+        (:func:`~inferlb.autoscale.planner.plan`); ``release``: the forecast's upper band, which
+        lets a scale-down go before the stabilisation window ends (:mod:`.release`; made from
+        ``cfg.release_quantile`` when that is set and none is given). All off by default."""
         if rise_ratio is not None and rise_ratio <= 1.0:
             raise ValueError("rise_ratio must be > 1 (the last round's load over the last closed step's)")
         self.cfg = cfg
@@ -69,6 +73,10 @@ class Autoscaler:
         self.level_shift = level_shift
         self.rise_ratio = rise_ratio
         self.skill_gate = skill_gate
+        if release is None and cfg.release_quantile is not None:
+            release = ForecastRelease(quantile=cfg.release_quantile)
+        self.release = release
+        self.band_releases = 0                            # pool-rounds the upper band let below the window's hold
         self.state = PlannerState()
         self.history: LoadHistory | None = None
         self.forecasts: dict[str, Forecast] = {}
@@ -104,6 +112,8 @@ class Autoscaler:
                 f = self.level_shift.correct(m, series, h.end, h.step_s, f)
             if self.skill_gate is not None:
                 f = self.skill_gate.gate(m, series, h.end, h.step_s, f)
+            if self.release is not None:
+                self.release.record(m, series, h.end, h.step_s, f)
             out[m] = f
         self.forecasts = out
         return self.forecasts
@@ -124,8 +134,21 @@ class Autoscaler:
                     self._released[m] = seen
                     self.releases += 1
                     self.state = PlannerState({k: v for k, v in self.state.recommendations.items() if k[0] != m})
-        out, self.state = plan(self.cfg, now=now, forecasts=self.forecasts,
-                               observed={m: h.last(m) for m in self.models}, capacity=capacity,
+        observed = {m: h.last(m) for m in self.models}
+        floors: dict[tuple[str, str], int] | None = None
+        if self.release is not None:
+            upper = {m: u for m, f in self.forecasts.items() if (u := self.release.upper(m, f)) is not None}
+            if upper:
+                # The same plan on the upper band, with no window: each pool's replicas there are
+                # the most its scale-down is held at this round (planner step 4).
+                band, _ = plan(self.cfg, now=now, forecasts={**self.forecasts, **upper}, observed=observed,
+                               capacity=capacity, current=current, step_s=h.step_s, gpu_prices=self.gpu_prices,
+                               state=None, recent=h.recent or None, routed=h.routed or None,
+                               rise_ratio=self.rise_ratio)
+                floors = {d.key: d.recommended for d in band.pools if d.model in upper}
+        out, self.state = plan(self.cfg, now=now, forecasts=self.forecasts, observed=observed, capacity=capacity,
                                current=current, step_s=h.step_s, gpu_prices=self.gpu_prices, state=self.state,
-                               recent=h.recent or None, routed=h.routed or None, rise_ratio=self.rise_ratio)
+                               recent=h.recent or None, routed=h.routed or None, rise_ratio=self.rise_ratio,
+                               release=floors)
+        self.band_releases += sum(1 for d in out.pools if d.released)
         return out

@@ -21,7 +21,8 @@ preset. The policies differ only in the forecaster the same Autoscaler holds:
 
 ``predictive`` alone also gets the **skill gate** (``skill_window`` steps, None: off;
 :mod:`inferlb.autoscale.skill`), the **level-shift guard** (``level_shift``: ``(k, z)``, None: off;
-:mod:`inferlb.autoscale.shift`) and the planner's **rise path** (``rise_ratio``, None: off); the
+:mod:`inferlb.autoscale.shift`), the planner's **rise path** (``rise_ratio``, None: off) and
+the forecast's **upper band** (``release_quantile``, None: off; :mod:`inferlb.autoscale.release`); the
 other policies' Autoscaler is the plain one (their forecasts are the truth, the last value or
 the peak: nothing to re-level).
 
@@ -56,6 +57,7 @@ from typing import Any
 
 from inferlb.autoscale.forecast import make_forecaster
 from inferlb.autoscale.policy import Autoscaler
+from inferlb.autoscale.release import ForecastRelease
 from inferlb.autoscale.shift import LevelShiftGuard
 from inferlb.autoscale.skill import SkillGate
 from inferlb.bench.autoscale_controller import ScalerController
@@ -101,6 +103,8 @@ class BacktestOptions:
     level_shift: tuple[int, float] | None = None
     rise_ratio: float | None = None
     skill_window: int | None = None        # the skill gate's window in steps (min_steps: half of it)
+    release_quantile: float | None = None  # the forecast's upper band (autoscale/release.py; None: off)
+    release_recent: int = 0                # its margin at least the largest of the last N errors
     capacity_tokens_s: float | None = None           # None: calibrate
     calibrate_nodes: int = 8
     calibrate_s: float = 1800.0
@@ -232,13 +236,16 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     cap = float(capacity["tokens_per_s"])
     truth = trace.steps(opts.step_s, end + DAY_S)
     cfg = opts.autoscale(w.model)
+    release = (ForecastRelease(quantile=opts.release_quantile, recent=opts.release_recent)
+               if policy == "predictive" and opts.release_quantile is not None else None)
     holder: list[ScalerController] = []
     guard = (LevelShiftGuard(k=opts.level_shift[0], z=opts.level_shift[1])
              if policy == "predictive" and opts.level_shift is not None else None)
     gate = (SkillGate(window=opts.skill_window, min_steps=max(1, opts.skill_window // 2))
             if policy == "predictive" and opts.skill_window is not None else None)
     scaler = Autoscaler(cfg, _forecaster(policy, opts, truth, holder), level_shift=guard,
-                        rise_ratio=opts.rise_ratio if policy == "predictive" else None, skill_gate=gate)
+                        rise_ratio=opts.rise_ratio if policy == "predictive" else None, skill_gate=gate,
+                        release=release)
     ctl = ScalerController(scaler, model=w.model, gpu=opts.preset, capacity_tokens_s=cap,
                            make_spec=lambda name: opts.spec(name, w.model), start=start,
                            warm=truth[:round(start / opts.step_s)])
@@ -256,6 +263,7 @@ def run_backtest(w: Workload, policy: str, opts: BacktestOptions, *, trace: Trac
     out["optimum"] = {"gpu_hours": opt["gpu_hours"], "max_replicas": max(opt["need"], default=0)}
     out["level_shifts"] = guard.detections(w.model) if guard is not None else 0
     out["stabilisation_releases"] = scaler.releases
+    out["band_releases"] = scaler.band_releases
     out["skill_closed_steps"] = gate.closed_steps(w.model) if gate is not None else 0
     out.update({"policy": policy, "forecaster": scaler.forecaster.name, "capacity": capacity,
                 "wall_s": round(time.perf_counter() - t0, 1), "sim_wall_s": round(wall, 1),

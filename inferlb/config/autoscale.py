@@ -114,6 +114,10 @@ class AutoscaleConfig(_Strict):
     target_utilisation: float = Field(0.7, gt=0, le=1)
     headroom: float = Field(0.0, ge=0)              # extra share of the forecast provisioned (0.1: +10 %)
     scale_down_stabilisation_s: float = Field(300.0, ge=0)
+    # The forecast's upper band (autoscale/release.py): the forecast raised by this quantile of its
+    # own past one-step errors; a scale-down goes before the stabilisation window ends when a plan
+    # on that band wants fewer replicas. None (the default): the window holds as the HPA's does.
+    release_quantile: float | None = Field(None, gt=0, lt=1)
     cost_cap_per_hour: float | None = Field(None, gt=0)
     slo_target: float = Field(0.99, gt=0, le=1)     # a bucket "held the SLO" at this attainment
     # The burst path (autoscale/planner.py): when the last round's load is above this × what the

@@ -43,3 +43,20 @@ def test_the_command_reuses_finished_cells(tmp_path: Path, capsys: pytest.Captur
     assert "goal sine: GPU-h <= reactive's at equal SLO: 0.917 — met" in out      # more SLO for less
     assert "goal step: SLO >= 99 %: 99.00 % — met" in out                         # mean of 99.2 and 98.8
     assert "goal step: GPU-h <= 1.15 x optimum: 1.040 — met" in out
+
+
+def test_release_quantile_is_in_predictives_key_only_when_set(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``--release-quantile`` keys predictive's cells (cells made without it keep their key; the
+    other policies' cells stay valid across it)."""
+    settings = {"peak": 4.0, "cap": 309.4, "forecaster": "holt-winters", "target_utilisation": 0.9,
+                "headroom": None, "scale_down_stabilisation_s": None, "burst_factor": 1.0}
+    cells = tmp_path / "cells.jsonl"
+    with cells.open("w") as f:
+        for policy, own in (("reactive", {}), ("predictive", {**PREDICTIVE, "release_quantile": 0.95})):
+            key = json.dumps(["sine", 11, policy, {**settings, **own}], sort_keys=True)
+            f.write(json.dumps({"key": key, "cell": _cell("sine", 11, policy, 0.995, 110.0)}) + "\n")
+    assert main(["--shapes", "sine", "--seeds", "11", "--policies", "reactive,predictive",
+                 "--target-utilisation", "0.9", "--release-quantile", "0.95", "--cells", str(cells)]) == 0
+    out = capsys.readouterr().out
+    assert "0 cell(s) run" in out and "'release_quantile': 0.95" in out
