@@ -92,6 +92,7 @@ VARIANTS = [
     ({"min_samples": 0}, {"reserve": 0.9, "reserve_quantile": None, "reserve_min_output": 200}, {"epsilon": 0.3}),
     ({"min_samples": 0}, {"reserve": 0.5, "reserve_window": 64, "interference_max_output": None,
                           "elasticity": None, "prefill_interference": 0.0}, {"epsilon": 1.0}),
+    ({"min_samples": 0}, {"miss_weight": 0.5, "miss_ttft_s": 0.05, "miss_e2e_s": 2.0}, {}),   # the SLO-miss charge
 ]
 
 
