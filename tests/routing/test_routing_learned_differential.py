@@ -86,7 +86,7 @@ def _as_ref(info: LearnedInfo) -> RefLearnedInfo:
     return RefLearnedInfo(**{f.name: getattr(info, f.name) for f in dataclasses.fields(info)})
 
 
-VARIANTS = [
+VARIANTS: list[tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]] = [
     ({"min_samples": 0}, {}, {}),                                                  # active, the profile's own
     (None, {}, {}),                                                                # warming: the fallback
     ({"min_samples": 0}, {"reserve": 0.9, "reserve_quantile": None, "reserve_min_output": 200}, {"epsilon": 0.3}),
