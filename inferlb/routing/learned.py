@@ -226,15 +226,8 @@ class PredictedLatency:
             if req.output_tokens < cut:
                 reserved = self._reserved(req, nodes, preds)
         bp = self.p.prefill_interference
-        mw = self.p.miss_weight
-        miss_e2e = miss_ttft = math.inf
-        if mw > 0:   # the request's own SLO: its deadline, else the configured budgets
-            miss_e2e = e2e_budget if req.deadline_s is not None and req.deadline_s > 0 else \
-                (self.p.miss_e2e_s or self.p.e2e_slo_s)
-            if req.stream:
-                miss_ttft = self.p.miss_ttft_s or self.p.ttft_slo_s
         # min() and max() of two written out: the same floats (every term is finite here), no calls.
-        if others is None and reserved is None and ttft_budget is None and mw == 0:
+        if others is None and reserved is None and ttft_budget is None:
             # The common case (no interference charged, no reservation, not streamed) as one
             # comprehension: the loop's own expression, term for term in the same order
             # (``a + b·rest``, then ``+ bp·a·k``), so the same floats.
@@ -249,7 +242,6 @@ class PredictedLatency:
         else:
             for i, (a, b) in enumerate(preds):
                 own = a + b * rest
-                missed = mw > 0 and (own > miss_e2e or a > miss_ttft)
                 if others is not None:
                     own += beta * others[i]
                 if bp > 0:
@@ -260,12 +252,24 @@ class PredictedLatency:
                     s = t if t < s else s
                 if reserved is not None:
                     s -= reserved[i]
-                if missed:
-                    s -= mw
                 slack.append(s)
+        mw = self.p.miss_weight
+        if mw > 0:   # the SLO-miss step, last, as the loop would subtract it: the same floats
+            self._charge_misses(req, preds, rest, e2e_budget, slack, mw)
         scores = [(x if x < 1.0 else 1.0) if x > 0.0 else 0.0 for s in slack for x in [0.5 + 0.5 * s]]
         self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
+
+    def _charge_misses(self, req: RouteRequest, preds: Sequence[tuple[float, float]], rest: int,
+                       e2e_budget: float, slack: list[float], mw: float) -> None:
+        """Lower ``slack`` (in place) by ``mw`` where the request's own predicted latency misses its
+        SLO: TTFT past ``miss_ttft_s`` (streams) or e2e past its deadline, else ``miss_e2e_s``."""
+        p = self.p
+        miss_e2e = e2e_budget if req.deadline_s is not None and req.deadline_s > 0 else (p.miss_e2e_s or p.e2e_slo_s)
+        miss_ttft = (p.miss_ttft_s or p.ttft_slo_s) if req.stream else math.inf
+        for i, (a, b) in enumerate(preds):
+            if a + b * rest > miss_e2e or a > miss_ttft:
+                slack[i] -= mw
 
     def _reserved(self, req: RouteRequest, nodes: Sequence[NodeView],
                   preds: Sequence[tuple[float, float]]) -> list[float]:
