@@ -33,7 +33,9 @@ What it does, all in virtual time (:class:`~inferlb.simulator.des.sim.Simulation
 
 **Seeds.** ``train`` = 1–5, the seeds any setting of the learned profile may be chosen on;
 ``test`` = 101–105 (the default), which no tuning touched. Nothing in this script tunes: the
-profiles run with their shipped settings.
+profiles run with their shipped settings, the learned ones told the workload's SLO as a fleet
+file would tell them (the reward bandit's ``slo_*``; the ``predicted-latency`` scorer's
+``miss_ttft_s`` / ``miss_e2e_s``, read only when its ``miss_weight`` is on, off as shipped).
 
 ``--max-seconds`` bounds the wall time: cells not started by then are reported as skipped.
 """
