@@ -33,7 +33,9 @@ What it does, all in virtual time (:class:`~inferlb.simulator.des.sim.Simulation
 
 **Seeds.** ``train`` = 1–5, the seeds any setting of the learned profile may be chosen on;
 ``test`` = 101–105 (the default), which no tuning touched. Nothing in this script tunes: the
-profiles run with their shipped settings.
+profiles run with their shipped settings, the learned ones told the workload's SLO as a fleet
+file would tell them (the reward bandit's ``slo_*``; the ``predicted-latency`` scorer's
+``miss_ttft_s`` / ``miss_e2e_s``, read only when its ``miss_weight`` is on, off as shipped).
 
 ``--max-seconds`` bounds the wall time: cells not started by then are reported as skipped.
 """
@@ -157,6 +159,15 @@ def _figures(runs: Sequence[ProfileRun]) -> dict[str, float]:
             "cost": _mean([sum(r.cost) / len(r.cost) for r in runs])}
 
 
+def _with_slo(kw: dict[str, Any], w: Workload) -> dict[str, Any]:
+    """``kw`` with this workload's SLO as the predicted-latency scorer's miss budgets
+    (``miss_ttft_s``, ``miss_e2e_s``), as a fleet file's ``routing.params`` would give them; a
+    variant's own values win."""
+    params = kw.get("params") or {}
+    pl = {"miss_ttft_s": w.slo.ttft_s, "miss_e2e_s": w.slo.e2e_s, **params.get("predicted-latency", {})}
+    return {**kw, "params": {**params, "predicted-latency": pl}}
+
+
 def run_cell(fleet: str, fam: Family, load: float, seeds: Sequence[int], profiles: Sequence[str], *,
              requests: int, capacity: float, lengths: bool = True) -> dict[str, Any]:
     """Every profile on the same plans of one cell; figures, regret and the cell's verdicts."""
@@ -172,8 +183,10 @@ def run_cell(fleet: str, fam: Family, load: float, seeds: Sequence[int], profile
         for p in profiles:
             base, kw = VARIANTS.get(p, (p, {}))
             if "reward" in kw:   # the SLO and timeout of this workload
-                kw = {"reward": {**kw["reward"], "slo_ttft_s": w.slo.ttft_s, "slo_e2e_s": w.slo.e2e_s,
-                                 "failure_cost_s": fail_cost}}
+                kw = {**kw, "reward": {**kw["reward"], "slo_ttft_s": w.slo.ttft_s, "slo_e2e_s": w.slo.e2e_s,
+                                       "failure_cost_s": fail_cost}}
+            if base == "learned":
+                kw = _with_slo(kw, w)
             r = run_profile(base, specs, reqs, w, seed=seed, duration_s=duration, failure_cost_s=fail_cost,
                             router_kwargs=kw or None, lengths=LengthPredictor() if lengths else None)
             r.profile = p

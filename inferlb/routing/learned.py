@@ -61,6 +61,13 @@ class PredictedLatencyParams(BaseModel):
     # cause the requests in flight on the node (a step that prefills a prompt, or a chunk of one,
     # is longer for every running sequence); see PredictedLatency.
     prefill_interference: float = Field(0.0, ge=0)
+    # SLO miss (0: off): slack charged, as a step, on a candidate where this request's own
+    # predicted latency misses its SLO: TTFT > ``miss_ttft_s`` (streams) or e2e > the deadline when
+    # the request has one, else ``miss_e2e_s`` (None: ``ttft_slo_s`` / ``e2e_slo_s``). Goodput
+    # counts a request by whether it met its SLO, a step the linear slack does not have.
+    miss_weight: float = Field(0.0, ge=0)
+    miss_ttft_s: float | None = Field(None, gt=0)
+    miss_e2e_s: float | None = Field(None, gt=0)
 
 
 RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
@@ -138,7 +145,15 @@ class PredictedLatency:
     batch). The stall is taken as the request's predicted TTFT there (its prefill plus any wait: an
     upper bound on the prefill alone, as the router has no separate prefill estimate) times the
     node's in-flight requests n, and the latency judged is own e2e + γ · TTFT · n (on top of the
-    decode interference above, when that is on). Applies to every request, long or short."""
+    decode interference above, when that is on). Applies to every request, long or short.
+
+    SLO miss (``miss_weight`` = m > 0): goodput counts a request by whether it met its SLO, a step
+    in its latency that the linear slack does not have. On a candidate where the request's own
+    predicted latency misses its SLO (predicted TTFT > ``miss_ttft_s`` for a stream, or predicted
+    e2e > the request's deadline, else ``miss_e2e_s``; each None: ``ttft_slo_s`` / ``e2e_slo_s``),
+    its slack is lowered by m, so a request that can meet its SLO somewhere goes where it does.
+    The interference terms are not part of that prediction (they are the others' latency). A
+    charge every candidate pays changes no ranking (the picker ranks totals)."""
 
     type_name = "predicted-latency"
     Params = PredictedLatencyParams
@@ -258,9 +273,23 @@ class PredictedLatency:
                 if reserved is not None:
                     s -= reserved[i]
                 slack.append(s)
+        mw = self.p.miss_weight
+        if mw > 0:   # the SLO-miss step, last, as the loop would subtract it: the same floats
+            self._charge_misses(req, preds, rest, e2e_budget, slack, mw)
         scores = [(x if x < 1.0 else 1.0) if x > 0.0 else 0.0 for s in slack for x in [0.5 + 0.5 * s]]
         self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
         return scores
+
+    def _charge_misses(self, req: RouteRequest, preds: Sequence[tuple[float, float]], rest: int,
+                       e2e_budget: float, slack: list[float], mw: float) -> None:
+        """Lower ``slack`` (in place) by ``mw`` where the request's own predicted latency misses its
+        SLO: TTFT past ``miss_ttft_s`` (streams) or e2e past its deadline, else ``miss_e2e_s``."""
+        p = self.p
+        miss_e2e = e2e_budget if req.deadline_s is not None and req.deadline_s > 0 else (p.miss_e2e_s or p.e2e_slo_s)
+        miss_ttft = (p.miss_ttft_s or p.ttft_slo_s) if req.stream else math.inf
+        for i, (a, b) in enumerate(preds):
+            if a + b * rest > miss_e2e or a > miss_ttft:
+                slack[i] -= mw
 
     def _reserved(self, req: RouteRequest, nodes: Sequence[NodeView],
                   preds: Sequence[tuple[float, float]]) -> list[float]:

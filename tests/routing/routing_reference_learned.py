@@ -154,9 +154,18 @@ class RefPredictedLatency(PredictedLatency):
             if req.output_tokens < cut:
                 reserved = self._reserved(req, nodes, preds)
         bp = self.p.prefill_interference
+        # The SLO-miss charge (issue 22 item 4, after cbae0a6): mirrored as the product has it.
+        mw = self.p.miss_weight
+        miss_e2e = miss_ttft = math.inf
+        if mw > 0:
+            miss_e2e = e2e_budget if req.deadline_s is not None and req.deadline_s > 0 else \
+                (self.p.miss_e2e_s or self.p.e2e_slo_s)
+            if req.stream:
+                miss_ttft = self.p.miss_ttft_s or self.p.ttft_slo_s
         # min() and max() of two written out: the same floats (every term is finite here), no calls.
         for i, (a, b) in enumerate(preds):
             own = a + b * rest
+            missed = mw > 0 and (own > miss_e2e or a > miss_ttft)
             if others is not None:
                 own += beta * others[i]
             if bp > 0:
@@ -167,6 +176,8 @@ class RefPredictedLatency(PredictedLatency):
                 s = t if t < s else s
             if reserved is not None:
                 s -= reserved[i]
+            if missed:
+                s -= mw
             slack.append(s)
             x = 0.5 + 0.5 * s
             scores.append((x if x < 1.0 else 1.0) if x > 0.0 else 0.0)

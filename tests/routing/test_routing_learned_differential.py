@@ -89,12 +89,13 @@ def _as_ref(info: LearnedInfo) -> RefLearnedInfo:
     return RefLearnedInfo(**{f.name: getattr(info, f.name) for f in dataclasses.fields(info)})
 
 
-VARIANTS = [
+VARIANTS: list[tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]] = [
     ({"min_samples": 0}, {}, {}),                                                  # active, the profile's own
     (None, {}, {}),                                                                # warming: the fallback
     ({"min_samples": 0}, {"reserve": 0.9, "reserve_quantile": None, "reserve_min_output": 200}, {"epsilon": 0.3}),
     ({"min_samples": 0}, {"reserve": 0.5, "reserve_window": 64, "interference_max_output": None,
                           "elasticity": None, "prefill_interference": 0.0}, {"epsilon": 1.0}),
+    ({"min_samples": 0}, {"miss_weight": 0.5, "miss_ttft_s": 0.05, "miss_e2e_s": 2.0}, {}),   # the SLO-miss charge
 ]
 
 
