@@ -127,7 +127,7 @@ def test_views_and_requests_build_as_their_dataclass_says() -> None:
 
     for cls in (NodeView, RouteRequest):
         params = list(inspect.signature(cls).parameters.values())
-        fields = dataclasses.fields(cls)   # type: ignore[arg-type]
+        fields = dataclasses.fields(cls)
         assert [p.name for p in params] == [f.name for f in fields]
         assert [p.default for p in params] == [inspect.Parameter.empty if f.default is dataclasses.MISSING
                                                else f.default for f in fields]

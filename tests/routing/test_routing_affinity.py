@@ -75,11 +75,13 @@ def test_hrw_spreads_keys_evenly_and_moves_only_a_removed_nodes_keys() -> None:
 
 def test_the_session_wins_then_the_prefix_then_nothing() -> None:
     p = AffinityParams()
-    assert affinity_key(_req(session="s1", text=SYSTEM), p)[:1] == ("session",)
+    by_session = affinity_key(_req(session="s1", text=SYSTEM), p)
+    assert by_session is not None and by_session[:1] == ("session",)
     kind, key, blocks = affinity_key(_req(text=SYSTEM), p) or ("", 0, 0)
     assert kind == "prefix" and blocks == 16
     assert affinity_key(_req(text="hi"), p) is None
-    assert affinity_key(_req(session="s1", text=SYSTEM), AffinityParams(session=False))[0] == "prefix"
+    no_session = affinity_key(_req(session="s1", text=SYSTEM), AffinityParams(session=False))
+    assert no_session is not None and no_session[0] == "prefix"
     # a prompt shorter than prefix_blocks keys on its last full block
     short = SYSTEM[: 5 * BLOCK_CHARS + 3]
     assert affinity_key(_req(text=short), p)[2] == 5   # type: ignore[index]

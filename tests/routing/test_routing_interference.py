@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
 from inferlb.routing.lifecycle import LifecycleParams, PredictorLifecycle
-from inferlb.routing.predictor import OnlineLinear
+from inferlb.routing.predictor import Observed, OnlineLinear, Prediction
 from inferlb.routing.profiles import build_router
 from inferlb.routing.types import NodeView, RouteRequest
 
@@ -26,8 +27,14 @@ class FixedPredictor:
         self.e = elasticity
         self.raises = raises
 
-    def predict_nodes(self, req: RouteRequest, nodes: list[NodeView]) -> list[tuple[float, float]]:
+    def predict_nodes(self, req: RouteRequest, nodes: Sequence[NodeView]) -> list[tuple[float, float]]:
         return [(0.1, 0.02) for _ in nodes]
+
+    def predict(self, row: Sequence[float]) -> Prediction:
+        return Prediction(0.1, 0.02)
+
+    def update(self, row: Sequence[float], observed: Observed) -> None:
+        """Fixed: it learns nothing."""
 
     def tpot_elasticity(self, node: NodeView) -> float:
         if self.raises:

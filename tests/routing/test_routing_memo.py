@@ -165,7 +165,7 @@ def test_a_pool_that_names_its_changes_decides_as_a_fresh_pass(case: str) -> Non
             # An older pool, or a copy of this one (nothing differs from it): the memo's last pool
             # is not the hint's earlier list, so the hint says nothing about what changed since.
             base = older if roll > 0.9 else prev
-            delta = {}
+            delta: dict[str, tuple[list[NodeView], tuple[int, ...]]] = {}
             for m, p in pools.items():
                 if roll > 0.95:
                     delta[m] = (list(p), ())

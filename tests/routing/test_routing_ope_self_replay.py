@@ -105,9 +105,11 @@ def test_predicted_tpot_is_logged_in_ns_and_older_records_in_us_still_read() -> 
     lj = json.loads(json.dumps(d.to_json()["learned"]))
     ctx = lj["ctx"]
     assert "pred_tpot_us" not in ctx and all(isinstance(x, int) for x in ctx["pred_tpot_ns"])
-    names = [n.name for n in r.scorers[0][0].last.nodes]
+    scorer = r.scorers[0][0]
+    assert isinstance(scorer, PredictedLatency) and scorer.last is not None
+    names = [n.name for n in scorer.last.nodes]
     for name, ns in zip(ctx["node"], ctx["pred_tpot_ns"], strict=True):
-        assert ns == int(r.scorers[0][0].last.preds[names.index(name)][1] * 1e9)
+        assert ns == int(scorer.last.preds[names.index(name)][1] * 1e9)
     old = {**lj, "ctx": {**{k: v for k, v in ctx.items() if k != "pred_tpot_ns"},
                          "pred_tpot_us": [ns // 1000 for ns in ctx["pred_tpot_ns"]]}}
     got = context_of(old, "m").preds
