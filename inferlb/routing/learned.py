@@ -336,6 +336,17 @@ class PredictedLatency:
         return out
 
 
+def _softmax_draw(ex: Sequence[float], x: float) -> int:
+    """The exploring branch's pick: the first place where ``x`` (a uniform draw times
+    ``sum(ex)``) minus the softmax terms so far reaches 0; the last place if rounding never gets
+    there."""
+    for j, e in enumerate(ex):
+        x -= e
+        if x <= 0:
+            return j
+    return len(ex) - 1
+
+
 class SoftmaxBanditParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(0.05, ge=0, le=1)          # exploration rate
@@ -429,16 +440,7 @@ class SoftmaxBandit:
             probs = [eps * e / z for e in ex]
             probs[g] = (1 - eps) * (1.0 / k) + eps * ex[g] / z
             explore = eps > 0 and rng.random() < eps
-            if explore:
-                x = rng.random() * z
-                i = len(ex) - 1
-                for j, e in enumerate(ex):
-                    x -= e
-                    if x <= 0:
-                        i = j
-                        break
-            else:
-                i = g
+            i = _softmax_draw(ex, rng.random() * z) if explore else g
             # The rest by score, best first, equal totals in the order given: a stable sort on
             # the totals reversed is the stable sort on −total (no NaN: the same comparisons).
             order = sorted(range(len(totals)), key=totals.__getitem__, reverse=True)
@@ -449,13 +451,7 @@ class SoftmaxBandit:
         greedy = [ties.index(True)] if k == 1 else [i for i, tie in enumerate(ties) if tie]
         explore = eps > 0 and rng.random() < eps
         if explore:
-            x = rng.random() * sum(ex)
-            i = len(ex) - 1
-            for j, e in enumerate(ex):
-                x -= e
-                if x <= 0:
-                    i = j
-                    break
+            i = _softmax_draw(ex, rng.random() * sum(ex))
         else:
             i = greedy[math.trunc(rng.random() * len(greedy))] if len(greedy) > 1 else greedy[0]
         pick = nodes[i].name
