@@ -6,40 +6,13 @@ Every test drives the objects with the history's end as its clock (steps of 300 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import pytest
 
-from inferlb.autoscale.capacity import Capacity
 from inferlb.autoscale.forecast import Forecast
 from inferlb.autoscale.planner import plan
 from inferlb.autoscale.policy import Autoscaler, LoadHistory
 from inferlb.autoscale.release import ForecastRelease
-from inferlb.config.autoscale import AutoscaleConfig
-
-STEP = 300.0
-CAP = {("m", "l4"): Capacity("m", "l4", 100.0, "prior", "")}
-
-
-def one_pool(**over: object) -> AutoscaleConfig:
-    raw: dict[str, object] = {"interval_s": 60, "step_s": STEP, "target_utilisation": 0.5,
-                              "scale_down_stabilisation_s": 300, "forecaster": "reactive",
-                              "pools": [{"model": "m", "gpu": "l4", "min": 1, "max": 100, "cold_start_s": 300,
-                                         "price_per_hour": 0.8}]}
-    raw.update(over)
-    return AutoscaleConfig.model_validate(raw)
-
-
-class Fixed:
-    """A forecaster that answers ``values(history)``: the test decides how good it is."""
-
-    name = "fixed"
-
-    def __init__(self, values: Callable[[Sequence[float]], float]) -> None:
-        self.values = values
-
-    def forecast(self, history: Sequence[float], horizon: int, season: int) -> Forecast:
-        return Forecast(tuple(float(self.values(history)) for _ in range(horizon)), self.name)
+from tests.autoscale.one_pool import CAP, STEP, Fixed, one_pool
 
 
 def _fc(v: float) -> Forecast:

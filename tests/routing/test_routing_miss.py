@@ -7,18 +7,7 @@ from pydantic import ValidationError
 
 from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
 from inferlb.routing.types import NodeView, RouteRequest
-
-
-class TablePredictor:
-    """Per node name: (TTFT, TPOT)."""
-
-    version = 1
-
-    def __init__(self, table: dict[str, tuple[float, float]]) -> None:
-        self.table = table
-
-    def predict_nodes(self, req: RouteRequest, nodes: list[NodeView]) -> list[tuple[float, float]]:
-        return [self.table[n.name] for n in nodes]
+from tests.routing.table_predictor import TablePredictor
 
 
 def _node(name: str) -> NodeView:

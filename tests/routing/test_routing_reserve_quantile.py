@@ -10,19 +10,7 @@ from inferlb.routing.learned import RESERVE_MIN_SAMPLES, PredictedLatency, Predi
 from inferlb.routing.profiles import LEARNED_LATENCY, build_router
 from inferlb.routing.quantile import WindowQuantile
 from inferlb.routing.types import NodeView, RouteRequest
-
-
-class TablePredictor:
-    """Per node name: (TTFT, TPOT)."""
-
-    version = 1
-
-    def __init__(self, table: dict[str, tuple[float, float]]) -> None:
-        self.table = table
-
-    def predict_nodes(self, req: RouteRequest, nodes: list[NodeView]) -> list[tuple[float, float]]:
-        return [self.table[n.name] for n in nodes]
-
+from tests.routing.table_predictor import TablePredictor
 
 TABLE = {"fast": (0.1, 0.010), "slow": (0.1, 0.020)}
 
