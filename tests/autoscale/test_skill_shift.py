@@ -17,7 +17,6 @@ from inferlb.autoscale.shift import LevelShiftGuard, noise_scale
 from inferlb.autoscale.skill import SkillGate
 from tests.autoscale.one_pool import CAP, STEP, Fixed, one_pool
 
-
 # ------------------------------------------------------------------ the skill gate
 
 
