@@ -11,6 +11,7 @@ its TTFT and e2e. The middle of :class:`~.sim.Simulation` (over :class:`~.fleet.
 from __future__ import annotations
 
 import math
+from heapq import heappush
 
 from inferlb.routing.length import LengthEstimate
 from inferlb.routing.prefix import block_hashes, text_key
@@ -19,7 +20,7 @@ from inferlb.simulator.des.admission import ADMIT, QUEUE, OpenAdmission
 from inferlb.simulator.des.api import RequestLike
 from inferlb.simulator.des.engine import RUNNING, CoreReport, FastSeq
 from inferlb.simulator.des.feedback import Finished
-from inferlb.simulator.des.fleet import _UP
+from inferlb.simulator.des.fleet import _UP, _WAKE
 from inferlb.simulator.des.lora import SimLora
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.des.prefix import PrefixCaches
@@ -48,19 +49,31 @@ class SimRequests(SimLora):
         res = self.results
         declared: int | None = getattr(r, "max_tokens", None)
         # What the node will write: the model's answer, cut at a declared max_tokens (the node's own state).
-        answer = r.output_tokens if declared is None or declared >= r.output_tokens else max(1, declared)
-        i = res.add(r.t, r.prompt_tokens, answer, r.stream, r.priority)
-        budget, est = self._budget_of(r)
+        out = r.output_tokens
+        answer = out if declared is None or declared >= out else max(1, declared)
+        prompt = r.prompt_tokens
+        t = r.t
+        i = res.add(t, prompt, answer, r.stream, r.priority)
+        if self.lengths is None:   # _budget_of without an estimate: the declared budget, else the default
+            budget = declared if declared is not None else self.default_max_tokens
+        else:
+            budget, est = self._budget_of(r)
+            if est is not None:
+                self._estimates[i] = (est, r.model or self.model, getattr(r, "tenant", None))
         self._budgets.append(budget)
-        if est is not None:
-            self._estimates[i] = (est, r.model or self.model, getattr(r, "tenant", None))
         w = self._window
         w.arrivals += 1
-        w.prompt_tokens += r.prompt_tokens
+        w.prompt_tokens += prompt
         w.output_tokens += budget
-        if self.timeout_s is not None:
-            self._timeouts.append((r.t + self.timeout_s, i))
-        verdict = self.admission.admit(i, r.model or self.model, r.priority, self.now, self)
+        timeout_s = self.timeout_s
+        if timeout_s is not None and self._tmo_row == i:   # no earlier row pending: this one is next
+            self._tmo_at = t + timeout_s
+        adm = self.admission
+        if type(adm) is OpenAdmission and adm.max_inflight is None:
+            self._inflight += 1     # OpenAdmission.admit without a cap: admitted
+            self._dispatch(i, r)
+            return
+        verdict = adm.admit(i, r.model or self.model, r.priority, self.now, self)
         if verdict.kind == ADMIT:
             self._inflight += 1
             self._dispatch(i, r)
@@ -73,7 +86,8 @@ class SimRequests(SimLora):
             w.rejected += 1
 
     def _dispatch(self, i: int, r: RequestLike) -> None:
-        self._refresh_views()
+        if self._dirty:
+            self._refresh_views()
         now = self.now
         res = self.results
         res.queue[i] = now - r.t
@@ -122,7 +136,9 @@ class SimRequests(SimLora):
             node.served += 1
             self._dirty.add(node)
             return
-        self._advance(node, now)
+        nxt = core.next_event_at()    # _advance(node, now), inlined
+        if nxt is not None and nxt <= now:
+            self._settle(node, core.advance(now))
         cached = self.prefill_cached(i, r, node) if self.prefill_cached is not None else 0
         seq = core.submit(prompt, output, now, cached=cached, tag=i)
         self._live[i] = (seq, node)
@@ -130,7 +146,11 @@ class SimRequests(SimLora):
         node.inflight_tokens += prompt + budget     # the gateway's count (Fleet.acquire): the budget it knows
         node.served += 1
         self._dirty.add(node)
-        self._schedule(node)
+        at = core.next_event_at()     # _schedule(node), inlined
+        if at is not None and at != node.wake:
+            node.wake = at
+            self._seq += 1
+            heappush(self._heap, (at, _WAKE, self._seq, node))
 
     def _lora_start(self, i: int, node: DesNode) -> None:
         r = self._reqs_held.pop(i)

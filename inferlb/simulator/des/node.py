@@ -115,8 +115,8 @@ class DesNode:
     """See the module docstring. ``index`` is the node's row in the run's node table."""
 
     __slots__ = ("added_at", "core", "index", "inflight_requests", "inflight_tokens", "kv_usage", "lora",
-                 "lora_due", "lora_queue", "lora_seen", "models", "name", "ready_at", "removed_at", "rtt_ms",
-                 "served", "spec", "state", "tokens_per_s", "ttft_ewma", "view", "waiting", "wake")
+                 "lora_due", "lora_queue", "lora_seen", "models", "mpos", "name", "pos", "ready_at", "removed_at",
+                 "rtt_ms", "served", "spec", "state", "tokens_per_s", "ttft_ewma", "view", "waiting", "wake")
 
     def __init__(self, spec: NodeSpec, index: int, added_at: float, ready_at: float) -> None:
         self.spec = spec
@@ -142,6 +142,10 @@ class DesNode:
         self.lora_due: list[tuple[float, int]] = []           # heap: rows waiting for their adapter's load
         self.lora_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())   # last scrape
         self.view = self.build_view(added_at)
+        # Where the simulation keeps the view (SimFleet._place): its index in the fleet's views,
+        # and per model the model's list and its index there.
+        self.pos = -1
+        self.mpos: list[tuple[list[NodeView], int]] = []
         f = spec.faults
         if f.slow_start_s > 0 and f.slow_start_factor > 1.0:
             self.core.slow_factor_at = self._slow_factor
