@@ -219,7 +219,9 @@ class FastCore:
                     break
                 last = self.k + self._m - 1
                 self._active = False
-                self._finish(last, t, report)
+                heap = self._heap
+                if heap and heap[0][0] <= last:   # _finish's own first test, without the call
+                    self._finish(last, t, report)
                 self.k = last + 1
                 # The next step from ``t``: composed alone at a boundary (a finish, an admission that
                 # may succeed, slow start), else the decode steps up to the next boundary in one go.
