@@ -93,31 +93,19 @@ class SimRequests(SimLora):
         res.queue[i] = now - r.t
         prompt, output = r.prompt_tokens, res.output_tokens[i]   # the answer: only the node's engine reads it
         budget = self._budgets[i]                                # what the gateway knows of it
-        prefix: tuple[int, ...] = ()
-        session: int | None = None
-        blocks = self.router.prefix_blocks
-        kv_hits: tuple[tuple[str, int], ...] | None = None
-        kv_blocks = 0
-        kv_fallback: str | None = None
-        feed = self.kv_feed
-        if blocks and self.prompt_of is not None:
-            info = self.prompt_of(r)
-            if info is not None:
-                if info.text:
-                    prefix = block_hashes(info.text, blocks)
-                    if feed is not None:
-                        kv_hits, kv_blocks, kv_fallback = feed.route_inputs(
-                            info.text, (v.name for v in self._views), now)
-                if info.session:
-                    session = text_key(info.session)
         adapter: str | None = getattr(r, "adapter", None)
-        # RouteRequest.build: RouteRequest(...)'s request, cheaper to call with keywords (routing/types.py)
-        d = self.router.decide(RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
-                                                  prefix=prefix, session=session, adapter=adapter, kv_hits=kv_hits,
-                                                  kv_blocks=kv_blocks, kv_fallback=kv_fallback), self._views)
+        if self.router.prefix_blocks and self.prompt_of is not None:
+            req = self._prompt_request(r, prompt, budget, adapter, now)
+        else:
+            # RouteRequest.build: RouteRequest(...)'s request, cheaper to call with keywords
+            # (routing/types.py); no prompt blocks, session or KV hits: their defaults.
+            req = RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
+                                     adapter=adapter)
+        d = self.router.decide(req, self._views)
         name = d.pick
+        feed = self.kv_feed
         if feed is not None and name is not None:
-            feed.sent(name, kv_blocks, now)
+            feed.sent(name, req.kv_blocks, now)
         if self.feedback is not None:
             self._decisions[i] = (d, r)
         if name is None:
@@ -151,6 +139,30 @@ class SimRequests(SimLora):
             node.wake = at
             self._seq += 1
             heappush(self._heap, (at, _WAKE, self._seq, node))
+
+    def _prompt_request(self, r: RequestLike, prompt: int, budget: int, adapter: str | None,
+                        now: float) -> RouteRequest:
+        """The request routing reads when the router reads prompt blocks: the text's block hashes,
+        its session's key and, with a KV feed, the indexed hits (see the ``Simulation`` docstring)."""
+        assert self.prompt_of is not None
+        prefix: tuple[int, ...] = ()
+        session: int | None = None
+        kv_hits: tuple[tuple[str, int], ...] | None = None
+        kv_blocks = 0
+        kv_fallback: str | None = None
+        feed = self.kv_feed
+        info = self.prompt_of(r)
+        if info is not None:
+            if info.text:
+                prefix = block_hashes(info.text, self.router.prefix_blocks)
+                if feed is not None:
+                    kv_hits, kv_blocks, kv_fallback = feed.route_inputs(
+                        info.text, (v.name for v in self._views), now)
+            if info.session:
+                session = text_key(info.session)
+        return RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream, prefix=prefix,
+                                  session=session, adapter=adapter, kv_hits=kv_hits, kv_blocks=kv_blocks,
+                                  kv_fallback=kv_fallback)
 
     def _lora_start(self, i: int, node: DesNode) -> None:
         r = self._reqs_held.pop(i)
