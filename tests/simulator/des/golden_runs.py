@@ -48,6 +48,8 @@ CASES = (
     Case("round-robin-30-long-streams", 30, "long-streams", 150.0, 2500, "round-robin", 12),
     Case("least-connections-12-chat-preempt", 12, "chat", 160.0, 2500, "least-connections", 16, kv_scale=1 / 8),
     Case("power-of-two-200-heavy-tail-mixed", 200, "heavy-tail-mixed", 800.0, 3000, "power-of-two", 9),
+    Case("learned-30-chat", 30, "chat", 300.0, 2000, "learned", 4),
+    Case("prefix-affinity-60-heavy-tail", 60, "heavy-tail", 400.0, 2000, "prefix-affinity", 5),
 )
 
 
