@@ -30,7 +30,8 @@ Contract:
 * Ties in time: node steps and node state changes at ``t`` happen before an arrival at ``t``.
 * Every ``scrape_s`` the gateway's view of every node takes the node's queue length and KV use
   (the health probe's metrics scrape). With ``timeout_s`` a request still unanswered that long
-  after its arrival is given up by the client and aborted on its node (``timeout``).
+  after its arrival is given up by the client and aborted on its node (``timeout``);
+  ``timeout_s`` is the simulation's for its whole life (set it when constructing it).
 * Hooks for the work built on this: ``controller(sim)`` is called every ``control_every_s`` of
   virtual time (first at ``control_every_s``) and may call :meth:`Simulation.add_node` (the node
   takes traffic after its cold start), :meth:`Simulation.drain_node` (no new requests; removed
@@ -279,7 +280,9 @@ class Simulation(SimRequests):
                 i = self._tmo_row
                 self._tmo_row = j = i + 1
                 t_col = self.results.t
-                self._tmo_at = t_col[j] + self.timeout_s if j < len(t_col) else inf   # type: ignore[operator]
+                tmo_s = self.timeout_s
+                assert tmo_s is not None   # a row is pending only with a timeout (_arrive)
+                self._tmo_at = t_col[j] + tmo_s if j < len(t_col) else inf
                 if self.results.outcome[i] == -1:   # _timeout's own first test: a row already ended
                     self._timeout(i)
             elif kind == 2:
