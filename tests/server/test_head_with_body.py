@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import uvicorn
 from uvicorn.server import ServerState
 
 from inferlb.server.protocol import EdgeLimits, GatewayConfig, GuardedHttpToolsProtocol, _HeadWithBody
@@ -186,4 +185,3 @@ def test_uvicorn_still_has_the_cycle_attribute_this_wraps() -> None:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
     assert "transport" in RequestResponseCycle.__init__.__code__.co_varnames
-    assert uvicorn.__version__
