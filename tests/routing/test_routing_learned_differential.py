@@ -32,7 +32,13 @@ from inferlb.routing.predictor import Observed, OnlineLinear
 from inferlb.routing.profiles import LEARNED_LATENCY, PROFILES, build_router
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.types import NodeList, NodeView, RouteRequest
-from tests.routing.routing_reference_learned import RefLearnedInfo, RefPredictedLatency, RefSoftmaxBandit
+from tests.routing.routing_reference_learned import (
+    RefLearnedInfo,
+    RefPredictedLatency,
+    RefSoftmaxBandit,
+    ref_node_part,
+    ref_request_part,
+)
 
 _GPU = ((), (("gpu", "NVIDIA-H100-80GB"),), (("gpu_type", "a100"),), (("gpu", "l4"), ("gpu_type", "L40S")),
         (("gpu", ""),), (("zone", "b"),))
@@ -262,3 +268,29 @@ def test_the_bandits_ranking_equals_the_reference_for_any_totals() -> None:
                 out = f"{type(exc).__name__}: {exc}"
             results.append((repr(out), repr(picker.last), ra.getstate()))
         assert results[0] == results[2] and results[1] == results[2]
+
+
+def test_the_feature_rows_equal_the_reference_for_any_view() -> None:
+    """``request_part`` / ``node_part`` (their clamps written out) against the earlier ones with
+    ``min`` / ``max`` over odd values: KV uses of -0.0, 0, the int 1, True, above 1, NaN and
+    infinite; negative, zero and float in-flight counts; zero and negative capacities; odd times
+    and labels: the same row, value for value and type for type (``repr``: an int 1 is not 1.0)."""
+    from inferlb.routing.features import node_part, request_part
+
+    rng = random.Random(34)
+    kvs: list[Any] = [None, math.nan, -0.0, 0.0, 0, 1, 1.0, True, False, 0.5, 1.3, 2, -1, math.inf, -math.inf]
+    counts: list[Any] = [-5, -0.5, 0, 0.0, -0.0, 1, 7, 999, 10**6, 3.5]
+    caps: list[Any] = [0, -1, 1, 4096, 131072, 0.5]
+    for _ in range(3000):
+        v = NodeView(
+            name="n", models=frozenset({"m0"}), capacity_tokens=rng.choice(caps),
+            max_concurrency=4, weight=1.0, inflight_requests=rng.choice(counts),
+            inflight_tokens=rng.choice([*counts, 10**9, 4 * 4096]), waiting=rng.choice([None, *counts]),
+            kv_usage=rng.choice(kvs), healthy=True, unhealthy_reason=None, labels=rng.choice(_GPU),
+            tokens_per_s=rng.choice([None, 0.0, -1.0, 37.5, math.inf, math.nan]),
+            ttft_s=rng.choice([None, 0.0, -1.0, 0.3, 2e12, math.inf, math.nan]))
+        assert repr(node_part(v)) == repr(ref_node_part(v))
+        req = RouteRequest(model="m0", prompt_tokens=rng.choice(counts), output_tokens=rng.choice(counts),
+                           priority=rng.choice([None, "critical", "standard"]), stream=rng.random() < 0.5)
+        assert repr(request_part(req)) == repr(ref_request_part(req))
+        assert repr(features(req, v)) == repr(ref_request_part(req) + ref_node_part(v))
