@@ -249,8 +249,11 @@ class LearnedInfo:
         out["req"] = {"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "stream": r.stream,
                       "priority": r.priority, "deadline_s": _r(r.deadline_s, 3)}
         nodes = self.nodes or ([self.pick] if self.pick is not None else [])
-        preds: list[tuple[float, float] | None] = list(self.preds) if self.preds else [
-            (self.pick_pred.ttft_s, self.pick_pred.tpot_s) if self.pick_pred is not None else None for _ in nodes]
+        # Without the scorer's predictions, the pick's own for each candidate (one: the pick), one
+        # pair repeated rather than a comprehension building equal pairs (read, never changed).
+        pp = self.pick_pred
+        preds: list[tuple[float, float] | None] = list(self.preds) if self.preds else \
+            [(pp.ttft_s, pp.tpot_s) if pp is not None else None] * len(nodes) if nodes else []
         probs: list[float | None] = list(self.probs) if self.probs else [None] * len(nodes)
         terms = _terms_of(self, len(nodes)) if self.nodes else {}
         if len(nodes) > CTX_NODES:   # keep the likeliest (the pick always)
