@@ -33,6 +33,7 @@ from inferlb.routing.profiles import LEARNED_LATENCY, PROFILES, build_router
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.types import NodeList, NodeView, RouteRequest
 from tests.routing.routing_reference_learned import (
+    RefGuardedRouter,
     RefLearnedInfo,
     RefPredictedLatency,
     RefSoftmaxBandit,
@@ -81,7 +82,9 @@ def _pair(seed: int, predictor: dict[str, Any] | None, latency: dict[str, Any],
                             spec.sample, fallback=build_router("token-aware"), predictor=predictor, lifecycle=None)
 
     ref_picker = RefSoftmaxBandit(SoftmaxBanditParams(**bandit))
-    return build(PredictedLatency, make_plugin("softmax-bandit", bandit)), build(RefPredictedLatency, ref_picker)
+    ref = build(RefPredictedLatency, ref_picker)
+    ref.__class__ = RefGuardedRouter   # the explanation as it was, too
+    return build(PredictedLatency, make_plugin("softmax-bandit", bandit)), ref
 
 
 def _json_or_error(d: Any) -> str:
@@ -294,3 +297,39 @@ def test_the_feature_rows_equal_the_reference_for_any_view() -> None:
                            priority=rng.choice([None, "critical", "standard"]), stream=rng.random() < 0.5)
         assert repr(request_part(req)) == repr(ref_request_part(req))
         assert repr(features(req, v)) == repr(ref_request_part(req) + ref_node_part(v))
+
+
+@pytest.mark.parametrize("epsilon", [0.05, 1.0])
+def test_candidates_of_one_name_are_explained_as_before(epsilon: float) -> None:
+    """Candidates that share a name (a caller's list with a node twice, views of one node old
+    and new): the explanation takes the pick's first place among the scored nodes, as
+    ``names.index`` did, whichever of them the bandit drew; the same audit copy, exploring or not."""
+    new, ref = _pair(5, {"min_samples": 0}, {}, {"epsilon": epsilon})
+    rng = random.Random(55)
+    views = [_view(rng, i, 0.0) for i in range(12)]
+    seen_later = 0
+    for _ in range(200):
+        twins = [dataclasses.replace(v, inflight_requests=v.inflight_requests + rng.randint(1, 30),
+                                     inflight_tokens=v.inflight_tokens + rng.randint(0, 900))
+                 for v in rng.sample(views, 4)]
+        nodes = list(views) + twins
+        rng.shuffle(nodes)
+        req = _request(rng)
+        a, b = new.decide(req, nodes), ref.decide(req, nodes)
+        assert a.learned is not None and b.learned is not None
+        b.learned = _as_ref(b.learned)
+        assert _json_or_error(a) == _json_or_error(b)
+        assert new.rng.getstate() == ref.rng.getstate()
+        info = a.learned
+        if info.pick is not None:   # both learn the pick's answer: predictions that tell twins apart
+            obs = Observed(rng.uniform(0.01, 3.0), rng.uniform(0.001, 0.2))
+            for r in (new, ref):
+                model = r.lifecycle.model
+                assert model is not None
+                model.update(features(req, info.pick), obs)
+        if info.fallback is None and info.pick is not None:
+            first = [n.name for n in info.nodes].index(info.pick.name)
+            assert info.pick is info.nodes[first]
+            choice = getattr(new.picker, "last", None)
+            seen_later += choice is not None and sum(n.name == info.pick.name for n in info.nodes) > 1
+    assert seen_later > 0
