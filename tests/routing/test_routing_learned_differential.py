@@ -333,3 +333,31 @@ def test_candidates_of_one_name_are_explained_as_before(epsilon: float) -> None:
             choice = getattr(new.picker, "last", None)
             seen_later += choice is not None and sum(n.name == info.pick.name for n in info.nodes) > 1
     assert seen_later > 0
+
+
+def test_the_scorer_reads_its_params_as_assigned_after_it_was_built() -> None:
+    """``score_all`` reads its params from the model's own dict (routing/learned.py): a params
+    field assigned after the scorer was built counts as one given at the start (the same scores,
+    slack and terms as a scorer built with it, after it has scored with the earlier value), for
+    every field the common case reads."""
+    rng = random.Random(77)
+    views = [_view(rng, i, 0.0) for i in range(16)]
+    model = OnlineLinear()
+    changes: list[dict[str, Any]] = [{"e2e_slo_s": 5.0}, {"ttft_slo_s": 0.2}, {"interference": 2.0},
+                                     {"interference_max_output": None}, {"reserve": 0.9},
+                                     {"prefill_interference": 0.0}, {"miss_weight": 0.5}]
+    for change in changes:
+        built = PredictedLatency(PredictedLatencyParams(**{**LEARNED_LATENCY, **change}))
+        later = PredictedLatency(PredictedLatencyParams(**LEARNED_LATENCY))
+        for s in (built, later):
+            s.bind(model)
+        later.score_all(RouteRequest(model="m0", prompt_tokens=100, output_tokens=16), views)   # before the change
+        for k, v in change.items():
+            setattr(later.p, k, v)
+        for _ in range(20):
+            req = _request(rng)
+            a, b = built.score_all(req, views), later.score_all(req, views)
+            la, lb = built.last, later.last
+            assert la is not None and lb is not None
+            assert repr((a, la.slack, la.others_s, la.reserved, la.reserve_cut)) == \
+                repr((b, lb.slack, lb.others_s, lb.reserved, lb.reserve_cut))
