@@ -1,0 +1,98 @@
+"""A learned probability that an answer misses its SLO, per (node, load band, stream): the risk term.
+
+Goodput counts a request by whether it met its SLO. On a node whose KV cache is nearly full a few
+answers wait seconds while most are fast (docs/benchmarks.md, "Why learned's streams miss their TTFT
+on homog12 / bimodal"), so a regression of the *mean* latency stays low there while the *share* of
+misses is plain in the gateway's own load: the in-flight tokens it has placed on the node ÷ the
+node's token capacity, at the decision. :class:`MissRisk` keeps, for each key (node name, band of
+that load, streamed or not), decayed Beta-Bernoulli counts of the answers' outcomes, and answers
+P(miss) for a candidate by one dictionary lookup.
+
+Contract:
+
+* **Bands.** ``edges`` (increasing, in (0, ∞)): a load ``u`` = in-flight tokens ÷ capacity is in
+  band ``k`` = the number of edges ≤ ``u``. A node with no capacity (≤ 0) has no band: it is never
+  charged and teaches nothing.
+* **Estimate.** With ``m``, ``n`` the key's decayed misses and answers, and ``M``, ``N`` those of
+  its (band, stream) pooled over every node: ``pool = (M + r₀·s₀) / (N + s₀)`` (the prior rate
+  ``r₀`` with strength ``s₀`` pseudo-answers), and ``P = (m + s₀·pool) / (n + s₀)``, so a node
+  never seen in a band is judged by the band's pool, and the pool by the prior.
+* **Forgetting.** Each update of a key (and of its pool) multiplies that key's counts by
+  ``γ = 0.5 ** (1 / half_life)`` before adding the answer: an answer ``half_life`` answers of the
+  same key ago weighs one half. No clock: the same answers give the same state.
+* **Cost.** :meth:`probabilities` is O(candidates), a dictionary lookup each and one output list;
+  :meth:`observe` is O(1).
+* **State** lives in memory only: not saved with the predictor (routing/predictor_state.py) nor
+  shared between gateway processes (learned/share.py); a restarted gateway starts from the prior
+  and re-learns from its next answers.
+
+Pure and synchronous; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+
+from inferlb.routing.types import NodeView
+
+__all__ = ["MissRisk"]
+
+
+class MissRisk:
+    """Decayed Beta-Bernoulli miss counts per (node, load band, stream); see the module docstring."""
+
+    def __init__(self, edges: Sequence[float] = (0.8, 0.9, 0.95), *, half_life: float = 200.0,
+                 prior_rate: float = 0.01, prior_n: float = 20.0) -> None:
+        es = [float(e) for e in edges]
+        if any(not (e > 0) for e in es) or any(b <= a for a, b in itertools.pairwise(es)):
+            raise ValueError(f"band edges must be > 0 and increasing, got {list(edges)!r}")
+        if not half_life > 0 or not 0 <= prior_rate <= 1 or not prior_n > 0:
+            raise ValueError("half_life and prior_n must be > 0, prior_rate in [0, 1]")
+        self.edges = es
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.prior_rate = prior_rate
+        self.prior_n = prior_n
+        # key -> [misses, answers], both decayed; the pool's key has node None.
+        self.counts: dict[tuple[str | None, int, bool], list[float]] = {}
+        self.observed = 0
+
+    def band(self, inflight_tokens: int, capacity_tokens: int) -> int | None:
+        """The load band of a node with these in-flight tokens and capacity (None: no capacity)."""
+        if capacity_tokens <= 0:
+            return None
+        u = (inflight_tokens if inflight_tokens > 0 else 0) / capacity_tokens
+        return bisect.bisect_right(self.edges, u)
+
+    def observe(self, node: str, inflight_tokens: int, capacity_tokens: int, stream: bool, missed: bool) -> None:
+        """One answer of ``node``, placed when the gateway counted these in-flight tokens there."""
+        k = self.band(inflight_tokens, capacity_tokens)
+        if k is None:
+            return
+        g = self.decay
+        x = 1.0 if missed else 0.0
+        for key in ((node, k, stream), (None, k, stream)):
+            c = self.counts.get(key)
+            if c is None:
+                self.counts[key] = [x, 1.0]
+            else:
+                c[0] = c[0] * g + x
+                c[1] = c[1] * g + 1.0
+        self.observed += 1
+
+    def probability(self, node: str, band: int, stream: bool) -> float:
+        """P(miss) of an answer placed on ``node`` in ``band`` (see the module docstring)."""
+        s = self.prior_n
+        pool = self.counts.get((None, band, stream))
+        p0 = self.prior_rate if pool is None else (pool[0] + self.prior_rate * s) / (pool[1] + s)
+        c = self.counts.get((node, band, stream))
+        return p0 if c is None else (c[0] + s * p0) / (c[1] + s)
+
+    def probabilities(self, nodes: Sequence[NodeView], stream: bool) -> list[float]:
+        """P(miss) for each candidate as it is now (0.0 for a node with no capacity)."""
+        out: list[float] = []
+        for n in nodes:
+            k = self.band(n.inflight_tokens, n.capacity_tokens)
+            out.append(0.0 if k is None else self.probability(n.name, k, stream))
+        return out
