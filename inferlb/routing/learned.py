@@ -7,13 +7,15 @@ the same ``decide`` call (routing/guarded.py). Neither reads a clock or does I/O
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from inferlb.errors import InferlbError
 from inferlb.routing.miss_risk import MissRisk
@@ -78,6 +80,18 @@ class PredictedLatencyParams(BaseModel):
     risk_half_life: float = Field(200.0, gt=0)     # answers of one key until an answer weighs 1/2
     risk_prior: float = Field(0.01, ge=0, le=1)     # prior miss rate of a band never seen
     risk_prior_n: float = Field(20.0, gt=0)         # its strength, in answers
+    # What counts as a stream's miss: "ttft" (its TTFT alone) or "slo" (TTFT or e2e: goodput's test).
+    risk_judge: Literal["ttft", "slo"] = "ttft"
+    # Prompt-token edges that split the counts by prompt size as well (empty: no split), so a long
+    # document and a chat turn on the same node and band are counted apart.
+    risk_prompt_bands: list[int] = Field(default_factory=list)
+
+    @field_validator("risk_bands", "risk_prompt_bands")
+    @classmethod
+    def _increasing(cls, v: list[Any]) -> list[Any]:
+        if any(not x > 0 for x in v) or any(b <= a for a, b in itertools.pairwise(v)):
+            raise ValueError(f"band edges must be > 0 and increasing, got {v!r}")
+        return v
 
 
 RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
@@ -173,7 +187,9 @@ class PredictedLatency:
     this scorer's decisions placed (:meth:`observe_outcome`, called by the predictor lifecycle's
     feedback path), and lowers each candidate's slack by w × P(miss). A streamed answer misses when
     its TTFT exceeds ``miss_ttft_s`` (None: ``ttft_slo_s``), another when its e2e exceeds the
-    request's deadline, else ``miss_e2e_s`` (None: ``e2e_slo_s``): like with like. O(candidates),
+    request's deadline, else ``miss_e2e_s`` (None: ``e2e_slo_s``): like with like; with
+    ``risk_judge`` "slo" a stream misses also when its e2e exceeds that budget (goodput's test).
+    ``risk_prompt_bands`` splits the counts by the request's prompt tokens too. O(candidates),
     one lookup each; the P(miss) charged are in ``last.risk`` (and the decision's audit, for a
     replay: :meth:`pin_risk`). The counts are kept in memory only (routing/miss_risk.py)."""
 
@@ -209,17 +225,27 @@ class PredictedLatency:
         if risk is None:
             return
         p = self.p
+        budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 \
+            else (p.miss_e2e_s or p.e2e_slo_s)
         if req.stream:
             if ttfb_s is None:
                 return
             missed = ttfb_s > (p.miss_ttft_s or p.ttft_slo_s)
+            if p.risk_judge == "slo" and not missed:
+                if e2e_s is None:
+                    return
+                missed = e2e_s > budget
         else:
             if e2e_s is None:
                 return
-            budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 \
-                else (p.miss_e2e_s or p.e2e_slo_s)
             missed = e2e_s > budget
-        risk.observe(view.name, view.inflight_tokens, view.capacity_tokens, req.stream, missed)
+        risk.observe(view.name, view.inflight_tokens, view.capacity_tokens, self._risk_kind(req), missed)
+
+    def _risk_kind(self, req: RouteRequest) -> int:
+        """The miss counts' kind of ``req``: streamed or not, and its prompt band when split."""
+        kind = 1 if req.stream else 0
+        edges = self.p.risk_prompt_bands
+        return kind + 2 * bisect.bisect_right(edges, req.prompt_tokens) if edges else kind
 
     def pin_risk(self, logged: Mapping[str, float] | None) -> None:
         """Off-policy replay (routing/ope_replay.py): charge the next decisions the P(miss) a
@@ -333,7 +359,7 @@ class PredictedLatency:
         risk = None
         if self.risk is not None:   # the SLO-miss risk, after the step: w × P(miss) per candidate
             pinned = self._pinned_risk
-            risk = self.risk.probabilities(nodes, req.stream) if pinned is None else \
+            risk = self.risk.probabilities(nodes, self._risk_kind(req)) if pinned is None else \
                 [pinned.get(n.name, 0.0) for n in nodes]
             rw = self.p.risk_weight
             for i, q in enumerate(risk):

@@ -1,12 +1,13 @@
-"""A learned probability that an answer misses its SLO, per (node, load band, stream): the risk term.
+"""A learned probability that an answer misses its SLO, per (node, load band, kind): the risk term.
 
 Goodput counts a request by whether it met its SLO. On a node whose KV cache is nearly full a few
 answers wait seconds while most are fast (docs/benchmarks.md, "Why learned's streams miss their TTFT
 on homog12 / bimodal"), so a regression of the *mean* latency stays low there while the *share* of
 misses is plain in the gateway's own load: the in-flight tokens it has placed on the node ÷ the
 node's token capacity, at the decision. :class:`MissRisk` keeps, for each key (node name, band of
-that load, streamed or not), decayed Beta-Bernoulli counts of the answers' outcomes, and answers
-P(miss) for a candidate by one dictionary lookup.
+that load, *kind* of request: an int the caller draws, e.g. streamed or not), decayed
+Beta-Bernoulli counts of the answers' outcomes, and answers P(miss) for a candidate by one
+dictionary lookup.
 
 Contract:
 
@@ -14,7 +15,7 @@ Contract:
   band ``k`` = the number of edges ≤ ``u``. A node with no capacity (≤ 0) has no band: it is never
   charged and teaches nothing.
 * **Estimate.** With ``m``, ``n`` the key's decayed misses and answers, and ``M``, ``N`` those of
-  its (band, stream) pooled over every node: ``pool = (M + r₀·s₀) / (N + s₀)`` (the prior rate
+  its (band, kind) pooled over every node: ``pool = (M + r₀·s₀) / (N + s₀)`` (the prior rate
   ``r₀`` with strength ``s₀`` pseudo-answers), and ``P = (m + s₀·pool) / (n + s₀)``, so a node
   never seen in a band is judged by the band's pool, and the pool by the prior.
 * **Forgetting.** Each update of a key (and of its pool) multiplies that key's counts by
@@ -41,7 +42,7 @@ __all__ = ["MissRisk"]
 
 
 class MissRisk:
-    """Decayed Beta-Bernoulli miss counts per (node, load band, stream); see the module docstring."""
+    """Decayed Beta-Bernoulli miss counts per (node, load band, kind); see the module docstring."""
 
     def __init__(self, edges: Sequence[float] = (0.8, 0.9, 0.95), *, half_life: float = 200.0,
                  prior_rate: float = 0.01, prior_n: float = 20.0) -> None:
@@ -55,7 +56,7 @@ class MissRisk:
         self.prior_rate = prior_rate
         self.prior_n = prior_n
         # key -> [misses, answers], both decayed; the pool's key has node None.
-        self.counts: dict[tuple[str | None, int, bool], list[float]] = {}
+        self.counts: dict[tuple[str | None, int, int], list[float]] = {}
         self.observed = 0
 
     def band(self, inflight_tokens: int, capacity_tokens: int) -> int | None:
@@ -65,14 +66,14 @@ class MissRisk:
         u = (inflight_tokens if inflight_tokens > 0 else 0) / capacity_tokens
         return bisect.bisect_right(self.edges, u)
 
-    def observe(self, node: str, inflight_tokens: int, capacity_tokens: int, stream: bool, missed: bool) -> None:
+    def observe(self, node: str, inflight_tokens: int, capacity_tokens: int, kind: int, missed: bool) -> None:
         """One answer of ``node``, placed when the gateway counted these in-flight tokens there."""
         k = self.band(inflight_tokens, capacity_tokens)
         if k is None:
             return
         g = self.decay
         x = 1.0 if missed else 0.0
-        for key in ((node, k, stream), (None, k, stream)):
+        for key in ((node, k, kind), (None, k, kind)):
             c = self.counts.get(key)
             if c is None:
                 self.counts[key] = [x, 1.0]
@@ -81,18 +82,18 @@ class MissRisk:
                 c[1] = c[1] * g + 1.0
         self.observed += 1
 
-    def probability(self, node: str, band: int, stream: bool) -> float:
+    def probability(self, node: str, band: int, kind: int) -> float:
         """P(miss) of an answer placed on ``node`` in ``band`` (see the module docstring)."""
         s = self.prior_n
-        pool = self.counts.get((None, band, stream))
+        pool = self.counts.get((None, band, kind))
         p0 = self.prior_rate if pool is None else (pool[0] + self.prior_rate * s) / (pool[1] + s)
-        c = self.counts.get((node, band, stream))
+        c = self.counts.get((node, band, kind))
         return p0 if c is None else (c[0] + s * p0) / (c[1] + s)
 
-    def probabilities(self, nodes: Sequence[NodeView], stream: bool) -> list[float]:
+    def probabilities(self, nodes: Sequence[NodeView], kind: int) -> list[float]:
         """P(miss) for each candidate as it is now (0.0 for a node with no capacity)."""
         out: list[float] = []
         for n in nodes:
             k = self.band(n.inflight_tokens, n.capacity_tokens)
-            out.append(0.0 if k is None else self.probability(n.name, k, stream))
+            out.append(0.0 if k is None else self.probability(n.name, k, kind))
         return out

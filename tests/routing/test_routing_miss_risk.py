@@ -88,7 +88,9 @@ def test_bad_settings_are_refused(bad: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("bad", [{"risk_weight": -1.0}, {"risk_half_life": 0.0}, {"risk_prior": 2.0},
-                                 {"risk_bands": []}, {"risk_wieght": 1.0}])
+                                 {"risk_bands": []}, {"risk_bands": [0.9, 0.8]}, {"risk_prompt_bands": [0]},
+                                 {"risk_prompt_bands": [2048, 1024]}, {"risk_judge": "e2e"},
+                                 {"risk_wieght": 1.0}])
 def test_scorer_params_refuse_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         PredictedLatencyParams.model_validate(bad)
@@ -146,6 +148,37 @@ def test_the_charge_is_the_weight_times_the_probability_and_outcomes_are_judged_
     s.score_all(STREAM, [full])
     assert s.last is not None and s.last.risk == [p]
     assert s.last.slack == [pytest.approx((2.0 - 0.2) / 2.0 - 2.0 * p)]
+
+
+def test_judged_on_the_slo_a_streams_e2e_past_its_budget_is_a_miss_too() -> None:
+    full = _node("a", 99_000)
+    late = {"ttfb_s": 0.5, "e2e_s": 25.0}           # first token in time, the answer past 20 s
+    ttft = _scorer(risk_weight=1.0, miss_ttft_s=2.0, miss_e2e_s=20.0, risk_half_life=1e9)
+    slo = _scorer(risk_weight=1.0, miss_ttft_s=2.0, miss_e2e_s=20.0, risk_judge="slo", risk_half_life=1e9)
+    for s in (ttft, slo):
+        s.observe_outcome(STREAM, full, **late)
+        s.observe_outcome(STREAM, full, ttfb_s=3.0, e2e_s=5.0)      # a TTFT miss: a miss either way
+        s.observe_outcome(STREAM, full, ttfb_s=0.5, e2e_s=None)     # no e2e: only the TTFT judge counts it
+    assert ttft.risk is not None and slo.risk is not None
+    assert ttft.risk.counts[("a", 3, 1)] == [pytest.approx(1.0), pytest.approx(3.0)]
+    assert slo.risk.counts[("a", 3, 1)] == [pytest.approx(2.0), pytest.approx(2.0)]
+
+
+def test_prompt_bands_count_long_and_short_prompts_apart() -> None:
+    s = _scorer(risk_weight=1.0, miss_ttft_s=2.0, risk_prompt_bands=[1024])
+    full = _node("a", 99_000)
+    long = RouteRequest("m", 3000, 50, stream=True)
+    for _ in range(20):
+        s.observe_outcome(long, full, ttfb_s=5.0, e2e_s=9.0)        # long prompts miss there
+        s.observe_outcome(STREAM, full, ttfb_s=0.3, e2e_s=1.0)      # short ones (500 tokens) do not
+    assert s.risk is not None
+    assert set(s.risk.counts) == {("a", 3, 1), (None, 3, 1), ("a", 3, 3), (None, 3, 3)}
+    s.score_all(long, [full])
+    assert s.last is not None and s.last.risk is not None
+    p_long = s.last.risk[0]
+    s.score_all(STREAM, [full])
+    assert s.last is not None and s.last.risk is not None
+    assert p_long > 0.5 > 0.1 > s.last.risk[0]
 
 
 def test_pinned_probabilities_replace_the_counts_until_unpinned() -> None:
