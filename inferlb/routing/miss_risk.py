@@ -55,8 +55,10 @@ class MissRisk:
         self.decay = 0.5 ** (1.0 / half_life)
         self.prior_rate = prior_rate
         self.prior_n = prior_n
-        # key -> [misses, answers], both decayed; the pool's key has node None.
-        self.counts: dict[tuple[str | None, int, int], list[float]] = {}
+        # (band, kind) -> {node name -> [misses, answers], both decayed; None -> the band's pool}:
+        # a decision looks its table up once per band, then each candidate by its name alone (no
+        # key built per candidate).
+        self.tables: dict[tuple[int, int], dict[str | None, list[float]]] = {}
         self.observed = 0
 
     def band(self, inflight_tokens: int, capacity_tokens: int) -> int | None:
@@ -66,6 +68,11 @@ class MissRisk:
         u = (inflight_tokens if inflight_tokens > 0 else 0) / capacity_tokens
         return bisect.bisect_right(self.edges, u)
 
+    def counts(self, node: str | None, band: int, kind: int) -> list[float] | None:
+        """The decayed [misses, answers] of ``node`` (None: the band's pool) in ``band`` and ``kind``."""
+        t = self.tables.get((band, kind))
+        return None if t is None else t.get(node)
+
     def observe(self, node: str, inflight_tokens: int, capacity_tokens: int, kind: int, missed: bool) -> None:
         """One answer of ``node``, placed when the gateway counted these in-flight tokens there."""
         k = self.band(inflight_tokens, capacity_tokens)
@@ -73,10 +80,11 @@ class MissRisk:
             return
         g = self.decay
         x = 1.0 if missed else 0.0
-        for key in ((node, k, kind), (None, k, kind)):
-            c = self.counts.get(key)
+        t = self.tables.setdefault((k, kind), {})
+        for key in (node, None):
+            c = t.get(key)
             if c is None:
-                self.counts[key] = [x, 1.0]
+                t[key] = [x, 1.0]
             else:
                 c[0] = c[0] * g + x
                 c[1] = c[1] * g + 1.0
@@ -85,15 +93,36 @@ class MissRisk:
     def probability(self, node: str, band: int, kind: int) -> float:
         """P(miss) of an answer placed on ``node`` in ``band`` (see the module docstring)."""
         s = self.prior_n
-        pool = self.counts.get((None, band, kind))
+        pool = self.counts(None, band, kind)
         p0 = self.prior_rate if pool is None else (pool[0] + self.prior_rate * s) / (pool[1] + s)
-        c = self.counts.get((node, band, kind))
+        c = self.counts(node, band, kind)
         return p0 if c is None else (c[0] + s * p0) / (c[1] + s)
 
     def probabilities(self, nodes: Sequence[NodeView], kind: int) -> list[float]:
-        """P(miss) for each candidate as it is now (0.0 for a node with no capacity)."""
+        """P(miss) for each candidate as it is now (0.0 for a node with no capacity): what
+        :meth:`band` and :meth:`probability` give, inlined (one call per decision, not three per
+        candidate), the same floats."""
+        edges = self.edges
+        tables = self.tables
+        s = self.prior_n
+        r0s = self.prior_rate * s
+        bisect_right = bisect.bisect_right
+        empty: dict[str | None, list[float]] = {}
+        seen: dict[int, tuple[dict[str | None, list[float]], float]] = {}   # band -> (its table, its pool)
         out: list[float] = []
         for n in nodes:
-            k = self.band(n.inflight_tokens, n.capacity_tokens)
-            out.append(0.0 if k is None else self.probability(n.name, k, kind))
+            cap = n.capacity_tokens
+            if cap <= 0:
+                out.append(0.0)
+                continue
+            t = n.inflight_tokens
+            k = bisect_right(edges, (t if t > 0 else 0) / cap)
+            tp = seen.get(k)
+            if tp is None:
+                tab = tables.get((k, kind), empty)
+                pool = tab.get(None)
+                tp = seen[k] = (tab, self.prior_rate if pool is None else (pool[0] + r0s) / (pool[1] + s))
+            tab, p0 = tp
+            c = tab.get(n.name)
+            out.append(p0 if c is None else (c[0] + s * p0) / (c[1] + s))
         return out
