@@ -21,7 +21,11 @@ of the audit record's decision (bounded: at most :data:`CTX_NODES` candidates, â
 * ``reserve`` (with a tail reservation): ``cut``, the output budget from which this decision
   counted a request as long, and ``rule``, how the scorer draws it. An adaptive cut is a quantile
   of recent traffic, state no single record holds, so the replay of a policy with the same rule
-  uses the logged cut (``PredictedLatency.pin_cut``).
+  uses the logged cut (``PredictedLatency.pin_cut``);
+* ``risk`` (a ``ctx`` column, with the SLO-miss risk on): the P(miss) the scorer charged each
+  candidate, before the weight, to 9 decimals (a replay's totals move by less than the logged
+  propensity's rounding). It comes from counts of earlier answers that no
+  single record holds, so a replay charges the logged values (``PredictedLatency.pin_risk``).
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ class LearnedInfo:
     reserve_cut: int | None = None                                # tail reservation: the long-output cut used
     reserve_rule: str | None = None                               # ... and how the scorer draws it
     arm: str | None = None                                        # the reward bandit's arm (routing/reward.py)
+    risk: list[float] | None = None                               # SLO-miss risk: P(miss) charged per candidate
 
     @property
     def pick_row(self) -> list[float] | None:
@@ -281,6 +286,8 @@ def _terms_of(info: LearnedInfo, n: int) -> dict[str, list[Any]]:
         out["others_us"] = [_us(x) for x in info.others]
     if info.reserved is not None and len(info.reserved) == n:
         out["reserved_permille"] = _permille(info.reserved)
+    if info.risk is not None and len(info.risk) == n:
+        out["risk"] = [round(x, 9) for x in info.risk]
     return out
 
 
@@ -295,6 +302,7 @@ class Context:
     probs: dict[str, float | None]
     complete: bool            # every candidate is in the log (ctx_total â‰¤ CTX_NODES)
     reserve: Mapping[str, Any] | None = None   # the logged tail-reservation cut and its rule
+    risk: dict[str, float] | None = None       # the logged SLO-miss risk per candidate (None: not logged)
 
 
 def context_of(learned: Mapping[str, Any], model: str) -> Context:
@@ -331,5 +339,8 @@ def context_of(learned: Mapping[str, Any], model: str) -> Context:
         probs[name] = None if p is None else float(p)
     total = int(learned.get("ctx_total") or len(views))
     reserve = learned.get("reserve")
+    rc = ctx.get("risk")
+    risk = None if rc is None else {name: float(x) for name, x in zip(ctx["node"], rc, strict=False)
+                                    if x is not None}
     return Context(req, views, preds, probs, complete=total <= len(views),
-                   reserve=reserve if isinstance(reserve, Mapping) else None)
+                   reserve=reserve if isinstance(reserve, Mapping) else None, risk=risk)

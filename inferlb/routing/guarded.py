@@ -57,6 +57,9 @@ class GuardedRouter(Router):
             r.rng = rng
         self._bound = [s for s, _ in scorers if hasattr(s, "bind")]
         self._explainer = next((s for s in self._bound if hasattr(s, "last")), None)
+        # The SLO-miss risk learns from the answers through the lifecycle's feedback path.
+        if getattr(self._explainer, "risk", None) is not None:
+            lifecycle.outcome_hooks.append(self._explainer.observe_outcome)  # type: ignore[union-attr]
         # The interference weight the explainer charges (recorded with its per-candidate terms).
         self._beta = float(getattr(getattr(self._explainer, "p", None), "interference", 0.0) or 0.0)
 
@@ -108,6 +111,7 @@ class GuardedRouter(Router):
         info.pick_slack = sc.slack[i]
         # The scorer's per-candidate terms, for the audit (explain.py bounds them to CTX_NODES).
         info.slack, info.others, info.reserved = sc.slack, sc.others_s, sc.reserved
+        info.risk = getattr(sc, "risk", None)
         info.interference = self._beta
         if sc.reserve_cut is not None:
             info.reserve_cut, info.reserve_rule = sc.reserve_cut, getattr(self._explainer, "cut_rule", None)

@@ -369,6 +369,12 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
         total = f"({total}) / total_w"
     # capacity × room: the view's own capacity as a float (m[2], the same product) for a room of 1.0
     cap = "m[2]" if type(room) is float and room == 1.0 else "n.capacity_tokens * room"
+    # A loop, not a comprehension: the names its tests and terms bind (m, c, it, u, x, v, prior)
+    # would be cells of the function in a comprehension (each read and write through the cell,
+    # the cells and the comprehension's function made on every call); here they are plain
+    # locals. The same tests and the same expressions in the same order, for every node (a node
+    # that fails a test is skipped, as the comprehension's ``if`` skips it), so the same totals,
+    # the same memo writes and the same errors.
     src = ("def kept_totals(req, nodes):\n"
            "    out = req.output_tokens\n"
            "    t = req.prompt_tokens + out   # req.tokens, without the property's call\n"
@@ -378,13 +384,18 @@ def token_aware_kept_totals(ws: tuple[float, float, float, float], total_w: floa
            "            fits = True\n"
            "            break\n"
            "    prior = None if out <= optimistic else unknown   # None: the fastest known, when needed\n"
-           f"    totals = [{total}\n"
-           "              for n in nodes\n"
-           "              if (m := n._terms or terms_of(n))\n"
-           f"              and ((c := {cap}) >= t or not fits)\n"
+           "    totals = []\n"
+           "    add = totals.append\n"
+           "    for n in nodes:\n"
+           "        if not (m := n._terms or terms_of(n)):\n"
+           "            continue\n"
+           f"        if not ((c := {cap}) >= t or not fits):\n"
+           "            continue\n"
            # has-capacity's ``it <= 0 or it + t <= c``, the other way round (pure tests of
            # numbers: the same truth), so that it + t is bound for the totals
-           "              and ((u := (it := n.inflight_tokens) + t) <= c or it <= 0)]\n"
+           "        if not ((u := (it := n.inflight_tokens) + t) <= c or it <= 0):\n"
+           "            continue\n"
+           f"        add({total})\n"
            "    return totals if len(totals) == len(nodes) else None\n")
     env: dict[str, Any] = {"w0": w0, "w1": w1, "w2": w2, "w3": w3, "total_w": total_w, "room": room,
                            "ref": speed.reference_s, "unknown": speed.unknown_tokens_per_s,

@@ -37,7 +37,9 @@ def random_views(rng: random.Random, n: int) -> list[NodeView]:
             name=f"n{i:04d}", models=models, capacity_tokens=cap, max_concurrency=conc,
             weight=rng.choice([0.0, 0.5, 1.0, 3.0, 20.0]),
             inflight_requests=rng.choice([0, 0, 1, conc - 1, conc, conc + 1, rng.randint(0, 80)]),
-            inflight_tokens=rng.choice([0, 0, rng.randint(0, cap), cap, cap * 2]),
+            # cap − (prompt + output) of some requests below: has-capacity's boundary (it + t == c)
+            inflight_tokens=rng.choice([0, 0, rng.randint(0, cap), cap, cap * 2,
+                                        max(0, cap - rng.choice([1, 101, 164, 356, 3001, 3064]))]),
             waiting=rng.choice([None, 0, rng.randint(0, 30)]),
             kv_usage=rng.choice([None, 0.0, 1.0, rng.random(), 1.3, -0.2, math.nan]),
             healthy=healthy, unhealthy_reason=None if healthy else rng.choice([None, "ejected: 5 failures"]),

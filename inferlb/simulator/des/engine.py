@@ -80,6 +80,14 @@ class CoreReport:
 class FastCore:
     """One node's engine (see the module docstring)."""
 
+    # Slots: every event reads a dozen of these, on a different node's engine each time (slot
+    # loads from the object itself, no separate values array to fetch).
+    __slots__ = ("_active", "_base", "_bt", "_ctx", "_dirty", "_first", "_heap", "_inc", "_limit", "_m",
+                 "_max_batched", "_max_seqs", "_next_rid", "_pending", "_sb", "_spk", "_spp", "_sps", "_t0",
+                 "_t_end", "busy_s_total", "down_until", "finished_total", "generation_tokens_total", "k",
+                 "oom_crashes_total", "preemptions_total", "prompt_tokens_total", "running", "slow_factor_at",
+                 "spec", "total_blocks", "waiting")
+
     def __init__(self, spec: BatchSpec) -> None:
         self.spec = spec
         self.total_blocks = spec.kv_tokens // spec.block_tokens
@@ -211,7 +219,9 @@ class FastCore:
                     break
                 last = self.k + self._m - 1
                 self._active = False
-                self._finish(last, t, report)
+                heap = self._heap
+                if heap and heap[0][0] <= last:   # _finish's own first test, without the call
+                    self._finish(last, t, report)
                 self.k = last + 1
                 # The next step from ``t``: composed alone at a boundary (a finish, an admission that
                 # may succeed, slow start), else the decode steps up to the next boundary in one go.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -59,8 +58,6 @@ class SimFleet:
     _decisions: dict[int, tuple[Decision, RequestLike]]
     _nodes: dict[str, DesNode]
     _views: NodeList
-    _pos: dict[str, int]
-    _mpos: dict[str, list[tuple[str, int]]]
     _dirty: set[DesNode]
     _slots: dict[str, int]
     _heap: list[tuple[float, int, int, DesNode]]
@@ -68,7 +65,8 @@ class SimFleet:
     _live: dict[int, tuple[FastSeq, DesNode]]
     _queued: set[int]
     _inflight: int
-    _timeouts: deque[tuple[float, int]]
+    _tmo_row: int                              # the next row whose client timeout is checked
+    _tmo_at: float                             # when it falls due (inf: none pending)
     _next_scrape: float
     _next_control: float
     _window: Window
@@ -91,14 +89,7 @@ class SimFleet:
         node = DesNode(spec, len(self.results.nodes), self.now, self.now + cold_start_s)
         self.results.nodes.append(NodeRecord(spec.name, spec.preset, spec.gpu.name, self.now, node.ready_at))
         self._nodes[spec.name] = node
-        views = self._views
-        self._pos[spec.name] = len(views)
-        views.append(node.view)
-        mpos = self._mpos[spec.name] = []
-        for m in sorted(node.models):
-            lst = views.by_model.setdefault(m, [])
-            mpos.append((m, len(lst)))
-            lst.append(node.view)
+        self._place(node)
         if node.state == "starting":
             self._push(node.ready_at, _READY, node)
         else:
@@ -153,17 +144,23 @@ class SimFleet:
         # Rebuild the lists without it (rare: a scaling decision, not a request).
         keep = [n for n in self._nodes.values()]
         self._views = NodeList([], {}, exact=True)   # a view's models are its node's, as in by_model
-        self._pos, self._mpos = {}, {}
         for n in keep:
-            views = self._views
-            self._pos[n.name] = len(views)
-            views.append(n.view)
-            mpos = self._mpos[n.name] = []
-            for m in sorted(n.models):
-                lst = views.by_model.setdefault(m, [])
-                mpos.append((m, len(lst)))
-                lst.append(n.view)
+            self._place(n)
         self._recount_slots()
+
+    def _place(self, node: DesNode) -> None:
+        """Append ``node``'s view to the views and to its models' lists, and keep on the node
+        where it went (``pos``, ``mpos``: the list of each model and the index in it), so that a
+        rebuilt view replaces it there without a look-up by name."""
+        views = self._views
+        node.pos = len(views)
+        views.append(node.view)
+        mpos: list[tuple[list[NodeView], int]] = []
+        for m in sorted(node.models):
+            lst = views.by_model.setdefault(m, [])
+            mpos.append((lst, len(lst)))
+            lst.append(node.view)
+        node.mpos = mpos
 
     def _record(self, node: DesNode) -> None:
         rec = self.results.nodes[node.index]
@@ -222,11 +219,10 @@ class SimFleet:
             return
         now = self.now
         views = self._views
-        by_model = views.by_model
         for n in dirty:
             v = n.build_view(now)
             n.view = v
-            views[self._pos[n.name]] = v
-            for m, j in self._mpos[n.name]:
-                by_model[m][j] = v
+            views[n.pos] = v
+            for lst, j in n.mpos:
+                lst[j] = v
         dirty.clear()

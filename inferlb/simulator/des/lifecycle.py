@@ -11,6 +11,7 @@ its TTFT and e2e. The middle of :class:`~.sim.Simulation` (over :class:`~.fleet.
 from __future__ import annotations
 
 import math
+from heapq import heappush
 
 from inferlb.routing.length import LengthEstimate
 from inferlb.routing.prefix import block_hashes, text_key
@@ -19,7 +20,7 @@ from inferlb.simulator.des.admission import ADMIT, QUEUE, OpenAdmission
 from inferlb.simulator.des.api import RequestLike
 from inferlb.simulator.des.engine import RUNNING, CoreReport, FastSeq
 from inferlb.simulator.des.feedback import Finished
-from inferlb.simulator.des.fleet import _UP
+from inferlb.simulator.des.fleet import _UP, _WAKE
 from inferlb.simulator.des.lora import SimLora
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.des.prefix import PrefixCaches
@@ -48,19 +49,31 @@ class SimRequests(SimLora):
         res = self.results
         declared: int | None = getattr(r, "max_tokens", None)
         # What the node will write: the model's answer, cut at a declared max_tokens (the node's own state).
-        answer = r.output_tokens if declared is None or declared >= r.output_tokens else max(1, declared)
-        i = res.add(r.t, r.prompt_tokens, answer, r.stream, r.priority)
-        budget, est = self._budget_of(r)
+        out = r.output_tokens
+        answer = out if declared is None or declared >= out else max(1, declared)
+        prompt = r.prompt_tokens
+        t = r.t
+        i = res.add(t, prompt, answer, r.stream, r.priority)
+        if self.lengths is None:   # _budget_of without an estimate: the declared budget, else the default
+            budget = declared if declared is not None else self.default_max_tokens
+        else:
+            budget, est = self._budget_of(r)
+            if est is not None:
+                self._estimates[i] = (est, r.model or self.model, getattr(r, "tenant", None))
         self._budgets.append(budget)
-        if est is not None:
-            self._estimates[i] = (est, r.model or self.model, getattr(r, "tenant", None))
         w = self._window
         w.arrivals += 1
-        w.prompt_tokens += r.prompt_tokens
+        w.prompt_tokens += prompt
         w.output_tokens += budget
-        if self.timeout_s is not None:
-            self._timeouts.append((r.t + self.timeout_s, i))
-        verdict = self.admission.admit(i, r.model or self.model, r.priority, self.now, self)
+        timeout_s = self.timeout_s
+        if timeout_s is not None and self._tmo_row == i:   # no earlier row pending: this one is next
+            self._tmo_at = t + timeout_s
+        adm = self.admission
+        if type(adm) is OpenAdmission and adm.max_inflight is None:
+            self._inflight += 1     # OpenAdmission.admit without a cap: admitted
+            self._dispatch(i, r)
+            return
+        verdict = adm.admit(i, r.model or self.model, r.priority, self.now, self)
         if verdict.kind == ADMIT:
             self._inflight += 1
             self._dispatch(i, r)
@@ -73,37 +86,26 @@ class SimRequests(SimLora):
             w.rejected += 1
 
     def _dispatch(self, i: int, r: RequestLike) -> None:
-        self._refresh_views()
+        if self._dirty:
+            self._refresh_views()
         now = self.now
         res = self.results
         res.queue[i] = now - r.t
         prompt, output = r.prompt_tokens, res.output_tokens[i]   # the answer: only the node's engine reads it
         budget = self._budgets[i]                                # what the gateway knows of it
-        prefix: tuple[int, ...] = ()
-        session: int | None = None
-        blocks = self.router.prefix_blocks
-        kv_hits: tuple[tuple[str, int], ...] | None = None
-        kv_blocks = 0
-        kv_fallback: str | None = None
-        feed = self.kv_feed
-        if blocks and self.prompt_of is not None:
-            info = self.prompt_of(r)
-            if info is not None:
-                if info.text:
-                    prefix = block_hashes(info.text, blocks)
-                    if feed is not None:
-                        kv_hits, kv_blocks, kv_fallback = feed.route_inputs(
-                            info.text, (v.name for v in self._views), now)
-                if info.session:
-                    session = text_key(info.session)
         adapter: str | None = getattr(r, "adapter", None)
-        # RouteRequest.build: RouteRequest(...)'s request, cheaper to call with keywords (routing/types.py)
-        d = self.router.decide(RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
-                                                  prefix=prefix, session=session, adapter=adapter, kv_hits=kv_hits,
-                                                  kv_blocks=kv_blocks, kv_fallback=kv_fallback), self._views)
+        if self.router.prefix_blocks and self.prompt_of is not None:
+            req = self._prompt_request(r, prompt, budget, adapter, now)
+        else:
+            # RouteRequest.build: RouteRequest(...)'s request, cheaper to call with keywords
+            # (routing/types.py); no prompt blocks, session or KV hits: their defaults.
+            req = RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream,
+                                     adapter=adapter)
+        d = self.router.decide(req, self._views)
         name = d.pick
+        feed = self.kv_feed
         if feed is not None and name is not None:
-            feed.sent(name, kv_blocks, now)
+            feed.sent(name, req.kv_blocks, now)
         if self.feedback is not None:
             self._decisions[i] = (d, r)
         if name is None:
@@ -122,7 +124,9 @@ class SimRequests(SimLora):
             node.served += 1
             self._dirty.add(node)
             return
-        self._advance(node, now)
+        nxt = core.next_event_at()    # _advance(node, now), inlined
+        if nxt is not None and nxt <= now:
+            self._settle(node, core.advance(now))
         cached = self.prefill_cached(i, r, node) if self.prefill_cached is not None else 0
         seq = core.submit(prompt, output, now, cached=cached, tag=i)
         self._live[i] = (seq, node)
@@ -130,7 +134,35 @@ class SimRequests(SimLora):
         node.inflight_tokens += prompt + budget     # the gateway's count (Fleet.acquire): the budget it knows
         node.served += 1
         self._dirty.add(node)
-        self._schedule(node)
+        at = core.next_event_at()     # _schedule(node), inlined
+        if at is not None and at != node.wake:
+            node.wake = at
+            self._seq += 1
+            heappush(self._heap, (at, _WAKE, self._seq, node))
+
+    def _prompt_request(self, r: RequestLike, prompt: int, budget: int, adapter: str | None,
+                        now: float) -> RouteRequest:
+        """The request routing reads when the router reads prompt blocks: the text's block hashes,
+        its session's key and, with a KV feed, the indexed hits (see the ``Simulation`` docstring)."""
+        assert self.prompt_of is not None
+        prefix: tuple[int, ...] = ()
+        session: int | None = None
+        kv_hits: tuple[tuple[str, int], ...] | None = None
+        kv_blocks = 0
+        kv_fallback: str | None = None
+        feed = self.kv_feed
+        info = self.prompt_of(r)
+        if info is not None:
+            if info.text:
+                prefix = block_hashes(info.text, self.router.prefix_blocks)
+                if feed is not None:
+                    kv_hits, kv_blocks, kv_fallback = feed.route_inputs(
+                        info.text, (v.name for v in self._views), now)
+            if info.session:
+                session = text_key(info.session)
+        return RouteRequest.build(r.model or self.model, prompt, budget, r.priority, stream=r.stream, prefix=prefix,
+                                  session=session, adapter=adapter, kv_hits=kv_hits, kv_blocks=kv_blocks,
+                                  kv_fallback=kv_fallback)
 
     def _lora_start(self, i: int, node: DesNode) -> None:
         r = self._reqs_held.pop(i)

@@ -115,14 +115,18 @@ class DesNode:
     """See the module docstring. ``index`` is the node's row in the run's node table."""
 
     __slots__ = ("added_at", "core", "index", "inflight_requests", "inflight_tokens", "kv_usage", "lora",
-                 "lora_due", "lora_queue", "lora_seen", "models", "name", "ready_at", "removed_at", "rtt_ms",
-                 "served", "spec", "state", "tokens_per_s", "ttft_ewma", "view", "waiting", "wake")
+                 "lora_due", "lora_queue", "lora_seen", "max_concurrency", "models", "mpos", "name", "pos",
+                 "ready_at", "removed_at", "rtt_ms", "served", "spec", "state", "tokens_per_s", "ttft_ewma", "view",
+                 "view_capacity", "waiting", "wake")
 
     def __init__(self, spec: NodeSpec, index: int, added_at: float, ready_at: float) -> None:
         self.spec = spec
         self.name = spec.name
         self.index = index
         self.models = frozenset(spec.models)
+        # The view's two fixed numbers, read from the (frozen) spec once, not at every rebuild.
+        self.view_capacity = self.capacity_tokens
+        self.max_concurrency = spec.max_concurrency
         self.core: FastCore | FixedCore = FastCore(spec.batching) if spec.batching is not None else FixedCore(spec)
         self.added_at = added_at
         self.ready_at = ready_at
@@ -142,6 +146,10 @@ class DesNode:
         self.lora_due: list[tuple[float, int]] = []           # heap: rows waiting for their adapter's load
         self.lora_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())   # last scrape
         self.view = self.build_view(added_at)
+        # Where the simulation keeps the view (SimFleet._place): its index in the fleet's views,
+        # and per model the model's list and its index there.
+        self.pos = -1
+        self.mpos: list[tuple[list[NodeView], int]] = []
         f = spec.faults
         if f.slow_start_s > 0 and f.slow_start_factor > 1.0:
             self.core.slow_factor_at = self._slow_factor
@@ -175,7 +183,7 @@ class DesNode:
         # to building a dict of them (CPython's compiler, past 30 stack slots), which costs as
         # much as the view itself.
         seen = self.lora_seen
-        return NodeView.build(self.name, self.models, self.capacity_tokens, self.spec.max_concurrency,
+        return NodeView.build(self.name, self.models, self.view_capacity, self.max_concurrency,
                               inflight_requests=self.inflight_requests, inflight_tokens=self.inflight_tokens,
                               waiting=self.waiting, kv_usage=self.kv_usage, healthy=reason is None,
                               unhealthy_reason=reason, tokens_per_s=self.tokens_per_s, ttft_s=self.ttft_ewma,

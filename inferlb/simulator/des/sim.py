@@ -30,7 +30,8 @@ Contract:
 * Ties in time: node steps and node state changes at ``t`` happen before an arrival at ``t``.
 * Every ``scrape_s`` the gateway's view of every node takes the node's queue length and KV use
   (the health probe's metrics scrape). With ``timeout_s`` a request still unanswered that long
-  after its arrival is given up by the client and aborted on its node (``timeout``).
+  after its arrival is given up by the client and aborted on its node (``timeout``);
+  ``timeout_s`` is the simulation's for its whole life (set it when constructing it).
 * Hooks for the work built on this: ``controller(sim)`` is called every ``control_every_s`` of
   virtual time (first at ``control_every_s``) and may call :meth:`Simulation.add_node` (the node
   takes traffic after its cold start), :meth:`Simulation.drain_node` (no new requests; removed
@@ -66,7 +67,6 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterable
 
 from inferlb.routing.length import LengthEstimate, LengthPredictor
@@ -137,8 +137,6 @@ class Simulation(SimRequests):
         self.results = DesResults()
         self._nodes: dict[str, DesNode] = {}
         self._views = NodeList([], {}, exact=True)   # a view's models are its node's, as in by_model
-        self._pos: dict[str, int] = {}
-        self._mpos: dict[str, list[tuple[str, int]]] = {}
         self._dirty: set[DesNode] = set()
         self._slots: dict[str, int] = {}
         self._heap: list[tuple[float, int, int, DesNode]] = []
@@ -146,7 +144,11 @@ class Simulation(SimRequests):
         self._live: dict[int, tuple[FastSeq, DesNode]] = {}
         self._queued: set[int] = set()
         self._inflight = 0
-        self._timeouts: deque[tuple[float, int]] = deque()
+        # The client timeouts, in row order (rows arrive in time order, each due ``timeout_s``
+        # after its arrival, so they fall due in row order too): the next row to check and
+        # when it falls due (inf: no row is pending), instead of a queue of (due, row) pairs.
+        self._tmo_row = 0
+        self._tmo_at = math.inf
         self._next_scrape = start + scrape_s
         self._next_control = start + control_every_s if controller is not None else math.inf
         self._window = Window(start)
@@ -165,6 +167,7 @@ class Simulation(SimRequests):
         """Every request, then the drain: until nothing is in flight (or virtual time ``until``)."""
         limit = math.inf if until is None else until
         last = -math.inf
+        heap = self._heap
         for r in requests:
             t = r.t
             if t < last:
@@ -172,7 +175,12 @@ class Simulation(SimRequests):
             if t > limit:
                 break
             last = t
-            self._until(t)
+            # _until(t) does nothing unless an event or a timer is due by t (the test it makes
+            # first, here without the call); admission's timer other than OpenAdmission's is
+            # read there.
+            if (heap and heap[0][0] <= t) or self._tmo_at <= t or self._timers_at <= t \
+                    or type(self.admission) is not OpenAdmission:
+                self._until(t)
             self.now = t
             self._arrive(r)
         while (self._live or self._queued or self._reqs_held) and self.now < limit:   # the drain
@@ -192,8 +200,8 @@ class Simulation(SimRequests):
 
     def _next_at(self) -> float:
         at = self._heap[0][0] if self._heap else math.inf
-        if self._timeouts and self._timeouts[0][0] < at:
-            at = self._timeouts[0][0]
+        if self._tmo_at < at:
+            at = self._tmo_at
         adm = self.admission.next_timer()
         if adm is not None and adm < at:
             at = adm
@@ -214,15 +222,15 @@ class Simulation(SimRequests):
         compared through their minimum first (``_timers_at``, kept by :meth:`_set_timers`): none
         of them can come first while that minimum is not strictly earlier."""
         heap = self._heap
-        timeouts = self._timeouts
         pop = heapq.heappop
+        push = heapq.heappush
         inf = math.inf
         adm_timer = None if type(self.admission) is OpenAdmission else self.admission.next_timer
         while True:  # bounded: each pass consumes an event or a timer
             at = heap[0][0] if heap else inf
             kind = 0
-            if timeouts and timeouts[0][0] < at:
-                at, kind = timeouts[0][0], 1
+            if self._tmo_at < at:
+                at, kind = self._tmo_at, 1
             if self._timers_at < at:
                 if self._next_scrape < at:
                     at, kind = self._next_scrape, 2
@@ -243,10 +251,21 @@ class Simulation(SimRequests):
                 if what == _WAKE:
                     if node.wake == at:
                         # The node's engine is due: advance it, settle what ended, schedule
-                        # its next event (the event most runs are made of, inlined here).
+                        # its next event (the event most runs are made of, inlined here:
+                        # _settle's completions when nothing failed, then _schedule).
                         node.wake = None
-                        self._settle(node, node.core.advance(at))
-                        self._schedule(node)
+                        core = node.core
+                        report = core.advance(at)
+                        if report.failed or report.crashed_at is not None:
+                            self._settle(node, report)
+                        else:
+                            for seq in report.finished:
+                                self._complete(seq, node)
+                        nxt = core.next_event_at()
+                        if nxt is not None and nxt != node.wake:
+                            node.wake = nxt
+                            self._seq += 1
+                            push(heap, (nxt, _WAKE, self._seq, node))
                         if node.state == "draining" and node.idle():
                             self._remove(node)
                 elif what == LORA_DUE:
@@ -258,8 +277,14 @@ class Simulation(SimRequests):
                 else:
                     self._changed(node)
             elif kind == 1:
-                _, i = timeouts.popleft()
-                self._timeout(i)
+                i = self._tmo_row
+                self._tmo_row = j = i + 1
+                t_col = self.results.t
+                tmo_s = self.timeout_s
+                assert tmo_s is not None   # a row is pending only with a timeout (_arrive)
+                self._tmo_at = t_col[j] + tmo_s if j < len(t_col) else inf
+                if self.results.outcome[i] == -1:   # _timeout's own first test: a row already ended
+                    self._timeout(i)
             elif kind == 2:
                 self._scrape()
                 self._set_timers()
