@@ -35,7 +35,8 @@ What it does, all in virtual time (:class:`~inferlb.simulator.des.sim.Simulation
 ``test`` = 101–105 (the default), which no tuning touched. Nothing in this script tunes: the
 profiles run with their shipped settings, the learned ones told the workload's SLO as a fleet
 file would tell them (the reward bandit's ``slo_*``; the ``predicted-latency`` scorer's
-``miss_ttft_s`` / ``miss_e2e_s``, read only when its ``miss_weight`` is on, off as shipped).
+``miss_ttft_s`` / ``miss_e2e_s``, read only when its ``miss_weight`` or ``risk_weight`` is on,
+both off as shipped).
 
 ``--max-seconds`` bounds the wall time: cells not started by then are reported as skipped.
 """

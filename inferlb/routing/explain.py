@@ -21,7 +21,11 @@ of the audit record's decision (bounded: at most :data:`CTX_NODES` candidates, â
 * ``reserve`` (with a tail reservation): ``cut``, the output budget from which this decision
   counted a request as long, and ``rule``, how the scorer draws it. An adaptive cut is a quantile
   of recent traffic, state no single record holds, so the replay of a policy with the same rule
-  uses the logged cut (``PredictedLatency.pin_cut``).
+  uses the logged cut (``PredictedLatency.pin_cut``);
+* ``risk`` (a ``ctx`` column, with the SLO-miss risk on): the P(miss) the scorer charged each
+  candidate, before the weight, to 9 decimals (a replay's totals move by less than the logged
+  propensity's rounding). It comes from counts of earlier answers that no
+  single record holds, so a replay charges the logged values (``PredictedLatency.pin_risk``).
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ class LearnedInfo:
     reserve_cut: int | None = None                                # tail reservation: the long-output cut used
     reserve_rule: str | None = None                               # ... and how the scorer draws it
     arm: str | None = None                                        # the reward bandit's arm (routing/reward.py)
+    risk: list[float] | None = None                               # SLO-miss risk: P(miss) charged per candidate
 
     @property
     def pick_row(self) -> list[float] | None:
@@ -180,11 +185,18 @@ class LearnedInfo:
         return None if self.pick is None else features(self.req, self.pick)
 
     def why(self) -> str:
+        """One sentence: who picked which node, with what prediction, and why."""
+        pr = self.pick_pred
+        return self._why(None if self.pick is None or pr is None else pr.e2e_s(self.req.output_tokens))
+
+    def _why(self, e2e: float | None) -> str:
+        """:meth:`why` given the pick's predicted e2e (``pick_pred.e2e_s`` of the request's output
+        budget; None without a pick or a prediction), which :meth:`to_json` has computed already."""
         if self.pick is None:
             return "no node could serve"
         pr = self.pick_pred
         what = (f"predicted TTFT {pr.ttft_s:.3f} s, {pr.tpot_s * 1000:.1f} ms/token, "
-                f"e2e {pr.e2e_s(self.req.output_tokens):.3f} s" if pr is not None else "no prediction")
+                f"e2e {e2e:.3f} s" if pr is not None else "no prediction")
         if self.fallback is not None:
             return f"{self.fallback} picked {self.pick.name} ({what}): learned routing off ({self.reason})"
         if self.arm is not None and self.arm != "learned":
@@ -224,22 +236,29 @@ class LearnedInfo:
         out["propensity"] = _r(self.propensity)
         out["explored"] = self.explored
         out["epsilon"] = self.epsilon
+        # The pick's predicted e2e, computed once for its record and the sentence (the same float).
+        e2e = None
         if self.pick is not None:
             pr = self.pick_pred
+            if pr is not None:
+                e2e = pr.e2e_s(r.output_tokens)
             out["pick"] = {"node": self.pick.name,
                            "ttft_s": _r(pr.ttft_s) if pr else None, "tpot_s": _r(pr.tpot_s, 7) if pr else None,
-                           "e2e_s": _r(pr.e2e_s(r.output_tokens)) if pr else None, "slack": _r(self.pick_slack, 4)}
+                           "e2e_s": _r(e2e) if pr else None, "slack": _r(self.pick_slack, 4)}
             i = self._pick_index() if self.others is not None or self.reserved is not None else None
             if i is not None and self.others is not None and i < len(self.others):
                 out["pick"]["others_s"] = _r(self.others[i])
             if i is not None and self.reserved is not None and i < len(self.reserved):
                 out["pick"]["reserved"] = _r(self.reserved[i], 4)
-        out["why"] = self.why()
+        out["why"] = self._why(e2e)
         out["req"] = {"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "stream": r.stream,
                       "priority": r.priority, "deadline_s": _r(r.deadline_s, 3)}
         nodes = self.nodes or ([self.pick] if self.pick is not None else [])
-        preds: list[tuple[float, float] | None] = list(self.preds) if self.preds else [
-            (self.pick_pred.ttft_s, self.pick_pred.tpot_s) if self.pick_pred is not None else None for _ in nodes]
+        # Without the scorer's predictions, the pick's own for each candidate (one: the pick), one
+        # pair repeated rather than a comprehension building equal pairs (read, never changed).
+        pp = self.pick_pred
+        preds: list[tuple[float, float] | None] = list(self.preds) if self.preds else \
+            [(pp.ttft_s, pp.tpot_s) if pp is not None else None] * len(nodes) if nodes else []
         probs: list[float | None] = list(self.probs) if self.probs else [None] * len(nodes)
         terms = _terms_of(self, len(nodes)) if self.nodes else {}
         if len(nodes) > CTX_NODES:   # keep the likeliest (the pick always)
@@ -267,6 +286,8 @@ def _terms_of(info: LearnedInfo, n: int) -> dict[str, list[Any]]:
         out["others_us"] = [_us(x) for x in info.others]
     if info.reserved is not None and len(info.reserved) == n:
         out["reserved_permille"] = _permille(info.reserved)
+    if info.risk is not None and len(info.risk) == n:
+        out["risk"] = [round(x, 9) for x in info.risk]
     return out
 
 
@@ -281,6 +302,7 @@ class Context:
     probs: dict[str, float | None]
     complete: bool            # every candidate is in the log (ctx_total â‰¤ CTX_NODES)
     reserve: Mapping[str, Any] | None = None   # the logged tail-reservation cut and its rule
+    risk: dict[str, float] | None = None       # the logged SLO-miss risk per candidate (None: not logged)
 
 
 def context_of(learned: Mapping[str, Any], model: str) -> Context:
@@ -317,5 +339,8 @@ def context_of(learned: Mapping[str, Any], model: str) -> Context:
         probs[name] = None if p is None else float(p)
     total = int(learned.get("ctx_total") or len(views))
     reserve = learned.get("reserve")
+    rc = ctx.get("risk")
+    risk = None if rc is None else {name: float(x) for name, x in zip(ctx["node"], rc, strict=False)
+                                    if x is not None}
     return Context(req, views, preds, probs, complete=total <= len(views),
-                   reserve=reserve if isinstance(reserve, Mapping) else None)
+                   reserve=reserve if isinstance(reserve, Mapping) else None, risk=risk)

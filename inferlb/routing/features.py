@@ -20,8 +20,8 @@ with each observation so training needs nothing but the row and the measured tim
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from math import inf, log, log1p
 
 from inferlb.routing.types import NodeView, RouteRequest
 
@@ -55,7 +55,9 @@ _NO_GPU = [0.0] * _GPU_SLOTS
 
 def request_part(req: RouteRequest, critical: str = "critical") -> list[float]:
     """The request's features (the first five of every row)."""
-    return [1.0, math.log1p(max(0, req.prompt_tokens)), math.log1p(max(0, req.output_tokens)),
+    # ``x if x > 0 else 0`` is max(0, x) without the call (the same value, the int 0 at or below 0).
+    p, o = req.prompt_tokens, req.output_tokens
+    return [1.0, log1p(p if p > 0 else 0), log1p(o if o > 0 else 0),
             1.0 if req.stream else 0.0, 1.0 if req.priority == critical else 0.0]
 
 
@@ -82,15 +84,24 @@ def node_part(node: NodeView) -> list[float]:
     w = node.waiting
     kv = node.kv_usage
     cap = node.capacity_tokens
-    ttft_ok = t is not None and 0 < t < math.inf
-    tps_ok = tps is not None and 0 < tps < math.inf
+    ttft_ok = t is not None and 0 < t < inf
+    tps_ok = tps is not None and 0 < tps < inf
+    # The clamps written out, without the calls, each the value its min()/max() gives:
+    # ``x if x > 0 else 0`` is max(0, x) (the int 0 at or below 0); for a KV use that is a
+    # number, ``(1.0 if kv >= 1.0 else kv) if kv > 0.0 else 0.0`` is min(1.0, max(0.0, kv))
+    # (0.0 for -0.0 and 0.0, the float 1.0 from 1 up, an int 1 included); ``x if x < 4.0 else
+    # 4.0`` is min(4.0, x) for x ≥ 0 (4.0 for a NaN, as min gives).
+    it = node.inflight_tokens
+    it = it if it > 0 else 0
+    ir = node.inflight_requests
     return [
-        math.log(t) if ttft_ok else 0.0, 0.0 if ttft_ok else 1.0,   # type: ignore[arg-type]
-        -math.log(tps) if tps_ok else 0.0, 0.0 if tps_ok else 1.0,  # type: ignore[arg-type]
-        math.log1p(max(0, node.inflight_tokens) / 1000.0), math.log1p(max(0, node.inflight_requests)),
-        math.log1p(max(0, w)) if w is not None else 0.0, 0.0 if w is not None else 1.0,
-        min(1.0, max(0.0, kv)) if kv is not None and kv == kv else 0.0, 0.0 if kv is not None else 1.0,
-        min(4.0, max(0, node.inflight_tokens) / cap) if cap > 0 else 0.0,
+        log(t) if ttft_ok else 0.0, 0.0 if ttft_ok else 1.0,   # type: ignore[arg-type]
+        -log(tps) if tps_ok else 0.0, 0.0 if tps_ok else 1.0,  # type: ignore[arg-type]
+        log1p(it / 1000.0), log1p(ir if ir > 0 else 0),
+        log1p(w if w > 0 else 0) if w is not None else 0.0, 0.0 if w is not None else 1.0,
+        ((1.0 if kv >= 1.0 else kv) if kv > 0.0 else 0.0) if kv is not None and kv == kv else 0.0,
+        0.0 if kv is not None else 1.0,
+        (x if (x := it / cap) < 4.0 else 4.0) if cap > 0 else 0.0,
         *_gpu(node.labels),
     ]
 

@@ -57,6 +57,9 @@ class GuardedRouter(Router):
             r.rng = rng
         self._bound = [s for s, _ in scorers if hasattr(s, "bind")]
         self._explainer = next((s for s in self._bound if hasattr(s, "last")), None)
+        # The SLO-miss risk learns from the answers through the lifecycle's feedback path.
+        if getattr(self._explainer, "risk", None) is not None:
+            lifecycle.outcome_hooks.append(self._explainer.observe_outcome)  # type: ignore[union-attr]
         # The interference weight the explainer charges (recorded with its per-candidate terms).
         self._beta = float(getattr(getattr(self._explainer, "p", None), "interference", 0.0) or 0.0)
 
@@ -90,18 +93,29 @@ class GuardedRouter(Router):
         choice = getattr(self.picker, "last", None)
         if sc is None or d.pick is None:
             return info
-        info.nodes, info.preds = sc.nodes, sc.preds
-        names = [n.name for n in sc.nodes]
-        i = names.index(d.pick)
-        info.pick = sc.nodes[i]
+        nodes = sc.nodes
+        info.nodes, info.preds = nodes, sc.preds
+        # The pick's first place among the scored nodes (what ``names.index`` gives), found by a
+        # walk that stops there: the names are listed only when an exploring decision needs
+        # them, or to raise list.index's own error when the pick is not there.
+        pick = d.pick
+        i = 0
+        for n in nodes:
+            if n.name == pick:
+                break
+            i += 1
+        else:
+            i = [n.name for n in nodes].index(pick)
+        info.pick = nodes[i]
         info.pick_pred = Prediction(*sc.preds[i])
         info.pick_slack = sc.slack[i]
         # The scorer's per-candidate terms, for the audit (explain.py bounds them to CTX_NODES).
         info.slack, info.others, info.reserved = sc.slack, sc.others_s, sc.reserved
+        info.risk = getattr(sc, "risk", None)
         info.interference = self._beta
         if sc.reserve_cut is not None:
             info.reserve_cut, info.reserve_rule = sc.reserve_cut, getattr(self._explainer, "cut_rule", None)
-        if choice is not None and choice.pick == d.pick and len(choice.probs) == len(names):
+        if choice is not None and choice.pick == pick and len(choice.probs) == len(nodes):
             info.probs = choice.probs
             info.propensity = choice.propensity
             info.explored = choice.explored
@@ -109,7 +123,7 @@ class GuardedRouter(Router):
             if choice.explored:
                 lc.explored_total += 1
                 rows = d.score_rows   # the greedy choice is by the profile's total score
-                info.best = max(names, key=lambda n: rows[n][-1] if n in rows else -1.0)
+                info.best = max([n.name for n in nodes], key=lambda n: rows[n][-1] if n in rows else -1.0)
         return info
 
     def _fall_back(self, req: RouteRequest, nodes: list[NodeView], reason: str, *, with_model: bool,

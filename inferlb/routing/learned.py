@@ -7,15 +7,18 @@ the same ``decide`` call (routing/guarded.py). Neither reads a clock or does I/O
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from inferlb.errors import InferlbError
+from inferlb.routing.miss_risk import MissRisk
 from inferlb.routing.predictor import OnlineLinear
 from inferlb.routing.quantile import WindowQuantile
 from inferlb.routing.types import NodeView, RouteRequest
@@ -68,6 +71,27 @@ class PredictedLatencyParams(BaseModel):
     miss_weight: float = Field(0.0, ge=0)
     miss_ttft_s: float | None = Field(None, gt=0)
     miss_e2e_s: float | None = Field(None, gt=0)
+    # SLO-miss risk (0: off): slack charged as ``risk_weight`` × a learned P(miss) of this request on
+    # the candidate (routing/miss_risk.py: decayed Beta-Bernoulli counts per node, band of the
+    # gateway's in-flight tokens ÷ capacity at the decision (``risk_bands``' edges) and stream),
+    # learned from the answers' outcomes judged against the same budgets as ``miss_weight``.
+    risk_weight: float = Field(0.0, ge=0)
+    risk_bands: list[float] = Field(default_factory=lambda: [0.8, 0.9, 0.95], min_length=1)
+    risk_half_life: float = Field(200.0, gt=0)     # answers of one key until an answer weighs 1/2
+    risk_prior: float = Field(0.01, ge=0, le=1)     # prior miss rate of a band never seen
+    risk_prior_n: float = Field(20.0, gt=0)         # its strength, in answers
+    # What counts as a stream's miss: "ttft" (its TTFT alone) or "slo" (TTFT or e2e: goodput's test).
+    risk_judge: Literal["ttft", "slo"] = "ttft"
+    # Prompt-token edges that split the counts by prompt size as well (empty: no split), so a long
+    # document and a chat turn on the same node and band are counted apart.
+    risk_prompt_bands: list[int] = Field(default_factory=list)
+
+    @field_validator("risk_bands", "risk_prompt_bands")
+    @classmethod
+    def _increasing(cls, v: list[Any]) -> list[Any]:
+        if any(not x > 0 for x in v) or any(b <= a for a, b in itertools.pairwise(v)):
+            raise ValueError(f"band edges must be > 0 and increasing, got {v!r}")
+        return v
 
 
 RESERVE_MIN_SAMPLES = 100   # output budgets seen before the adaptive cut replaces the fixed one
@@ -96,6 +120,7 @@ class Scored:
     others_s: list[float] | None = None    # interference: predicted slowdown of the others, seconds
     reserved: list[float] | None = None    # tail reservation: slack charged per node (short requests)
     reserve_cut: int | None = None         # tail reservation: the output budget that counted as long
+    risk: list[float] | None = None        # SLO-miss risk: the P(miss) charged per node (before the weight)
 
 
 class PredictedLatency:
@@ -153,7 +178,20 @@ class PredictedLatency:
     e2e > the request's deadline, else ``miss_e2e_s``; each None: ``ttft_slo_s`` / ``e2e_slo_s``),
     its slack is lowered by m, so a request that can meet its SLO somewhere goes where it does.
     The interference terms are not part of that prediction (they are the others' latency). A
-    charge every candidate pays changes no ranking (the picker ranks totals)."""
+    charge every candidate pays changes no ranking (the picker ranks totals).
+
+    SLO-miss risk (``risk_weight`` = w > 0): the step above tests the *mean* prediction, which stays
+    low on a node where one answer in eight waits seconds (a nearly full KV cache). This charge
+    learns the *share* of misses instead: P(miss) per (node, band of its in-flight tokens ÷
+    capacity as the gateway counts them at the decision, stream), from the outcomes of the answers
+    this scorer's decisions placed (:meth:`observe_outcome`, called by the predictor lifecycle's
+    feedback path), and lowers each candidate's slack by w × P(miss). A streamed answer misses when
+    its TTFT exceeds ``miss_ttft_s`` (None: ``ttft_slo_s``), another when its e2e exceeds the
+    request's deadline, else ``miss_e2e_s`` (None: ``e2e_slo_s``): like with like; with
+    ``risk_judge`` "slo" a stream misses also when its e2e exceeds that budget (goodput's test).
+    ``risk_prompt_bands`` splits the counts by the request's prompt tokens too. O(candidates),
+    one lookup each; the P(miss) charged are in ``last.risk`` (and the decision's audit, for a
+    replay: :meth:`pin_risk`). The counts are kept in memory only (routing/miss_risk.py)."""
 
     type_name = "predicted-latency"
     Params = PredictedLatencyParams
@@ -172,6 +210,48 @@ class PredictedLatency:
             self.cut_rule = (str(self.p.reserve_min_output) if self._lengths is None else
                              f"q{q:g}/w{self.p.reserve_window}/{self.p.reserve_min_output}")
         self._pinned_cut: int | None = None
+        p = self.p
+        self.risk = MissRisk(p.risk_bands, half_life=p.risk_half_life, prior_rate=p.risk_prior,
+                             prior_n=p.risk_prior_n) if p.risk_weight > 0 else None
+        self._pinned_risk: Mapping[str, float] | None = None
+
+    def observe_outcome(self, req: RouteRequest, view: NodeView, *, ttfb_s: float | None,
+                        e2e_s: float | None) -> None:
+        """One successful answer of a request this scorer's decision placed on ``view`` (the
+        node as the gateway saw it at the decision; times from the start at the node, the first
+        byte of a streamed answer its first token): teach the miss risk whether it met its SLO
+        (see the class docstring). Nothing when the risk term is off or a time is missing."""
+        risk = self.risk
+        if risk is None:
+            return
+        p = self.p
+        budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 \
+            else (p.miss_e2e_s or p.e2e_slo_s)
+        if req.stream:
+            if ttfb_s is None:
+                return
+            missed = ttfb_s > (p.miss_ttft_s or p.ttft_slo_s)
+            if p.risk_judge == "slo" and not missed:
+                if e2e_s is None:
+                    return
+                missed = e2e_s > budget
+        else:
+            if e2e_s is None:
+                return
+            missed = e2e_s > budget
+        risk.observe(view.name, view.inflight_tokens, view.capacity_tokens, self._risk_kind(req), missed)
+
+    def _risk_kind(self, req: RouteRequest) -> int:
+        """The miss counts' kind of ``req``: streamed or not, and its prompt band when split."""
+        kind = 1 if req.stream else 0
+        edges = self.p.risk_prompt_bands
+        return kind + 2 * bisect.bisect_right(edges, req.prompt_tokens) if edges else kind
+
+    def pin_risk(self, logged: Mapping[str, float] | None) -> None:
+        """Off-policy replay (routing/ope_replay.py): charge the next decisions the P(miss) a
+        logged decision charged (node name → probability; a node not in it: 0) instead of this
+        scorer's own counts, which a replay cannot rebuild; ``None``: back to its own counts."""
+        self._pinned_risk = logged
 
     def pin_cut(self, logged: Mapping[str, Any] | None) -> None:
         """Off-policy replay (routing/ope_replay.py): score the next decisions with the cut a logged
@@ -215,10 +295,15 @@ class PredictedLatency:
             raise PredictionFault(f"predictor raised {type(exc).__name__}: {exc}") from exc
         if len(preds) != len(nodes):
             raise PredictionFault(f"predictor returned {len(preds)} predictions for {len(nodes)} nodes")
-        e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else self.p.e2e_slo_s
-        ttft_budget = self.p.ttft_slo_s if req.stream else None
-        beta = self.p.interference
-        cap_o = self.p.interference_max_output
+        # The params read from the model's own dict, where pydantic keeps each field's value (what
+        # ``self.p.x`` returns, assignments included), without the attribute hook that a
+        # BaseModel's ``__getattr__`` puts on every read (≈ 0.5 k instructions each, eight here).
+        pv = self.p.__dict__
+        e2e_budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 else pv["e2e_slo_s"]
+        ttft_budget = pv["ttft_slo_s"] if req.stream else None
+        beta = pv["interference"]
+        cap_o = pv["interference_max_output"]
+        reserve = pv["reserve"]
         charged = beta > 0 and (cap_o is None or req.output_tokens <= cap_o)
         # The built-in predictor's answers are each NaN or finite and > 0 (its log-predictions
         # clipped before the exp), and a NaN prediction makes that node's slack NaN: in the
@@ -226,7 +311,7 @@ class PredictedLatency:
         # changed or called between the check and the slack) the check waits for the slack and
         # runs only when their sum is NaN, raising what it raised before (the first bad pair's).
         deferred = getattr(type(model), "predict_nodes", None) is _BOUNDED_PREDICT and not charged \
-            and ttft_budget is None and not self.p.reserve > 0
+            and ttft_budget is None and not reserve > 0
         if not deferred:
             _check(preds)
         rest = max(0, req.output_tokens - 1)
@@ -234,7 +319,7 @@ class PredictedLatency:
         others = self._others(req, nodes, preds, model) if charged else None
         cut: int | None = None
         reserved = None
-        if self.p.reserve > 0:
+        if reserve > 0:
             if self._pinned_cut is not None:   # a replay of a logged decision (pin_cut)
                 cut = self._pinned_cut
             else:
@@ -243,7 +328,7 @@ class PredictedLatency:
                     self._lengths.add(max(0, req.output_tokens))
             if req.output_tokens < cut:
                 reserved = self._reserved(req, nodes, preds)
-        bp = self.p.prefill_interference
+        bp = pv["prefill_interference"]
         # min() and max() of two written out: the same floats (every term is finite here), no calls.
         if others is None and reserved is None and ttft_budget is None:
             # The common case (no interference charged, no reservation, not streamed) as one
@@ -273,11 +358,19 @@ class PredictedLatency:
                 if reserved is not None:
                     s -= reserved[i]
                 slack.append(s)
-        mw = self.p.miss_weight
+        mw = pv["miss_weight"]
         if mw > 0:   # the SLO-miss step, last, as the loop would subtract it: the same floats
             self._charge_misses(req, preds, rest, e2e_budget, slack, mw)
+        risk = None
+        if self.risk is not None:   # the SLO-miss risk, after the step: w × P(miss) per candidate
+            pinned = self._pinned_risk
+            risk = self.risk.probabilities(nodes, self._risk_kind(req)) if pinned is None else \
+                [pinned.get(n.name, 0.0) for n in nodes]
+            rw = self.p.risk_weight
+            for i, q in enumerate(risk):
+                slack[i] -= rw * q
         scores = [(x if x < 1.0 else 1.0) if x > 0.0 else 0.0 for s in slack for x in [0.5 + 0.5 * s]]
-        self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut)
+        self.last = Scored(list(nodes), preds, slack, scores, others, reserved, cut, risk)
         return scores
 
     def _charge_misses(self, req: RouteRequest, preds: Sequence[tuple[float, float]], rest: int,

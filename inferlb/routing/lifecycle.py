@@ -146,6 +146,10 @@ class PredictorLifecycle:
         self.retrains_total: dict[str, int] = {"installed": 0, "refused": 0}
         self._ok_in_a_row = 0
         self.windows = (_Window(self.p.window, collections.deque()), _Window(self.p.window, collections.deque()))
+        # Called by observe_outcome with each measured answer's request, pick view and times: what
+        # else learns from the answers (the predicted-latency scorer's SLO-miss risk, registered by
+        # routing/guarded.py when it is on). Empty: nothing is called.
+        self.outcome_hooks: list[Callable[..., None]] = []
         if model is not None:
             self.install(model, "configured")
         else:
@@ -195,6 +199,12 @@ class PredictorLifecycle:
         if obs is not None:
             self.observe(row, obs)
         return obs
+
+    def observe_outcome(self, req: Any, view: Any, *, ttfb_s: float | None, e2e_s: float | None) -> None:
+        """One successful answer of ``req``, placed on ``view`` (the node as routing saw it at the
+        decision), with the times ``observe_answer`` takes: given to each of ``outcome_hooks``."""
+        for hook in self.outcome_hooks:
+            hook(req, view, ttfb_s=ttfb_s, e2e_s=e2e_s)
 
     def fault(self, reason: str) -> None:
         """A decision could not use the predictor's answer (it fell back for that decision)."""
@@ -363,6 +373,8 @@ def observe_decision(lifecycle: PredictorLifecycle, decision: Any, *, stream: bo
     info = getattr(decision, "learned", None)
     if info is None or getattr(info, "pick", None) is None:
         return None
+    if lifecycle.outcome_hooks:
+        lifecycle.observe_outcome(info.req, info.pick, ttfb_s=ttfb_s, e2e_s=e2e_s)
     return lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=stream,
                                     completion_tokens=completion_tokens, ttfb_s=ttfb_s, e2e_s=e2e_s)
 

@@ -12,7 +12,10 @@ The candidate's probabilities: exact for pickers that state them (``softmax-band
 (``mc_draws`` seeded draws of its ``rank``) for the others. A candidate whose scorers need a
 latency predictor is given the *logged* predictions, so it is judged on what was known then, and
 a ``predicted-latency`` scorer whose tail-reservation cut is drawn by the logged rule is given the
-*logged* cut (an adaptive cut is a quantile of the traffic before the decision, not in the record).
+*logged* cut (an adaptive cut is a quantile of the traffic before the decision, not in the record),
+and one with the SLO-miss risk on is charged the *logged* P(miss) (the ``risk`` column) where the record
+has them (where it has none, the replayed scorer's own counts, which a replay never feeds: its
+prior, the same for every candidate, a charge that changes no ranking).
 
 Rounds are skipped, and counted by reason, when the logging policy was not the bandit (no
 propensity: a fallback decided), when the context was cut (more than ``CTX_NODES`` candidates),
@@ -72,6 +75,10 @@ def target_probabilities(router: Router, ctx: Context, *, mc_draws: int = 200, s
         if pin is not None:   # the logged long-output cut, which no single record can rebuild
             pin(ctx.reserve)
             pinned.append(pin)
+        pin_risk = getattr(s, "pin_risk", None)
+        if pin_risk is not None and ctx.risk is not None:   # the logged SLO-miss risk: earlier answers' counts
+            pin_risk(ctx.risk)
+            pinned.append(pin_risk)
     # The profile's own pipeline, without a guard's fallback and without sampling (the logged
     # candidates are the sample the logging policy saw).
     try:

@@ -1,9 +1,12 @@
 """The learned profile's audit copy and scorer as they were before their speed work (main at
 cbae0a6): ``LearnedInfo.why`` / ``to_json`` with ``_ctx`` (routing/explain.py) and
 ``PredictedLatency.score_all`` (routing/learned.py), and ``SoftmaxBandit.rank_for`` as it was
-at 04c1f97, copied verbatim into subclasses (renamed ``Ref*``), so
-tests/routing/test_routing_learned_differential.py can hold the optimised ones to the
-same decisions and the same audit JSON. Everything else comes from the product's modules.
+at 04c1f97, copied verbatim into subclasses (renamed ``Ref*``), the guarded router's
+``_explain`` (routing/guarded.py, ``RefGuardedRouter``) and the predictor's feature rows
+(routing/features.py ``request_part`` / ``node_part``, renamed ``ref_*``) as they were at
+7d42050, so tests/routing/test_routing_learned_differential.py can hold the optimised ones to
+the same decisions, the same rows and the same audit JSON. Everything else comes from the
+product's modules.
 
 Not used by the product. Change it only to mirror a deliberate change of behaviour.
 """
@@ -16,10 +19,41 @@ from math import trunc
 from typing import Any
 
 from inferlb.routing.explain import CTX_NODES, LearnedInfo, _r, _terms_of
+from inferlb.routing.features import _gpu
+from inferlb.routing.guarded import GuardedRouter
 from inferlb.routing.learned import BanditChoice, PredictedLatency, PredictionFault, Scored, SoftmaxBandit
-from inferlb.routing.types import NodeView, RouteRequest
+from inferlb.routing.predictor import Prediction
+from inferlb.routing.types import Decision, NodeView, RouteRequest
 
-__all__ = ["RefLearnedInfo", "RefPredictedLatency", "RefSoftmaxBandit"]
+__all__ = ["RefGuardedRouter", "RefLearnedInfo", "RefPredictedLatency", "RefSoftmaxBandit", "ref_node_part",
+           "ref_request_part"]
+
+
+def ref_request_part(req: RouteRequest, critical: str = "critical") -> list[float]:
+    """The request's features (the first five of every row)."""
+    return [1.0, math.log1p(max(0, req.prompt_tokens)), math.log1p(max(0, req.output_tokens)),
+            1.0 if req.stream else 0.0, 1.0 if req.priority == critical else 0.0]
+
+
+def ref_node_part(node: NodeView) -> list[float]:
+    """The node's features (the rest of every row). Non-finite or non-positive recent times count
+    as unknown, so a bad sample cannot poison a prediction."""
+    t = node.ttft_s
+    tps = node.tokens_per_s
+    w = node.waiting
+    kv = node.kv_usage
+    cap = node.capacity_tokens
+    ttft_ok = t is not None and 0 < t < math.inf
+    tps_ok = tps is not None and 0 < tps < math.inf
+    return [
+        math.log(t) if ttft_ok else 0.0, 0.0 if ttft_ok else 1.0,   # type: ignore[arg-type]
+        -math.log(tps) if tps_ok else 0.0, 0.0 if tps_ok else 1.0,  # type: ignore[arg-type]
+        math.log1p(max(0, node.inflight_tokens) / 1000.0), math.log1p(max(0, node.inflight_requests)),
+        math.log1p(max(0, w)) if w is not None else 0.0, 0.0 if w is not None else 1.0,
+        min(1.0, max(0.0, kv)) if kv is not None and kv == kv else 0.0, 0.0 if kv is not None else 1.0,
+        min(4.0, max(0, node.inflight_tokens) / cap) if cap > 0 else 0.0,
+        *_gpu(node.labels),
+    ]
 
 
 def _ctx(nodes: list[NodeView], preds: list[tuple[float, float] | None], probs: list[float | None]
@@ -216,3 +250,37 @@ class RefSoftmaxBandit(SoftmaxBandit):
         order = sorted(range(len(totals)), key=neg.__getitem__)
         self.last = BanditChoice(pick, probs[i], explore and i not in greedy, eps, probs)
         return [pick, *[scored[j][0].name for j in order if j != i]]
+
+
+class RefGuardedRouter(GuardedRouter):
+    """The guarded router with ``_explain`` as it was (the pick's place by ``names.index``)."""
+
+    def _explain(self, req: RouteRequest, d: Decision) -> LearnedInfo:
+        lc = self.lifecycle
+        # Positional (req, version, state, pick): a class call with keywords builds a dict of them.
+        info = LearnedInfo(req, lc.version, lc.state, None)
+        sc = getattr(self._explainer, "last", None)
+        choice = getattr(self.picker, "last", None)
+        if sc is None or d.pick is None:
+            return info
+        info.nodes, info.preds = sc.nodes, sc.preds
+        names = [n.name for n in sc.nodes]
+        i = names.index(d.pick)
+        info.pick = sc.nodes[i]
+        info.pick_pred = Prediction(*sc.preds[i])
+        info.pick_slack = sc.slack[i]
+        # The scorer's per-candidate terms, for the audit (explain.py bounds them to CTX_NODES).
+        info.slack, info.others, info.reserved = sc.slack, sc.others_s, sc.reserved
+        info.interference = self._beta
+        if sc.reserve_cut is not None:
+            info.reserve_cut, info.reserve_rule = sc.reserve_cut, getattr(self._explainer, "cut_rule", None)
+        if choice is not None and choice.pick == d.pick and len(choice.probs) == len(names):
+            info.probs = choice.probs
+            info.propensity = choice.propensity
+            info.explored = choice.explored
+            info.epsilon = choice.epsilon
+            if choice.explored:
+                lc.explored_total += 1
+                rows = d.score_rows   # the greedy choice is by the profile's total score
+                info.best = max(names, key=lambda n: rows[n][-1] if n in rows else -1.0)
+        return info

@@ -32,7 +32,14 @@ from inferlb.routing.predictor import Observed, OnlineLinear
 from inferlb.routing.profiles import LEARNED_LATENCY, PROFILES, build_router
 from inferlb.routing.registry import make_plugin
 from inferlb.routing.types import NodeList, NodeView, RouteRequest
-from tests.routing.routing_reference_learned import RefLearnedInfo, RefPredictedLatency, RefSoftmaxBandit
+from tests.routing.routing_reference_learned import (
+    RefGuardedRouter,
+    RefLearnedInfo,
+    RefPredictedLatency,
+    RefSoftmaxBandit,
+    ref_node_part,
+    ref_request_part,
+)
 
 _GPU = ((), (("gpu", "NVIDIA-H100-80GB"),), (("gpu_type", "a100"),), (("gpu", "l4"), ("gpu_type", "L40S")),
         (("gpu", ""),), (("zone", "b"),))
@@ -75,7 +82,9 @@ def _pair(seed: int, predictor: dict[str, Any] | None, latency: dict[str, Any],
                             spec.sample, fallback=build_router("token-aware"), predictor=predictor, lifecycle=None)
 
     ref_picker = RefSoftmaxBandit(SoftmaxBanditParams(**bandit))
-    return build(PredictedLatency, make_plugin("softmax-bandit", bandit)), build(RefPredictedLatency, ref_picker)
+    ref = build(RefPredictedLatency, ref_picker)
+    ref.__class__ = RefGuardedRouter   # the explanation as it was, too
+    return build(PredictedLatency, make_plugin("softmax-bandit", bandit)), ref
 
 
 def _json_or_error(d: Any) -> str:
@@ -262,3 +271,93 @@ def test_the_bandits_ranking_equals_the_reference_for_any_totals() -> None:
                 out = f"{type(exc).__name__}: {exc}"
             results.append((repr(out), repr(picker.last), ra.getstate()))
         assert results[0] == results[2] and results[1] == results[2]
+
+
+def test_the_feature_rows_equal_the_reference_for_any_view() -> None:
+    """``request_part`` / ``node_part`` (their clamps written out) against the earlier ones with
+    ``min`` / ``max`` over odd values: KV uses of -0.0, 0, the int 1, True, above 1, NaN and
+    infinite; negative, zero and float in-flight counts; zero and negative capacities; odd times
+    and labels: the same row, value for value and type for type (``repr``: an int 1 is not 1.0)."""
+    from inferlb.routing.features import node_part, request_part
+
+    rng = random.Random(34)
+    kvs: list[Any] = [None, math.nan, -0.0, 0.0, 0, 1, 1.0, True, False, 0.5, 1.3, 2, -1, math.inf, -math.inf]
+    counts: list[Any] = [-5, -0.5, 0, 0.0, -0.0, 1, 7, 999, 10**6, 3.5]
+    caps: list[Any] = [0, -1, 1, 4096, 131072, 0.5]
+    for _ in range(3000):
+        v = NodeView(
+            name="n", models=frozenset({"m0"}), capacity_tokens=rng.choice(caps),
+            max_concurrency=4, weight=1.0, inflight_requests=rng.choice(counts),
+            inflight_tokens=rng.choice([*counts, 10**9, 4 * 4096]), waiting=rng.choice([None, *counts]),
+            kv_usage=rng.choice(kvs), healthy=True, unhealthy_reason=None, labels=rng.choice(_GPU),
+            tokens_per_s=rng.choice([None, 0.0, -1.0, 37.5, math.inf, math.nan]),
+            ttft_s=rng.choice([None, 0.0, -1.0, 0.3, 2e12, math.inf, math.nan]))
+        assert repr(node_part(v)) == repr(ref_node_part(v))
+        req = RouteRequest(model="m0", prompt_tokens=rng.choice(counts), output_tokens=rng.choice(counts),
+                           priority=rng.choice([None, "critical", "standard"]), stream=rng.random() < 0.5)
+        assert repr(request_part(req)) == repr(ref_request_part(req))
+        assert repr(features(req, v)) == repr(ref_request_part(req) + ref_node_part(v))
+
+
+@pytest.mark.parametrize("epsilon", [0.05, 1.0])
+def test_candidates_of_one_name_are_explained_as_before(epsilon: float) -> None:
+    """Candidates that share a name (a caller's list with a node twice, views of one node old
+    and new): the explanation takes the pick's first place among the scored nodes, as
+    ``names.index`` did, whichever of them the bandit drew; the same audit copy, exploring or not."""
+    new, ref = _pair(5, {"min_samples": 0}, {}, {"epsilon": epsilon})
+    rng = random.Random(55)
+    views = [_view(rng, i, 0.0) for i in range(12)]
+    seen_later = 0
+    for _ in range(200):
+        twins = [dataclasses.replace(v, inflight_requests=v.inflight_requests + rng.randint(1, 30),
+                                     inflight_tokens=v.inflight_tokens + rng.randint(0, 900))
+                 for v in rng.sample(views, 4)]
+        nodes = list(views) + twins
+        rng.shuffle(nodes)
+        req = _request(rng)
+        a, b = new.decide(req, nodes), ref.decide(req, nodes)
+        assert a.learned is not None and b.learned is not None
+        b.learned = _as_ref(b.learned)
+        assert _json_or_error(a) == _json_or_error(b)
+        assert new.rng.getstate() == ref.rng.getstate()
+        info = a.learned
+        if info.pick is not None:   # both learn the pick's answer: predictions that tell twins apart
+            obs = Observed(rng.uniform(0.01, 3.0), rng.uniform(0.001, 0.2))
+            for r in (new, ref):
+                model = r.lifecycle.model
+                assert model is not None
+                model.update(features(req, info.pick), obs)
+        if info.fallback is None and info.pick is not None:
+            first = [n.name for n in info.nodes].index(info.pick.name)
+            assert info.pick is info.nodes[first]
+            choice = getattr(new.picker, "last", None)
+            seen_later += choice is not None and sum(n.name == info.pick.name for n in info.nodes) > 1
+    assert seen_later > 0
+
+
+def test_the_scorer_reads_its_params_as_assigned_after_it_was_built() -> None:
+    """``score_all`` reads its params from the model's own dict (routing/learned.py): a params
+    field assigned after the scorer was built counts as one given at the start (the same scores,
+    slack and terms as a scorer built with it, after it has scored with the earlier value), for
+    every field the common case reads."""
+    rng = random.Random(77)
+    views = [_view(rng, i, 0.0) for i in range(16)]
+    model = OnlineLinear()
+    changes: list[dict[str, Any]] = [{"e2e_slo_s": 5.0}, {"ttft_slo_s": 0.2}, {"interference": 2.0},
+                                     {"interference_max_output": None}, {"reserve": 0.9},
+                                     {"prefill_interference": 0.0}, {"miss_weight": 0.5}]
+    for change in changes:
+        built = PredictedLatency(PredictedLatencyParams(**{**LEARNED_LATENCY, **change}))
+        later = PredictedLatency(PredictedLatencyParams(**LEARNED_LATENCY))
+        for s in (built, later):
+            s.bind(model)
+        later.score_all(RouteRequest(model="m0", prompt_tokens=100, output_tokens=16), views)   # before the change
+        for k, v in change.items():
+            setattr(later.p, k, v)
+        for _ in range(20):
+            req = _request(rng)
+            a, b = built.score_all(req, views), later.score_all(req, views)
+            la, lb = built.last, later.last
+            assert la is not None and lb is not None
+            assert repr((a, la.slack, la.others_s, la.reserved, la.reserve_cut)) == \
+                repr((b, lb.slack, lb.others_s, lb.reserved, lb.reserve_cut))

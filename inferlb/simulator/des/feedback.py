@@ -99,6 +99,8 @@ class LearnedFeedback:
             self.arms.append((done.row, arm))
         if done.outcome == "ok" and done.e2e_s is not None:
             ttfb = done.ttft_s if done.stream else done.e2e_s
+            if self.lifecycle.outcome_hooks:   # the scorer's SLO-miss risk, when on (the gateway's rule)
+                self.lifecycle.observe_outcome(info.req, info.pick, ttfb_s=ttfb, e2e_s=done.e2e_s)
             obs = self.lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=done.stream,
                                                 completion_tokens=done.tokens, ttfb_s=ttfb, e2e_s=done.e2e_s)
             self.observed += obs is not None
