@@ -17,13 +17,21 @@ per connection:
   ``max_incomplete_event_size``); beyond either, 431.
 
 Every refusal is the OpenAI error envelope with ``Connection: close``.
+
+It also sends an answer's head with what follows it: uvicorn writes the status line and headers
+of an answer in one ``transport.write`` and its body in another, two send system calls (and two
+TCP segments for the client to read) per answer where one does. Each request cycle writes through
+a :class:`_HeadWithBody`: the cycle's first write is held until its next write, which sends both
+in one ``writelines``, or until the end of the event-loop iteration it was made in, whichever
+comes first; nothing is held longer, and every later write of the cycle goes to the transport
+itself (docs/benchmarks.md, "CPU per request, fifth pass").
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import uvicorn
@@ -52,6 +60,62 @@ class GatewayConfig(uvicorn.Config):
         kwargs.setdefault("http", GuardedHttpToolsProtocol)
         super().__init__(app, **kwargs)
         self.edge = edge
+
+
+class _HeadWithBody:
+    """One request cycle's transport: its first write (uvicorn's answer head, or a ``100 Continue``)
+    is held and sent with the cycle's next write in one ``writelines``, or alone by a callback at
+    the end of the event-loop iteration it was made in (``loop.call_soon``), or before a
+    :meth:`close`; whichever comes first. Then the cycle writes to ``transport`` itself again.
+
+    The bytes and their order on the connection are what the two writes would have sent; only
+    the system calls differ. A head held when the transport is already closing is dropped (a
+    write would have been lost there too). Everything else is the transport's (``__getattr__``).
+    """
+
+    __slots__ = ("_cycle", "_flush", "_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._loop = loop
+        self._held: bytes | None = None
+        self._flush: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        held = self._held
+        if held is None:
+            self._held = bytes(data)
+            self._flush = self._loop.call_soon(self.flush)
+            return
+        self._release()
+        self._transport.writelines((held, data))
+
+    def flush(self) -> None:
+        """Send the held write now, if any (the end-of-iteration callback; before a close)."""
+        held = self._held
+        if held is None:
+            return
+        self._release()
+        if not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def _release(self) -> None:
+        self._held = None
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        self._cycle.transport = self._transport   # the cycle's later writes go straight through
 
 
 class _Refused(httptools.HttpParserError):
@@ -108,6 +172,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers every parser error with 400; a limit raised from a callback answers its own.
+        self._flush_head()
         if self._refusal is not None:
             status, message, code = self._refusal
             self._refusal = None
@@ -130,17 +195,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # Called once per request header: the two limits written out here rather than through
+        # _count_head (one call fewer per header; the same checks in the same order).
+        edge = self.edge
         self._header_count += 1
-        if self._header_count > self.edge.max_headers:
-            self._stop(431, f"more than {self.edge.max_headers} request headers", "request_header_fields_too_large")
-        self._count_head(len(name) + len(value) + 4)
+        if self._header_count > edge.max_headers:
+            self._stop(431, f"more than {edge.max_headers} request headers", "request_header_fields_too_large")
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > edge.max_header_bytes:
+            self._stop(431, f"request headers are over the {edge.max_header_bytes}-byte limit",
+                       "request_header_fields_too_large")
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel(self._head_timer)
         self._head_timer = None
+        before = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:   # a new request cycle (not an upgrade)
+            # Duck-typed: the cycle calls write, close and is_closing on it (uvicorn's httptools_impl).
+            cycle.transport = cast("asyncio.Transport", _HeadWithBody(self.transport, cycle, self.loop))
         self._body_timer = self.loop.call_later(self.edge.body_timeout_s, self._body_timeout)
 
     def on_message_complete(self) -> None:
@@ -188,6 +264,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.edge.body_timeout_s, self._body_timeout)
             return
         if cycle.response_started:
+            self._flush_head()
             self.transport.close()
             return
         self._refuse(408, f"request body not received within {self.edge.body_timeout_s:g} s", "request_timeout")
@@ -196,12 +273,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Answer ``status`` in the OpenAI envelope, close, and tell a running request its client left."""
         self._cancel_timers()
         self._in_head = False
+        self._flush_head()
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.response_complete = True    # the application's own answer is not written
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         self.transport.write(_error_response(status, message, code, self.server_state.default_headers))
         self.transport.close()
+
+    def _flush_head(self) -> None:
+        """Send the current cycle's held head before the protocol writes to the connection itself,
+        so the bytes keep their order."""
+        t = self.cycle.transport if self.cycle is not None else None
+        if isinstance(t, _HeadWithBody):
+            t.flush()
 
     def _cancel_timers(self) -> None:
         self._cancel(self._head_timer)
