@@ -40,7 +40,7 @@ from inferlb.errors import (
     error_event,
 )
 from inferlb.jsoncodec import dumps
-from inferlb.routing.lifecycle import observe_decision
+from inferlb.routing.lifecycle import observe_decision, observe_failure
 from inferlb.routing.lora import adapter_failure
 from inferlb.routing.reward import observe_reward
 from inferlb.store.records import AttemptRecord, RequestRecord
@@ -323,6 +323,9 @@ class Gateway:
             # the node failed the arm's pick: the reward bandit's failure cost (routing/reward.py)
             observe_reward(rt.router, scope.decision, ok=False, stream=False, ttft_s=None, e2e_s=None,
                            tokens=0)
+        if rt.learner is not None and (status is None or status >= 500 or client_deadline):
+            # no answer from the pick: the SLO-miss risk's failures, when on (routing/learned.py)
+            observe_failure(rt.learner, scope.decision)
         kind = "retryable" if exc.retryable_under(rt.fleet_cfg.retry.retry_on_status) else "fatal"
         if kind == "fatal" and isinstance(exc, UpstreamStatusError) and _adapter_failed(scope, node, exc):
             kind = "retryable"    # that node lacks the adapter, not the request: another node may have it

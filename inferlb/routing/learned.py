@@ -85,6 +85,12 @@ class PredictedLatencyParams(BaseModel):
     # Prompt-token edges that split the counts by prompt size as well (empty: no split), so a long
     # document and a chat turn on the same node and band are counted apart.
     risk_prompt_bands: list[int] = Field(default_factory=list)
+    # What the counts are kept per: "node" (each node apart) or "class" (the nodes of one GPU class
+    # pooled: its gpu / gpu_type label, else its token capacity; routing/miss_risk.py class_of).
+    risk_key: Literal["node", "class"] = "node"
+    # Whether an attempt that got no answer on the node (a failure, or the client's deadline cut
+    # it there: what the gateway and the DES see) counts as a miss; False: only answers teach it.
+    risk_failures: bool = False
 
     @field_validator("risk_bands", "risk_prompt_bands")
     @classmethod
@@ -189,7 +195,9 @@ class PredictedLatency:
     its TTFT exceeds ``miss_ttft_s`` (None: ``ttft_slo_s``), another when its e2e exceeds the
     request's deadline, else ``miss_e2e_s`` (None: ``e2e_slo_s``): like with like; with
     ``risk_judge`` "slo" a stream misses also when its e2e exceeds that budget (goodput's test).
-    ``risk_prompt_bands`` splits the counts by the request's prompt tokens too. O(candidates),
+    ``risk_prompt_bands`` splits the counts by the request's prompt tokens too; ``risk_key``
+    "class" pools them over the nodes of one GPU class; ``risk_failures`` counts an attempt that
+    got no answer on the node (failed, or cut there by the client's deadline) as a miss. O(candidates),
     one lookup each; the P(miss) charged are in ``last.risk`` (and the decision's audit, for a
     replay: :meth:`pin_risk`). The counts are kept in memory only (routing/miss_risk.py)."""
 
@@ -212,19 +220,25 @@ class PredictedLatency:
         self._pinned_cut: int | None = None
         p = self.p
         self.risk = MissRisk(p.risk_bands, half_life=p.risk_half_life, prior_rate=p.risk_prior,
-                             prior_n=p.risk_prior_n) if p.risk_weight > 0 else None
+                             prior_n=p.risk_prior_n, key=p.risk_key) if p.risk_weight > 0 else None
         self._pinned_risk: Mapping[str, float] | None = None
 
     def observe_outcome(self, req: RouteRequest, view: NodeView, *, ttfb_s: float | None,
-                        e2e_s: float | None) -> None:
+                        e2e_s: float | None, failed: bool = False) -> None:
         """One successful answer of a request this scorer's decision placed on ``view`` (the
         node as the gateway saw it at the decision; times from the start at the node, the first
         byte of a streamed answer its first token): teach the miss risk whether it met its SLO
-        (see the class docstring). Nothing when the risk term is off or a time is missing."""
+        (see the class docstring). Nothing when the risk term is off or a time is missing.
+        ``failed``: the attempt got no answer there; a miss with ``risk_failures``, else nothing."""
         risk = self.risk
         if risk is None:
             return
         p = self.p
+        if failed:
+            if p.risk_failures:
+                risk.observe(risk.key_of(view), view.inflight_tokens, view.capacity_tokens,
+                             self._risk_kind(req), True)
+            return
         budget = req.deadline_s if req.deadline_s is not None and req.deadline_s > 0 \
             else (p.miss_e2e_s or p.e2e_slo_s)
         if req.stream:
@@ -239,7 +253,7 @@ class PredictedLatency:
             if e2e_s is None:
                 return
             missed = e2e_s > budget
-        risk.observe(view.name, view.inflight_tokens, view.capacity_tokens, self._risk_kind(req), missed)
+        risk.observe(risk.key_of(view), view.inflight_tokens, view.capacity_tokens, self._risk_kind(req), missed)
 
     def _risk_kind(self, req: RouteRequest) -> int:
         """The miss counts' kind of ``req``: streamed or not, and its prompt band when split."""

@@ -49,6 +49,7 @@ from inferlb.routing.features import FEATURE_NAMES
 from inferlb.routing.predictor import LatencyPredictor, Observed, Prediction
 
 __all__ = ["PREDICTORS", "LifecycleParams", "PredictorLifecycle", "load_predictor", "observe_decision",
+           "observe_failure",
            "observed_from"]
 
 # A built-in is constructed with its validated ``Params`` and the version; a user's class with
@@ -200,11 +201,17 @@ class PredictorLifecycle:
             self.observe(row, obs)
         return obs
 
-    def observe_outcome(self, req: Any, view: Any, *, ttfb_s: float | None, e2e_s: float | None) -> None:
-        """One successful answer of ``req``, placed on ``view`` (the node as routing saw it at the
-        decision), with the times ``observe_answer`` takes: given to each of ``outcome_hooks``."""
+    def observe_outcome(self, req: Any, view: Any, *, ttfb_s: float | None, e2e_s: float | None,
+                        failed: bool = False) -> None:
+        """One answer of ``req``, placed on ``view`` (the node as routing saw it at the decision),
+        with the times ``observe_answer`` takes, given to each of ``outcome_hooks``; ``failed``:
+        the attempt got no answer (the node failed it, or the client's deadline cut it there; no
+        times), given to the hooks with ``failed=True``."""
         for hook in self.outcome_hooks:
-            hook(req, view, ttfb_s=ttfb_s, e2e_s=e2e_s)
+            if failed:
+                hook(req, view, ttfb_s=None, e2e_s=None, failed=True)
+            else:
+                hook(req, view, ttfb_s=ttfb_s, e2e_s=e2e_s)
 
     def fault(self, reason: str) -> None:
         """A decision could not use the predictor's answer (it fell back for that decision)."""
@@ -377,6 +384,15 @@ def observe_decision(lifecycle: PredictorLifecycle, decision: Any, *, stream: bo
         lifecycle.observe_outcome(info.req, info.pick, ttfb_s=ttfb_s, e2e_s=e2e_s)
     return lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=stream,
                                     completion_tokens=completion_tokens, ttfb_s=ttfb_s, e2e_s=e2e_s)
+
+
+def observe_failure(lifecycle: PredictorLifecycle, decision: Any) -> None:
+    """The gateway's hook for an attempt of ``decision`` that got no answer from its pick (a node
+    failure or the client's deadline on the node): told to ``outcome_hooks`` as failed, when any."""
+    info = getattr(decision, "learned", None)
+    if info is None or getattr(info, "pick", None) is None or not lifecycle.outcome_hooks:
+        return
+    lifecycle.observe_outcome(info.req, info.pick, ttfb_s=None, e2e_s=None, failed=True)
 
 
 def _usable(pred: Prediction) -> bool:

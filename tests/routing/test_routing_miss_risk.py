@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from inferlb.routing.explain import context_of
 from inferlb.routing.learned import PredictedLatency, PredictedLatencyParams
-from inferlb.routing.lifecycle import observe_decision
-from inferlb.routing.miss_risk import MissRisk
+from inferlb.routing.lifecycle import observe_decision, observe_failure
+from inferlb.routing.miss_risk import MissRisk, class_of
 from inferlb.routing.ope_replay import target_probabilities
 from inferlb.routing.profiles import LEARNED_LATENCY, build_router
 from inferlb.routing.types import NodeView, RouteRequest
@@ -24,9 +24,10 @@ from tests.routing.table_predictor import TablePredictor
 CAP = 100_000
 
 
-def _node(name: str, inflight_tokens: int = 0, cap: int = CAP) -> NodeView:
+def _node(name: str, inflight_tokens: int = 0, cap: int = CAP,
+          labels: tuple[tuple[str, str], ...] = ()) -> NodeView:
     return NodeView(name=name, models=frozenset({"m"}), capacity_tokens=cap, max_concurrency=256,
-                    inflight_tokens=inflight_tokens)
+                    inflight_tokens=inflight_tokens, labels=labels)
 
 
 # ------------------------------------------------------------------ the estimator
@@ -105,6 +106,7 @@ def test_bad_settings_are_refused(bad: dict[str, Any]) -> None:
 @pytest.mark.parametrize("bad", [{"risk_weight": -1.0}, {"risk_half_life": 0.0}, {"risk_prior": 2.0},
                                  {"risk_bands": []}, {"risk_bands": [0.9, 0.8]}, {"risk_prompt_bands": [0]},
                                  {"risk_prompt_bands": [2048, 1024]}, {"risk_judge": "e2e"},
+                                 {"risk_key": "gpu"}, {"risk_failures": "maybe"},
                                  {"risk_wieght": 1.0}])
 def test_scorer_params_refuse_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
@@ -116,7 +118,7 @@ def test_scorer_params_refuse_bad_values(bad: dict[str, Any]) -> None:
 
 def _scorer(**params: Any) -> PredictedLatency:
     s = PredictedLatency(PredictedLatencyParams.model_validate({"ttft_slo_s": 2.0, **params}))
-    s.bind(TablePredictor({"a": (0.2, 0.01), "b": (0.2, 0.01)}))
+    s.bind(TablePredictor({n: (0.2, 0.01) for n in ("a", "b", "h1", "h2", "l1")}))
     return s
 
 
@@ -129,6 +131,7 @@ def test_off_by_default_no_estimator_no_charge() -> None:
     s.score_all(STREAM, [_node("a", 96_000), _node("b", 10_000)])
     assert s.last is not None and s.last.risk is None
     s.observe_outcome(STREAM, _node("a", 96_000), ttfb_s=9.0, e2e_s=10.0)   # nothing to teach
+    s.observe_outcome(STREAM, _node("a", 96_000), ttfb_s=None, e2e_s=None, failed=True)
     assert s.risk is None
 
 
@@ -295,3 +298,77 @@ def test_off_the_decisions_and_their_audit_are_byte_identical_whatever_the_other
             observe_decision(r.lifecycle, d, stream=req.stream, completion_tokens=req.output_tokens,
                              ttfb_s=3.0, e2e_s=30.0)
     assert "risk" not in json.dumps(a.to_json()["learned"]["ctx"])
+
+
+# ------------------------------------------------------------------ keyed by GPU class; failures as misses
+
+
+def test_the_class_is_the_gpu_label_else_the_token_capacity() -> None:
+    assert class_of(_node("a", labels=(("gpu", "NVIDIA-H100-80GB"), ("zone", "z")))) == "nvidia-h100-80gb"
+    assert class_of(_node("a", labels=(("gpu_type", "L4"),))) == "l4"
+    assert class_of(_node("a", cap=5000, labels=(("zone", "z"),))) == "cap:5000"
+    with pytest.raises(ValueError):
+        MissRisk(key="gpu")  # type: ignore[arg-type]
+
+
+def test_keyed_by_class_a_node_learns_from_its_classs_answers_and_not_from_another_class() -> None:
+    node, cls = (_scorer(risk_weight=1.0, risk_half_life=1e9, risk_key=k) for k in ("node", "class"))
+    h1, h2 = _node("h1", 96_000, labels=(("gpu", "h100"),)), _node("h2", 96_000, labels=(("gpu", "h100"),))
+    l1 = _node("l1", 96_000, labels=(("gpu", "l4"),))
+    for s in (node, cls):
+        for _ in range(30):
+            s.observe_outcome(STREAM, h1, ttfb_s=4.0, e2e_s=5.0)    # h1 misses, l1 meets its TTFT
+            s.observe_outcome(STREAM, l1, ttfb_s=0.3, e2e_s=1.0)
+        s.score_all(STREAM, [h1, h2, l1])
+    assert cls.risk is not None and set(cls.risk.tables[(3, 1)]) == {"h100", "l4", None}
+    assert node.last is not None and node.last.risk is not None
+    assert cls.last is not None and cls.last.risk is not None
+    pn, pc = node.last.risk, cls.last.risk
+    assert pc[0] == pc[1] == pytest.approx(cls.risk.probability("h100", 3, True))   # h2 gets h1's answers
+    assert pn[1] < pc[1]                 # keyed by node, h2 unseen: only the band's pool
+    assert pc[0] > 0.5 > 0.2 > pc[2]       # l1's own answers keep it low
+    assert pn[0] == pytest.approx(pc[0])   # the same answers under one key either way
+
+
+def test_with_failures_an_attempt_without_an_answer_is_a_miss_else_nothing() -> None:
+    off, on = _scorer(risk_weight=1.0, risk_half_life=1e9), \
+        _scorer(risk_weight=1.0, risk_half_life=1e9, risk_failures=True)
+    full = _node("a", 99_000)
+    for s in (off, on):
+        s.observe_outcome(STREAM, full, ttfb_s=0.3, e2e_s=1.0)                  # met
+        s.observe_outcome(STREAM, full, ttfb_s=None, e2e_s=None, failed=True)   # no answer
+    assert off.risk is not None and on.risk is not None
+    assert off.risk.counts("a", 3, 1) == [0.0, 1.0]
+    assert on.risk.counts("a", 3, 1) == pytest.approx([1.0, 2.0])
+
+
+def test_the_gateways_and_the_simulators_failure_paths_teach_the_same_miss() -> None:
+    for via in ("gateway", "des"):
+        r = _learned(risk_weight=1.0, risk_failures=True, risk_half_life=1e9)
+        sc = _scorer_of(r)
+        d = r.decide(STREAM, _views(random.Random(3)))
+        assert d.learned is not None and d.learned.pick is not None
+        if via == "gateway":
+            observe_failure(r.lifecycle, d)
+        else:
+            fb = LearnedFeedback(r)
+            fb.on_finish(Finished(0, None, "m", d, d.pick, "timeout", True, 0, None, None, 0.0, 2.0))
+            fb.on_finish(Finished(1, None, "m", d, d.pick, "failed", True, 0, None, None, 0.0, 2.0))
+        view = d.learned.pick
+        k = sc.risk.band(view.inflight_tokens, view.capacity_tokens) if sc.risk is not None else None
+        assert sc.risk is not None and k is not None
+        assert sc.risk.counts(view.name, k, True) == pytest.approx([1.0, 1.0] if via == "gateway" else [2.0, 2.0])
+    observe_failure(_learned().lifecycle, d)   # off: no hook, nothing called (no error)
+
+
+def test_off_the_new_options_change_no_decision() -> None:
+    plain = _learned()
+    tuned = _learned(risk_key="class", risk_failures=True)
+    rng = random.Random(12)
+    for _ in range(100):
+        req = RouteRequest("m", rng.randrange(50, 2000), rng.randrange(1, 200), stream=rng.random() < 0.5)
+        views = _views(rng)
+        a, b = plain.decide(req, views), tuned.decide(req, views)
+        assert json.dumps(a.to_json()) == json.dumps(b.to_json())
+        for r, d in ((plain, a), (tuned, b)):
+            observe_failure(r.lifecycle, d)

@@ -104,6 +104,10 @@ class LearnedFeedback:
             obs = self.lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=done.stream,
                                                 completion_tokens=done.tokens, ttfb_s=ttfb, e2e_s=done.e2e_s)
             self.observed += obs is not None
+        elif done.outcome in ("failed", "timeout") and self.lifecycle.outcome_hooks:
+            # no answer from the pick (it failed, or the client's timeout cut it there): what the
+            # gateway's observe_failure tells the same hooks
+            self.lifecycle.observe_outcome(info.req, info.pick, ttfb_s=None, e2e_s=None, failed=True)
         if self.log and info.propensity is not None and info.fallback is None:
             cost = done.queue_s + done.e2e_s if done.outcome == "ok" and done.e2e_s is not None \
                 else self.failure_cost_s
