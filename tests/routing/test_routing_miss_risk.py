@@ -286,17 +286,29 @@ def test_a_replay_on_its_own_log_gives_back_every_logged_propensity() -> None:
         assert pi[lj["pick"]["node"]] == pytest.approx(lj["propensity"], abs=1e-6), lj
 
 
-def test_off_the_decisions_and_their_audit_are_byte_identical_whatever_the_other_risk_settings() -> None:
-    plain, tuned = _learned(), _learned(risk_bands=[0.5], risk_prior=0.3, risk_prior_n=1.0, risk_half_life=3.0)
-    rng = random.Random(11)
-    for _ in range(200):
+def _answer(r: Any, d: Any, req: RouteRequest) -> None:
+    observe_decision(r.lifecycle, d, stream=req.stream, completion_tokens=req.output_tokens, ttfb_s=3.0, e2e_s=30.0)
+
+
+def _fail(r: Any, d: Any, req: RouteRequest) -> None:
+    observe_failure(r.lifecycle, d)
+
+
+@pytest.mark.parametrize(("tuned_params", "seed", "n", "teach"), [
+    ({"risk_bands": [0.5], "risk_prior": 0.3, "risk_prior_n": 1.0, "risk_half_life": 3.0}, 11, 200, _answer),
+    ({"risk_key": "class", "risk_failures": True}, 12, 100, _fail),
+], ids=["other-risk-settings", "new-options"])
+def test_off_the_decisions_and_their_audit_are_byte_identical_whatever_the_other_risk_settings(
+        tuned_params: dict[str, Any], seed: int, n: int, teach: Any) -> None:
+    plain, tuned = _learned(), _learned(**tuned_params)
+    rng = random.Random(seed)
+    for _ in range(n):
         req = RouteRequest("m", rng.randrange(50, 2000), rng.randrange(1, 200), stream=rng.random() < 0.5)
         views = _views(rng)
         a, b = plain.decide(req, views), tuned.decide(req, views)
         assert json.dumps(a.to_json()) == json.dumps(b.to_json())
         for r, d in ((plain, a), (tuned, b)):
-            observe_decision(r.lifecycle, d, stream=req.stream, completion_tokens=req.output_tokens,
-                             ttfb_s=3.0, e2e_s=30.0)
+            teach(r, d, req)
     assert "risk" not in json.dumps(a.to_json()["learned"]["ctx"])
 
 
@@ -359,16 +371,3 @@ def test_the_gateways_and_the_simulators_failure_paths_teach_the_same_miss() -> 
         assert sc.risk is not None and k is not None
         assert sc.risk.counts(view.name, k, True) == pytest.approx([1.0, 1.0] if via == "gateway" else [2.0, 2.0])
     observe_failure(_learned().lifecycle, d)   # off: no hook, nothing called (no error)
-
-
-def test_off_the_new_options_change_no_decision() -> None:
-    plain = _learned()
-    tuned = _learned(risk_key="class", risk_failures=True)
-    rng = random.Random(12)
-    for _ in range(100):
-        req = RouteRequest("m", rng.randrange(50, 2000), rng.randrange(1, 200), stream=rng.random() < 0.5)
-        views = _views(rng)
-        a, b = plain.decide(req, views), tuned.decide(req, views)
-        assert json.dumps(a.to_json()) == json.dumps(b.to_json())
-        for r, d in ((plain, a), (tuned, b)):
-            observe_failure(r.lifecycle, d)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from inferlb.routing.lifecycle import observe_decision, observe_failure
 from inferlb.routing.ope_replay import LoggedDecision
 from inferlb.routing.reward import observe_reward
 from inferlb.routing.types import Decision
@@ -99,15 +100,14 @@ class LearnedFeedback:
             self.arms.append((done.row, arm))
         if done.outcome == "ok" and done.e2e_s is not None:
             ttfb = done.ttft_s if done.stream else done.e2e_s
-            if self.lifecycle.outcome_hooks:   # the scorer's SLO-miss risk, when on (the gateway's rule)
-                self.lifecycle.observe_outcome(info.req, info.pick, ttfb_s=ttfb, e2e_s=done.e2e_s)
-            obs = self.lifecycle.observe_answer(info.pick_row, info.pick_pred, stream=done.stream,
-                                                completion_tokens=done.tokens, ttfb_s=ttfb, e2e_s=done.e2e_s)
+            # the gateway's own hook: the predictor's row and the SLO-miss risk, when on
+            obs = observe_decision(self.lifecycle, done.decision, stream=done.stream, completion_tokens=done.tokens,
+                                   ttfb_s=ttfb, e2e_s=done.e2e_s)
             self.observed += obs is not None
-        elif done.outcome in ("failed", "timeout") and self.lifecycle.outcome_hooks:
-            # no answer from the pick (it failed, or the client's timeout cut it there): what the
-            # gateway's observe_failure tells the same hooks
-            self.lifecycle.observe_outcome(info.req, info.pick, ttfb_s=None, e2e_s=None, failed=True)
+        elif done.outcome in ("failed", "timeout"):
+            # no answer from the pick (it failed, or the client's timeout cut it there): the
+            # gateway's hook for that
+            observe_failure(self.lifecycle, done.decision)
         if self.log and info.propensity is not None and info.fallback is None:
             cost = done.queue_s + done.e2e_s if done.outcome == "ok" and done.e2e_s is not None \
                 else self.failure_cost_s
