@@ -11,7 +11,6 @@ its TTFT and e2e. The middle of :class:`~.sim.Simulation` (over :class:`~.fleet.
 from __future__ import annotations
 
 import math
-from heapq import heappush
 
 from inferlb.routing.length import LengthEstimate
 from inferlb.routing.prefix import block_hashes, text_key
@@ -20,7 +19,7 @@ from inferlb.simulator.des.admission import ADMIT, QUEUE, OpenAdmission
 from inferlb.simulator.des.api import RequestLike
 from inferlb.simulator.des.engine import RUNNING, CoreReport, FastSeq
 from inferlb.simulator.des.feedback import Finished
-from inferlb.simulator.des.fleet import _UP, _WAKE
+from inferlb.simulator.des.fleet import _UP
 from inferlb.simulator.des.lora import SimLora
 from inferlb.simulator.des.node import DesNode
 from inferlb.simulator.des.prefix import PrefixCaches
@@ -124,9 +123,7 @@ class SimRequests(SimLora):
             node.served += 1
             self._dirty.add(node)
             return
-        nxt = core.next_event_at()    # _advance(node, now), inlined
-        if nxt is not None and nxt <= now:
-            self._settle(node, core.advance(now))
+        self._advance(node, now)
         cached = self.prefill_cached(i, r, node) if self.prefill_cached is not None else 0
         seq = core.submit(prompt, output, now, cached=cached, tag=i)
         self._live[i] = (seq, node)
@@ -134,11 +131,7 @@ class SimRequests(SimLora):
         node.inflight_tokens += prompt + budget     # the gateway's count (Fleet.acquire): the budget it knows
         node.served += 1
         self._dirty.add(node)
-        at = core.next_event_at()     # _schedule(node), inlined
-        if at is not None and at != node.wake:
-            node.wake = at
-            self._seq += 1
-            heappush(self._heap, (at, _WAKE, self._seq, node))
+        self._schedule(node)
 
     def _prompt_request(self, r: RequestLike, prompt: int, budget: int, adapter: str | None,
                         now: float) -> RouteRequest:
